@@ -1,0 +1,1 @@
+"""Everything that crosses a boundary: messages, specs, failures, the Cloud and Host protocols."""

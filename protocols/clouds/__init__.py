@@ -1,0 +1,54 @@
+"""Clouds: the Cloud protocol and one module per provider; `make_cloud` builds one from settings."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from protocols.clouds.base import Cloud
+from protocols.failures import SpecError
+
+# name -> (module, settings struct, cloud class)
+_REGISTRY: dict[str, tuple[str, str, str]] = {
+    "local": ("protocols.clouds.local", "LocalSettings", "LocalCloud"),
+    "sim": ("protocols.clouds.sim", "SimSettings", "SimCloud"),
+    "ssh": ("protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
+}
+
+
+def known_clouds() -> set[str]:
+    return set(_REGISTRY)
+
+
+def parse_settings(name: str, raw: dict[str, Any]) -> Any:
+    """The cloud's settings struct from its `[clouds.<name>]` table; SpecError names a bad field."""
+    if name not in _REGISTRY:
+        raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(_REGISTRY))})")
+    module, settings, _ = _REGISTRY[name]
+    cls = getattr(importlib.import_module(module), settings)
+    try:
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        at = text.split(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
+        msg = text.split(" - at ", 1)[0].replace("`", "")
+        if msg.startswith("Object contains unknown field"):
+            return _raise(f"clouds.{name}{at}.{msg.rsplit(' ', 1)[-1]}", "unknown key")
+        return _raise(f"clouds.{name}{at}", msg.replace("Expected", "expected"))
+
+
+def _raise(field: str, problem: str) -> Any:
+    raise SpecError(field, problem)
+
+
+def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
+    module, _, cls_name = _REGISTRY[name]
+    settings = parse_settings(name, raw)
+    cloud: Cloud = getattr(importlib.import_module(module), cls_name)(settings, state_dir)
+    return cloud
+
+
+__all__ = ["Cloud", "known_clouds", "make_cloud", "parse_settings"]

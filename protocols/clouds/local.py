@@ -1,0 +1,120 @@
+"""The `local` cloud, the embedded default: each machine is a sandbox folder on this computer and
+its host is a local `sh`. It runs the job for real and costs nothing.
+
+Its machines live under `<state_dir>/local/`: `<name>/` is the machine's root, `<name>.json` its
+record. Deleting a machine stops every job process started in its root and removes both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import msgspec
+import psutil
+import trio
+
+from protocols.failures import DeleteUnconfirmed, LaunchRefused
+from protocols.hosts.local import LocalHost
+from protocols.hosts.workspace import ShellWorkspace, Workspace
+from protocols.messages import Machine, Offer
+from protocols.specs import CandidateSpec
+
+
+class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    state_dir: str = ""  # default: <actor-run state>/local
+    max_machines: int = 64
+
+
+def stop_processes_under(root: Path) -> int:
+    """Stop every process group whose leader's command line names a folder under `root`."""
+    marker = str(root)
+    stopped = 0
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or not any(marker in part for part in cmd):
+                continue
+            if proc.pid == os.getpid():
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+            stopped += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return stopped
+
+
+def remove_tree(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
+        return
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            p = Path(dirpath) / d
+            if not p.is_symlink():
+                p.chmod(0o700)
+    path.chmod(0o700)
+    shutil.rmtree(path)
+
+
+class LocalCloud:
+    name = "local"
+
+    def __init__(self, settings: LocalSettings, state_dir: Path) -> None:
+        self.settings = settings
+        self.dir = (Path(settings.state_dir).expanduser() if settings.state_dir else state_dir / "local").resolve()
+
+    async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        return [Offer(cloud=self.name, region="this-computer", gpu=candidate.gpu, hourly_usd=0.0, candidate=index)]
+
+    async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
+        def make() -> Machine:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if len(list(self.dir.glob("*.json"))) >= self.settings.max_machines:
+                raise LaunchRefused(f"local: {self.settings.max_machines} machines already exist")
+            root = self.dir / name
+            root.mkdir(mode=0o700)
+            machine = Machine(
+                cloud=self.name, id=name, name=name, region=offer.region, gpu=offer.gpu, hourly_usd=0.0,
+                deadline=deadline, created_at=time.time(), address="localhost", root=str(root),
+            )
+            (self.dir / f"{name}.json").write_bytes(msgspec.json.encode(machine))
+            return machine
+
+        return await trio.to_thread.run_sync(make)
+
+    async def connect(self, machine: Machine) -> Workspace:
+        ws = ShellWorkspace(LocalHost(machine.name), machine.root)
+        await ws.prepare()
+        return ws
+
+    async def delete(self, name: str, machine_id: str = "") -> None:
+        def rm() -> None:
+            root = self.dir / name
+            stop_processes_under(root)
+            remove_tree(root)
+            (self.dir / f"{name}.json").unlink(missing_ok=True)
+            if root.exists() or (self.dir / f"{name}.json").exists():
+                raise DeleteUnconfirmed(f"local: {root} is still there")
+
+        await trio.to_thread.run_sync(rm)
+
+    async def list_ours(self, prefix: str) -> list[Machine]:
+        def ls() -> list[Machine]:
+            out = []
+            for p in sorted(self.dir.glob(f"{prefix}*.json")):
+                try:
+                    out.append(msgspec.json.decode(p.read_bytes(), type=Machine))
+                except (OSError, msgspec.DecodeError):
+                    continue
+            return out
+
+        return await trio.to_thread.run_sync(ls)
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,144 @@
+"""The failure taxonomy: every failure carries one code, and the code alone decides what happens next.
+
+Exceptions (whose fault it is)::
+
+    ActorRunError                 base of everything this project raises on purpose
+    ├── SpecError                 the user's batch file or arguments are wrong (exit 2)
+    ├── HostError                 talking to a machine failed
+    │   ├── Unreachable           the machine could not be reached (transient: wait, then `unreachable`)
+    │   └── Refused               the machine answered and refused (`guard`, `input`)
+    ├── LaunchError               a create call failed
+    │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `launch_failed`)
+    │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
+    ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
+    └── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class Code(enum.StrEnum):
+    NO_CAPACITY = "no_capacity"
+    LAUNCH_FAILED = "launch_failed"
+    AMBIGUOUS_CREATE = "ambiguous_create"
+    PREEMPTED = "preempted"
+    STALLED = "stalled"
+    UNREACHABLE = "unreachable"
+    JOB_FAILED = "job_failed"
+    INPUT = "input"
+    GUARD = "guard"
+    DEADLINE = "deadline"
+    BUDGET = "budget"
+    CANCELED = "canceled"
+    THRASHING = "thrashing"
+    INTERNAL = "internal"
+
+
+class Next(enum.StrEnum):
+    """What the job supervisor does after an attempt failed with a code."""
+
+    WALK = "walk"  # next candidate, no retry counted against this place
+    RETRY = "retry"  # a fresh machine (same or next place), counts an attempt
+    RECONCILE_RETRY = "reconcile_retry"  # delete by name first, then retry
+    FINAL = "final"  # the job ends with this failure
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    next: Next
+    walk: bool  # move down the candidate list before the next attempt
+    transient: bool
+
+
+POLICIES: dict[Code, Policy] = {
+    Code.NO_CAPACITY: Policy(next=Next.WALK, walk=True, transient=True),
+    Code.LAUNCH_FAILED: Policy(next=Next.RETRY, walk=True, transient=True),
+    Code.AMBIGUOUS_CREATE: Policy(next=Next.RECONCILE_RETRY, walk=False, transient=True),
+    Code.PREEMPTED: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.STALLED: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.UNREACHABLE: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.JOB_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.INPUT: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.GUARD: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.DEADLINE: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.BUDGET: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.CANCELED: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.THRASHING: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.INTERNAL: Policy(next=Next.FINAL, walk=False, transient=False),
+}
+
+
+def policy_for(code: Code) -> Policy:
+    return POLICIES[code]
+
+
+class Failure(msgspec.Struct, frozen=True, kw_only=True):
+    """A classified failure: the code decides, the detail explains (no secrets in it)."""
+
+    code: Code
+    detail: str = ""
+
+
+class ActorRunError(Exception):
+    """Base of every exception this project raises on purpose."""
+
+
+class SpecError(ActorRunError):
+    """The user's input is wrong: one line naming the field and what is wrong with it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem
+
+
+class HostError(ActorRunError):
+    """Talking to a machine failed."""
+
+
+class Unreachable(HostError):
+    """The machine could not be reached (a dropped connection, a host down)."""
+
+
+class Refused(HostError):
+    """The machine answered and refused: retrying would meet the same refusal."""
+
+    def __init__(self, code: Code, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+class MachineGone(HostError):
+    """The provider took the machine away (a preemption)."""
+
+
+class LaunchError(ActorRunError):
+    """A create call failed."""
+
+    code: Code = Code.LAUNCH_FAILED
+
+    def __init__(self, detail: str, code: Code | None = None) -> None:
+        super().__init__(detail)
+        if code is not None:
+            self.code = code
+
+
+class LaunchRefused(LaunchError):
+    """Clean: the provider's answer proves no machine exists."""
+
+
+class LaunchAmbiguous(LaunchError):
+    """A machine may exist that we hold no id for: reconcile by name before anything else."""
+
+    code = Code.AMBIGUOUS_CREATE
+
+
+class DeleteUnconfirmed(ActorRunError):
+    """The provider did not confirm the machine is gone: its ledger row stays open."""
+
+
+class CallCancelled(ActorRunError):
+    """A call into the reactor was cancelled or ran out of time."""

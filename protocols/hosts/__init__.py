@@ -1,0 +1,7 @@
+"""Hosts: how to talk to a machine (run a script, send and receive files, start detached)."""
+
+from protocols.hosts.base import Host, RunResult
+from protocols.hosts.local import LocalHost
+from protocols.hosts.workspace import InputRef, Launch, PollResult, ShellWorkspace, Workspace
+
+__all__ = ["Host", "InputRef", "Launch", "LocalHost", "PollResult", "RunResult", "ShellWorkspace", "Workspace"]

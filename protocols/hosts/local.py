@@ -1,0 +1,90 @@
+"""The host of a machine on this computer: a persistent local `sh` speaking the same command
+protocol as the SSH host (hosts/shell.py), and plain file copies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import trio
+
+from protocols.failures import Unreachable
+from protocols.hosts.base import RunResult
+from protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+
+
+class _ProcessStreams:
+    def __init__(self, proc: trio.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self._proc = proc
+        self._stdin = proc.stdin
+        self._reader = BufferedReceive(proc.stdout)
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._stdin.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise Unreachable("the local shell is gone") from exc
+
+    async def readline(self) -> bytes:
+        return await self._reader.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self._reader.readexactly(n)
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._stdin.aclose()
+            with trio.move_on_after(2):
+                await self._proc.wait()
+            if self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+            assert self._proc.stdout is not None
+            await self._proc.stdout.aclose()
+
+
+def _copy(local: Path, remote: Path) -> int:
+    if local.is_dir():
+        shutil.copytree(local, remote, symlinks=True)
+        return sum(p.stat().st_size for p in remote.rglob("*") if p.is_file() and not p.is_symlink())
+    remote.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(local, remote)
+    return remote.stat().st_size
+
+
+class LocalHost:
+    """A machine that is a folder on this computer."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._channel = ShellChannel(self._open, name)
+
+    async def _open(self, mark: str) -> _ProcessStreams:
+        # its own session: a Ctrl-C at the terminal must not take the shell the cleanup needs
+        proc = await trio.lowlevel.open_process(
+            ["sh", "-c", LOOP, "actor-run-sh", mark],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+        )
+        return _ProcessStreams(proc)
+
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:
+        return await self._channel.run(script, stdin=stdin, timeout=timeout)
+
+    async def put(self, local: Path, remote: str) -> int:
+        return await trio.to_thread.run_sync(_copy, local, Path(remote))
+
+    async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
+        with open(local_tar, "wb") as f:
+            proc = await trio.run_process(
+                ["tar", "-cf", "-", "-C", remote_dir, *names], stdout=f, capture_stderr=True,
+                check=False, start_new_session=True,
+            )
+        if proc.returncode != 0:
+            raise Unreachable(f"tar of {names} in {remote_dir} failed: {proc.stderr.decode(errors='replace')[-300:]}")
+        return os.path.getsize(local_tar)
+
+    async def aclose(self) -> None:
+        await self._channel.aclose()

@@ -1,0 +1,184 @@
+"""The POSIX sh scripts a workspace runs on a machine (Linux and macOS: no GNU-only flags without a
+fallback). Each is a function of quoted arguments, so what runs there can be read in one place."""
+
+from __future__ import annotations
+
+import shlex
+
+q = shlex.quote
+
+# exit codes of our scripts that mean a refusal (the same would happen again)
+EXIT_GUARD = 4
+EXIT_INPUT = 5
+
+# Resolve a root given as ~/x on the host, create it private if missing, and refuse one that is not
+# the login user's own private folder: everything we later trust there rests on no one else writing it.
+ROOT = r"""r=$1
+case "$r" in "~") r=$HOME;; "~/"*) r="$HOME/${r#\~/}";; esac
+if [ ! -e "$r" ]; then (umask 077; mkdir -p "$r") || exit 3; fi
+if [ -L "$r" ] || [ ! -d "$r" ]; then echo "root $r is not a folder (or is a link)" >&2; exit 4; fi
+[ -O "$r" ] || { echo "root $r is not owned by $(id -un)" >&2; exit 4; }
+case "$(ls -ld "$r" | cut -c6,9)" in *w*) echo "root $r is writable by group or others" >&2; exit 4;; esac
+cd "$r" && pwd -P
+"""
+
+# Publish a folder in one step: rename $1 to $2 unless $2 exists (then $1 is dropped: the same
+# content, by its hash, got there first). GNU mv -T, else perl's rename (BSD mv would nest).
+PUBLISH = r"""publish() {
+  mv -T "$1" "$2" 2>/dev/null || perl -e 'rename($ARGV[0], $ARGV[1]) or exit 1' "$1" "$2" 2>/dev/null || {
+    chmod -R u+w "$1"; rm -rf "$1"; [ -e "$2/.complete" ]; }
+}
+"""
+
+SHA256 = r"""sha() { (sha256sum "$1" 2>/dev/null || shasum -a 256 "$1") | cut -d' ' -f1; }
+"""
+
+
+def have(folder: str, incoming: str) -> str:
+    """'have' if `folder` is published; else an empty `incoming` is made for the upload and 'need'."""
+    return (
+        f"if [ -e {q(folder)}/.complete ]; then echo have; exit 0; fi\n"
+        f"mkdir -p {q(folder.rsplit('/', 1)[0])} && rm -rf {q(incoming)} && echo need\n"
+    )
+
+
+def publish_code(incoming: str, folder: str) -> str:
+    return PUBLISH + f"touch {q(incoming)}/.complete && chmod -R a-w {q(incoming)} && publish {q(incoming)} {q(folder)}\n"
+
+
+def publish_input(incoming: str, folder: str, sha256: str, name: str, is_file: bool) -> str:
+    verify = ""
+    if is_file:
+        verify = SHA256 + (
+            f"got=$(sha {q(incoming)}/data)\n"
+            f'if [ "$got" != {q(sha256)} ]; then rm -rf {q(incoming)}; '
+            f'echo "input {name} arrived as sha256 $got, not {sha256}: it changed since it was read" >&2; exit {EXIT_INPUT}; fi\n'
+        )
+    return PUBLISH + verify + (
+        f"touch {q(incoming)}/.complete && chmod -R a-w {q(incoming)} && publish {q(incoming)} {q(folder)}\n"
+    )
+
+
+def discard(path: str) -> str:
+    return f"[ -e {q(path)} ] || exit 0; chmod -R u+w {q(path)} 2>/dev/null; rm -rf {q(path)}\n"
+
+
+# The host's backstop for a job its controller lost: every `every` seconds while the attempt's folder
+# exists, if no controller wrote `alive` for `lost` seconds and the job still runs, stop its process
+# group and remove the folder (its outputs are partial). A finished job keeps its folder `keep`
+# seconds for a controller that comes back: its results are whole.
+WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
+running() { s=$(ps -ww -p "$pid" -o stat= -o command= 2>/dev/null) || return 1
+  case "$s" in Z*|"") return 1;; esac
+  case "$s" in *"$w"*) return 0;; esac; return 1; }
+while [ -d "$w" ]; do
+  sleep "$every"
+  [ -d "$w" ] || exit 0
+  last=$(cat "$w/alive" 2>/dev/null)
+  case "$last" in ''|*[!0-9]*) continue;; esac
+  age=$(( $(date +%s) - last ))
+  if running; then
+    [ "$age" -gt "$lost" ] || continue
+    kill -s TERM -- "-$pid" 2>/dev/null; sleep 2; kill -s KILL -- "-$pid" 2>/dev/null
+  elif [ "$age" -le "$keep" ]; then
+    continue
+  fi
+  chmod -R u+w "$w" 2>/dev/null; rm -rf "$w"
+  rmdir "${w%/*}" "${w%/*/*}" 2>/dev/null
+  exit 0
+done
+"""
+
+# The job's own session leader: runs the command with its log, then writes response.json in one
+# step. Its command line names the attempt's folder, which is how a pid is known to be ours.
+WRAPPER = r"""w=$1
+cd "$ACTOR_RUN_CWD" || exit 1
+sh -c "$ACTOR_RUN_COMMAND" >> "$w/log.txt" 2>&1 < /dev/null
+rc=$?
+printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
+"""
+
+ALIVE = 'date +%s > "$w/alive.tmp" 2>/dev/null && mv -f "$w/alive.tmp" "$w/alive" 2>/dev/null\n'
+
+RUNNING = r"""running() { s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
+  case "$s" in Z*|"") return 1;; esac
+  case "$s" in *"$w"*) return 0;; esac; return 1; }
+"""
+
+
+def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tuple[str, str]],
+          lost: int, every: int, keep: int, request: str) -> str:
+    """Start the job detached in its own session with its watchdog; prints the job's pid."""
+    exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(env.items()))
+    link_lines = "".join(f"mkdir -p {q(dst.rsplit('/', 1)[0])} && ln -sfn {q(src)} {q(dst)}\n" for src, dst in links)
+    return (
+        "set -e\n"
+        f"w={q(work)}\n"
+        'mkdir -p "$w/out" "$w/in"\n'
+        f"{link_lines}"
+        'cat > "$w/request.json"\n'
+        ': > "$w/progress.jsonl"; : > "$w/log.txt"\n'
+        f"{ALIVE}"
+        f"{exports}"
+        f"export ACTOR_RUN_CWD={q(cwd)} ACTOR_RUN_COMMAND={q(command)}\n"
+        "if command -v setsid >/dev/null 2>&1; then set -- setsid; "
+        "else set -- perl -MPOSIX -e 'POSIX::setsid(); exec @ARGV or die'; fi\n"
+        f'nohup "$@" sh -c {q(WRAPPER)} actor-run-job "$w" > /dev/null 2>&1 < /dev/null &\n'
+        "pid=$!\n"
+        'echo $pid > "$w/pid"\n'
+        f'nohup "$@" sh -c {q(WATCHDOG)} actor-run-watchdog "$w" "$pid" {lost} {every} {keep} > /dev/null 2>&1 < /dev/null &\n'
+        "echo $pid\n"
+    )
+
+
+def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> str:
+    """Write the heartbeat, then say: `running`, `exited <code>` or `lost`; the sizes of the
+    progress file and log; then the new bytes of each."""
+    return (
+        f"w={q(work)}\n"
+        f'[ -d "$w" ] || {{ echo gone; echo 0 0; exit 0; }}\n'
+        + ALIVE + RUNNING +
+        f"if running {pid}; then echo running\n"
+        'elif [ -f "$w/response.json" ]; then echo "exited $(sed -n \'s/.*"exit_code": *\\(-\\{0,1\\}[0-9]*\\).*/\\1/p\' "$w/response.json")"\n'
+        "else echo lost; fi\n"
+        'p=$(wc -c < "$w/progress.jsonl" 2>/dev/null || echo 0); l=$(wc -c < "$w/log.txt" 2>/dev/null || echo 0)\n'
+        f"[ $l -gt $(({log_at} + {max_log})) ] && l=$(({log_at} + {max_log}))\n"
+        "echo $p $l\n"
+        f'tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at}))\n'
+        f'tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at}))\n'
+    )
+
+
+def alive(work: str) -> str:
+    return f"w={q(work)}\n[ -d \"$w\" ] || exit 0\n" + ALIVE
+
+
+def stop(work: str) -> str:
+    """Stop the job's process group (if that pid is still our job), waiting up to 5 s before KILL."""
+    return (
+        f"w={q(work)}\n"
+        '[ -d "$w" ] || exit 0\n'
+        'touch "$w/stop"\n'
+        'pid=$(cat "$w/pid" 2>/dev/null) || exit 0\n'
+        + RUNNING +
+        'running "$pid" || exit 0\n'
+        'kill -s TERM -- "-$pid" 2>/dev/null\n'
+        'n=0; while [ $n -lt 50 ] && running "$pid"; do sleep 0.1; n=$((n + 1)); done\n'
+        'kill -s KILL -- "-$pid" 2>/dev/null; exit 0\n'
+    )
+
+
+def fetchable(work: str) -> str:
+    """Which of out/ and response.json exist, are what they claim and are not links."""
+    return (
+        f"cd {q(work)} 2>/dev/null || exit 0\n"
+        "[ -d out ] && [ ! -L out ] && echo out\n"
+        "[ -f response.json ] && [ ! -L response.json ] && echo response.json\n"
+        "[ -f progress.jsonl ] && [ ! -L progress.jsonl ] && echo progress.jsonl\n"
+        "exit 0\n"
+    )
+
+
+def remove(work: str) -> str:
+    parent = work.rsplit("/", 1)[0]
+    return discard(work) + f"rmdir {q(parent)} {q(parent.rsplit('/', 1)[0])} 2>/dev/null; exit 0\n"

@@ -1,0 +1,200 @@
+"""A workspace: the job's operations on one machine, over any Host.
+
+Layout under the machine's private root::
+
+    code/<hash>/               a code snapshot, published once per host, read-only
+    objects/<sha256>/data      an input, published once per host, verified on arrival, read-only
+    work/<job>/<seed>/a<n>/    one attempt: in/ (links to objects), out/, log.txt, progress.jsonl,
+                               alive (the controller's heartbeat), pid, response.json (exit code)
+
+Publishing is an atomic rename of a `.incoming-<tag>` folder; an upload that fails or is cancelled
+removes its incoming folder. The sim cloud's virtual machines implement the same protocol in memory.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+import trio
+
+from protocols.failures import Code, Refused, Unreachable
+from protocols.hosts import scripts
+from protocols.hosts.base import Host
+
+KEEP_S = 24 * 3600
+MAX_LOG_PER_POLL = 1 << 20
+
+
+class InputRef(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    sha256: str
+    basename: str
+
+
+class Launch(msgspec.Struct, frozen=True, kw_only=True):
+    """What `start` needs: the command and environment, the code and inputs by hash."""
+
+    work: str
+    command: str
+    code: str | None  # hash, or None for no code folder
+    inputs: list[InputRef]
+    env: dict[str, str]
+    lost_after_s: float
+    request: bytes = b"{}"
+
+
+class PollResult(msgspec.Struct, frozen=True, kw_only=True):
+    state: str  # running | exited | lost | gone
+    exit_code: int | None
+    progress: bytes
+    log: bytes
+    progress_size: int
+    log_size: int
+
+
+class Workspace(Protocol):
+    root: str
+
+    async def prepare(self) -> str: ...
+    def work_dir(self, job: str, seed: int, attempt: int) -> str: ...
+    async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int: ...
+    async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int: ...
+    async def start(self, launch: Launch) -> int: ...
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult: ...
+    async def beat(self, work: str) -> None: ...
+    async def stop(self, work: str) -> None: ...
+    async def fetch(self, work: str, local_dir: Path) -> int: ...
+    async def remove(self, work: str) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """Regular files and folders only: a link the job made is never followed nor recreated."""
+    out = []
+    for m in tar.getmembers():
+        if not (m.isfile() or m.isdir()):
+            continue
+        if m.name.startswith("/") or ".." in Path(m.name).parts:
+            continue
+        out.append(m)
+    return out
+
+
+class ShellWorkspace:
+    """The workspace of a real machine (this computer's sandbox, an SSH host, a cloud VM)."""
+
+    def __init__(self, host: Host, root: str) -> None:
+        self.host = host
+        self.root = root  # absolute after prepare()
+        self.bytes_sent = 0
+
+    async def _sh(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> str:
+        res = await self.host.run(script, stdin=stdin, timeout=timeout)
+        if res.exit_code == scripts.EXIT_GUARD:
+            raise Refused(Code.GUARD, res.error_text())
+        if res.exit_code == scripts.EXIT_INPUT:
+            raise Refused(Code.INPUT, res.error_text())
+        if res.exit_code != 0:
+            raise Unreachable(f"{self.host.name}: script exited {res.exit_code}: {res.error_text()}")
+        return res.text()
+
+    async def prepare(self) -> str:
+        out = await self._sh("set -- " + scripts.q(self.root) + "\n" + scripts.ROOT)
+        self.root = out.strip().splitlines()[-1]
+        return self.root
+
+    def work_dir(self, job: str, seed: int, attempt: int) -> str:
+        return f"{self.root}/work/{job}/{seed}/a{attempt}"
+
+    async def _publish(self, folder: str, incoming: str, send: Path, dest: str, finish: str) -> int:
+        if (await self._sh(scripts.have(folder, incoming))).strip() == "have":
+            return 0
+        done = False
+        try:
+            sent = await self.host.put(send, dest)
+            await self._sh(finish)
+            done = True
+            self.bytes_sent += sent
+            return sent
+        finally:
+            if not done:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    try:
+                        await self.host.run(scripts.discard(incoming), timeout=10)
+                    except Unreachable:
+                        pass  # the next upload of the same object starts from `rm -rf` of its incoming
+
+    async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int:
+        folder, incoming = f"{self.root}/code/{digest}", f"{self.root}/code/.incoming-{tag}"
+        return await self._publish(folder, incoming, snapshot, incoming, scripts.publish_code(incoming, folder))
+
+    async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int:
+        folder, incoming = f"{self.root}/objects/{digest}", f"{self.root}/objects/.incoming-{tag}-{name}"
+        finish = scripts.publish_input(incoming, folder, digest, name, path.is_file())
+        await self._sh(f"mkdir -p {scripts.q(self.root)}/objects")
+        # the incoming folder is made by put() of a file into incoming/data
+        return await self._publish(folder, incoming, path, f"{incoming}/data", finish)
+
+    async def start(self, launch: Launch) -> int:
+        links = [
+            (f"{self.root}/objects/{i.sha256}/data", f"{launch.work}/in/{i.name}/{i.basename}") for i in launch.inputs
+        ]
+        cwd = f"{self.root}/code/{launch.code}" if launch.code else f"{launch.work}/out"
+        env = {**launch.env, "ACTOR_RUN_IN": f"{launch.work}/in", "ACTOR_RUN_OUT": f"{launch.work}/out",
+               "ACTOR_RUN_PROGRESS": f"{launch.work}/progress.jsonl"}
+        lost = int(launch.lost_after_s + min(60.0, launch.lost_after_s))  # after the controller gave up
+        every = max(1, min(30, lost // 4))
+        out = await self._sh(
+            scripts.start(launch.work, cwd, launch.command, env, links, lost, every, KEEP_S, ""),
+            stdin=launch.request,
+        )
+        return int(out.split()[-1])
+
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+        res = await self.host.run(scripts.poll(work, pid, progress_at, log_at, MAX_LOG_PER_POLL), timeout=60)
+        if res.exit_code != 0:
+            raise Unreachable(f"{self.host.name}: poll exited {res.exit_code}: {res.error_text()}")
+        out = res.stdout
+        first, _, rest = out.partition(b"\n")
+        sizes, _, body = rest.partition(b"\n")
+        words = first.decode().split()
+        state = words[0] if words else "lost"
+        code = int(words[1]) if state == "exited" and len(words) > 1 and words[1].lstrip("-").isdigit() else None
+        p_size, l_size = (int(x) for x in sizes.split()) if sizes.strip() else (0, 0)
+        n_progress = max(0, p_size - progress_at)
+        return PollResult(
+            state=state, exit_code=code, progress=body[:n_progress], log=body[n_progress:],
+            progress_size=p_size, log_size=l_size,
+        )
+
+    async def beat(self, work: str) -> None:
+        await self._sh(scripts.alive(work), timeout=30)
+
+    async def stop(self, work: str) -> None:
+        await self._sh(scripts.stop(work), timeout=30)
+
+    async def fetch(self, work: str, local_dir: Path) -> int:
+        names = (await self._sh(scripts.fetchable(work))).split()
+        if not names:
+            return 0
+        local_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="actor-run-fetch-") as tmp:
+            tar_path = Path(tmp) / "fetch.tar"
+            received = await self.host.get_tar(work, names, tar_path)
+            await trio.to_thread.run_sync(_extract, tar_path, local_dir)
+        return received
+
+    async def remove(self, work: str) -> None:
+        await self._sh(scripts.remove(work), timeout=60)
+
+    async def aclose(self) -> None:
+        await self.host.aclose()
+
+
+def _extract(tar_path: Path, dest: Path) -> None:
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(dest, members=_safe_members(tar), filter="data")

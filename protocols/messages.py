@@ -1,0 +1,228 @@
+"""What actors say to each other, what the ledger records and what `--json` prints: one schema.
+
+Every message is a frozen, keyword-only, tagged `msgspec.Struct` on `Message`. Commands are in the
+imperative (`Acquire`, `Upload`), events in the past tense (`Leased`, `Uploaded`). Events carry the
+attempt they belong to (`job`, `seed`, `attempt`) and the wall-clock time `t` they happened at; a
+failed step carries its failure code as the plain string field `failure` (`"job_failed"`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from protocols.failures import Code, Failure
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Base of every message."""
+
+
+# --- data carried by messages -------------------------------------------------------------------
+
+
+class Offer(msgspec.Struct, frozen=True, kw_only=True):
+    """A place with stock now, at its actual price; `candidate` is its index in the walk."""
+
+    cloud: str
+    region: str = ""
+    gpu: str = ""
+    hourly_usd: float = 0.0
+    candidate: int = 0
+    host: str = ""  # for the ssh cloud: which configured host
+
+
+class Machine(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lease holds."""
+
+    cloud: str
+    id: str
+    name: str
+    region: str = ""
+    gpu: str = ""
+    hourly_usd: float = 0.0
+    deadline: float = 0.0  # unix time the machine must be gone by
+    created_at: float = 0.0
+    address: str = ""
+    root: str = ""  # the private folder on the machine everything goes into
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    usd: float = 0.0
+    seconds: float = 0.0
+    at_least: bool = False  # deletion unconfirmed: billed up to the deadline
+
+
+def now() -> float:
+    return time.time()
+
+
+class Event(Message, frozen=True, kw_only=True):
+    """Something that happened to one attempt of one job."""
+
+    job: str
+    seed: int
+    attempt: int = 0
+    t: float = msgspec.field(default_factory=now)
+
+
+# --- the attempt's lifecycle (events, in order) --------------------------------------------------
+
+
+class AttemptStarted(Event, frozen=True, kw_only=True):
+    offer: Offer
+
+
+class LeaseRequested(Event, frozen=True, kw_only=True):
+    """The intent is in the ledger; the create call goes out next."""
+
+    name: str
+    cloud: str
+    deadline: float
+
+
+class Leased(Event, frozen=True, kw_only=True):
+    machine: Machine
+
+
+class LeaseFailed(Event, frozen=True, kw_only=True):
+    failure: Code
+    detail: str = ""
+
+
+class Uploaded(Event, frozen=True, kw_only=True):
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+
+class JobStarted(Event, frozen=True, kw_only=True):
+    pid: int
+
+
+class Progress(Event, frozen=True, kw_only=True):
+    stage: str = ""
+    line: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Exited(Event, frozen=True, kw_only=True):
+    exit_code: int
+
+
+class Stalled(Event, frozen=True, kw_only=True):
+    failure: Code = Code.STALLED
+    detail: str = ""
+
+
+class Fetched(Event, frozen=True, kw_only=True):
+    bytes_received: int = 0
+    seconds: float = 0.0
+
+
+class Metered(Event, frozen=True, kw_only=True):
+    usd: float
+
+
+class Released(Event, frozen=True, kw_only=True):
+    """The lease ended: `confirmed` once the provider says the machine is gone."""
+
+    machine: str
+    confirmed: bool
+    detail: str = ""
+
+
+class AttemptEnded(Event, frozen=True, kw_only=True):
+    outcome: str  # "succeeded" | "failed"
+    failure: Code | None = None
+    detail: str = ""
+    usage: Usage = msgspec.field(default_factory=Usage)
+    phases: dict[str, float] = msgspec.field(default_factory=dict)
+    offer: Offer | None = None
+
+
+class Retrying(Event, frozen=True, kw_only=True):
+    failure: Code
+    delay_s: float
+    offer: Offer
+
+
+class JobEnded(Event, frozen=True, kw_only=True):
+    outcome: str
+    failure: Code | None = None
+    detail: str = ""
+    attempts: int = 0
+    usd: float = 0.0
+    out_dir: str = ""
+
+
+class Log(Event, frozen=True, kw_only=True):
+    """New lines of the job's log (not recorded in the ledger; the log file has them)."""
+
+    text: str
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+class Acquire(Message, frozen=True, kw_only=True):
+    offer: Offer
+    name: str
+    deadline: float
+
+
+class Upload(Message, frozen=True, kw_only=True):
+    pass
+
+
+class Fetch(Message, frozen=True, kw_only=True):
+    pass
+
+
+class Watch(Message, frozen=True, kw_only=True):
+    pid: int
+    launched_at: float  # stall windows are measured from here, even after a reattach
+
+
+class StartMeter(Message, frozen=True, kw_only=True):
+    machine: Machine
+    at: float
+
+
+class StopMeter(Message, frozen=True, kw_only=True):
+    at: float
+    confirmed: bool
+
+
+class Cancel(Message, frozen=True, kw_only=True):
+    failure: Code = Code.CANCELED
+    detail: str = ""
+
+
+class ChildFailed(Message, frozen=True, kw_only=True):
+    """A child actor raised: its parent ends the attempt with `internal`."""
+
+    child: str
+    detail: str
+
+
+EVENTS = (
+    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | JobStarted | Progress | Exited
+    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Log
+)
+
+_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(EVENTS)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_event(data: bytes | str) -> Event:
+    result: Event = _event_decoder.decode(data)
+    return result
+
+
+def failure_of(code: Code, detail: str = "") -> Failure:
+    return Failure(code=code, detail=detail)

@@ -1,0 +1,198 @@
+"""What users write: a batch file (TOML) with a job, a retry policy, candidate places and cloud settings.
+
+`load_batch(path)` decodes it with msgspec (unknown keys refused), checks every value and resolves
+paths relative to the file; a problem raises `SpecError` naming the field (`policy.concurrency:
+expected int >= 1, got -2`). `Job` is one seed of a batch: what the Runner runs.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from protocols.failures import SpecError
+
+NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    command: str
+    seeds: list[int]
+    code: str | None = None
+    inputs: dict[str, str] = msgspec.field(default_factory=dict)
+    timeout_s: float = 3600.0
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_attempts: int = 3
+    concurrency: int = 4
+    budget_usd: float | None = None
+    setup_grace_s: float = 600.0
+    stall_after_s: float = 300.0
+    lost_after_s: float = 120.0  # a host silent this long is `unreachable`; its watchdog ends the job after it
+    poll_s: float = 2.0  # heartbeat period
+    backoff_s: float = 1.0  # first retry delay; doubles, with jitter, up to backoff_max_s
+    backoff_max_s: float = 60.0
+    thrash_max: int = 5  # more than this many failed attempts within thrash_window_s: `thrashing`
+    thrash_window_s: float = 300.0
+    last_grace_factor: float = 2.0  # the last candidate's setup grace is this many times longer
+    deadline_margin_s: float = 900.0  # a machine's deadline: launch + timeout_s + setup grace + this
+
+
+class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    cloud: str = "local"
+    gpu: str = ""
+    regions: list[str] = msgspec.field(default_factory=list)
+    hosts: list[str] = msgspec.field(default_factory=list)
+    max_hourly_usd: float | None = None
+
+
+class BatchFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    job: JobSpec
+    policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
+    candidates: list[CandidateSpec] = msgspec.field(default_factory=list)
+    clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """One seed of a batch, with everything needed to run it; paths are absolute."""
+
+    name: str
+    command: str
+    seed: int
+    code: str | None = None
+    inputs: dict[str, str] = msgspec.field(default_factory=dict)
+    timeout_s: float = 3600.0
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
+    candidates: list[CandidateSpec] = msgspec.field(default_factory=lambda: [CandidateSpec()])
+    clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/seed-{self.seed}"
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    spec: BatchFile
+    base: str  # the folder the batch file is in
+
+    def jobs(self) -> list[Job]:
+        j, p = self.spec.job, self.spec.policy
+        return [
+            Job(
+                name=j.name, command=j.command, seed=seed, code=j.code, inputs=dict(j.inputs),
+                timeout_s=j.timeout_s, env=dict(j.env), policy=p,
+                candidates=list(self.spec.candidates) or [CandidateSpec()], clouds=self.spec.clouds,
+            )
+            for seed in j.seeds
+        ]
+
+
+def _where(path: str) -> str:
+    # msgspec says "... - at `$.policy.concurrency`" or "`$.candidates[0].cloud`"
+    return path.removeprefix("$").removeprefix(".")
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<at>[^`]*)`)?$")
+
+
+def _spec_error(exc: msgspec.ValidationError) -> SpecError:
+    m = _AT.match(str(exc))
+    assert m is not None
+    msg, at = m.group("msg"), _where(m.group("at") or "")
+    unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
+    if unknown:
+        field = f"{at}.{unknown.group(1)}" if at else unknown.group(1)
+        return SpecError(field, "unknown key")
+    missing = re.match(r"Object missing required field `([^`]+)`", msg)
+    if missing:
+        field = f"{at}.{missing.group(1)}" if at else missing.group(1)
+        return SpecError(field, "required, missing")
+    return SpecError(at, msg.replace("`", "").replace("Expected", "expected"))
+
+
+def _check(field: str, ok: bool, want: str, got: object) -> None:
+    if not ok:
+        raise SpecError(field, f"expected {want}, got {got!r}")
+
+
+def check_policy(p: PolicySpec, at: str = "policy") -> None:
+    _check(f"{at}.max_attempts", p.max_attempts >= 1, "int >= 1", p.max_attempts)
+    _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
+    if p.budget_usd is not None:
+        _check(f"{at}.budget_usd", p.budget_usd > 0, "number > 0", p.budget_usd)
+    for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
+        value = getattr(p, name)
+        _check(f"{at}.{name}", value > 0, "number > 0", value)
+    for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
+        value = getattr(p, name)
+        _check(f"{at}.{name}", value >= 0, "number >= 0", value)
+    _check(f"{at}.thrash_max", p.thrash_max >= 1, "int >= 1", p.thrash_max)
+    _check(f"{at}.last_grace_factor", p.last_grace_factor >= 1, "number >= 1", p.last_grace_factor)
+
+
+def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
+    _check(f"{at}.name", bool(NAME_RE.fullmatch(job.name)), "[a-z0-9-], 1 to 40 characters", job.name)
+    _check(f"{at}.command", bool(job.command.strip()), "a command", job.command)
+    _check(f"{at}.timeout_s", job.timeout_s > 0, "number > 0", job.timeout_s)
+    if job.code is not None:
+        code = base / job.code
+        if not code.is_dir():
+            raise SpecError(f"{at}.code", f"no such folder: {code}")
+    for name, path in job.inputs.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+            raise SpecError(f"{at}.inputs", f"input name {name!r} must be [A-Za-z0-9_.-]")
+        if name == "resume":
+            raise SpecError(f"{at}.inputs.{name}", "the name 'resume' is reserved for checkpoints")
+        if not (base / path).exists():
+            raise SpecError(f"{at}.inputs.{name}", f"no such file or folder: {base / path}")
+
+
+def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) -> None:
+    for i, c in enumerate(candidates):
+        if c.cloud not in known_clouds:
+            raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {', '.join(sorted(known_clouds))})")
+        if c.max_hourly_usd is not None:
+            _check(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd >= 0, "number >= 0", c.max_hourly_usd)
+
+
+def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
+    """Read and check a batch file; every problem is a `SpecError` naming its field."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError("", f"cannot read batch file {p}: {exc.strerror}") from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError("", f"{p} is not valid TOML: {exc}") from exc
+    try:
+        spec = msgspec.convert(raw, BatchFile)
+    except msgspec.ValidationError as exc:
+        raise _spec_error(exc) from exc
+    base = p.resolve().parent
+    if not spec.job.seeds:
+        raise SpecError("job.seeds", "expected a non-empty list of ints, got []")
+    if len(set(spec.job.seeds)) != len(spec.job.seeds):
+        raise SpecError("job.seeds", f"seeds repeat: {spec.job.seeds}")
+    check_job(spec.job, base)
+    check_policy(spec.policy)
+    if known_clouds is not None:
+        check_candidates(spec.candidates, known_clouds)
+        for name in spec.clouds:
+            if name not in known_clouds:
+                raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(known_clouds))})")
+    resolved = msgspec.structs.replace(
+        spec.job,
+        code=str(base / spec.job.code) if spec.job.code is not None else None,
+        inputs={k: str(base / v) for k, v in spec.job.inputs.items()},
+    )
+    return Batch(spec=msgspec.structs.replace(spec, job=resolved), base=str(base))
