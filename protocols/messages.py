@@ -49,6 +49,14 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     root: str = ""  # the private folder on the machine everything goes into
 
 
+class InputRef(msgspec.Struct, frozen=True, kw_only=True):
+    """An input published on a machine: the job sees it as $ACTOR_RUN_IN/<name>/<basename>."""
+
+    name: str
+    sha256: str
+    basename: str
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     usd: float = 0.0
     seconds: float = 0.0
@@ -95,6 +103,13 @@ class LeaseFailed(Event, frozen=True, kw_only=True):
 class Uploaded(Event, frozen=True, kw_only=True):
     bytes_sent: int = 0
     seconds: float = 0.0
+    code: str | None = None  # the code snapshot's hash
+    inputs: list[InputRef] = msgspec.field(default_factory=list)
+
+
+class TransferFailed(Event, frozen=True, kw_only=True):
+    failure: Code
+    detail: str = ""
 
 
 class JobStarted(Event, frozen=True, kw_only=True):
@@ -139,6 +154,7 @@ class AttemptEnded(Event, frozen=True, kw_only=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     phases: dict[str, float] = msgspec.field(default_factory=dict)
     offer: Offer | None = None
+    exit_code: int | None = None
 
 
 class Retrying(Event, frozen=True, kw_only=True):
@@ -172,14 +188,22 @@ class Acquire(Message, frozen=True, kw_only=True):
 
 
 class Upload(Message, frozen=True, kw_only=True):
-    pass
+    machine: str
 
 
 class Fetch(Message, frozen=True, kw_only=True):
-    pass
+    machine: str
+    work: str
+    into: str  # local folder
+
+
+class Release(Message, frozen=True, kw_only=True):
+    """Delete the machine now and say `Released` when the provider confirms it is gone."""
 
 
 class Watch(Message, frozen=True, kw_only=True):
+    machine: str
+    work: str
     pid: int
     launched_at: float  # stall windows are measured from here, even after a reattach
 
@@ -207,7 +231,7 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | JobStarted | Progress | Exited
+    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | TransferFailed | JobStarted | Progress | Exited
     | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Log
 )
 

@@ -30,7 +30,8 @@ PUBLISH = r"""publish() {
 }
 """
 
-SHA256 = r"""sha() { (sha256sum "$1" 2>/dev/null || shasum -a 256 "$1") | cut -d' ' -f1; }
+# openssl first: several times faster than coreutils' sha256sum on big inputs (it uses SHA-NI)
+SHA256 = r"""sha() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1" 2>/dev/null || shasum -a 256 "$1") | cut -d' ' -f1; }
 """
 
 
@@ -127,6 +128,7 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
         "pid=$!\n"
         'echo $pid > "$w/pid"\n'
         f'nohup "$@" sh -c {q(WATCHDOG)} actor-run-watchdog "$w" "$pid" {lost} {every} {keep} > /dev/null 2>&1 < /dev/null &\n'
+        'echo $! > "$w/watchdog.pid"\n'
         "echo $pid\n"
     )
 

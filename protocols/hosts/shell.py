@@ -1,9 +1,12 @@
 """One long-lived `sh` reading framed commands: the command protocol every host speaks.
 
-The controller writes one line per command: the script and its stdin, each base64-encoded,
-separated by a space. The remote loop runs the script in a fresh `sh` with its output captured to
-files, then answers `<mark> <exit> <stdout bytes> <stderr bytes>` and the bytes. A command costs
-one round trip and a few forks, against a new session for an exec channel (DESIGN.md).
+The controller writes a header line, `<number of script lines> <stdin, base64>`, then the script's
+lines. The remote loop runs the script with `eval` in a subshell (its own variables, `cd`, `set -e`
+and `exit`, as in a fresh `sh`, without a new process image), its stdin from a file (or
+/dev/null) and its output captured to files, then answers `<mark> <exit>`, the stdout in base64
+ending at a line `<mark>-o`, the stderr in base64 ending at a line `<mark>-e`. A command with no
+output costs one round trip and one fork; each non-empty stream adds one `base64` (DESIGN.md: an
+exec channel costs a new session, spawning `ssh` a new connection).
 """
 
 from __future__ import annotations
@@ -18,20 +21,48 @@ import trio
 from protocols.failures import Unreachable
 from protocols.hosts.base import RunResult
 
-# `base64 -d` on Linux and recent macOS, `-D` on older macOS. wc pads with spaces on BSD: unquoted.
+# `base64 -d` on Linux and recent macOS, `-D` on older macOS. Loop variables are `_ar_*` and the
+# subshell starts with no positional parameters, like a fresh `sh`. The subshell must stay a plain
+# statement (not in an `if` or `&&` list), or a `set -e` in the script would be ignored.
 LOOP = r"""umask 077
-t=$(mktemp -d "${TMPDIR:-/tmp}/actor-run-sh.XXXXXX") || exit 1
-trap 'rm -rf "$t"' EXIT
-if printf 'eA==' | base64 -d >/dev/null 2>&1; then d='-d'; else d='-D'; fi
-printf 'ready %s\n' "$1"
-while IFS=' ' read -r s i; do
-  printf '%s' "$s" | base64 $d > "$t/c"
-  if [ -n "$i" ]; then printf '%s' "$i" | base64 $d > "$t/i"; else : > "$t/i"; fi
-  sh "$t/c" < "$t/i" > "$t/o" 2> "$t/e"
-  printf '%s %s %s %s\n' "$1" "$?" $(wc -c < "$t/o") $(wc -c < "$t/e")
-  cat "$t/o" "$t/e"
+_ar_m=$1
+_ar_t=$(mktemp -d "${TMPDIR:-/tmp}/actor-run-sh.XXXXXX") || exit 1
+trap 'rm -rf "$_ar_t"' EXIT
+if printf 'eA==' | base64 -d >/dev/null 2>&1; then _ar_d='-d'; else _ar_d='-D'; fi
+printf 'ready %s\n' "$_ar_m"
+while IFS=' ' read -r _ar_n _ar_i; do
+  _ar_c=
+  while [ "$_ar_n" -gt 0 ] && IFS= read -r _ar_l; do
+    _ar_c="$_ar_c$_ar_l
+"
+    _ar_n=$((_ar_n - 1))
+  done
+  if [ -n "$_ar_i" ]; then
+    base64 $_ar_d > "$_ar_t/i" <<_AR_EOF
+$_ar_i
+_AR_EOF
+    ( set --; eval "$_ar_c" ) < "$_ar_t/i" > "$_ar_t/o" 2> "$_ar_t/e"
+  else
+    ( set --; eval "$_ar_c" ) < /dev/null > "$_ar_t/o" 2> "$_ar_t/e"
+  fi
+  _ar_r=$?
+  printf '%s %s\n' "$_ar_m" "$_ar_r"
+  if [ -s "$_ar_t/o" ]; then base64 < "$_ar_t/o"; echo; fi
+  printf '%s-o\n' "$_ar_m"
+  if [ -s "$_ar_t/e" ]; then base64 < "$_ar_t/e"; echo; fi
+  printf '%s-e\n' "$_ar_m"
 done
 """
+
+
+def encode_command(script: str, stdin: bytes) -> bytes:
+    """The bytes the controller writes for one command (see the module docstring)."""
+    body = script.encode()
+    if b"\0" in body:
+        raise ValueError("a script cannot contain a NUL byte")
+    if body and not body.endswith(b"\n"):
+        body += b"\n"
+    return b"%d %s\n" % (body.count(b"\n"), base64.b64encode(stdin)) + body
 
 
 class Streams(Protocol):
@@ -104,15 +135,14 @@ class ShellChannel:
             try:
                 with trio.fail_after(timeout):
                     streams = await self._ensure()
-                    line = base64.b64encode(script.encode()) + b" " + base64.b64encode(stdin) + b"\n"
-                    await streams.write(line)
+                    await streams.write(encode_command(script, stdin))
                     head = await streams.readline()
                     parts = head.split()
-                    if len(parts) != 4 or parts[0] != self._mark.encode():
+                    if len(parts) != 2 or parts[0] != self._mark.encode() or not parts[1].isdigit():
                         raise Unreachable(f"{self.name}: unexpected answer from the remote shell: {head[:200]!r}")
-                    code, n_out, n_err = (int(p) for p in parts[1:])
-                    out = await streams.readexactly(n_out) if n_out else b""
-                    err = await streams.readexactly(n_err) if n_err else b""
+                    code = int(parts[1])
+                    out = await self._read_base64(streams, b"-o")
+                    err = await self._read_base64(streams, b"-e")
                     ok = True
                     self.commands += 1
                     return RunResult(code, out, err)
@@ -121,6 +151,13 @@ class ShellChannel:
             finally:
                 if not ok:
                     await self._drop()
+
+    async def _read_base64(self, streams: Streams, end: bytes) -> bytes:
+        end_line = self._mark.encode() + end + b"\n"
+        lines = []
+        while (line := await streams.readline()) != end_line:
+            lines.append(line)
+        return base64.b64decode(b"".join(lines))  # newlines are skipped
 
     async def _drop(self) -> None:
         streams, self._streams = self._streams, None

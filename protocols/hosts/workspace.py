@@ -24,15 +24,10 @@ import trio
 from protocols.failures import Code, Refused, Unreachable
 from protocols.hosts import scripts
 from protocols.hosts.base import Host
+from protocols.messages import InputRef
 
 KEEP_S = 24 * 3600
 MAX_LOG_PER_POLL = 1 << 20
-
-
-class InputRef(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    sha256: str
-    basename: str
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):

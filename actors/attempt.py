@@ -1,0 +1,261 @@
+"""AttemptActor: conducts one attempt: lease -> upload -> start -> watch -> fetch -> release.
+
+Children, started in this order and stopped in the reverse: CostMeterActor, LeaseActor,
+TransferActor, HeartbeatActor. Every step is a message; nothing here waits on the network.
+
+The end (`_finish`) is the same for every outcome: stop the job on the host if it still runs,
+stop the heartbeat and the transfer, tell the lease `Release`, and on `Released` close the meter
+and tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
+(`on_failure`) stops the children, which deletes the machine (the lease's stop hook), and still
+tells the parent, with `internal`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import outcome
+import pykka
+
+from actors.base import Actor, Context
+from actors.heartbeat import HeartbeatActor
+from actors.lease import LeaseActor
+from actors.meter import CostMeterActor
+from actors.transfer import TransferActor
+from protocols.failures import Code
+from protocols.hosts.workspace import Launch
+from protocols.messages import (
+    Acquire, AttemptEnded, AttemptStarted, Cancel, ChildFailed, Exited, Fetch, Fetched, JobStarted, Leased,
+    LeaseFailed, Machine, Message, Metered, Offer, Progress, Release, Released, StartMeter, Stalled, StopMeter,
+    TransferFailed, Upload, Uploaded, Usage, Watch,
+)
+from protocols.names import encode_name
+from protocols.specs import Job
+
+
+class _Started(Message, frozen=True, kw_only=True):
+    result: Any  # outcome.Outcome[int]
+
+
+class _Stopped(Message, frozen=True, kw_only=True):
+    pass
+
+
+class AttemptActor(Actor):
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
+                 setup_grace_s: float, seed_dir: Path) -> None:
+        super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
+        self.job, self.attempt, self.offer = job, attempt, offer
+        self.head = {"job": job.name, "seed": job.seed, "attempt": attempt}
+        self.setup_grace_s = setup_grace_s
+        self.seed_dir = seed_dir
+        self.staging = seed_dir / ".attempts" / f"a{attempt}"
+        self.began = time.time()
+        self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
+        self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
+        self.children: list[pykka.ActorRef[Any]] = []
+        self.machine: Machine | None = None
+        self.work: str | None = None
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.phases: dict[str, float] = {}
+        self._mark = self.began
+        self.finishing: tuple[str, Code | None, str] | None = None
+        self.usd_live = 0.0
+        self._releasing = False
+        self._early_release: Released | None = None
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        """Actor thread, before the first message: start the children, ask for a machine."""
+        p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.seed_dir / "log.txt", "a") as f:
+            f.write(f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
+                    + f" ({time.strftime('%Y-%m-%d %H:%M:%S')}) ---\n")
+        self.meter = CostMeterActor.start(ctx, parent, **self.head)
+        self.children.append(self.meter)
+        self.lease = LeaseActor.start(ctx, parent, **self.head, launch_timeout_s=self.setup_grace_s)
+        self.children.append(self.lease)
+        self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
+        self.children.append(self.transfer)
+        self.heartbeat = HeartbeatActor.start(
+            ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
+            stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
+            log_path=self.seed_dir / "log.txt",
+        )
+        self.children.append(self.heartbeat)
+        ctx.emit(AttemptStarted(**self.head, offer=self.offer))
+        self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
+
+    def _phase(self, name: str) -> None:
+        now = time.time()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - self._mark, 3)
+        self._mark = now
+
+    # --- the lifecycle -------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Leased(machine=machine) as event:
+                self.machine = machine
+                self._phase("lease")
+                self.ctx.emit(event)
+                self.meter.tell(StartMeter(machine=machine, at=time.time()))
+                if self.finishing is None:
+                    self.transfer.tell(Upload(machine=machine.name))
+            case LeaseFailed(failure=failure, detail=detail) as event:
+                self._phase("lease")
+                self.ctx.emit(event)
+                self._finish("failed", failure, detail)
+            case Uploaded() as event:
+                self._phase("upload")
+                self.ctx.emit(event)
+                if self.finishing is None:
+                    self._start_job(event)
+            case TransferFailed(failure=failure, detail=detail) as event:
+                self.ctx.emit(event)
+                self._finish("failed", failure, detail)
+            case _Started(result=result):
+                self._started(result)
+            case Progress():
+                pass  # the heartbeat emitted it
+            case Exited(exit_code=code) as event:
+                self._phase("run")
+                self.exit_code = code
+                self.ctx.emit(event)
+                if self.finishing is None and self.machine is not None and self.work is not None:
+                    self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.staging)))
+            case Fetched() as event:
+                self._phase("fetch")
+                self.ctx.emit(event)
+                self._write_response()
+                if self.exit_code == 0:
+                    self._finish("succeeded", None, "")
+                else:
+                    self._finish("failed", Code.JOB_FAILED, f"the job exited {self.exit_code}")
+            case Stalled(failure=failure, detail=detail) as event:
+                self.ctx.emit(event)
+                self._finish("failed", failure, detail)
+            case Metered(usd=usd) as event:
+                self.usd_live = usd
+                self.ctx.emit(event)
+                self.tell_parent(event)
+            case Cancel(failure=failure, detail=detail):
+                self._finish("failed", failure, detail or "canceled")
+            case ChildFailed(child=child, detail=detail):
+                self._finish("failed", Code.INTERNAL, f"{child} failed: {detail}")
+            case _Stopped():
+                self._release()
+            case Released() as event:
+                if self.finishing is None or not self._releasing:
+                    self._early_release = event  # the lease ended on its own (it failed): ChildFailed follows
+                else:
+                    self._released(event)
+            case _:
+                raise TypeError(f"AttemptActor cannot handle {message!r}")
+        return None
+
+    def _start_job(self, up: Uploaded) -> None:
+        assert self.machine is not None
+        ws = self.ctx.workspaces[self.machine.name]
+        self.work = ws.work_dir(self.job.name, self.job.seed, self.attempt)
+        env = {**self.job.env, "ACTOR_RUN_SEED": str(self.job.seed), "ACTOR_RUN_ATTEMPT": str(self.attempt)}
+        launch = Launch(
+            work=self.work, command=self.job.command.replace("{seed}", str(self.job.seed)), code=up.code,
+            inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s,
+            request=json.dumps({"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}).encode(),
+        )
+        self.spawn(ws.start, launch, reply=lambda r: _Started(result=r))
+
+    def _started(self, result: outcome.Outcome[int]) -> None:
+        if isinstance(result, outcome.Error):
+            exc = result.error
+            code = getattr(exc, "code", Code.LAUNCH_FAILED)
+            self._finish("failed", code if isinstance(code, Code) else Code.LAUNCH_FAILED, f"start: {exc}")
+            return
+        self.pid = result.value
+        launched_at = time.time()
+        self._phase("start")
+        self.ctx.emit(JobStarted(**self.head, pid=self.pid))
+        assert self.machine is not None and self.work is not None
+        self.ctx.ledger.record_started(self.machine.name, self.work, self.pid, launched_at)
+        self.heartbeat.tell(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
+
+    def _write_response(self) -> None:
+        src = self.staging / "response.json"
+        if src.is_file():
+            try:
+                self.remote_response = json.loads(src.read_text())
+            except ValueError:
+                self.remote_response = {}
+
+    # --- the end -------------------------------------------------------------------------------
+
+    def _finish(self, outcome_: str, failure: Code | None, detail: str) -> None:
+        if self.finishing is not None:
+            return
+        self.finishing = (outcome_, failure, detail)
+        self.cancel_tasks()  # a start still on its way: deleting the machine ends that job too
+        ws = self.ctx.workspaces.get(self.machine.name) if self.machine is not None else None
+        if ws is not None and self.work is not None and self.pid is not None and self.exit_code is None:
+            self.spawn(ws.stop, self.work, reply=lambda r: _Stopped())
+        else:
+            self._release()
+
+    def _release(self) -> None:
+        if self._releasing:
+            return
+        self._releasing = True
+        for child in (self.heartbeat, self.transfer):
+            child.stop(block=True, timeout=30)
+        if self._early_release is not None:
+            self._released(self._early_release)
+            return
+        try:
+            self.lease.tell(Release())
+        except pykka.ActorDeadError:
+            # the lease is gone without telling us (it cannot be: its hooks always answer); end anyway
+            self._released(Released(**self.head, machine=self.name, confirmed=False, detail="lease gone"))
+
+    def _released(self, event: Released) -> None:
+        self._phase("release")
+        usage: Usage = self.meter.ask(StopMeter(at=event.t, confirmed=event.confirmed), timeout=30)
+        self.meter.stop(block=False)
+        assert self.finishing is not None
+        outcome_, failure, detail = self.finishing
+        if not event.confirmed:
+            detail = (detail + "; " if detail else "") + f"machine {event.machine} not confirmed deleted: {event.detail}"
+        self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
+                                      phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
+        self.stop()
+
+    def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
+        """Actor thread, after a raise here: stop the children in reverse order (the lease deletes
+        the machine before its stop returns), then tell the parent the attempt ended `internal`."""
+        self.cancel_tasks()
+        self.log.opt(exception=(exception_type, exception_value, traceback)).error("attempt failed")
+        for child in reversed(self.children):
+            try:
+                child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
+            except pykka.Timeout:
+                self.log.error("{} did not stop in time", child)
+        self.tell_parent(AttemptEnded(**self.head, outcome="failed", failure=Code.INTERNAL,
+                                      detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}",
+                                      phases=dict(self.phases), offer=self.offer))
+
+    def on_stop(self) -> None:
+        """Actor thread, after stop(): stop whatever children are left, in reverse start order."""
+        self.cancel_tasks()
+        for child in reversed(self.children):
+            if child.is_alive():
+                try:
+                    child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
+                except pykka.Timeout:
+                    self.log.error("{} did not stop in time", child)

@@ -1,0 +1,146 @@
+"""What every actor stands on: the context it shares with its tree, and `Actor`, a pykka
+ThreadingActor that waits only through the reactor.
+
+Hooks (pykka's rules, restated):
+- `on_start` runs on the actor's own thread before its first message; a raise stops the actor
+  and calls `on_failure`.
+- `on_receive` handles one `tell`ed message at a time on that thread; a raise calls
+  `on_failure` and stops the actor (`on_stop` is NOT called then).
+- `on_stop` runs on that thread after `stop()`; `on_failure` runs there after a raise. Anything
+  that must always happen at the end (the lease deleting its machine) belongs in both.
+`Actor.on_failure` cancels the actor's reactor tasks and tells its parent `ChildFailed`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import outcome
+import pykka
+from loguru import logger
+
+from actors.runtime import Reactor, Task
+from protocols.clouds import Cloud
+from protocols.hosts.workspace import Workspace
+from protocols.messages import ChildFailed, Event, Machine, Message
+
+
+class LedgerPort(Protocol):
+    """What actors need of the ledger (supervisors/ledger.py implements it)."""
+
+    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float) -> None:
+        """Durable before it returns: the create call goes out only after."""
+        ...
+
+    def record_launched(self, machine: Machine) -> None: ...
+    def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None: ...
+    def record_gone(self, name: str, at: float, reason: str) -> None: ...
+    def record_delete_failed(self, name: str, detail: str) -> None: ...
+
+
+class Context:
+    """What an attempt's actors share: the reactor, the clouds, the ledger and where events go.
+    Set up once by the Runner; read-only afterwards except `workspaces` (one entry per leased
+    machine, written by its lease)."""
+
+    def __init__(
+        self, *, reactor: Reactor, clouds: dict[str, Cloud], ledger: LedgerPort,
+        emit: Callable[[Event], None], owner: str, out_root: Path, meter_period_s: float = 5.0,
+        delete_timeout_s: float = 120.0,
+    ) -> None:
+        self.reactor = reactor
+        self.clouds = clouds
+        self.ledger = ledger
+        self.emit = emit
+        self.owner = owner
+        self.out_root = out_root
+        self.meter_period_s = meter_period_s
+        self.delete_timeout_s = delete_timeout_s
+        self.workspaces: dict[str, Workspace] = {}
+        self.hash_cache: dict[tuple[str, int, int, int], str] = {}
+        self.hash_lock = threading.Lock()
+
+
+class Actor(pykka.ThreadingActor):
+    """A pykka actor whose waiting happens on the reactor; results come back as messages."""
+
+    use_daemon_thread = True
+
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any] | None, label: str) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.parent = parent
+        self.label = label
+        self._tasks: set[Task] = set()
+        self.log = logger.bind(actor=label)
+
+    def spawn(self, fn: Callable[..., Any], *args: Any, reply: Callable[[outcome.Outcome[Any]], Message]) -> Task:
+        """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends."""
+        ref = self.actor_ref
+        holder: list[Task] = []
+
+        def done(result: outcome.Outcome[Any]) -> None:
+            if holder:
+                self._tasks.discard(holder[0])
+            try:
+                ref.tell(reply(result))
+            except pykka.ActorDeadError:
+                pass  # stopped meanwhile: its on_stop cancelled or outlived this task
+
+        task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
+        holder.append(task)
+        self._tasks.add(task)
+        return task
+
+    def later(self, delay: float, message: Message) -> Task:
+        """Tell this actor `message` after `delay` seconds (cancel the task to call it off)."""
+        ref = self.actor_ref
+        holder: list[Task] = []
+
+        def fire() -> None:
+            if holder:
+                self._tasks.discard(holder[0])
+            try:
+                ref.tell(message)
+            except pykka.ActorDeadError:
+                pass
+
+        task = self.ctx.reactor.call_later(delay, fire, name=f"{self.label}:timer")
+        holder.append(task)
+        self._tasks.add(task)
+        return task
+
+    def cancel_tasks(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+
+    def tell_parent(self, message: Message) -> None:
+        if self.parent is not None:
+            try:
+                self.parent.tell(message)
+            except pykka.ActorDeadError:
+                self.log.debug("parent gone; dropped {}", type(message).__name__)
+
+    def on_receive(self, message: Any) -> Any:
+        return self.handle(message)
+
+    def handle(self, message: Any) -> Any:
+        raise NotImplementedError
+
+    def on_stop(self) -> None:
+        """Actor thread, after stop(): cancel what this actor still waits for."""
+        self.cancel_tasks()
+
+    def on_failure(
+        self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Actor thread, after a raise in a handler: cancel its tasks, tell the parent."""
+        self.cancel_tasks()
+        self.log.opt(exception=(exception_type, exception_value, traceback)).error("{} failed", self.label)
+        self.tell_parent(ChildFailed(child=self.label, detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}"))

@@ -1,0 +1,224 @@
+"""LeaseActor: holds one machine, and whatever happens, deletes it.
+
+`Acquire` records the intent (name, deadline) in the ledger BEFORE the create call, so a crash
+between create and answer leaves a name to sweep; then launches on the reactor and connects a
+workspace. It answers its parent `Leased(machine)` or `LeaseFailed(failure)`.
+
+`Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
+stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do the same
+deletion on the actor's thread, waiting for it (the one place an actor waits on the network: after
+this hook the actor is gone). A deletion the provider never confirms leaves the ledger row open
+for the next sweep and says so in `Released(confirmed=False)`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import outcome
+import pykka
+import trio
+
+from actors.base import Actor, Context
+from protocols.failures import (
+    ActorRunError, CallCancelled, Code, DeleteUnconfirmed, HostError, LaunchAmbiguous, LaunchError, Refused,
+)
+from protocols.hosts.workspace import Workspace
+from protocols.messages import (
+    Acquire, LeaseFailed, LeaseRequested, Leased, Machine, Message, Offer, Release, Released,
+)
+
+DELETE_TRIES = 5
+
+
+class _Launched(Message, frozen=True, kw_only=True):
+    result: Any  # outcome.Outcome[tuple[Machine, Workspace]]
+
+
+class _Deleted(Message, frozen=True, kw_only=True):
+    result: Any  # outcome.Outcome[tuple[bool, str]]
+
+
+class LeaseActor(Actor):
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
+                 launch_timeout_s: float) -> None:
+        super().__init__(ctx, parent, f"lease:{job}/{seed}/a{attempt}")
+        self.job, self.seed, self.attempt = job, seed, attempt
+        self.launch_timeout_s = launch_timeout_s
+        self.name: str | None = None  # set once the intent is in the ledger: from then on, delete by it
+        self.offer: Offer | None = None
+        self.machine: Machine | None = None
+        self._released = threading.Event()
+        self._releasing = False
+        self._outcome: tuple[bool, str, float] | None = None
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Acquire(offer=offer, name=name, deadline=deadline):
+                self._acquire(offer, name, deadline)
+            case _Launched(result=result):
+                self._launched(result)
+            case Release():
+                self._start_release()
+            case _Deleted(result=result):
+                self._finish_release(result)
+            case _:
+                raise TypeError(f"LeaseActor cannot handle {message!r}")
+
+    # --- acquire ---------------------------------------------------------------------------------
+
+    def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
+        cloud = self.ctx.clouds[offer.cloud]
+        self.ctx.ledger.record_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
+                                      attempt=self.attempt, deadline=deadline)
+        self.name, self.offer = name, offer
+        self.ctx.emit(LeaseRequested(job=self.job, seed=self.seed, attempt=self.attempt, name=name,
+                                     cloud=offer.cloud, deadline=deadline))
+
+        timeout = self.launch_timeout_s
+
+        async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
+            try:
+                with trio.fail_after(timeout):
+                    machine = await cloud.launch(offer, name, deadline)
+            except trio.TooSlowError as exc:
+                raise LaunchAmbiguous(f"no answer to the create within {timeout:.0f} s") from exc
+            try:
+                with trio.fail_after(timeout):
+                    return machine, await cloud.connect(machine), None
+            except (ActorRunError, OSError, trio.TooSlowError) as exc:
+                return machine, None, exc  # it exists: the release deletes it by id
+
+        self.spawn(launch, reply=lambda r: _Launched(result=r))
+
+    def _launched(self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
+        assert self.name is not None
+        exc: BaseException
+        if isinstance(result, outcome.Value):
+            machine, workspace, error = result.value
+            self.machine = machine
+            self.ctx.ledger.record_launched(machine)
+            if workspace is not None:
+                self.ctx.workspaces[self.name] = workspace
+                self.tell_parent(Leased(job=self.job, seed=self.seed, attempt=self.attempt, machine=machine))
+                return
+            assert error is not None
+            exc = error
+        else:
+            exc = result.error
+        code, detail = _classify_launch(exc, created=self.machine is not None)
+        if code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and self.machine is None and not isinstance(exc, LaunchAmbiguous):
+            # a clean refusal: no machine exists, the intent is closed here
+            self.ctx.ledger.record_gone(self.name, time.time(), f"create refused: {code}")
+            self.name = None
+        self.tell_parent(LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail))
+
+    # --- release ---------------------------------------------------------------------------------
+
+    async def _delete(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
+        """Close the workspace, then delete until the provider confirms (bounded tries)."""
+        cloud = self.ctx.clouds[cloud_name]
+        workspace = self.ctx.workspaces.pop(name, None)
+        if workspace is not None:
+            with trio.move_on_after(10):
+                try:
+                    await workspace.aclose()
+                except HostError:
+                    pass  # the connection is going with the machine
+        detail = ""
+        per_try = self.ctx.delete_timeout_s / DELETE_TRIES
+        for i in range(DELETE_TRIES):
+            try:
+                with trio.fail_after(per_try):
+                    await cloud.delete(name, machine_id)
+                return True, ""
+            except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
+                detail = str(exc) or type(exc).__name__
+            await trio.sleep(min(2.0**i * 0.2, 5.0))
+        return False, detail
+
+    def _start_release(self) -> None:
+        if self.name is None:
+            self._done_releasing(True, "", time.time())
+            self.stop()
+            return
+        if self._releasing:
+            return
+        self._releasing = True
+        self.cancel_tasks()  # a launch still waiting: its machine is deleted by name
+        machine_id = self.machine.id if self.machine else ""
+        assert self.offer is not None
+        self.spawn(self._delete, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
+
+    def _finish_release(self, result: outcome.Outcome[tuple[bool, str]]) -> None:
+        confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
+        self._done_releasing(confirmed, detail, time.time())
+        self.stop()
+
+    def _done_releasing(self, confirmed: bool, detail: str, at: float) -> None:
+        if self._released.is_set():
+            return
+        name = self.name or ""
+        if self.name is not None:
+            if confirmed:
+                self.ctx.ledger.record_gone(self.name, at, "deleted")
+            else:
+                self.ctx.ledger.record_delete_failed(self.name, detail)
+        self._outcome = (confirmed, detail, at)
+        self._released.set()
+        event = Released(job=self.job, seed=self.seed, attempt=self.attempt, machine=name, confirmed=confirmed,
+                         detail=detail, t=at)
+        self.ctx.emit(event)
+        self.tell_parent(event)
+
+    def _release_blocking(self) -> None:
+        """On the actor's thread: make sure the machine is gone before this actor is."""
+        if self._released.is_set():
+            return
+        if self._releasing:
+            # the reactor is already deleting it: its answer cannot reach a stopped actor, so wait here
+            self._released.wait(self.ctx.delete_timeout_s + 10)
+            if self._released.is_set():
+                return
+        self.cancel_tasks()
+        if self.name is None:
+            self._done_releasing(True, "", time.time())
+            return
+        assert self.offer is not None
+        try:
+            confirmed, detail = self.ctx.reactor.call(
+                self._delete, self.name, self.machine.id if self.machine else "", self.offer.cloud,
+                timeout=self.ctx.delete_timeout_s + 30,
+            )
+        except CallCancelled as exc:
+            confirmed, detail = False, str(exc)
+        self._done_releasing(confirmed, detail, time.time())
+
+    def on_stop(self) -> None:
+        """Actor thread, after stop(): delete the machine (waiting for the provider to confirm)."""
+        self._release_blocking()
+
+    def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
+        """Actor thread, after a raise: delete the machine as on_stop does, then tell the parent."""
+        self._release_blocking()
+        super().on_failure(exception_type, exception_value, traceback)
+
+
+def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:
+    if isinstance(exc, LaunchError):
+        return exc.code, str(exc)
+    if isinstance(exc, Refused):
+        return exc.code, str(exc)
+    if isinstance(exc, trio.TooSlowError):
+        return Code.LAUNCH_FAILED, "the machine did not become reachable in time"
+    if isinstance(exc, HostError):
+        return Code.LAUNCH_FAILED, f"the machine came up but could not be reached: {exc}"
+    if isinstance(exc, CallCancelled):
+        return Code.CANCELED, str(exc)
+    if isinstance(exc, ActorRunError | OSError):
+        return (Code.AMBIGUOUS_CREATE if not created else Code.LAUNCH_FAILED), str(exc)
+    return Code.INTERNAL, f"{type(exc).__name__}: {exc}"

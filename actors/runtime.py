@@ -1,0 +1,222 @@
+"""The reactor: one trio thread that does all the waiting (network, subprocesses, timers) for every
+actor, with a trio-asyncio loop open inside it so asyncssh runs there too.
+
+Actors never block on the network. They `spawn` a coroutine on the reactor with a callback that
+`tell`s them the result as a message, and keep the returned `Task` to cancel it. `call` (block the
+calling thread until a coroutine finishes) is for the few places that must wait: the lease's stop
+hook, the CLI, tests. A call that is cancelled or runs out of time raises `CallCancelled`; it
+never returns None.
+
+Threads: `start()` starts the reactor thread and returns once its loop runs; `stop()` cancels every
+task still running and joins the thread. Callbacks given to `spawn`/`call_later` run ON THE
+REACTOR THREAD: they must only hand the result on (`ActorRef.tell` is thread-safe and never
+blocks), never wait.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import itertools
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+import outcome
+import trio
+import trio_asyncio
+
+from protocols.failures import CallCancelled
+
+T = TypeVar("T")
+
+
+class ReactorStatistics(msgspec.Struct, frozen=True):
+    tasks_started: int
+    tasks_running: int
+    timers_started: int
+
+
+class Task:
+    """A coroutine running on the reactor; `cancel()` is safe from any thread, at any time."""
+
+    __slots__ = ("_cancelled", "_reactor", "_scope", "done", "name")
+
+    def __init__(self, reactor: Reactor, name: str) -> None:
+        self._reactor = reactor
+        self._scope: trio.CancelScope | None = None
+        self._cancelled = False
+        self.done = False
+        self.name = name
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if not self.done:
+            self._reactor._soon(self._cancel_here)
+
+    def _cancel_here(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+class Reactor:
+    def __init__(self, name: str = "actor-run-reactor") -> None:
+        self._name = name
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping: trio.Event | None = None
+        self._loop: Any = None
+        self._context: contextvars.Context | None = None
+        self._ids = itertools.count()
+        self._started = 0
+        self._running = 0
+        self._timers = 0
+        self._error: BaseException | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Reactor:
+        self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise RuntimeError("the reactor did not start") from self._error
+        return self
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._run)
+        except BaseException as exc:  # recorded for start()/stop(); the thread ends here
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _run(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stopping = trio.Event()
+        async with trio_asyncio.open_loop() as loop:
+            self._loop = loop
+            # tasks are started from run_sync_soon callbacks, which run outside this context: start
+            # them inside a copy of it, or asyncssh (through trio-asyncio) finds no loop
+            self._context = contextvars.copy_context()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._ready.set()
+                await self._stopping.wait()
+                nursery.cancel_scope.cancel()
+            self._nursery = None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        assert self._stopping is not None
+        self._soon(self._stopping.set)
+        self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._nursery is not None
+
+    @property
+    def in_reactor(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    @property
+    def asyncio_loop(self) -> Any:
+        """The trio-asyncio loop: give it to `trio_asyncio.aio_as_trio(fn, loop=...)` if ever needed."""
+        return self._loop
+
+    def statistics(self) -> ReactorStatistics:
+        return ReactorStatistics(self._started, self._running, self._timers)
+
+    # --- running things -------------------------------------------------------------------------
+
+    def _soon(self, fn: Callable[[], Any]) -> None:
+        if self._token is None:
+            raise CallCancelled("the reactor is not running")
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError as exc:
+            raise CallCancelled("the reactor has stopped") from exc
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        on_done: Callable[[outcome.Outcome[T]], None] | None = None,
+        name: str = "",
+    ) -> Task:
+        """Run `fn(*args)` on the reactor; `on_done(outcome)` runs on the reactor thread when it ends.
+        A cancelled task ends with `outcome.Error(CallCancelled)`."""
+        task = Task(self, name or getattr(fn, "__name__", "task"))
+        self._started += 1
+
+        def begin() -> None:
+            if self._nursery is None:
+                self._finish(task, on_done, outcome.Error(CallCancelled("the reactor is stopping")))
+                return
+            assert self._context is not None
+            self._context.run(self._nursery.start_soon, self._wrap, task, fn, args, on_done, name=task.name)
+
+        self._soon(begin)
+        return task
+
+    async def _wrap(
+        self, task: Task, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+        on_done: Callable[[outcome.Outcome[T]], None] | None,
+    ) -> None:
+        self._running += 1
+        result: outcome.Outcome[T]
+        try:
+            with trio.CancelScope() as scope:
+                task._scope = scope
+                if task._cancelled:
+                    scope.cancel()
+                result = await outcome.acapture(fn, *args)
+            if scope.cancelled_caught or isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
+                result = outcome.Error(CallCancelled(f"{task.name} was cancelled"))
+        finally:
+            self._running -= 1
+        self._finish(task, on_done, result)
+
+    @staticmethod
+    def _finish(task: Task, on_done: Callable[[outcome.Outcome[T]], None] | None, result: outcome.Outcome[T]) -> None:
+        task.done = True
+        if on_done is not None:
+            on_done(result)
+
+    def call_later(self, delay: float, callback: Callable[[], None], name: str = "timer") -> Task:
+        """Run `callback()` on the reactor thread after `delay` seconds, unless cancelled first."""
+        self._timers += 1
+
+        async def sleep() -> None:
+            await trio.sleep(max(0.0, delay))
+
+        def fire(result: outcome.Outcome[None]) -> None:
+            if isinstance(result, outcome.Value):
+                callback()
+
+        return self.spawn(sleep, on_done=fire, name=name)
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
+        """Block this (non-reactor) thread until `fn(*args)` finishes on the reactor; its result or
+        its exception. Raises `CallCancelled` after `timeout` seconds (the task is cancelled)."""
+        if self.in_reactor:
+            raise RuntimeError("Reactor.call from the reactor thread would deadlock")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def done(result: outcome.Outcome[T]) -> None:
+            if isinstance(result, outcome.Value):
+                future.set_result(result.value)
+            else:
+                future.set_exception(result.error)
+
+        task = self.spawn(fn, *args, on_done=done)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            task.cancel()
+            raise CallCancelled(f"{task.name} did not finish within {timeout} s") from exc

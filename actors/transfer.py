@@ -1,0 +1,132 @@
+"""TransferActor: code and inputs up (by content hash, once per host), outputs down.
+
+`Upload(machine)` snapshots and hashes the code folder, hashes each input (cached by path, size,
+mtime and inode), publishes what the host lacks and answers `Uploaded(code, inputs)`; `Fetch`
+brings `out/` and `response.json` back, never through a link, and answers `Fetched`. A refusal
+answers `TransferFailed(input|guard)`; a host unreachable for `lost_after_s` answers
+`TransferFailed(unreachable)`. Hashing runs in a worker thread, never on the reactor's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import outcome
+import pykka
+import trio
+
+from actors.base import Actor, Context
+from protocols.failures import Code, MachineGone, Refused, Unreachable
+from protocols.hosts.content import input_sha256, snapshot_code
+from protocols.hosts.workspace import Workspace
+from protocols.messages import Fetch, Fetched, InputRef, Message, TransferFailed, Upload, Uploaded
+from protocols.specs import Job
+
+
+class _Done(Message, frozen=True, kw_only=True):
+    kind: str  # upload | fetch
+    result: Any
+    started: float
+
+
+def _hash_input(ctx: Context, path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    with ctx.hash_lock:
+        known = ctx.hash_cache.get(key)
+    if known is not None and path.is_file():
+        return known
+    digest = input_sha256(path)
+    with ctx.hash_lock:
+        ctx.hash_cache[key] = digest
+    return digest
+
+
+async def patiently(what: str, lost_after_s: float, step: Any, *args: Any) -> Any:
+    """Repeat a step while the host cannot be reached, up to lost_after_s in all."""
+    since: float | None = None
+    while True:
+        try:
+            return await step(*args)
+        except Unreachable:
+            now = trio.current_time()
+            since = now if since is None else since
+            if now - since > lost_after_s:
+                raise
+            await trio.sleep(min(2.0, max(0.1, lost_after_s / 10)))
+
+
+class TransferActor(Actor):
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int) -> None:
+        super().__init__(ctx, parent, f"transfer:{job.name}/{job.seed}/a{attempt}")
+        self.job, self.attempt = job, attempt
+        self.tag = f"{job.name}-{job.seed}-a{attempt}-{os.getpid()}-{ctx.owner[:8]}"
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Upload(machine=machine):
+                ws = self.ctx.workspaces[machine]
+                self.spawn(self._upload, ws, reply=lambda r, t=time.time(): _Done(kind="upload", result=r, started=t))
+            case Fetch(machine=machine, work=work, into=into):
+                ws = self.ctx.workspaces[machine]
+                self.spawn(self._fetch, ws, work, Path(into),
+                           reply=lambda r, t=time.time(): _Done(kind="fetch", result=r, started=t))
+            case _Done(kind=kind, result=result, started=started):
+                self._done(kind, result, started)
+            case _:
+                raise TypeError(f"TransferActor cannot handle {message!r}")
+
+    async def _upload(self, ws: Workspace) -> tuple[int, str | None, list[InputRef]]:
+        lost = self.job.policy.lost_after_s
+        sent = 0
+        code_hash: str | None = None
+        if self.job.code is not None:
+            with tempfile.TemporaryDirectory(prefix="actor-run-code-") as tmp:
+                snap = Path(tmp) / "code"
+                code_hash = await trio.to_thread.run_sync(snapshot_code, Path(self.job.code), snap)
+                sent += await patiently("code", lost, ws.publish_code, snap, code_hash, self.tag)
+        refs = []
+        for name, path_s in sorted(self.job.inputs.items()):
+            path = Path(path_s)
+            try:
+                digest = await trio.to_thread.run_sync(_hash_input, self.ctx, path)
+            except OSError as exc:
+                raise Refused(Code.INPUT, f"input {name}: cannot read {path}: {exc.strerror}") from exc
+            sent += await patiently(name, lost, ws.publish_input, name, path, digest, self.tag)
+            refs.append(InputRef(name=name, sha256=digest, basename=path.name))
+        return sent, code_hash, refs
+
+    async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
+        if into.exists():
+            await trio.to_thread.run_sync(shutil.rmtree, into)
+        n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
+        return n
+
+    def _done(self, kind: str, result: outcome.Outcome[Any], started: float) -> None:
+        seconds = time.time() - started
+        head = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
+        if isinstance(result, outcome.Value):
+            if kind == "upload":
+                sent, code, refs = result.value
+                self.tell_parent(Uploaded(**head, bytes_sent=sent, seconds=seconds, code=code, inputs=refs))
+            else:
+                self.tell_parent(Fetched(**head, bytes_received=result.value, seconds=seconds))
+            return
+        exc = result.error
+        match exc:
+            case Refused(code=code):
+                failure, detail = code, str(exc)
+            case MachineGone():
+                failure, detail = Code.PREEMPTED, str(exc)
+            case Unreachable():
+                failure, detail = Code.UNREACHABLE, str(exc)
+            case OSError():
+                failure, detail = Code.INTERNAL, f"{kind}: {exc}"
+            case _:
+                failure, detail = Code.INTERNAL, f"{kind}: {type(exc).__name__}: {exc}"
+        self.tell_parent(TransferFailed(**head, failure=failure, detail=detail))

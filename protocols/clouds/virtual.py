@@ -1,0 +1,256 @@
+"""The machines of the `sim` cloud: what a caller talks to once a sim machine is launched.
+
+Every call to a sim machine first awaits its `MachineGuard`, which raises `MachineGone` once the
+provider deleted or preempted the machine (one `stat` a call, a small read when the record
+changed; a preemption also stops the machine's processes). A real sim machine is a sandbox whose
+host is a `SimHost`: `LocalHost` behind the guard, under a `ShellWorkspace`.
+
+A virtual machine (`virtual = true`) only pretends to run, in memory: `VirtualWorkspace`. No
+folder, no process: `start` records a start time and hands back a fake pid; each `poll` says
+`running` and appends one progress line (`{"stage": "train", "step": k}`) and one log line until
+`virtual_job_s` has passed since the start (on trio's clock), then says `exited` with
+`virtual_exit_code`. `stop` makes a running job exit 143; a wrong pid polls `lost`, an unknown
+work folder `gone`. `fetch` writes `response.json` (once exited) and `out/result.txt` into the
+local folder. Publishing dedupes by digest per machine (the size on first sight, 0 after), like a
+real host's `code/<hash>` and `objects/<sha256>`. A call costs microseconds, so a load test can run
+thousands at once. What a virtual machine ran lives in this process only: a controller that
+restarts finds its jobs `gone`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from protocols.failures import MachineGone
+from protocols.hosts.base import RunResult
+from protocols.hosts.local import LocalHost
+from protocols.hosts.workspace import Launch, PollResult
+
+
+class Held(Protocol):
+    """What the provider holds for a machine, as far as a guard cares."""
+
+    @property
+    def state(self) -> str: ...  # running | preempted
+    @property
+    def preempt_at(self) -> float | None: ...
+
+
+class Provider(Protocol):
+    """What a guard asks the sim provider (SimStore answers; its calls are small file reads)."""
+
+    def path(self, name: str) -> Path: ...
+    def read(self, name: str) -> Held | None: ...
+    def preempt(self, name: str, now: float) -> None: ...
+
+
+class MachineGuard:
+    """Raises `MachineGone` once the provider deleted or preempted the machine.
+
+    Awaited before every call to the machine; it costs one `stat` unless the record changed.
+    """
+
+    def __init__(self, provider: Provider, name: str, rec: Held) -> None:
+        self._provider = provider
+        self._name = name
+        self._rec = rec
+        self._key = self._stat_key()
+        self._gone = ""
+
+    def _stat_key(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self._provider.path(self._name))
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    async def __call__(self) -> None:
+        if self._gone:
+            raise MachineGone(self._gone)
+        name = self._name
+        key = self._stat_key()
+        if key != self._key:
+            rec = self._provider.read(name) if key is not None else None
+            if rec is None:
+                self._gone = f"sim: {name} is gone (deleted)"
+                raise MachineGone(self._gone)
+            self._rec, self._key = rec, key
+        at = self._rec.preempt_at
+        if self._rec.state == "preempted" or (at is not None and time.time() >= at):
+            await trio.to_thread.run_sync(self._provider.preempt, name, time.time())
+            self._gone = f"sim: {name} was preempted"
+            raise MachineGone(self._gone)
+
+
+class SimHost:
+    """A sandbox's LocalHost that first asks the provider whether the machine is still there."""
+
+    def __init__(self, name: str, guard: MachineGuard) -> None:
+        self.name = name
+        self._guard = guard
+        self._local = LocalHost(name)
+
+    # the Host protocol's signature: the timeout is LocalHost's, applied per command
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:  # noqa: ASYNC109
+        await self._guard()
+        return await self._local.run(script, stdin=stdin, timeout=timeout)
+
+    async def put(self, local: Path, remote: str) -> int:
+        await self._guard()
+        return await self._local.put(local, remote)
+
+    async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
+        await self._guard()
+        return await self._local.get_tar(remote_dir, names, local_tar)
+
+    async def aclose(self) -> None:
+        await self._local.aclose()
+
+
+_pids = itertools.count(100_000)
+
+
+class VirtualJob:
+    """One started job: when it started, what it said so far, how it ended."""
+
+    __slots__ = ("exit_code", "log", "pid", "progress", "started", "steps")
+
+    def __init__(self, pid: int, started: float) -> None:
+        self.pid = pid
+        self.started = started
+        self.steps = 0
+        self.exit_code: int | None = None
+        self.progress = bytearray()
+        self.log = bytearray()
+
+    def step(self, stage: str) -> None:
+        self.steps += 1
+        self.progress += json.dumps({"stage": stage, "step": self.steps}).encode() + b"\n"
+        self.log += f"virtual {stage} step {self.steps}\n".encode()
+
+    def end(self, code: int) -> None:
+        if self.exit_code is None:
+            self.exit_code = code
+            self.log += f"virtual job exited {code}\n".encode()
+
+
+class VirtualMachine:
+    """What one virtual machine holds: published digests and started jobs (by work folder)."""
+
+    __slots__ = ("jobs", "published")
+
+    def __init__(self) -> None:
+        self.published: set[str] = set()
+        self.jobs: dict[str, VirtualJob] = {}
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(os.path.getsize(Path(d) / f) for d, _, files in os.walk(path) for f in files)
+
+
+class VirtualWorkspace:
+    """The Workspace of a virtual machine; `guard` raises `MachineGone` once the machine is gone."""
+
+    def __init__(self, name: str, machine: VirtualMachine, guard: Callable[[], Awaitable[None]],
+                 job_s: float, exit_code: int, sizes: dict[str, int]) -> None:
+        self.name = name
+        self.root = f"/sim-virtual/{name}"
+        self._machine = machine
+        self._guard = guard
+        self._job_s = job_s
+        self._exit_code = exit_code
+        self._sizes = sizes  # digest -> bytes, shared by every machine of the cloud
+        self.bytes_sent = 0
+
+    async def prepare(self) -> str:
+        await self._guard()
+        return self.root
+
+    def work_dir(self, job: str, seed: int, attempt: int) -> str:
+        return f"{self.root}/work/{job}/{seed}/a{attempt}"
+
+    async def _publish(self, path: Path, digest: str) -> int:
+        await self._guard()
+        if digest in self._machine.published:
+            return 0
+        if digest not in self._sizes:
+            self._sizes[digest] = await trio.to_thread.run_sync(_size, path)
+        self._machine.published.add(digest)
+        self.bytes_sent += self._sizes[digest]
+        return self._sizes[digest]
+
+    async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int:
+        return await self._publish(snapshot, digest)
+
+    async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int:
+        return await self._publish(path, digest)
+
+    async def start(self, launch: Launch) -> int:
+        await self._guard()
+        job = VirtualJob(next(_pids), trio.current_time())
+        self._machine.jobs[launch.work] = job
+        return job.pid
+
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+        await self._guard()
+        job = self._machine.jobs.get(work)
+        if job is None:
+            return PollResult(state="gone", exit_code=None, progress=b"", log=b"",
+                              progress_size=0, log_size=0)
+        if job.pid != pid:  # not the job this caller started: like a real host's reused pid
+            return PollResult(state="lost", exit_code=None, progress=b"", log=b"",
+                              progress_size=len(job.progress), log_size=len(job.log))
+        if job.exit_code is None:
+            job.step("train")
+            if trio.current_time() - job.started >= self._job_s:
+                job.end(self._exit_code)
+        state = "running" if job.exit_code is None else "exited"
+        return PollResult(
+            state=state, exit_code=job.exit_code, progress=bytes(job.progress[progress_at:]),
+            log=bytes(job.log[log_at:]), progress_size=len(job.progress), log_size=len(job.log),
+        )
+
+    async def beat(self, work: str) -> None:
+        await self._guard()
+
+    async def stop(self, work: str) -> None:
+        await self._guard()
+        job = self._machine.jobs.get(work)
+        if job is not None:
+            job.end(143)
+
+    async def fetch(self, work: str, local_dir: Path) -> int:
+        await self._guard()
+        job = self._machine.jobs.get(work)
+        if job is None:
+            return 0
+        files = {"out/result.txt": f"virtual result of {work}\n".encode()}
+        if job.exit_code is not None:
+            files["response.json"] = json.dumps({"exit_code": job.exit_code}).encode() + b"\n"
+        written: int = await trio.to_thread.run_sync(_write_files, local_dir, files)
+        return written
+
+    async def remove(self, work: str) -> None:
+        await self._guard()
+        self._machine.jobs.pop(work, None)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _write_files(local_dir: Path, files: dict[str, bytes]) -> int:
+    for rel, data in files.items():
+        path = local_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return sum(len(data) for data in files.values())

@@ -1,0 +1,526 @@
+"""The host of a machine reached over SSH: asyncssh, inside the reactor through trio-asyncio.
+
+One connection per machine, opened on first use and replaced on the next call after it broke.
+Commands go through one long-lived remote `sh` on one session channel (the LOOP of
+hosts/shell.py: a round trip per command, not a session); `put` and `get_tar` stream on exec
+channels of their own, so a long transfer never holds up a heartbeat.
+
+Trust: the host key is pinned on first sight into our own known-hosts file (OpenSSH format, so
+`ssh -o UserKnownHostsFile=<it>` agrees) and held to afterwards: a different key at the same
+address and port raises `Refused(GUARD)`, never a silent accept. No agent forwarding, no port
+forwarding. The client key is the configured one, else whatever asyncssh finds (agent, ~/.ssh).
+No key material is ever logged; fingerprints are.
+
+Every method is a trio coroutine that must run inside `trio_asyncio.open_loop()` (or be given the
+loop: a call that arrives through `trio.from_thread.run` does not see the loop's context).
+Failures: `Unreachable` (refused, reset, timed out, lost: the caller waits and retries; the next
+call reconnects), `Refused(GUARD)` (the host key changed), `Refused(LAUNCH_FAILED)` (our keys
+were not accepted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncssh
+import trio
+import trio_asyncio
+from loguru import logger
+
+from protocols.failures import Code, Refused, Unreachable
+from protocols.hosts.base import RunResult
+from protocols.hosts.content import tree_size
+from protocols.hosts.shell import LOOP, ShellChannel
+
+T = TypeVar("T")
+
+# AES-GCM first: asyncssh moves bulk data faster with it than with chacha20 (bench/transfer.py).
+CIPHERS = [
+    "aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
+    "aes128-ctr", "aes192-ctr", "aes256-ctr",
+]
+CHUNK = 1 << 20  # bytes per read of a local file and per write to a channel
+RECEIVE = 1 << 18  # bytes asked of a channel per read
+WINDOW = 8 << 20  # receive window of our channels
+KEEPALIVE_S = 10.0  # a silent peer is declared lost after KEEPALIVE_S x KEEPALIVE_COUNT
+KEEPALIVE_COUNT = 3
+BULK_BYTES = 64 << 20  # from this size on, an upload goes through the OpenSSH client (when found)
+SSH_CLIENT = shutil.which("ssh")
+
+# what a broken, refused or vanished connection raises inside asyncssh and asyncio
+_LOST = (OSError, EOFError, asyncio.IncompleteReadError, asyncssh.Error)
+
+
+def known_hosts_pattern(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class HostKeys:
+    """Our own known-hosts file: first sight pins, a pinned address keeps its key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self, pattern: str) -> list[asyncssh.SSHKey]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        keys = []
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) < 3 or fields[0].startswith("#") or pattern not in fields[0].split(","):
+                continue
+            try:
+                keys.append(asyncssh.import_public_key(f"{fields[1]} {fields[2]}"))
+            except asyncssh.KeyImportError:
+                continue
+        return keys
+
+    def trusted(self, address: str, port: int) -> list[asyncssh.SSHKey]:
+        return self._read(known_hosts_pattern(address, port))
+
+    def pin(self, address: str, port: int, key: asyncssh.SSHKey) -> bool:
+        """Pin `key` if the address has no key yet; False if it has another one (changed)."""
+        pattern = known_hosts_pattern(address, port)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # two controllers pinning at once write one line
+            pinned = self._read(pattern)
+            if pinned:
+                return key in pinned
+            algorithm, data = key.export_public_key("openssh").decode().split()[:2]
+            os.write(fd, f"{pattern} {algorithm} {data}\n".encode())
+            return True
+        finally:
+            os.close(fd)
+
+
+class _PinningClient(asyncssh.SSHClient):
+    """Called by asyncssh for a host key that is not among the pinned ones."""
+
+    def __init__(self, keys: HostKeys, address: str, port: int) -> None:
+        self.keys, self.address, self.port = keys, address, port
+        self.changed_to = ""  # the fingerprint of the key that replaced a pinned one
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        if self.keys.pin(self.address, self.port, key):
+            logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port, key.get_fingerprint())
+            return True
+        self.changed_to = key.get_fingerprint()
+        return False
+
+
+class _NotSent(Unreachable):
+    """The shell channel was found closed before the command left: sending it again is safe."""
+
+
+class _ChannelStreams:
+    """The `Streams` of hosts/shell.py over an asyncssh process, buffered on the trio side so
+    that a line costs no trip into asyncio once its bytes are here."""
+
+    def __init__(self, host: SSHHost, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        self._host = host
+        self._proc = proc
+        self._buf = bytearray()
+
+    async def write(self, data: bytes) -> None:
+        async def send() -> None:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+
+        if self._proc.stdin.is_closing():
+            raise _NotSent(f"{self._host.name}: the shell channel had closed")
+        try:
+            await self._host._call(send)
+        except Unreachable as exc:
+            if isinstance(exc.__cause__, BrokenPipeError):  # refused before a byte was queued
+                raise _NotSent(str(exc)) from exc.__cause__
+            raise
+
+    async def _more(self) -> None:
+        chunk = await self._host._call(self._proc.stdout.read, RECEIVE)
+        if not chunk:
+            raise Unreachable(f"{self._host.name}: the remote shell closed its output")
+        self._buf += chunk
+
+    async def readline(self) -> bytes:
+        while (i := self._buf.find(b"\n")) < 0:
+            await self._more()
+        line = bytes(self._buf[: i + 1])
+        del self._buf[: i + 1]
+        return line
+
+    async def readexactly(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            await self._more()
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    async def aclose(self) -> None:
+        async def close() -> None:
+            self._proc.close()
+            await self._proc.wait_closed()
+
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(2) as scope:
+                try:
+                    await self._host._call(close)
+                except Unreachable:
+                    pass  # the connection is gone with it
+            if scope.cancelled_caught:  # the channel does not answer: neither will the connection
+                await self._host._forget()
+
+
+class SSHHost:
+    """A machine at `user@address:port`, trusted by the key pinned in `known_hosts`."""
+
+    def __init__(
+        self, name: str, address: str, *, known_hosts: Path, port: int = 22, user: str = "",
+        key: str | None = None, connect_timeout_s: float = 10.0, loop: Any = None,
+        bulk_bytes: int = BULK_BYTES, ssh_client: str | None = SSH_CLIENT,
+    ) -> None:
+        self.name = name
+        self.address = address
+        self.port = port
+        self.user = user
+        self.key = str(Path(key).expanduser()) if key else None
+        self.keys = HostKeys(Path(known_hosts).expanduser())
+        self.connect_timeout_s = connect_timeout_s
+        self._loop = loop
+        self.bulk_bytes = bulk_bytes  # uploads from this size on go through `ssh_client` (None: never)
+        self.ssh_client = ssh_client
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._conn_lock = trio.Lock()
+        self._channel = ShellChannel(self._open_shell, name)
+        self.connects = 0  # connections opened so far (a reconnect adds one)
+        self._log = logger.bind(host=name)
+
+    # --- the connection ---------------------------------------------------------------------------
+
+    def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        # the loop of the first call is kept: a connection lives on one loop, and a later call that
+        # came through trio.from_thread.run does not see the loop in its context
+        if self._loop is None or self._loop.is_closed():
+            self._loop = trio_asyncio.current_loop.get()
+            if self._loop is None:
+                raise RuntimeError("SSHHost must run inside trio_asyncio.open_loop() (or be given the loop)")
+        wrapped: Callable[..., Awaitable[T]] = trio_asyncio.aio_as_trio(fn, loop=self._loop)
+        return wrapped
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """An asyncssh coroutine from trio; a lost connection raises Unreachable and is dropped."""
+        try:
+            return await self._aio(fn)(*args, **kwargs)
+        except _LOST as exc:
+            conn = self._conn
+            if conn is not None and conn.is_closed():
+                self._conn = None
+            raise Unreachable(f"{self.name}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        async with self._conn_lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            await self._forget()
+            client = _PinningClient(self.keys, self.address, self.port)
+            options: dict[str, Any] = dict(
+                known_hosts=lambda host, addr, port: (self.keys.trusted(self.address, self.port), [], []),
+                client_factory=lambda: client,
+                agent_forwarding=False,
+                x11_forwarding=False,
+                connect_timeout=self.connect_timeout_s,
+                keepalive_interval=KEEPALIVE_S,
+                keepalive_count_max=KEEPALIVE_COUNT,
+                encryption_algs=CIPHERS,
+                compression_algs=None,
+            )
+            if self.user:
+                options["username"] = self.user
+            if self.key:
+                options["client_keys"] = [self.key]
+            where = f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
+            try:
+                with trio.fail_after(self.connect_timeout_s + 5):
+                    conn: asyncssh.SSHClientConnection = await self._aio(asyncssh.connect)(
+                        self.address, self.port, **options
+                    )
+            except trio.TooSlowError as exc:
+                raise Unreachable(f"{self.name}: no SSH session with {where} within {self.connect_timeout_s:.0f} s") from exc
+            except asyncssh.HostKeyNotVerifiable as exc:
+                if client.changed_to:
+                    raise Refused(
+                        Code.GUARD,
+                        f"host key of {self.address}:{self.port} changed (it now shows {client.changed_to}, "
+                        f"not the key pinned in {self.keys.path}): refusing to connect",
+                    ) from exc
+                raise Unreachable(f"{self.name}: host key of {where} not verifiable: {exc}") from exc
+            except asyncssh.PermissionDenied as exc:
+                raise Refused(Code.LAUNCH_FAILED, f"{self.name}: {where} did not accept our key(s)") from exc
+            except _LOST as exc:
+                raise Unreachable(f"{self.name}: cannot reach {where}: {type(exc).__name__}: {exc}") from exc
+            self._conn = conn
+            self.connects += 1
+            self._log.debug("ssh: connected to {}", where)
+            return conn
+
+    async def _forget(self) -> None:
+        """Drop the connection (abort: a dead peer must not hold us up)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abort()
+
+    @asynccontextmanager
+    async def _opening(self, what: str) -> AsyncIterator[None]:
+        """A channel that does not open in time means a dead connection: drop it."""
+        try:
+            with trio.fail_after(self.connect_timeout_s + 5):
+                yield
+        except trio.TooSlowError as exc:
+            await self._forget()
+            raise Unreachable(f"{self.name}: no {what} channel within {self.connect_timeout_s + 5:.0f} s") from exc
+
+    async def _open_process(self, what: str, command: str, **kwargs: Any) -> asyncssh.SSHClientProcess[bytes]:
+        async with self._opening(what):
+            conn = await self._connection()
+            proc: asyncssh.SSHClientProcess[bytes] = await self._call(
+                conn.create_process, command, encoding=None, window=WINDOW, **kwargs
+            )
+        return proc
+
+    @asynccontextmanager
+    async def _process(self, what: str, command: str, **kwargs: Any) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
+        """An exec channel running `command` (bytes in and out), closed on the way out."""
+        proc = await self._open_process(what, command, **kwargs)
+        try:
+            yield proc
+        finally:
+            async def close() -> None:
+                proc.close()
+                await proc.wait_closed()
+
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await self._call(close)
+                except Unreachable:
+                    pass  # gone with its connection
+
+    async def _open_shell(self, mark: str) -> _ChannelStreams:
+        command = shlex.join(["sh", "-c", LOOP, "actor-run-sh", mark])
+        return _ChannelStreams(self, await self._open_process("shell", command, stderr=asyncssh.DEVNULL))
+
+    # --- the Host protocol ------------------------------------------------------------------------
+
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:
+        try:
+            return await self._channel.run(script, stdin=stdin, timeout=timeout)
+        except _NotSent:  # the connection broke while idle: the command goes on a new one
+            return await self._channel.run(script, stdin=stdin, timeout=timeout)
+
+    async def put(self, local: Path, remote: str) -> int:
+        """A file goes as its bytes, anything else as a tar stream (links kept as links). A big one
+        goes through the OpenSSH client when there is one: C moves bytes faster than asyncssh."""
+        mode = local.lstat().st_mode
+        r, parent = shlex.quote(remote), shlex.quote(remote.rsplit("/", 1)[0] or "/")
+        # umask: the root is private and so is everything under it; tar as root keeps modes, not owners
+        script = (
+            f"umask 077; mkdir -p {parent} || exit 1\n"
+            f"if [ -e {r} ] || [ -L {r} ]; then echo {shlex.quote(remote + ' already exists')} >&2; exit 1; fi\n"
+        )
+        untar = "tar -xf - --no-same-owner -C"
+        tar: list[str] | None = None  # the local tar that makes the stream, None for a file's bytes
+        if stat.S_ISREG(mode):
+            script += f"cat > {r}" + (f" && chmod u+x {r}\n" if mode & stat.S_IXUSR else "\n")
+            size = local.stat().st_size
+        elif stat.S_ISDIR(mode):
+            script += f"mkdir {r} && {untar} {r}\n"
+            tar, size = ["-C", str(local), "."], tree_size(local)
+        elif local.name == remote.rsplit("/", 1)[-1]:
+            script += f"{untar} {parent}\n"
+            tar, size = ["-C", str(local.parent), local.name], 0
+        else:
+            raise ValueError(f"a link is sent under its own name, not as {remote}")
+        await self._connection()  # pins the host key before the OpenSSH client is asked to hold to it
+        if self.ssh_client and size >= self.bulk_bytes and await self._send_by_ssh_client(script, remote, local, tar):
+            return size
+        chunks = _file_chunks(local) if tar is None else _tar_chunks(tar)
+        await self._send(script, chunks)
+        return size
+
+    async def _send(self, script: str, chunks: AsyncGenerator[bytes, None]) -> None:
+        async with self._process("upload", shlex.join(["sh", "-c", script]), stderr=asyncssh.PIPE) as proc:
+            async def send(data: bytes) -> None:
+                proc.stdin.write(data)
+                await proc.stdin.drain()
+
+            async def finish() -> tuple[int | None, bytes]:
+                if not proc.stdin.is_closing():
+                    proc.stdin.write_eof()
+                done = await proc.wait()  # reads what is left of stderr
+                return done.exit_status, done.stderr or b""
+
+            try:
+                async with aclosing(chunks) as it:
+                    async for chunk in it:
+                        await self._call(send, chunk)
+            except Unreachable as exc:
+                why = b""
+                with trio.move_on_after(5):  # the remote side may say why it stopped reading
+                    try:
+                        why = (await self._call(finish))[1]
+                    except Unreachable:
+                        pass
+                if why:
+                    raise Unreachable(f"{self.name}: upload stopped: {_tail(why)}") from exc
+                raise
+            status, err = await self._call(finish)
+        if status != 0:
+            raise Unreachable(f"{self.name}: upload exited {status}: {_tail(err)}")
+
+    def ssh_client_args(self) -> list[str]:
+        """The OpenSSH client's options and destination, held to the same trust as our connection."""
+        algs = sorted({a.decode() for k in self.keys.trusted(self.address, self.port) for a in k.sig_algorithms})
+        args = [
+            self.ssh_client or "ssh", "-T", "-p", str(self.port),
+            "-o", f"UserKnownHostsFile={self.keys.path}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no",
+            "-o", "BatchMode=yes", "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
+            "-o", "ClearAllForwardings=yes", "-o", "ControlPath=none", "-o", "PermitLocalCommand=no",
+            "-o", f"ConnectTimeout={max(1, int(self.connect_timeout_s))}", "-o", f"Ciphers={','.join(CIPHERS)}",
+            "-o", f"ServerAliveInterval={int(KEEPALIVE_S)}", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}",
+            "-o", "LogLevel=ERROR",
+        ]
+        if algs:
+            args += ["-o", f"HostKeyAlgorithms={','.join(algs)}"]
+        if self.key:
+            args += ["-i", self.key, "-o", "IdentitiesOnly=yes"]
+        if self.user:
+            args += ["-l", self.user]
+        return [*args, self.address]
+
+    async def _send_by_ssh_client(self, script: str, remote: str, local: Path, tar: list[str] | None) -> bool:
+        """Stream through `ssh`; False (and nothing left behind) if ssh itself failed."""
+        command = [*self.ssh_client_args(), shlex.join(["sh", "-c", script])]
+        with tempfile.TemporaryFile() as err:
+            if tar is None:
+                with open(local, "rb") as source:
+                    done = await trio.run_process(command, stdin=source, stdout=subprocess.DEVNULL, stderr=err,
+                                                  check=False)
+                code = done.returncode
+            else:
+                code = await _piped([_tar_args(tar), command], err)
+            err.seek(0)
+            why = err.read(4000)
+        if code == 0:
+            return True
+        if code != 255:  # the remote script said no
+            raise Unreachable(f"{self.name}: upload exited {code}: {_tail(why)}")
+        self._log.warning("ssh: the OpenSSH client failed ({}); sending through asyncssh", _tail(why))
+        res = await self.run(f"rm -rf -- {shlex.quote(remote)}", timeout=60)
+        if res.exit_code != 0:
+            raise Unreachable(f"{self.name}: could not remove a partial upload: {res.error_text()}")
+        return False
+
+    async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
+        command = shlex.join(["tar", "-cf", "-", "-C", remote_dir, *names])
+        async with self._process("download", command, stdin=asyncssh.DEVNULL, stderr=asyncssh.PIPE) as proc:
+            with open(local_tar, "wb") as f:
+                while chunk := await self._call(proc.stdout.read, RECEIVE):
+                    await trio.to_thread.run_sync(f.write, chunk)
+
+            async def finish() -> tuple[int | None, bytes]:
+                done = await proc.wait()  # reads what is left of stderr
+                return done.exit_status, done.stderr or b""
+
+            status, err = await self._call(finish)
+        if status != 0:
+            raise Unreachable(f"{self.name}: tar of {names} in {remote_dir} exited {status}: {_tail(err)}")
+        return os.path.getsize(local_tar)
+
+    async def aclose(self) -> None:
+        await self._channel.aclose()
+        async with self._conn_lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    try:
+                        await self._aio(conn.wait_closed)()
+                    except _LOST:
+                        pass  # closing a broken connection
+
+
+async def _file_chunks(path: Path) -> AsyncGenerator[bytes, None]:
+    with open(path, "rb") as f:
+        while chunk := await trio.to_thread.run_sync(f.read, CHUNK):
+            yield chunk
+
+
+def _tail(err: bytes) -> str:
+    return err.decode(errors="replace").strip()[-300:]
+
+
+def _tar_args(where: list[str]) -> list[str]:
+    return ["tar", "-cf", "-", *where]
+
+
+_TAR_ENV = {**os.environ, "COPYFILE_DISABLE": "1"}  # macOS: no ._ files for extended attributes
+
+
+async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
+    """The bytes of a local `tar` as it makes them."""
+    with tempfile.TemporaryFile() as err:
+        proc = await trio.lowlevel.open_process(_tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_TAR_ENV)
+        assert proc.stdout is not None
+        try:
+            while chunk := await proc.stdout.receive_some(CHUNK):
+                yield chunk
+            await proc.wait()
+            if proc.returncode != 0:
+                err.seek(0)
+                raise Unreachable(f"local tar ({' '.join(where)}) failed: {_tail(err.read(2000))}")
+        finally:
+            with trio.CancelScope(shield=True):
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                await proc.stdout.aclose()
+
+
+async def _piped(commands: list[list[str]], err: Any) -> int:
+    """Run `a | b` and return b's exit status; a failing `a` raises (b may have taken a short stream)."""
+    read_end, write_end = os.pipe()
+    procs: list[trio.Process] = []
+    try:
+        try:
+            procs.append(await trio.lowlevel.open_process(commands[0], stdout=write_end, stderr=err, env=_TAR_ENV))
+            procs.append(await trio.lowlevel.open_process(
+                commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,
+            ))
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        for proc in procs:
+            await proc.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    if procs[0].returncode != 0:
+        raise Unreachable(f"local {' '.join(commands[0])} exited {procs[0].returncode}")
+    return procs[1].returncode

@@ -1,0 +1,250 @@
+"""JobSupervisor: one per job. Runs attempts until one succeeds or the policy says stop.
+
+Supervision, as supervisor.erl would write it down:
+- one child at a time, the AttemptActor, restart type `transient`: restarted (as a new attempt
+  on a fresh machine) only after an abnormal end, and only as `policy.decide` allows;
+- restart intensity: more than `policy.thrash_max` failed attempts within `thrash_window_s`
+  stops the job with `thrashing`; besides, at most `max_attempts` counted attempts;
+- between retries, exponential backoff with jitter; a walk past a place with no stock is at once;
+- the capacity walk (walk.py) chooses each attempt's place; the last candidate's setup grace is
+  `last_grace_factor` times longer;
+- stop: `Cancel` is forwarded to the running attempt (which deletes its machine); the job ends
+  `canceled` (or `budget`) when that attempt has ended; `on_stop` stops a child still running.
+
+It tells its parent `JobEnded` exactly once, and writes the seed's `response.json`.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import outcome
+import pykka
+
+from actors import Actor, AttemptActor, Context
+from protocols.failures import Code
+from protocols.messages import (
+    AttemptEnded, Cancel, ChildFailed, JobEnded, Message, Metered, Offer, Retrying,
+)
+from protocols.specs import Job
+from supervisors.ledger import Ledger
+from supervisors.policy import Action, backoff_s, decide
+from supervisors.walk import Exhausted, NeedOffers, Walk
+
+
+class _Offers(Message, frozen=True, kw_only=True):
+    candidate: int
+    result: Any
+
+
+class _Launch(Message, frozen=True, kw_only=True):
+    pass
+
+
+class JobSupervisor(Actor):
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
+                 first_attempt: int = 0, rng_seed: int | None = None) -> None:
+        super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
+        self.ledger = ledger
+        self.job = job
+        self.head = {"job": job.name, "seed": job.seed}
+        self.seed_dir = ctx.out_root / job.name / f"seed-{job.seed}"
+        self.walk = Walk(len(job.candidates))
+        self.attempt_no = first_attempt
+        self.counted = 0
+        self.failure_times: list[float] = []
+        self.history: list[dict[str, Any]] = []
+        self.child: pykka.ActorRef[Any] | None = None
+        self.offer: Offer | None = None
+        self.cancel: Cancel | None = None
+        self.ended = False
+        self.usd_done = 0.0
+        self.rng = random.Random(rng_seed)
+        self.started = time.time()
+
+    def on_start(self) -> None:
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        self._next()
+
+    # --- choosing a place ----------------------------------------------------------------------
+
+    def _next(self) -> None:
+        if self.cancel is not None:
+            self._end("failed", self.cancel.failure, self.cancel.detail or "canceled")
+            return
+        step = self.walk.next()
+        match step:
+            case NeedOffers(candidate=i):
+                cand = self.job.candidates[i]
+                cloud = self.ctx.clouds[cand.cloud]
+                self.spawn(cloud.offers, cand, i, reply=lambda r, i=i: _Offers(candidate=i, result=r))
+            case Exhausted():
+                last = self.history[-1] if self.history else None
+                detail = "no candidate place has stock (asked every cloud twice)"
+                if last and last.get("failure") not in (None, Code.NO_CAPACITY):
+                    self._end("failed", Code(last["failure"]), last.get("detail", ""))
+                else:
+                    self._end("failed", Code.NO_CAPACITY, detail)
+            case Offer() as offer:
+                self.offer = offer
+                self._launch(offer)
+
+    def _offers(self, candidate: int, result: outcome.Outcome[list[Offer]]) -> None:
+        if isinstance(result, outcome.Error):
+            self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
+            self.walk.set_offers(candidate, [])
+        else:
+            self.walk.set_offers(candidate, result.value)
+        self._next()
+
+    def _launch(self, offer: Offer) -> None:
+        p = self.job.policy
+        grace = p.setup_grace_s * (p.last_grace_factor if self.walk.is_last(offer) else 1.0)
+        self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
+                                        setup_grace_s=grace, seed_dir=self.seed_dir)
+
+    # --- messages ------------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case _Offers(candidate=i, result=result):
+                self._offers(i, result)
+            case _Launch():
+                self._next()
+            case AttemptEnded() as ended:
+                self._attempt_ended(ended)
+            case Metered() as m:
+                self.tell_parent(m)
+            case Cancel() as c:
+                self._cancel(c)
+            case ChildFailed(child=child, detail=detail):
+                # an attempt that failed ends itself with AttemptEnded(internal); nothing more here
+                self.log.error("{} failed: {}", child, detail)
+            case _:
+                raise TypeError(f"JobSupervisor cannot handle {message!r}")
+        return None
+
+    def _cancel(self, c: Cancel) -> None:
+        if self.ended or self.cancel is not None:
+            return
+        self.cancel = c
+        if self.child is not None and self.child.is_alive():
+            self.child.tell(c)
+        else:
+            self.cancel_tasks()  # a backoff timer or an offers call
+            self._end("failed", c.failure, c.detail or "canceled")
+
+    def _attempt_ended(self, e: AttemptEnded) -> None:
+        self.ctx.emit(e)
+        self.child = None
+        self.usd_done += e.usage.usd
+        self.history.append({
+            "attempt": e.attempt, "outcome": e.outcome, "failure": e.failure, "detail": e.detail,
+            "cloud": e.offer.cloud if e.offer else "", "region": e.offer.region if e.offer else "",
+            "gpu": e.offer.gpu if e.offer else "", "phases": e.phases, "usd": e.usage.usd,
+            "usd_at_least": e.usage.at_least, "exit_code": e.exit_code,
+        })
+        self.ledger.record_attempt(
+            job=self.job.key, attempt=e.attempt, machine="", cloud=self.history[-1]["cloud"],
+            region=self.history[-1]["region"], state=e.outcome, failure=e.failure, detail=e.detail,
+            started=e.t - sum(e.phases.values()), ended=e.t, usd=e.usage.usd,
+        )
+        self.attempt_no += 1
+        if e.outcome == "succeeded":
+            self._end("succeeded", None, "")
+            return
+        code = e.failure or Code.INTERNAL
+        if self.cancel is not None:
+            self._end("failed", self.cancel.failure, self.cancel.detail or e.detail)
+            return
+        if code is not Code.NO_CAPACITY:
+            self.counted += 1
+        decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
+                                              now=time.monotonic(), policy=self.job.policy)
+        if decision.action is Action.STOP:
+            assert decision.code is not None
+            detail = f"{decision.detail}; last: {e.detail}" if decision.detail else e.detail
+            self._end("failed", decision.code, detail)
+            return
+        assert self.offer is not None
+        if decision.walk:
+            self.walk.pass_over(self.offer)
+        if decision.action is Action.WALK:
+            self._next()
+            return
+        delay = backoff_s(self.counted, base_s=self.job.policy.backoff_s, max_s=self.job.policy.backoff_max_s,
+                          rng=self.rng)
+        nxt = self.walk.next()
+        shown = nxt if isinstance(nxt, Offer) else self.offer
+        self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code, delay_s=round(delay, 3), offer=shown))
+        self.later(delay, _Launch())
+
+    # --- the end -------------------------------------------------------------------------------
+
+    def _end(self, outcome_: str, failure: Code | None, detail: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.cancel_tasks()
+        out_dir = self._collect(outcome_)
+        self._write_response(outcome_, failure, detail)
+        event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
+                         detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
+        self.ctx.emit(event)
+        self.tell_parent(event)
+        self.stop()
+
+    def _collect(self, outcome_: str) -> Path:
+        """The last attempt's out/ becomes the seed's out/ (a failed job's partial outputs too)."""
+        staging = self.seed_dir / ".attempts"
+        if self.history:
+            last = staging / f"a{self.history[-1]['attempt']}"
+            if (last / "out").is_dir():
+                dest = self.seed_dir / "out"
+                if dest.exists():
+                    shutil.rmtree(dest)
+                shutil.move(str(last / "out"), dest)
+            for extra in ("progress.jsonl",):
+                if (last / extra).is_file():
+                    shutil.copyfile(last / extra, self.seed_dir / extra)
+        shutil.rmtree(staging, ignore_errors=True)
+        return self.seed_dir
+
+    def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
+        exit_code = None
+        for h in reversed(self.history):
+            if h.get("exit_code") is not None:
+                exit_code = h["exit_code"]
+                break
+        response = {
+            "job": self.job.name, "seed": self.job.seed, "outcome": outcome_,
+            "failure": str(failure) if failure else None, "detail": detail,
+            "attempts": self.history, "usd": round(self.usd_done, 6),
+            "usd_at_least": any(h["usd_at_least"] for h in self.history),
+            "seconds": round(time.time() - self.started, 3),
+            "phases": _sum_phases(self.history), "exit_code": exit_code,
+        }
+        (self.seed_dir / "response.json").write_bytes(msgspec.json.format(msgspec.json.encode(response)))
+
+    def on_stop(self) -> None:
+        """Actor thread, after stop(): an attempt still running is stopped (its lease deletes the machine)."""
+        self.cancel_tasks()
+        if self.child is not None and self.child.is_alive():
+            try:
+                self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
+            except pykka.Timeout:
+                self.log.error("attempt did not stop in time")
+
+
+def _sum_phases(history: list[dict[str, Any]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for h in history:
+        for k, v in h["phases"].items():
+            total[k] = round(total.get(k, 0.0) + v, 3)
+    return total
+

@@ -1,0 +1,302 @@
+"""The ledger: the durable record (SQLite, WAL) of owners, jobs, attempts, machines and events.
+
+One writer thread per process owns the write connection and batches what it is handed into
+transactions; `record_intent` waits until its row is committed (the create call goes out only
+after). Readers open connections of their own (`LedgerReader`). A machine row is `alive` from its
+intent until the provider confirms it is gone, then `deleted`; a deletion that could not be
+confirmed leaves it `alive` with `delete_failed` in its phase, for the next sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+
+from protocols.messages import Event, Machine, encode
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS owners (
+  id TEXT PRIMARY KEY, pid INTEGER, started REAL, host TEXT, beat REAL, closed INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS jobs (
+  key TEXT PRIMARY KEY, name TEXT, seed INTEGER, owner TEXT, spec BLOB, state TEXT, failure TEXT,
+  detail TEXT, attempts INTEGER DEFAULT 0, usd REAL DEFAULT 0, out_dir TEXT, updated REAL);
+CREATE TABLE IF NOT EXISTS attempts (
+  job TEXT, attempt INTEGER, owner TEXT, machine TEXT, cloud TEXT, region TEXT, state TEXT, failure TEXT,
+  detail TEXT, started REAL, ended REAL, usd REAL, PRIMARY KEY (job, attempt));
+CREATE TABLE IF NOT EXISTS machines (
+  name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, deadline REAL,
+  state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL, created REAL, gone REAL,
+  reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0);
+CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
+CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY, t REAL, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, type TEXT, body TEXT);
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+class OwnerRow(msgspec.Struct, frozen=True):
+    id: str
+    pid: int
+    started: float
+    host: str
+    beat: float
+    closed: int
+
+
+def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -> bool:
+    """Fail closed: an owner counts as alive unless we can tell it is gone. On this computer, by
+    its pid and that process's start time (a reused pid is another process); elsewhere, by a
+    heartbeat older than `stale_after_s`."""
+    if row.closed:
+        return False
+    if row.host == socket.gethostname():
+        started = process_start_time(row.pid)
+        if started is None:
+            return False
+        return abs(started - row.started) < 2.0
+    return now - row.beat < stale_after_s
+
+
+Op = Callable[[sqlite3.Connection], Any]
+
+
+class Ledger:
+    """The write side: one thread, one connection, batched transactions."""
+
+    def __init__(self, path: Path, owner: str) -> None:
+        self.path = path
+        self.owner = owner
+        self._conn = connect(path)
+        self._queue: queue.Queue[tuple[Op, threading.Event | None] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._write_loop, name="actor-run-ledger", daemon=True)
+        self._closed = False
+        self.writes = 0
+        self._thread.start()
+
+    # --- the writer thread -----------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 1000:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._commit(batch)
+                    return
+                batch.append(nxt)
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[Op, threading.Event | None]]) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for op, _ in batch:
+                op(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        finally:
+            self.writes += len(batch)
+            for _, done in batch:
+                if done is not None:
+                    done.set()
+
+    def _submit(self, op: Op, *, wait: bool = False) -> None:
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        done = threading.Event() if wait else None
+        self._queue.put((op, done))
+        if done is not None and not done.wait(60):
+            raise TimeoutError("the ledger did not commit within 60 s")
+
+    def flush(self) -> None:
+        self._submit(lambda c: None, wait=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(30)
+        self._conn.close()
+
+    # --- owners ---------------------------------------------------------------------------------
+
+    def register_owner(self) -> None:
+        pid = os.getpid()
+        started = process_start_time(pid) or time.time()
+        host, now, owner = socket.gethostname(), time.time(), self.owner
+        self._submit(lambda c: c.execute(
+            "INSERT OR REPLACE INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
+            (owner, pid, started, host, now)), wait=True)
+
+    def beat_owner(self) -> None:
+        now, owner = time.time(), self.owner
+        self._submit(lambda c: c.execute("UPDATE owners SET beat=? WHERE id=?", (now, owner)))
+
+    def close_owner(self) -> None:
+        owner = self.owner
+        self._submit(lambda c: c.execute("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
+
+    # --- machines (the LedgerPort the lease uses) ------------------------------------------------
+
+    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float) -> None:
+        row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time())
+        self._submit(lambda c: c.execute(
+            "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?)", row), wait=True)
+
+    def record_launched(self, machine: Machine) -> None:
+        row = (machine.id, machine.region, machine.hourly_usd, machine.name)
+        self._submit(lambda c: c.execute(
+            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=? WHERE name=?", row))
+
+    def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None:
+        row = (work, pid, launched_at, name)
+        self._submit(lambda c: c.execute(
+            "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row))
+
+    def record_gone(self, name: str, at: float, reason: str) -> None:
+        row = (at, reason, name)
+        self._submit(lambda c: c.execute(
+            "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL WHERE name=?", row),
+            wait=True)
+
+    def record_delete_failed(self, name: str, detail: str) -> None:
+        row = (detail[:500], name)
+        self._submit(lambda c: c.execute(
+            "UPDATE machines SET phase='delete_failed', detail=? WHERE name=? AND state='alive'", row), wait=True)
+
+    def record_cloud(self, name: str, settings: dict[str, Any]) -> None:
+        """A cloud this ledger's machines may be on, with its settings (never secrets), for sweeps."""
+        row = (name, msgspec.json.encode(settings).decode())
+        self._submit(lambda c: c.execute("INSERT OR IGNORE INTO clouds (name, settings) VALUES (?,?)", row), wait=True)
+
+    # --- jobs, attempts, events ------------------------------------------------------------------
+
+    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
+        row = (key, name, seed, self.owner, spec, state, out_dir, time.time())
+        self._submit(lambda c: c.execute(
+            "INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?)"
+            " ON CONFLICT(key) DO UPDATE SET owner=excluded.owner, state=excluded.state, updated=excluded.updated",
+            row), wait=True)
+
+    def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
+                       usd: float) -> None:
+        row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
+        self._submit(lambda c: c.execute(
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row), wait=True)
+
+    def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
+                       failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
+        row = (job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000], started, ended, usd)
+        self._submit(lambda c: c.execute(
+            "INSERT OR REPLACE INTO attempts (job, attempt, owner, machine, cloud, region, state, failure, detail,"
+            " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
+
+    def record_event(self, event: Event) -> None:
+        key = f"{event.job}/seed-{event.seed}"
+        row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
+        self._submit(lambda c: c.execute(
+            "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row))
+
+
+class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cloud: str
+    owner: str
+    job: str
+    seed: int
+    attempt: int
+    deadline: float
+    state: str
+    phase: str
+    machine_id: str | None
+    region: str | None
+    hourly_usd: float | None
+    created: float
+    gone: float | None
+    reason: str | None
+    detail: str | None
+    work: str | None
+    pid: int | None
+    launched_at: float | None
+    resumable: int
+
+
+class LedgerReader:
+    """A read connection of its own (status, sweep, resume)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn = connect(path)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[dict[str, Any]]:
+        cur = self._conn.execute(sql, args)
+        cols = [d[0] for d in cur.description]
+        for r in cur.fetchall():
+            yield dict(zip(cols, r, strict=True))
+
+    def machines(self, *, alive_only: bool = False) -> list[MachineRow]:
+        sql = "SELECT * FROM machines" + (" WHERE state='alive'" if alive_only else "") + " ORDER BY created"
+        return [msgspec.convert(r, MachineRow) for r in self._rows(sql)]
+
+    def machine(self, name: str) -> MachineRow | None:
+        rows = [msgspec.convert(r, MachineRow) for r in self._rows("SELECT * FROM machines WHERE name=?", (name,))]
+        return rows[0] if rows else None
+
+    def owners(self) -> list[OwnerRow]:
+        return [msgspec.convert(r, OwnerRow) for r in self._rows("SELECT * FROM owners")]
+
+    def live_owners(self) -> set[str]:
+        now = time.time()
+        return {o.id for o in self.owners() if owner_is_alive(o, now=now)}
+
+    def clouds(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._rows("SELECT key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec"
+                               " FROM jobs ORDER BY name, seed"))
+
+    def events(self, job: str | None = None) -> list[dict[str, Any]]:
+        if job is None:
+            return list(self._rows("SELECT * FROM events ORDER BY id"))
+        return list(self._rows("SELECT * FROM events WHERE job=? ORDER BY id", (job,)))

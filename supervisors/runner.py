@@ -1,0 +1,355 @@
+"""Runner: the embedding API. A context manager that owns the reactor, the ledger, the clouds and
+the tree; `submit(job)` returns a `JobHandle`; `subscribe(fn)` receives every event; `close()`
+(or leaving the `with`) cancels what is unfinished and deletes every machine before it returns.
+
+    with Runner(out_dir="out") as runner:
+        handle = runner.submit(job)
+        ended = handle.result()          # a JobEnded event
+
+Threads: `subscribe` callbacks run on whichever actor thread emitted the event: keep them quick
+(put the event on a queue). Everything else may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import platformdirs
+import pykka
+from loguru import logger
+
+from actors import Context, Reactor
+from protocols.clouds import Cloud, known_clouds, make_cloud
+from protocols.failures import Code, SpecError
+from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered
+from protocols.specs import Job, check_candidates, check_job, check_policy
+from supervisors.job import JobSupervisor
+from supervisors.ledger import Ledger, LedgerReader
+from supervisors.sweep import SweepAction, sweep
+
+OWNER_BEAT_S = 30.0
+
+
+def default_state_dir() -> Path:
+    return Path(platformdirs.user_state_dir("actor-run"))
+
+
+def default_ledger_path() -> Path:
+    return default_state_dir() / "ledger.sqlite"
+
+
+class _Submit(Message, frozen=True, kw_only=True):
+    job: Job
+
+
+class _CancelJob(Message, frozen=True, kw_only=True):
+    key: str
+    failure: Code = Code.CANCELED
+    detail: str = ""
+
+
+class BatchSupervisor(pykka.ThreadingActor):
+    """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling.
+
+    Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
+    business), started in submission order as slots free up, stopped in reverse start order.
+    Budget: finished jobs' cost plus running attempts' live cost; at the ceiling every running job
+    is cancelled with `budget` and every pending one ends `budget` without starting."""
+
+    use_daemon_thread = True
+
+    def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
+                 on_end: Callable[[JobEnded], None]) -> None:
+        super().__init__()
+        self.ctx, self.ledger = ctx, ledger
+        self.concurrency, self.budget_usd = concurrency, budget_usd
+        self.on_end = on_end
+        self.pending: list[Job] = []
+        self.running: dict[str, pykka.ActorRef[Any]] = {}
+        self.order: list[str] = []
+        self.live_usd: dict[str, float] = {}
+        self.done_usd = 0.0
+        self.stopped: Cancel | None = None
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case _Submit(job=job):
+                if self.stopped is not None:
+                    self._end_unstarted(job, self.stopped)
+                else:
+                    self.pending.append(job)
+                    self._fill()
+            case JobEnded() as e:
+                key = f"{e.job}/seed-{e.seed}"
+                self.running.pop(key, None)
+                self.live_usd.pop(key, None)
+                self.done_usd += e.usd
+                self.on_end(e)
+                self._fill()
+            case Metered(job=job, seed=seed, usd=usd):
+                key = f"{job}/seed-{seed}"
+                if key in self.running:
+                    self.live_usd[key] = usd
+                    self._check_budget()
+            case _CancelJob(key=key, failure=failure, detail=detail):
+                self._cancel_one(key, Cancel(failure=failure, detail=detail))
+            case Cancel() as c:
+                self._cancel_all(c)
+            case "spent":
+                return self.done_usd + sum(self.live_usd.values())
+            case _:
+                raise TypeError(f"BatchSupervisor cannot handle {message!r}")
+        return None
+
+    def _fill(self) -> None:
+        while self.pending and len(self.running) < self.concurrency and self.stopped is None:
+            job = self.pending.pop(0)
+            self.running[job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=job, ledger=self.ledger)
+            self.order.append(job.key)
+
+    def _end_unstarted(self, job: Job, c: Cancel) -> None:
+        e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
+                     detail=c.detail or "canceled before it started", attempts=0)
+        self.ctx.emit(e)
+        self.on_end(e)
+
+    def _cancel_one(self, key: str, c: Cancel) -> None:
+        for job in list(self.pending):
+            if job.key == key:
+                self.pending.remove(job)
+                self._end_unstarted(job, c)
+        ref = self.running.get(key)
+        if ref is not None:
+            ref.tell(c)
+
+    def _cancel_all(self, c: Cancel) -> None:
+        if self.stopped is None:
+            self.stopped = c
+        for job in self.pending:
+            self._end_unstarted(job, c)
+        self.pending.clear()
+        for ref in self.running.values():
+            try:
+                ref.tell(c)
+            except pykka.ActorDeadError:
+                pass
+
+    def _check_budget(self) -> None:
+        if self.budget_usd is None or self.stopped is not None:
+            return
+        spent = self.done_usd + sum(self.live_usd.values())
+        if spent >= self.budget_usd:
+            self._cancel_all(Cancel(failure=Code.BUDGET, detail=f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"))
+
+    def on_stop(self) -> None:
+        """Stop running jobs in reverse start order (each deletes its machine before it stops)."""
+        for key in reversed(self.order):
+            ref = self.running.get(key)
+            if ref is not None and ref.is_alive():
+                try:
+                    ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
+                except pykka.Timeout:
+                    logger.error("job {} did not stop in time", key)
+
+
+class JobHandle:
+    """A submitted job: `result()` waits for its `JobEnded`; `cancel()` asks it to stop."""
+
+    def __init__(self, runner: Runner, job: Job) -> None:
+        self.job = job
+        self.key = job.key
+        self._runner = runner
+        self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
+
+    def result(self, timeout: float | None = None) -> JobEnded:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> None:
+        self._runner._batch_tell(_CancelJob(key=self.key))
+
+
+class Runner:
+    def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
+                 state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
+                 sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
+                 sweep_grace_s: float = 600.0) -> None:
+        self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        self.ledger_path = Path(ledger).expanduser() if ledger else self.state_dir / "ledger.sqlite"
+        self.out_dir = Path(out_dir).expanduser().resolve()
+        self.concurrency = concurrency
+        self.budget_usd = budget_usd
+        self.sweep_on_start = sweep_on_start
+        self.sweep_grace_s = sweep_grace_s
+        self.delete_timeout_s = delete_timeout_s
+        self.meter_period_s = meter_period_s
+        self.owner = uuid.uuid4().hex
+        self.reactor = Reactor()
+        self.clouds: dict[str, Cloud] = {}
+        self.handles: dict[str, JobHandle] = {}
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._lock = threading.Lock()
+        self._batch: pykka.ActorRef[Any] | None = None
+        self._open = False
+        self.swept: list[SweepAction] = []
+
+    # --- opening and closing ---------------------------------------------------------------------
+
+    def __enter__(self) -> Runner:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if self.concurrency < 1:
+            raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
+        self.reactor.start()
+        self.ledger = Ledger(self.ledger_path, self.owner)
+        self.ledger.register_owner()
+        self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
+                           owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
+                           delete_timeout_s=self.delete_timeout_s)
+        self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
+                                            budget_usd=self.budget_usd, on_end=self._job_ended)
+        self._open = True
+        self._beat()
+        if self.sweep_on_start:
+            self.swept = self.sweep()
+
+    def _beat(self) -> None:
+        def beat() -> None:
+            if self._open:
+                self.ledger.beat_owner()
+                self._beat_task = self.reactor.call_later(OWNER_BEAT_S, beat, name="owner-beat")
+
+        self._beat_task = self.reactor.call_later(OWNER_BEAT_S, beat, name="owner-beat")
+
+    def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
+        """Cancel every job not finished: each running attempt deletes its machine first."""
+        self._batch_tell(Cancel(failure=failure, detail=detail))
+
+    def wait(self, timeout: float | None = None) -> list[JobEnded]:
+        """Wait until every submitted job has ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = []
+        for h in list(self.handles.values()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out.append(h.result(left))
+        return out
+
+    def close(self) -> None:
+        """Cancel what is unfinished, wait until every machine is deleted, stop everything."""
+        if not self._open:
+            return
+        try:
+            if any(not h.done() for h in self.handles.values()):
+                self.cancel()
+                try:
+                    self.wait(timeout=self.delete_timeout_s + 180)
+                except concurrent.futures.TimeoutError:
+                    logger.error("jobs did not end in time; stopping the tree (each lease deletes its machine)")
+        finally:
+            self._open = False
+            self._beat_task.cancel()
+            if self._batch is not None:
+                self._batch.stop(block=True, timeout=self.delete_timeout_s + 240)
+            for cloud in self.clouds.values():
+                try:
+                    self.reactor.call(cloud.aclose, timeout=30)
+                except Exception as exc:  # closing a client must not stop the rest of the shutdown
+                    logger.warning("closing cloud {}: {}", cloud.name, exc)
+            self.reactor.stop()
+            self.ledger.close_owner()
+            self.ledger.close()
+
+    # --- jobs --------------------------------------------------------------------------------------
+
+    def check(self, job: Job) -> None:
+        """Raise SpecError (naming the field) for a job that cannot run; nothing is started."""
+        check_job(job, Path("/"))
+        check_policy(job.policy)
+        check_candidates(job.candidates, known_clouds())
+        for c in job.candidates:
+            self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+
+    def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
+        with self._lock:
+            if name not in self.clouds:
+                self.clouds[name] = make_cloud(name, settings, self.state_dir)
+                self.ledger.record_cloud(name, settings)
+            return self.clouds[name]
+
+    def submit(self, job: Job) -> JobHandle:
+        if not self._open:
+            raise RuntimeError("the Runner is not open (use it as a context manager)")
+        self.check(job)
+        if job.key in self.handles and not self.handles[job.key].done():
+            raise SpecError("job", f"{job.key} is already running in this Runner")
+        handle = JobHandle(self, job)
+        self.handles[job.key] = handle
+        self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(job),
+                               state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"))
+        self._batch_tell(_Submit(job=job))
+        return handle
+
+    def _batch_tell(self, message: Message) -> None:
+        if self._batch is None:
+            raise RuntimeError("the Runner is not open")
+        self._batch.tell(message)
+
+    def spent_usd(self) -> float:
+        assert self._batch is not None
+        value: float = self._batch.ask("spent", timeout=10)
+        return value
+
+    # --- events ------------------------------------------------------------------------------------
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        self._subscribers.append(fn)
+
+    def _emit(self, event: Event) -> None:
+        if not isinstance(event, Log):
+            self.ledger.record_event(event)
+        for fn in self._subscribers:
+            fn(event)
+
+    def _job_ended(self, e: JobEnded) -> None:
+        key = f"{e.job}/seed-{e.seed}"
+        self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
+                                   failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
+        h = self.handles.get(key)
+        if h is not None and not h.done():
+            h._future.set_result(e)
+
+    # --- sweeping ------------------------------------------------------------------------------------
+
+    def sweep(self, *, dry_run: bool = False) -> list[SweepAction]:
+        """Delete machines no live controller owns (this one counts as alive)."""
+        reader = LedgerReader(self.ledger_path)
+        try:
+            clouds = dict(self.clouds)
+            for name, settings in reader.clouds():
+                if name not in clouds:
+                    try:
+                        clouds[name] = self._cloud(name, settings)
+                    except SpecError:
+                        continue
+            if "local" not in clouds:
+                clouds["local"] = self._cloud("local", {})
+            run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
+                                    grace_s=self.sweep_grace_s, keep_owner=self.owner)
+            return self.reactor.call(run, timeout=600)
+        finally:
+            reader.close()

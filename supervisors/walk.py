@@ -1,0 +1,59 @@
+"""The capacity walk: down the candidate list, place by place, until one has stock.
+
+Each candidate's offers are asked for when the walk reaches it. A place that refused (no
+capacity, a launch that failed) is passed over; when every candidate is exhausted the walk asks
+every cloud again, once (stock comes back), before it gives up. Pure state, no I/O: the job
+supervisor fetches offers when `next()` says `NeedOffers`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocols.messages import Offer
+
+
+class NeedOffers(msgspec.Struct, frozen=True):
+    candidate: int
+
+
+class Exhausted(msgspec.Struct, frozen=True):
+    pass
+
+
+def place(offer: Offer) -> tuple[int, str, str, str, str]:
+    return (offer.candidate, offer.cloud, offer.region, offer.gpu, offer.host)
+
+
+class Walk:
+    def __init__(self, n_candidates: int) -> None:
+        self.n = n_candidates
+        self.index = 0
+        self.offers: dict[int, list[Offer]] = {}
+        self.passed: set[tuple[int, str, str, str, str]] = set()
+        self.refreshed = False
+
+    def next(self) -> Offer | NeedOffers | Exhausted:
+        while self.index < self.n:
+            if self.index not in self.offers:
+                return NeedOffers(self.index)
+            for offer in self.offers[self.index]:
+                if place(offer) not in self.passed:
+                    return offer
+            self.index += 1
+        if not self.refreshed:
+            self.refreshed = True
+            self.index = 0
+            self.offers.clear()
+            self.passed.clear()
+            return self.next()
+        return Exhausted()
+
+    def set_offers(self, candidate: int, offers: list[Offer]) -> None:
+        self.offers[candidate] = offers
+
+    def pass_over(self, offer: Offer) -> None:
+        self.passed.add(place(offer))
+
+    def is_last(self, offer: Offer) -> bool:
+        return offer.candidate == self.n - 1

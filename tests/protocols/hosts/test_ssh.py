@@ -1,0 +1,513 @@
+"""SSHHost and the ssh cloud against a real OpenSSH sshd on loopback (tests/sshd.py).
+
+The remote side is this computer: a "remote" path is a path under the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+import trio
+import trio_asyncio
+
+from protocols.clouds import parse_settings
+from protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
+from protocols.failures import Code, DeleteUnconfirmed, LaunchRefused, Refused, SpecError, Unreachable
+from protocols.hosts.content import file_sha256, snapshot_code
+from protocols.hosts.ssh import SSHHost
+from protocols.hosts.workspace import Launch, ShellWorkspace
+from protocols.messages import Offer
+from protocols.names import encode_name
+from protocols.specs import CandidateSpec
+from tests.sshd import Sshd
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    server = Sshd(tmp_path / "sshd")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_process_left(tmp_path: Path) -> Iterator[None]:
+    """Torn down last: no child of ours and nothing started under tmp_path (jobs detach) remains."""
+    yield
+    me = psutil.Process()
+    left = [p for p in me.children(recursive=True)]
+    marker = str(tmp_path)
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != me.pid and any(marker in part for part in p.info["cmdline"] or []):
+                left.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    assert not left, f"processes left behind: {left}"
+
+
+def run(fn: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with trio_asyncio.open_loop():
+            return await fn()
+
+    return trio.run(main)
+
+
+def host(sshd: Sshd, tmp_path: Path, **kwargs: Any) -> SSHHost:
+    return SSHHost(
+        "test", sshd.address, port=sshd.port, user=sshd.user, key=str(sshd.user_key),
+        known_hosts=tmp_path / "state" / "ssh" / "known_hosts", connect_timeout_s=5, **kwargs,
+    )
+
+
+def incoming_left(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".incoming-*")]
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+def test_commands_round_trip_on_one_channel(sshd: Sshd, tmp_path: Path) -> None:
+    h = host(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            res = await h.run("echo out; echo err >&2; exit 3")
+            assert (res.exit_code, res.stdout, res.stderr) == (3, b"out\n", b"err\n")
+            script = 'set -e\nn=0\nwhile [ $n -lt 3 ]; do n=$((n + 1)); done\necho "n=$n args=$#"\nfalse\necho never\n'
+            res = await h.run(script)
+            assert (res.exit_code, res.stdout) == (1, b"n=3 args=0\n")
+            blob = bytes(range(256)) * 64
+            res = await h.run("cat; printf '\\000'", stdin=blob)
+            assert res.stdout == blob + b"\0"
+            for i in range(50):
+                assert (await h.run(f"echo {i}")).stdout == f"{i}\n".encode()
+            assert h.connects == 1
+        finally:
+            await h.aclose()
+
+    run(go)
+    pinned = (tmp_path / "state" / "ssh" / "known_hosts").read_text().split()
+    assert pinned[0] == f"[{sshd.address}]:{sshd.port}" and pinned[1] == "ssh-ed25519"
+    assert stat.S_IMODE((tmp_path / "state" / "ssh").stat().st_mode) == 0o700
+
+
+def test_a_changed_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
+    async def first() -> None:
+        h = host(sshd, tmp_path)
+        await h.run("true")
+        await h.aclose()
+
+    run(first)
+    sshd.restart_with_new_host_key()
+
+    async def second() -> None:
+        h = host(sshd, tmp_path)
+        try:
+            with pytest.raises(Refused) as info:
+                await h.run("touch " + str(tmp_path / "reached"))
+            assert info.value.code == Code.GUARD
+            assert "changed" in str(info.value)
+        finally:
+            await h.aclose()
+
+    run(second)
+    assert not (tmp_path / "reached").exists()
+
+
+def test_a_cut_connection_is_replaced_on_the_next_call(sshd: Sshd, tmp_path: Path) -> None:
+    h = host(sshd, tmp_path)
+
+    async def call_after_cut() -> None:
+        # the first call may learn of the cut (Unreachable); the one after it must succeed
+        for _ in range(2):
+            try:
+                assert (await h.run("echo back")).stdout == b"back\n"
+                return
+            except Unreachable:
+                continue
+        raise AssertionError("no reconnection")
+
+    async def go() -> None:
+        try:
+            await h.run("true")
+            sshd.kill_sessions()
+            await call_after_cut()
+            assert h.connects == 2
+            sshd.restart()
+            await call_after_cut()
+            assert h.connects == 3
+            sshd.stop()
+            with pytest.raises(Unreachable):
+                await h.run("true")
+            sshd.start()
+            await call_after_cut()
+        finally:
+            await h.aclose()
+
+    run(go)
+
+
+# --- files -----------------------------------------------------------------------------------------
+
+
+def make_tree(src: Path) -> None:
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("A")
+    (src / "sub" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "sub" / "run.sh").chmod(0o755)
+    os.symlink("a.txt", src / "link")
+    os.symlink("/etc/hostname", src / "outside")
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["asyncssh", "ssh-client"])
+def test_put_and_get_tar_keep_links_as_links(sshd: Sshd, tmp_path: Path, bulk: bool) -> None:
+    src, remote = tmp_path / "src", tmp_path / "remote" / "deep" / "tree"
+    make_tree(src)
+    (tmp_path / "big").write_bytes(os.urandom(3 << 20))
+    h = host(sshd, tmp_path, bulk_bytes=0 if bulk else 1 << 62)
+
+    async def go() -> None:
+        try:
+            assert await h.put(src, str(remote)) == 1 + len("#!/bin/sh\necho ran\n")
+            assert await h.put(tmp_path / "big", str(tmp_path / "remote" / "new" / "big")) == 3 << 20
+            with pytest.raises(Unreachable, match="already exists"):
+                await h.put(tmp_path / "big", str(tmp_path / "remote" / "new" / "big"))
+            assert await h.get_tar(str(remote), ["a.txt", "link", "outside", "sub"], tmp_path / "back.tar") > 0
+        finally:
+            await h.aclose()
+
+    run(go)
+    assert os.readlink(remote / "link") == "a.txt" and os.readlink(remote / "outside") == "/etc/hostname"
+    assert (remote / "sub" / "run.sh").stat().st_mode & stat.S_IXUSR
+    assert (tmp_path / "remote" / "new" / "big").read_bytes() == (tmp_path / "big").read_bytes()
+    with tarfile.open(tmp_path / "back.tar") as tar:
+        kinds = {m.name: m.issym() for m in tar.getmembers()}
+    assert kinds == {"a.txt": False, "link": True, "outside": True, "sub": False, "sub/run.sh": False}
+
+
+def test_the_bulk_path_falls_back_when_the_ssh_client_fails(sshd: Sshd, tmp_path: Path) -> None:
+    fake = tmp_path / "fake-ssh"
+    fake.write_text("#!/bin/sh\necho 'ssh: cannot' >&2\nexit 255\n")
+    fake.chmod(0o755)
+    (tmp_path / "data").write_bytes(b"x" * 1000)
+    h = host(sshd, tmp_path, bulk_bytes=0, ssh_client=str(fake))
+
+    async def go() -> None:
+        try:
+            assert await h.put(tmp_path / "data", str(tmp_path / "remote" / "data")) == 1000
+        finally:
+            await h.aclose()
+
+    run(go)
+    assert (tmp_path / "remote" / "data").read_bytes() == b"x" * 1000
+
+
+def workspace(sshd: Sshd, tmp_path: Path, **kwargs: Any) -> ShellWorkspace:
+    return ShellWorkspace(host(sshd, tmp_path, **kwargs), str(tmp_path / "root"))
+
+
+def test_fetch_never_brings_back_what_a_link_points_at(sshd: Sshd, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET")
+    ws = workspace(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            await ws.prepare()
+            work = Path(ws.work_dir("j", 0, 0))
+            (work / "out" / "d").mkdir(parents=True)
+            (work / "out" / "result.txt").write_text("ok")
+            os.symlink(secret, work / "out" / "leak.txt")
+            os.symlink(secret.parent, work / "out" / "d" / "up")
+            (work / "response.json").write_text('{"exit_code": 0}')
+            await ws.fetch(str(work), tmp_path / "back")
+        finally:
+            await ws.aclose()
+
+    run(go)
+    back = tmp_path / "back"
+    assert (back / "out" / "result.txt").read_text() == "ok"
+    assert not (back / "out" / "leak.txt").exists() and not (back / "out" / "leak.txt").is_symlink()
+    assert not (back / "out" / "d" / "up").exists()
+    assert all("SECRET" not in p.read_text() for p in back.rglob("*") if p.is_file())
+
+
+def test_publishing_twice_sends_nothing_the_second_time(sshd: Sshd, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    make_tree(code)
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(100_000))
+    ws = workspace(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            await ws.prepare()
+            digest = snapshot_code(code, tmp_path / "snap")
+            assert await ws.publish_code(tmp_path / "snap", digest, "t1") > 0
+            assert await ws.publish_code(tmp_path / "snap", digest, "t2") == 0
+            sha = file_sha256(data)
+            assert await ws.publish_input("data", data, sha, "t1") == 100_000
+            assert await ws.publish_input("data", data, sha, "t2") == 0
+            assert ws.bytes_sent == 100_000 + 1 + len("#!/bin/sh\necho ran\n")
+        finally:
+            await ws.aclose()
+
+    run(go)
+    root = tmp_path / "root"
+    assert (root / "objects" / file_sha256(data) / "data").read_bytes() == data.read_bytes()
+    assert incoming_left(root) == []
+
+
+def test_two_workspaces_publish_one_input_at_once(sshd: Sshd, tmp_path: Path) -> None:
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(2 << 20))
+    sha = file_sha256(data)
+    spaces = [workspace(sshd, tmp_path), workspace(sshd, tmp_path)]
+    sent: list[int] = []
+
+    async def publish(ws: ShellWorkspace, tag: str) -> None:
+        sent.append(await ws.publish_input("data", data, sha, tag))
+
+    async def go() -> None:
+        try:
+            for ws in spaces:
+                await ws.prepare()
+            async with trio.open_nursery() as nursery:
+                for i, ws in enumerate(spaces):
+                    nursery.start_soon(publish, ws, f"a{i}")
+        finally:
+            for ws in spaces:
+                await ws.aclose()
+
+    run(go)
+    root = tmp_path / "root"
+    assert (root / "objects" / sha / "data").read_bytes() == data.read_bytes()
+    assert (root / "objects" / sha / ".complete").exists()
+    assert sorted(os.listdir(root / "objects")) == [sha]
+    assert incoming_left(root) == []
+    assert 2 << 20 in sent
+
+
+def test_an_input_changed_after_hashing_is_refused(sshd: Sshd, tmp_path: Path) -> None:
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"before")
+    sha = file_sha256(data)
+    data.write_bytes(b"after!")
+    ws = workspace(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            await ws.prepare()
+            with pytest.raises(Refused) as info:
+                await ws.publish_input("data", data, sha, "t1")
+            assert info.value.code == Code.INPUT
+        finally:
+            await ws.aclose()
+
+    run(go)
+    root = tmp_path / "root"
+    assert incoming_left(root) == [] and not (root / "objects" / sha).exists()
+
+
+def test_a_root_others_can_write_is_refused_and_left_untouched(sshd: Sshd, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    root.chmod(0o777)
+    ws = workspace(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(Refused) as info:
+                await ws.prepare()
+            assert info.value.code == Code.GUARD and "writable" in str(info.value)
+        finally:
+            await ws.aclose()
+
+    run(go)
+    assert list(root.iterdir()) == []
+
+
+def test_the_watchdog_stops_a_job_its_controller_lost(sshd: Sshd, tmp_path: Path) -> None:
+    lost_after_s = 2.0
+    ws = workspace(sshd, tmp_path)
+
+    async def go() -> tuple[float, float]:
+        try:
+            await ws.prepare()
+            work = ws.work_dir("j", 0, 0)
+            pid = await ws.start(Launch(
+                work=work, command="sleep 60", code=None, inputs=[], env={}, lost_after_s=lost_after_s,
+            ))
+            assert psutil.pid_exists(pid)
+            started = trio.current_time()
+            lost = int(lost_after_s + min(60.0, lost_after_s))
+            every = max(1, min(30, lost // 4))
+            bound = lost + 3 * every + 5.0  # + margin: the watchdog's TERM grace, a slow machine
+            while trio.current_time() - started < bound:  # waiting on an external process
+                if not psutil.pid_exists(pid) and not Path(work).exists():
+                    return trio.current_time() - started, bound
+                await trio.sleep(0.2)
+            raise AssertionError(f"job {pid} or {work} still there after {bound} s")
+        finally:
+            await ws.aclose()
+
+    took, bound = run(go)
+    assert lost_after_s < took < bound
+
+
+# --- the ssh cloud ---------------------------------------------------------------------------------
+
+
+def cloud(sshd: Sshd, tmp_path: Path, slots: int = 1) -> SSHCloud:
+    settings = SSHSettings(hosts={
+        "gpu1": SSHHostSettings(
+            address=sshd.address, port=sshd.port, user=sshd.user, key=str(sshd.user_key),
+            root=str(tmp_path / "root"), slots=slots, connect_timeout_s=5,
+        ),
+    })
+    return SSHCloud(settings, tmp_path / "state")
+
+
+def test_settings_come_from_the_batch_table() -> None:
+    raw = {"hosts": {"gpu1": {"address": "10.0.0.7", "port": 22, "user": "ubuntu", "key": "~/.ssh/id_ed25519",
+                              "root": "~/.actor-run", "slots": 1}}}
+    settings = parse_settings("ssh", raw)
+    assert settings == SSHSettings(hosts={"gpu1": SSHHostSettings(
+        address="10.0.0.7", user="ubuntu", key="~/.ssh/id_ed25519",
+    )})
+    with pytest.raises(SpecError) as info:
+        parse_settings("ssh", {"hosts": {"gpu1": {"address": "h", "lost_after_s": 5}}})
+    assert "lost_after_s" in str(info.value)
+    with pytest.raises(SpecError):
+        parse_settings("ssh", {"hosts": {"gpu1": {"address": "h", "slots": 0}}})
+
+
+def test_offers_walk_the_named_hosts(tmp_path: Path) -> None:
+    settings = SSHSettings(hosts={n: SSHHostSettings(address=f"10.0.0.{i}") for i, n in enumerate(["a", "b"])})
+    c = SSHCloud(settings, tmp_path)
+
+    async def go() -> None:
+        offers = await c.offers(CandidateSpec(cloud="ssh", hosts=["b", "a"]), 3)
+        assert [(o.host, o.region, o.candidate, o.hourly_usd) for o in offers] == [("b", "b", 3, 0.0), ("a", "a", 3, 0.0)]
+        assert [o.host for o in await c.offers(CandidateSpec(cloud="ssh"), 0)] == ["a", "b"]
+        with pytest.raises(SpecError) as info:
+            await c.offers(CandidateSpec(cloud="ssh", hosts=["a", "x"]), 1)
+        assert info.value.field == "candidates[1].hosts" and "unknown host 'x'" in str(info.value)
+
+    run(go)
+
+
+def test_slots_are_claimed_listed_and_freed(sshd: Sshd, tmp_path: Path) -> None:
+    c = cloud(sshd, tmp_path)
+    first = encode_name("train", 1, 0, "deadbeef", 2e9)
+    second = encode_name("train", 2, 0, "deadbeef", 2e9)
+    offer = Offer(cloud="ssh", host="gpu1", region="gpu1")
+    root = tmp_path / "root"
+
+    async def go() -> None:
+        try:
+            m1 = await c.launch(offer, first, 2e9)
+            assert (m1.id, m1.region, m1.root) == ("gpu1/0", "gpu1", str(root))
+            assert (await c.launch(offer, first, 2e9)).id == "gpu1/0"  # a retried launch: the same slot
+            with pytest.raises(LaunchRefused) as info:
+                await c.launch(offer, second, 2e9)
+            assert info.value.code == Code.NO_CAPACITY
+            assert [(m.name, m.id, m.deadline) for m in await c.list_ours("ar-")] == [(first, "gpu1/0", 2e9)]
+            assert await c.list_ours("ar-other-") == []
+
+            ws = await c.connect(m1)
+            data = tmp_path / "data.bin"
+            data.write_bytes(b"shared")
+            await ws.publish_input("data", data, file_sha256(data), "t1")
+            work = ws.work_dir("train", 1, 0)
+            assert work.startswith(f"{root}/work/{first}/")
+            pid = await ws.start(Launch(work=work, command="sleep 60", code=None, inputs=[], env={}, lost_after_s=60))
+            # someone else's files on the same host
+            (root / "work" / "not-ours").mkdir(parents=True)
+
+            await c.delete(first, m1.id)
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            assert not (root / "work" / first).exists()
+            assert (root / "work" / "not-ours").exists() and (root / "objects" / file_sha256(data)).exists()
+            assert await c.list_ours("ar-") == []
+            await c.delete(first, m1.id)  # idempotent
+            await c.delete(first)  # by name alone, as a sweep does
+
+            m2 = await c.launch(offer, second, 2e9)
+            assert m2.id == "gpu1/0"
+            sshd.stop()
+            with pytest.raises(DeleteUnconfirmed):
+                await c.delete(second, m2.id)
+            assert await c.list_ours("ar-") == []  # an unreachable host is skipped
+            sshd.start()
+            await c.delete(second, m2.id)
+            assert sorted(os.listdir(root / "slots")) == []
+        finally:
+            await c.aclose()
+
+    run(go)
+
+
+def test_two_controllers_never_take_one_slot(sshd: Sshd, tmp_path: Path) -> None:
+    clouds = [cloud(sshd, tmp_path, slots=2) for _ in range(3)]  # one connection each, as controllers
+    offer = Offer(cloud="ssh", host="gpu1", region="gpu1")
+    names = [encode_name("t", i, 0, "deadbeef", 2e9) for i in range(3)]
+    ids: list[str] = []
+
+    async def take(c: SSHCloud, name: str) -> None:
+        try:
+            ids.append((await c.launch(offer, name, 2e9)).id)
+        except LaunchRefused as exc:
+            assert exc.code == Code.NO_CAPACITY
+            ids.append("full")
+
+    async def go() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                for c, name in zip(clouds, names, strict=True):
+                    nursery.start_soon(take, c, name)
+            assert sorted(ids) == ["full", "gpu1/0", "gpu1/1"]
+            assert sorted(m.id for m in await clouds[0].list_ours("ar-")) == ["gpu1/0", "gpu1/1"]
+            for name in names:
+                await clouds[0].delete(name)
+        finally:
+            for c in clouds:
+                await c.aclose()
+
+    run(go)
+    assert os.listdir(tmp_path / "root" / "slots") == []
+
+
+def test_a_bad_root_refuses_the_launch(sshd: Sshd, tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root").chmod(0o777)
+    c = cloud(sshd, tmp_path)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(LaunchRefused) as info:
+                await c.launch(Offer(cloud="ssh", host="gpu1"), encode_name("t", 0, 0, "deadbeef", 2e9), 2e9)
+            assert info.value.code == Code.GUARD
+        finally:
+            await c.aclose()
+
+    run(go)
+    assert list((tmp_path / "root").iterdir()) == []
