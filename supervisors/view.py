@@ -44,7 +44,7 @@ class View:
         self.json_mode = json_mode
         self.out = out or sys.stdout
         self.lines = {k: JobLine(key=k) for k in keys}
-        self.console = Console(file=self.out, highlight=False)
+        self.console = Console(file=self.out, highlight=False, width=None if self.out.isatty() else 140)
         self.live: Live | None = None
         self.tty = self.out.isatty()
 

@@ -1,0 +1,92 @@
+"""Shared fixtures. Every test is checked for leaks: no actor, no thread, no process and no machine
+may outlive it (the autouse `no_leaks` fixture fails the test otherwise)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pykka
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+
+def _machines(state_dir: Path) -> list[str]:
+    found = [p.name for p in (state_dir / "local").glob("*.json")] if (state_dir / "local").is_dir() else []
+    sim = state_dir / "sim" / "machines"
+    if sim.is_dir():
+        found += [p.name for p in sim.glob("*.json")]
+    return found
+
+
+def _processes_under(path: Path) -> list[str]:
+    marker = str(path)
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if marker in cmd and proc.pid != os.getpid():
+                out.append(f"{proc.pid}: {cmd[:160]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _wait_until(check, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if not value or time.monotonic() > end:
+            return value
+        time.sleep(0.05)
+
+
+def _is_trio_worker(t: threading.Thread) -> bool:
+    # trio keeps idle to_thread workers for 10 s after use; they hold nothing of ours
+    return t.name.startswith("Trio thread") or t.name.startswith("Trio worker")
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    actors = _wait_until(lambda: pykka.ActorRegistry.get_all(), 10)
+    if actors:
+        pykka.ActorRegistry.stop_all(block=True, timeout=30)
+        pytest.fail(f"actors left running: {[a.actor_class.__name__ for a in actors][:10]}")
+    threads = _wait_until(
+        lambda: [t.name for t in threading.enumerate()
+                 if t.ident not in before and t.is_alive() and not _is_trio_worker(t)], 10)
+    if threads:
+        pytest.fail(f"threads left running: {threads[:10]}")
+    procs = _wait_until(lambda: _processes_under(tmp_path), 10)
+    if procs:
+        for line in procs:
+            try:
+                os.kill(int(line.split(":")[0]), 9)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"processes left running: {procs[:5]}")
+    left = _machines(tmp_path / "state")
+    if left:
+        pytest.fail(f"machines left behind: {left[:5]}")
