@@ -41,18 +41,11 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
 
 
 @pytest.fixture(autouse=True)
-def no_process_left(tmp_path: Path) -> Iterator[None]:
-    """Torn down last: no child of ours and nothing started under tmp_path (jobs detach) remains."""
+def no_child_left() -> Iterator[None]:
+    """No local `ssh` or `tar` of ours outlives a test (tests/conftest.py checks the remote side:
+    processes naming tmp_path, which is where detached jobs and watchdogs run)."""
     yield
-    me = psutil.Process()
-    left = [p for p in me.children(recursive=True)]
-    marker = str(tmp_path)
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid != me.pid and any(marker in part for part in p.info["cmdline"] or []):
-                left.append(p)
-        except psutil.NoSuchProcess:
-            continue
+    left = psutil.Process().children(recursive=True)
     for p in left:
         try:
             p.kill()

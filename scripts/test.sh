@@ -1,0 +1,18 @@
+#!/bin/sh
+# The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server and
+# rsync through apt when missing; the package and its test extras in .venv), then runs pytest.
+set -eu
+cd "$(dirname "$0")/.."
+need=""
+[ -x /usr/sbin/sshd ] || need="$need openssh-server"
+command -v rsync >/dev/null 2>&1 || need="$need rsync"
+command -v ssh >/dev/null 2>&1 || need="$need openssh-client"
+command -v ps >/dev/null 2>&1 || need="$need procps"
+if [ -n "$need" ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e '.[test]'
+PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/python -m pytest -q "$@"
