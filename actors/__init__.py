@@ -1,6 +1,6 @@
 """The five actors of an attempt and the runtime they stand on (pykka base, the trio reactor)."""
 
-from actors.attempt import AttemptActor
+from actors.attempt import AttemptActor, Reattach
 from actors.base import Actor, Context, LedgerPort
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
@@ -9,6 +9,6 @@ from actors.runtime import Reactor, ReactorStatistics, Task
 from actors.transfer import TransferActor
 
 __all__ = [
-    "Actor", "AttemptActor", "Context", "CostMeterActor", "HeartbeatActor", "LeaseActor", "LedgerPort", "Reactor",
+    "Actor", "AttemptActor", "Context", "CostMeterActor", "HeartbeatActor", "LeaseActor", "LedgerPort", "Reactor", "Reattach",
     "ReactorStatistics", "Task", "TransferActor", "usage_between",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import outcome
 import pykka
 
@@ -29,7 +30,7 @@ from actors.transfer import TransferActor
 from protocols.failures import Code
 from protocols.hosts.workspace import Launch
 from protocols.messages import (
-    Acquire, AttemptEnded, AttemptStarted, Cancel, ChildFailed, Exited, Fetch, Fetched, JobStarted, Leased,
+    Acquire, Adopt, FetchCheckpoint, AttemptEnded, AttemptStarted, Cancel, ChildFailed, Exited, Fetch, Fetched, JobStarted, Leased,
     LeaseFailed, Machine, Message, Metered, Offer, Progress, Release, Released, StartMeter, Stalled, StopMeter,
     TransferFailed, Upload, Uploaded, Usage, Watch,
 )
@@ -45,9 +46,19 @@ class _Stopped(Message, frozen=True, kw_only=True):
     pass
 
 
+class Reattach(msgspec.Struct, frozen=True, kw_only=True):
+    """A machine whose job an earlier controller started and that still runs it (resume)."""
+
+    machine: Machine
+    work: str
+    pid: int
+    launched_at: float
+
+
 class AttemptActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
-                 setup_grace_s: float, seed_dir: Path) -> None:
+                 setup_grace_s: float, seed_dir: Path, resume_dir: Path | None = None,
+                 reattach: Reattach | None = None) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
         self.head = {"job": job.name, "seed": job.seed, "attempt": attempt}
@@ -56,7 +67,14 @@ class AttemptActor(Actor):
         self.staging = seed_dir / ".attempts" / f"a{attempt}"
         self.began = time.time()
         self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
-        self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
+        self.resume_dir = resume_dir
+        self.reattach = reattach
+        self.checkpoints: set[str] = set()
+        if reattach is not None:
+            self.deadline = reattach.machine.deadline
+            self.name = reattach.machine.name
+        else:
+            self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
         self.machine: Machine | None = None
         self.work: str | None = None
@@ -91,7 +109,10 @@ class AttemptActor(Actor):
         )
         self.children.append(self.heartbeat)
         ctx.emit(AttemptStarted(**self.head, offer=self.offer))
-        self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
+        if self.reattach is not None:
+            self.lease.tell(Adopt(machine=self.reattach.machine))
+        else:
+            self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
 
     def _phase(self, name: str) -> None:
         now = time.time()
@@ -106,9 +127,18 @@ class AttemptActor(Actor):
                 self.machine = machine
                 self._phase("lease")
                 self.ctx.emit(event)
+                if self.reattach is not None:
+                    # billed since it was made; the job runs already: watch it, anchored at its launch
+                    self.meter.tell(StartMeter(machine=machine, at=machine.created_at or time.time()))
+                    r = self.reattach
+                    self.work, self.pid = r.work, r.pid
+                    self.heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
+                                              reattached=True))
+                    return None
                 self.meter.tell(StartMeter(machine=machine, at=time.time()))
                 if self.finishing is None:
-                    self.transfer.tell(Upload(machine=machine.name))
+                    resume = str(self.resume_dir) if self.resume_dir is not None else None
+                    self.transfer.tell(Upload(machine=machine.name, resume_dir=resume))
             case LeaseFailed(failure=failure, detail=detail) as event:
                 self._phase("lease")
                 self.ctx.emit(event)
@@ -123,8 +153,8 @@ class AttemptActor(Actor):
                 self._finish("failed", failure, detail)
             case _Started(result=result):
                 self._started(result)
-            case Progress():
-                pass  # the heartbeat emitted it
+            case Progress(line=line):
+                self._maybe_checkpoint(line)
             case Exited(exit_code=code) as event:
                 self._phase("run")
                 self.exit_code = code
@@ -161,6 +191,18 @@ class AttemptActor(Actor):
                 raise TypeError(f"AttemptActor cannot handle {message!r}")
         return None
 
+    def _maybe_checkpoint(self, line: dict[str, Any]) -> None:
+        """A progress line that names a checkpoint under out/: bring it here now, while the machine
+        lives (a preemption gives no warning), for the next attempt's in/resume."""
+        path = line.get("checkpoint")
+        if not isinstance(path, str) or path in self.checkpoints or self.machine is None or self.work is None:
+            return
+        if not path.startswith("out/"):
+            path = "out/" + path.lstrip("/")
+        self.checkpoints.add(path)
+        self.transfer.tell(FetchCheckpoint(machine=self.machine.name, work=self.work, path=path, line=line,
+                                           into=str(self.seed_dir / ".checkpoint")))
+
     def _start_job(self, up: Uploaded) -> None:
         assert self.machine is not None
         ws = self.ctx.workspaces[self.machine.name]
@@ -168,7 +210,7 @@ class AttemptActor(Actor):
         env = {**self.job.env, "ACTOR_RUN_SEED": str(self.job.seed), "ACTOR_RUN_ATTEMPT": str(self.attempt)}
         launch = Launch(
             work=self.work, command=self.job.command.replace("{seed}", str(self.job.seed)), code=up.code,
-            inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s,
+            inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s, resume=up.resume,
             request=json.dumps({"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}).encode(),
         )
         self.spawn(ws.start, launch, reply=lambda r: _Started(result=r))

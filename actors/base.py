@@ -26,13 +26,14 @@ from loguru import logger
 from actors.runtime import Reactor, Task
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
-from protocols.messages import ChildFailed, Event, Machine, Message
+from protocols.messages import ChildFailed, Event, Machine, Message, Offer
 
 
 class LedgerPort(Protocol):
     """What actors need of the ledger (supervisors/ledger.py implements it)."""
 
-    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float) -> None:
+    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
+                      offer: Offer | None = None) -> None:
         """Durable before it returns: the create call goes out only after."""
         ...
 

@@ -118,8 +118,15 @@ class HeartbeatActor(Actor):
         res = result.value
         if res is None or self.exited:
             return
-        self._take_log(res, now)
-        self._take_progress(res, now)
+        if w.reattached and self.ticks == 1:
+            # written before this controller came: life as of the files' own times, not now
+            seen = max(res.progress_mtime, res.log_mtime, w.launched_at)
+            self._take_log(res, seen)
+            self._take_progress(res, seen)
+            self.last_life = seen
+        else:
+            self._take_log(res, now)
+            self._take_progress(res, now)
         if res.state == "exited":
             self.exited = True
             self.tell_parent(Exited(**self.head, exit_code=res.exit_code if res.exit_code is not None else -1))
@@ -139,7 +146,7 @@ class HeartbeatActor(Actor):
     def _take_log(self, res: PollResult, now: float) -> None:
         if res.log:
             self.log_at += len(res.log)
-            self.last_life = now
+            self.last_life = max(self.last_life, now)
             with open(self.log_path, "ab") as f:
                 f.write(res.log)
 
@@ -157,7 +164,7 @@ class HeartbeatActor(Actor):
             if not isinstance(line, dict):
                 continue
             stage = str(line.get("stage", ""))
-            self.last_life = now
+            self.last_life = max(self.last_life, now)
             self.last_progress = line
             if stage not in SETUP_STAGES:
                 self.setup_done = True

@@ -28,7 +28,7 @@ from protocols.failures import (
 )
 from protocols.hosts.workspace import Workspace
 from protocols.messages import (
-    Acquire, LeaseFailed, LeaseRequested, Leased, Machine, Message, Offer, Release, Released,
+    Acquire, Adopt, LeaseFailed, LeaseRequested, Leased, Machine, Message, Offer, Release, Released,
 )
 
 DELETE_TRIES = 5
@@ -59,6 +59,8 @@ class LeaseActor(Actor):
         match message:
             case Acquire(offer=offer, name=name, deadline=deadline):
                 self._acquire(offer, name, deadline)
+            case Adopt(machine=machine):
+                self._adopt(machine)
             case _Launched(result=result):
                 self._launched(result)
             case Release():
@@ -73,7 +75,7 @@ class LeaseActor(Actor):
     def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
         cloud = self.ctx.clouds[offer.cloud]
         self.ctx.ledger.record_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
-                                      attempt=self.attempt, deadline=deadline)
+                                      attempt=self.attempt, deadline=deadline, offer=offer)
         self.name, self.offer = name, offer
         self.ctx.emit(LeaseRequested(job=self.job, seed=self.seed, attempt=self.attempt, name=name,
                                      cloud=offer.cloud, deadline=deadline))
@@ -93,6 +95,22 @@ class LeaseActor(Actor):
                 return machine, None, exc  # it exists: the release deletes it by id
 
         self.spawn(launch, reply=lambda r: _Launched(result=r))
+
+    def _adopt(self, machine: Machine) -> None:
+        """A machine an earlier controller leased: connect to it; deleting it is ours now."""
+        cloud = self.ctx.clouds[machine.cloud]
+        self.name, self.machine = machine.name, machine
+        self.offer = Offer(cloud=machine.cloud, region=machine.region, gpu=machine.gpu, hourly_usd=machine.hourly_usd)
+        timeout = self.launch_timeout_s
+
+        async def connect() -> tuple[Machine, Workspace | None, BaseException | None]:
+            try:
+                with trio.fail_after(timeout):
+                    return machine, await cloud.connect(machine), None
+            except (ActorRunError, OSError, trio.TooSlowError) as exc:
+                return machine, None, exc
+
+        self.spawn(connect, reply=lambda r: _Launched(result=r))
 
     def _launched(self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
         assert self.name is not None

@@ -9,6 +9,7 @@ answers `TransferFailed(input|guard)`; a host unreachable for `lost_after_s` ans
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import outcome
 import pykka
 import trio
@@ -23,15 +25,19 @@ import trio
 from actors.base import Actor, Context
 from protocols.failures import Code, MachineGone, Refused, Unreachable
 from protocols.hosts.content import input_sha256, snapshot_code
-from protocols.hosts.workspace import Workspace
-from protocols.messages import Fetch, Fetched, InputRef, Message, TransferFailed, Upload, Uploaded
+from protocols.hosts.workspace import RESUME_LINE, Workspace
+from protocols.messages import (
+    CheckpointSaved, Fetch, Fetched, FetchCheckpoint, InputRef, Message, TransferFailed, Upload, Uploaded,
+)
 from protocols.specs import Job
 
 
 class _Done(Message, frozen=True, kw_only=True):
-    kind: str  # upload | fetch
+    kind: str  # upload | fetch | checkpoint
     result: Any
     started: float
+    path: str = ""
+    line: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def _hash_input(ctx: Context, path: Path) -> str:
@@ -61,6 +67,25 @@ async def patiently(what: str, lost_after_s: float, step: Any, *args: Any) -> An
             await trio.sleep(min(2.0, max(0.1, lost_after_s / 10)))
 
 
+def _settle_checkpoint(fresh: Path, into: Path, line: dict[str, Any]) -> None:
+    """fresh/fetched/out/<files> -> into/<files> + into/progress.json, replacing the old one whole."""
+    staged = fresh / "ready"
+    staged.mkdir(parents=True)
+    out = fresh / "fetched" / "out"
+    if out.is_dir():
+        for child in out.iterdir():
+            child.rename(staged / child.name)
+    (staged / RESUME_LINE).write_text(json.dumps(line) + "\n")
+    old = into.with_name(into.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if into.exists():
+        into.rename(old)
+    staged.rename(into)
+    shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 class TransferActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int) -> None:
         super().__init__(ctx, parent, f"transfer:{job.name}/{job.seed}/a{attempt}")
@@ -69,19 +94,28 @@ class TransferActor(Actor):
 
     def handle(self, message: Any) -> Any:
         match message:
-            case Upload(machine=machine):
+            case Upload(machine=machine, resume_dir=resume_dir):
                 ws = self.ctx.workspaces[machine]
-                self.spawn(self._upload, ws, reply=lambda r, t=time.time(): _Done(kind="upload", result=r, started=t))
+                self.spawn(self._upload, ws, resume_dir,
+                           reply=lambda r, t=time.time(): _Done(kind="upload", result=r, started=t))
+            case FetchCheckpoint(machine=machine, work=work, path=path, line=line, into=into):
+                ws = self.ctx.workspaces.get(machine)
+                if ws is not None:
+                    self.spawn(self._checkpoint, ws, work, path, line, Path(into),
+                               reply=lambda r, t=time.time(), p=path, ln=line: _Done(
+                                   kind="checkpoint", result=r, started=t, path=p, line=ln))
             case Fetch(machine=machine, work=work, into=into):
                 ws = self.ctx.workspaces[machine]
                 self.spawn(self._fetch, ws, work, Path(into),
                            reply=lambda r, t=time.time(): _Done(kind="fetch", result=r, started=t))
+            case _Done(kind="checkpoint", result=result, path=path, line=line):
+                self._checkpoint_done(result, path, line)
             case _Done(kind=kind, result=result, started=started):
                 self._done(kind, result, started)
             case _:
                 raise TypeError(f"TransferActor cannot handle {message!r}")
 
-    async def _upload(self, ws: Workspace) -> tuple[int, str | None, list[InputRef]]:
+    async def _upload(self, ws: Workspace, resume_dir: str | None) -> tuple[int, str | None, list[InputRef], InputRef | None]:
         lost = self.job.policy.lost_after_s
         sent = 0
         code_hash: str | None = None
@@ -99,7 +133,12 @@ class TransferActor(Actor):
                 raise Refused(Code.INPUT, f"input {name}: cannot read {path}: {exc.strerror}") from exc
             sent += await patiently(name, lost, ws.publish_input, name, path, digest, self.tag)
             refs.append(InputRef(name=name, sha256=digest, basename=path.name))
-        return sent, code_hash, refs
+        resume = None
+        if resume_dir is not None and Path(resume_dir).is_dir():
+            digest = await trio.to_thread.run_sync(_hash_input, self.ctx, Path(resume_dir))
+            sent += await patiently("resume", lost, ws.publish_input, "resume", Path(resume_dir), digest, self.tag)
+            resume = InputRef(name="resume", sha256=digest, basename="")
+        return sent, code_hash, refs, resume
 
     async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
         if into.exists():
@@ -107,13 +146,31 @@ class TransferActor(Actor):
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
         return n
 
+    async def _checkpoint(self, ws: Workspace, work: str, path: str, line: dict[str, Any], into: Path) -> int:
+        """Fetch the files a progress line named into a fresh folder, then swap it in whole."""
+        fresh = into.with_name(into.name + ".incoming")
+        if fresh.exists():
+            await trio.to_thread.run_sync(shutil.rmtree, fresh)
+        got = await ws.fetch(work, fresh / "fetched", [path])
+        await trio.to_thread.run_sync(_settle_checkpoint, fresh, into, line)
+        return got
+
+    def _checkpoint_done(self, result: outcome.Outcome[int], path: str, line: dict[str, Any]) -> None:
+        if isinstance(result, outcome.Value):
+            event = CheckpointSaved(job=self.job.name, seed=self.job.seed, attempt=self.attempt, path=path,
+                                    line=line, bytes_received=result.value)
+            self.ctx.emit(event)
+        else:
+            self.log.warning("checkpoint {} not fetched: {}", path, result.error)
+
     def _done(self, kind: str, result: outcome.Outcome[Any], started: float) -> None:
         seconds = time.time() - started
         head = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
         if isinstance(result, outcome.Value):
             if kind == "upload":
-                sent, code, refs = result.value
-                self.tell_parent(Uploaded(**head, bytes_sent=sent, seconds=seconds, code=code, inputs=refs))
+                sent, code, refs, resume = result.value
+                self.tell_parent(Uploaded(**head, bytes_sent=sent, seconds=seconds, code=code, inputs=refs,
+                                          resume=resume))
             else:
                 self.tell_parent(Fetched(**head, bytes_received=result.value, seconds=seconds))
             return

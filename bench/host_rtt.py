@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
-import trio_asyncio  # noqa: E402
-from loguru import logger  # noqa: E402
+import trio
+import trio_asyncio
+from loguru import logger
 
-from protocols.hosts.ssh import SSHHost  # noqa: E402
-from tests.sshd import Sshd  # noqa: E402
+from protocols.hosts.ssh import SSHHost
+from tests.sshd import Sshd
 
 
 def spawn_ms(sshd: Sshd, samples: int) -> list[float]:
@@ -89,8 +89,9 @@ def main() -> None:
         print(f"{label:36} {len(xs):5d} {statistics.median(xs):10.2f} {q[0]:8.2f} {q[-1]:8.2f}")
     a, b, c = (statistics.median(xs) for _, xs in rows)
     print(f"ratio a/c = {a / c:.0f}x (target >= 100)")
-    print(json.dumps({"ssh_spawn_ms": round(a, 3), "exec_channel_ms": round(b, 3), "host_call_ms": round(c, 3),
-                      "ratio": round(a / c, 1)}))
+    figures = {"ssh_spawn_ms": round(a, 3), "exec_channel_ms": round(b, 3), "host_call_ms": round(c, 3),
+               "ratio": round(a / c, 1)}
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

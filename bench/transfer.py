@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
-import trio_asyncio  # noqa: E402
-from loguru import logger  # noqa: E402
+import trio
+import trio_asyncio
+from loguru import logger
 
-from protocols.hosts.content import file_sha256  # noqa: E402
-from protocols.hosts.ssh import SSHHost  # noqa: E402
-from protocols.hosts.workspace import ShellWorkspace  # noqa: E402
-from tests.sshd import Sshd  # noqa: E402
+from protocols.hosts.content import file_sha256
+from protocols.hosts.ssh import SSHHost
+from protocols.hosts.workspace import ShellWorkspace
+from tests.sshd import Sshd
 
 
 def make_file(path: Path, mib: int) -> None:
@@ -66,7 +66,9 @@ async def pin(sshd: Sshd, known_hosts: Path) -> None:
             await host.aclose()
 
 
-async def ours_once(sshd: Sshd, known_hosts: Path, src: Path, digest: str, root: Path, tag: str) -> tuple[float, int, int]:
+async def ours_once(
+    sshd: Sshd, known_hosts: Path, src: Path, digest: str, root: Path, tag: str,
+) -> tuple[float, int, int]:
     """Seconds of a first publish on a fresh root, its bytes, then the bytes of a second publish."""
     async with trio_asyncio.open_loop():
         ws = ShellWorkspace(new_host(sshd, known_hosts), str(root))
@@ -81,32 +83,28 @@ async def ours_once(sshd: Sshd, known_hosts: Path, src: Path, digest: str, root:
             await ws.aclose()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=3, help="median of this many runs each")
-    args = parser.parse_args()
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
+def measure(sshd: Sshd, tmp: Path, mib: int, runs: int) -> tuple[list[float], list[float], int, int]:
+    """Seconds of each rsync and of each of our uploads; bytes of our first and second publish."""
+    src = tmp / "input.bin"
+    make_file(src, mib)
+    digest = file_sha256(src)  # the caller hashes an input before it uploads it
+    known_hosts = tmp / "known_hosts"
+    trio.run(pin, sshd, known_hosts)
     rsync_s: list[float] = []
     ours_s: list[float] = []
     sent_first = sent_again = -1
-    with tempfile.TemporaryDirectory(prefix="actor-run-bench-") as tmp_name, Sshd(Path(tmp_name) / "sshd") as sshd:
-        tmp = Path(tmp_name)
-        src = tmp / "input.bin"
-        make_file(src, args.mib)
-        digest = file_sha256(src)  # the caller hashes an input before it uploads it
-        known_hosts = tmp / "known_hosts"
-        trio.run(pin, sshd, known_hosts)
-        for i in range(args.runs):  # interleaved: a slow spell of the machine falls on both sides
-            dest, root = tmp / f"rsync{i}", tmp / f"root{i}"
-            rsync_s.append(rsync_once(sshd, known_hosts, src, dest))
-            seconds, sent_first, sent_again = trio.run(ours_once, sshd, known_hosts, src, digest, root, f"run{i}")
-            ours_s.append(seconds)
-            dest.unlink()
-            subprocess.run(["chmod", "-R", "u+w", str(root)], check=True)
-            shutil.rmtree(root)
-    mib = args.mib
+    for i in range(runs):  # interleaved: a slow spell of the machine falls on both sides
+        dest, root = tmp / f"rsync{i}", tmp / f"root{i}"
+        rsync_s.append(rsync_once(sshd, known_hosts, src, dest))
+        seconds, sent_first, sent_again = trio.run(ours_once, sshd, known_hosts, src, digest, root, f"run{i}")
+        ours_s.append(seconds)
+        dest.unlink()
+        subprocess.run(["chmod", "-R", "u+w", str(root)], check=True)  # published objects are read-only
+        shutil.rmtree(root)
+    return rsync_s, ours_s, sent_first, sent_again
+
+
+def report(mib: int, rsync_s: list[float], ours_s: list[float], sent_first: int, sent_again: int) -> None:
     a = mib / statistics.median(rsync_s)
     b = mib / statistics.median(ours_s)
     print(f"{'upload of ' + str(mib) + ' MiB':40} {'median s':>9} {'MiB/s':>8}   runs (s)")
@@ -118,6 +116,18 @@ def main() -> None:
     print(f"a second publish of the same input sent {sent_again} bytes (target 0)")
     print(json.dumps({"rsync_mib_s": round(a, 1), "ours_mib_s": round(b, 1), "ratio": round(b / a, 2),
                       "second_upload_bytes": sent_again}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=3, help="median of this many runs each")
+    args = parser.parse_args()
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    with tempfile.TemporaryDirectory(prefix="actor-run-bench-") as tmp, Sshd(Path(tmp) / "sshd") as sshd:
+        figures = measure(sshd, Path(tmp), args.mib, args.runs)
+    report(args.mib, *figures)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,15 @@ class Uploaded(Event, frozen=True, kw_only=True):
     seconds: float = 0.0
     code: str | None = None  # the code snapshot's hash
     inputs: list[InputRef] = msgspec.field(default_factory=list)
+    resume: InputRef | None = None  # an earlier attempt's checkpoint, published like an input
+
+
+class CheckpointSaved(Event, frozen=True, kw_only=True):
+    """A checkpoint the job named in its progress is safe on this computer for the next attempt."""
+
+    path: str
+    line: dict[str, Any] = msgspec.field(default_factory=dict)
+    bytes_received: int = 0
 
 
 class TransferFailed(Event, frozen=True, kw_only=True):
@@ -189,6 +198,21 @@ class Acquire(Message, frozen=True, kw_only=True):
 
 class Upload(Message, frozen=True, kw_only=True):
     machine: str
+    resume_dir: str | None = None  # a checkpoint folder to publish as the next attempt's in/resume
+
+
+class Adopt(Message, frozen=True, kw_only=True):
+    """Take over a machine an earlier controller leased (resume): no create, the same deletion."""
+
+    machine: Machine
+
+
+class FetchCheckpoint(Message, frozen=True, kw_only=True):
+    machine: str
+    work: str
+    path: str  # under out/, as the job's progress line named it
+    line: dict[str, Any]
+    into: str  # the seed's checkpoint folder on this computer
 
 
 class Fetch(Message, frozen=True, kw_only=True):
@@ -206,6 +230,7 @@ class Watch(Message, frozen=True, kw_only=True):
     work: str
     pid: int
     launched_at: float  # stall windows are measured from here, even after a reattach
+    reattached: bool = False  # what the first poll reads was written before: it is not fresh life
 
 
 class StartMeter(Message, frozen=True, kw_only=True):
@@ -231,7 +256,7 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | TransferFailed | JobStarted | Progress | Exited
+    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted | Progress | Exited
     | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Log
 )
 

@@ -26,7 +26,8 @@ import msgspec
 import outcome
 import pykka
 
-from actors import Actor, AttemptActor, Context
+from actors import Actor, AttemptActor, Context, Reattach
+from protocols.hosts.workspace import RESUME_LINE
 from protocols.failures import Code
 from protocols.messages import (
     AttemptEnded, Cancel, ChildFailed, JobEnded, Message, Metered, Offer, Retrying,
@@ -48,9 +49,13 @@ class _Launch(Message, frozen=True, kw_only=True):
 
 class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
-                 first_attempt: int = 0, rng_seed: int | None = None) -> None:
+                 first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
+                 reattach_offer: Offer | None = None) -> None:
         super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
         self.ledger = ledger
+        self.first_attempt = first_attempt
+        self.reattach = reattach
+        self.reattach_offer = reattach_offer
         self.job = job
         self.head = {"job": job.name, "seed": job.seed}
         self.seed_dir = ctx.out_root / job.name / f"seed-{job.seed}"
@@ -69,6 +74,18 @@ class JobSupervisor(Actor):
 
     def on_start(self) -> None:
         self.seed_dir.mkdir(parents=True, exist_ok=True)
+        if self.reattach is not None:
+            offer = self.reattach_offer or Offer(cloud=self.reattach.machine.cloud, region=self.reattach.machine.region,
+                                                 gpu=self.reattach.machine.gpu,
+                                                 hourly_usd=self.reattach.machine.hourly_usd)
+            self.offer = offer
+            self.walk.set_offers(offer.candidate, [offer])
+            self.walk.index = offer.candidate
+            self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no,
+                                            offer=offer, setup_grace_s=self._grace(offer), seed_dir=self.seed_dir,
+                                            reattach=self.reattach)
+            self.reattach = None
+            return
         self._next()
 
     # --- choosing a place ----------------------------------------------------------------------
@@ -102,11 +119,15 @@ class JobSupervisor(Actor):
             self.walk.set_offers(candidate, result.value)
         self._next()
 
-    def _launch(self, offer: Offer) -> None:
+    def _grace(self, offer: Offer) -> float:
         p = self.job.policy
-        grace = p.setup_grace_s * (p.last_grace_factor if self.walk.is_last(offer) else 1.0)
+        return p.setup_grace_s * (p.last_grace_factor if self.walk.is_last(offer) else 1.0)
+
+    def _launch(self, offer: Offer) -> None:
+        checkpoint = self.seed_dir / ".checkpoint"
+        resume = checkpoint if self.attempt_no > 0 and (checkpoint / RESUME_LINE).is_file() else None
         self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
-                                        setup_grace_s=grace, seed_dir=self.seed_dir)
+                                        setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -213,6 +234,7 @@ class JobSupervisor(Actor):
                 if (last / extra).is_file():
                     shutil.copyfile(last / extra, self.seed_dir / extra)
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(self.seed_dir / ".checkpoint", ignore_errors=True)
         return self.seed_dir
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from protocols.messages import Event, Machine, encode
+from protocols.messages import Event, Machine, Offer, encode
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS owners (
@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE TABLE IF NOT EXISTS machines (
   name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, deadline REAL,
   state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL, created REAL, gone REAL,
-  reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0);
+  reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0,
+  machine TEXT, offer TEXT);
 CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
 CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
 CREATE TABLE IF NOT EXISTS events (
@@ -174,16 +175,37 @@ class Ledger:
 
     # --- machines (the LedgerPort the lease uses) ------------------------------------------------
 
-    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float) -> None:
-        row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time())
+    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
+                      offer: Offer | None = None) -> None:
+        offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
+        row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
         self._submit(lambda c: c.execute(
-            "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?)", row), wait=True)
+            "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
+            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), wait=True)
 
     def record_launched(self, machine: Machine) -> None:
-        row = (machine.id, machine.region, machine.hourly_usd, machine.name)
+        row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
         self._submit(lambda c: c.execute(
-            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=? WHERE name=?", row))
+            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row))
+
+    def claim_job(self, key: str, from_owner: str) -> bool:
+        """Take a dead owner's unfinished job (compare-and-set: one resumer wins)."""
+        won: list[bool] = []
+        owner, now = self.owner, time.time()
+
+        def op(c: sqlite3.Connection) -> None:
+            cur = c.execute("UPDATE jobs SET owner=?, updated=? WHERE key=? AND owner=? AND state='running'",
+                            (owner, now, key, from_owner))
+            won.append(cur.rowcount == 1)
+
+        self._submit(op, wait=True)
+        return bool(won and won[0])
+
+    def adopt_machine(self, name: str) -> None:
+        """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
+        row = (self.owner, name)
+        self._submit(lambda c: c.execute("UPDATE machines SET owner=?, resumable=1 WHERE name=? AND state='alive'",
+                                         row), wait=True)
 
     def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None:
         row = (work, pid, launched_at, name)
@@ -193,7 +215,8 @@ class Ledger:
     def record_gone(self, name: str, at: float, reason: str) -> None:
         row = (at, reason, name)
         self._submit(lambda c: c.execute(
-            "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL WHERE name=?", row),
+            "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL, resumable=0"
+            " WHERE name=?", row),
             wait=True)
 
     def record_delete_failed(self, name: str, detail: str) -> None:
@@ -256,6 +279,8 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     pid: int | None
     launched_at: float | None
     resumable: int
+    machine: str | None = None
+    offer: str | None = None
 
 
 class LedgerReader:

@@ -26,10 +26,10 @@ import platformdirs
 import pykka
 from loguru import logger
 
-from actors import Context, Reactor
+from actors import Context, Reactor, Reattach
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
-from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered
+from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer
 from protocols.specs import Job, check_candidates, check_job, check_policy
 from supervisors.job import JobSupervisor
 from supervisors.ledger import Ledger, LedgerReader
@@ -48,6 +48,9 @@ def default_ledger_path() -> Path:
 
 class _Submit(Message, frozen=True, kw_only=True):
     job: Job
+    first_attempt: int = 0
+    reattach: Reattach | None = None
+    offer: Offer | None = None
 
 
 class _CancelJob(Message, frozen=True, kw_only=True):
@@ -72,7 +75,7 @@ class BatchSupervisor(pykka.ThreadingActor):
         self.ctx, self.ledger = ctx, ledger
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
-        self.pending: list[Job] = []
+        self.pending: list[_Submit] = []
         self.running: dict[str, pykka.ActorRef[Any]] = {}
         self.order: list[str] = []
         self.live_usd: dict[str, float] = {}
@@ -81,11 +84,11 @@ class BatchSupervisor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case _Submit(job=job):
+            case _Submit(job=job) as submit:
                 if self.stopped is not None:
                     self._end_unstarted(job, self.stopped)
                 else:
-                    self.pending.append(job)
+                    self.pending.append(submit)
                     self._fill()
             case JobEnded() as e:
                 key = f"{e.job}/seed-{e.seed}"
@@ -111,9 +114,11 @@ class BatchSupervisor(pykka.ThreadingActor):
 
     def _fill(self) -> None:
         while self.pending and len(self.running) < self.concurrency and self.stopped is None:
-            job = self.pending.pop(0)
-            self.running[job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=job, ledger=self.ledger)
-            self.order.append(job.key)
+            s = self.pending.pop(0)
+            self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
+                                                          first_attempt=s.first_attempt, reattach=s.reattach,
+                                                          reattach_offer=s.offer)
+            self.order.append(s.job.key)
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
         e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
@@ -122,10 +127,10 @@ class BatchSupervisor(pykka.ThreadingActor):
         self.on_end(e)
 
     def _cancel_one(self, key: str, c: Cancel) -> None:
-        for job in list(self.pending):
-            if job.key == key:
-                self.pending.remove(job)
-                self._end_unstarted(job, c)
+        for s in list(self.pending):
+            if s.job.key == key:
+                self.pending.remove(s)
+                self._end_unstarted(s.job, c)
         ref = self.running.get(key)
         if ref is not None:
             ref.tell(c)
@@ -133,8 +138,8 @@ class BatchSupervisor(pykka.ThreadingActor):
     def _cancel_all(self, c: Cancel) -> None:
         if self.stopped is None:
             self.stopped = c
-        for job in self.pending:
-            self._end_unstarted(job, c)
+        for s in self.pending:
+            self._end_unstarted(s.job, c)
         self.pending.clear()
         for ref in self.running.values():
             try:
@@ -166,6 +171,7 @@ class JobHandle:
     def __init__(self, runner: Runner, job: Job) -> None:
         self.job = job
         self.key = job.key
+        self.reattached = False
         self._runner = runner
         self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
 
@@ -332,6 +338,34 @@ class Runner:
         h = self.handles.get(key)
         if h is not None and not h.done():
             h._future.set_result(e)
+
+    def resume(self) -> list[JobHandle]:
+        """Take over the unfinished jobs of dead controllers (resume.py), then sweep what is left."""
+        from supervisors.resume import plan_resume
+
+        reader = LedgerReader(self.ledger_path)
+        try:
+            items = plan_resume(reader, me=self.owner)
+        finally:
+            reader.close()
+        handles = []
+        for item in items:
+            job = item.job
+            if not self.ledger.claim_job(job.key, item.from_owner):
+                continue  # another resumer took it
+            if item.reattach is not None:
+                self.ledger.adopt_machine(item.reattach.machine.name)
+            for c in job.candidates:
+                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+            handle = JobHandle(self, job)
+            handle.reattached = item.reattach is not None
+            self.handles[job.key] = handle
+            handles.append(handle)
+        self.swept = self.sweep()
+        for item, handle in zip([i for i in items if i.job.key in {h.key for h in handles}], handles, strict=True):
+            self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
+                                     offer=item.offer))
+        return handles
 
     # --- sweeping ------------------------------------------------------------------------------------
 

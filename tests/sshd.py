@@ -12,6 +12,7 @@ Importable from any test or bench (no pytest here); the fixture lives beside the
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -126,7 +127,8 @@ class Sshd:
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"sshd did not listen on {self.port}: {self.log.read_text()[-2000:]}") from None
+                    log = self.log.read_text()[-2000:]
+                    raise RuntimeError(f"sshd did not listen on {self.port}: {log}") from None
                 time.sleep(0.02)
 
     def kill_sessions(self) -> int:
@@ -138,10 +140,8 @@ class Sshd:
         except psutil.NoSuchProcess:
             return 0
         for child in children:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-            except psutil.NoSuchProcess:
-                pass
         _wait_dead(children)
         return len(children)
 
@@ -154,15 +154,11 @@ class Sshd:
             family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             family = []
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         for p in family:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         proc.wait(timeout=10)
         _wait_dead([p for p in family if p.pid != proc.pid])
 

@@ -24,7 +24,15 @@ import msgspec
 import trio
 from loguru import logger
 
-from protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused, Refused, SpecError, Unreachable
+from protocols.failures import (
+    Code,
+    DeleteUnconfirmed,
+    LaunchAmbiguous,
+    LaunchRefused,
+    Refused,
+    SpecError,
+    Unreachable,
+)
 from protocols.hosts import scripts
 from protocols.hosts.ssh import SSHHost
 from protocols.hosts.workspace import ShellWorkspace, Workspace
@@ -83,7 +91,9 @@ def _list_slots(root: str) -> str:
     """The root (absolute) on the first line, then `<slot> <machine name>` per taken slot."""
     return (
         f"set -- {q(root)}\n" + _FIND_ROOT + 'cd "$r" && pwd -P || exit 0\n'
-        'for s in slots/[0-9]*; do [ -f "$s/machine" ] && printf \'%s %s\\n\' "${s##*/}" "$(cat "$s/machine")"; done\n'
+        'for s in slots/[0-9]*; do\n'
+        '  [ -f "$s/machine" ] && printf \'%s %s\\n\' "${s##*/}" "$(cat "$s/machine")"\n'
+        "done\n"
         "exit 0\n"
     )
 
@@ -139,9 +149,8 @@ class SSHCloud:
 
     def __init__(self, settings: SSHSettings, state_dir: Path, *, loop: Any = None) -> None:
         self.settings = settings
-        self.known_hosts = (
-            Path(settings.known_hosts).expanduser() if settings.known_hosts else Path(state_dir) / "ssh" / "known_hosts"
-        )
+        default = Path(state_dir) / "ssh" / "known_hosts"
+        self.known_hosts = Path(settings.known_hosts).expanduser() if settings.known_hosts else default
         self._loop = loop  # the trio-asyncio loop, for calls whose context does not carry it
         self._control: dict[str, SSHHost] = {}  # per configured host: launch, delete, list
         self._machines: dict[str, SSHHost] = {}  # per machine: its workspace's connection
@@ -174,9 +183,8 @@ class SSHCloud:
         for h in names:
             if h not in self.settings.hosts:
                 raise SpecError(f"candidates[{index}].hosts", f"unknown host '{h}'")
-        return [
-            Offer(cloud=self.name, host=h, region=h, gpu=candidate.gpu, hourly_usd=0.0, candidate=index) for h in names
-        ]
+        return [Offer(cloud=self.name, host=h, region=h, gpu=candidate.gpu, hourly_usd=0.0, candidate=index)
+                for h in names]
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
         host = offer.host or offer.region
@@ -207,7 +215,8 @@ class SSHCloud:
         host = machine.id.split("/", 1)[0] or machine.region
         if machine.name not in self._machines:
             self._machines[machine.name] = self._new_host(host, f"{host}:{machine.name}")
-        ws = SSHWorkspace(self._machines[machine.name], machine.root or self._settings(host).root, machine.name)
+        root = machine.root or self._settings(host).root
+        ws = SSHWorkspace(self._machines[machine.name], root, machine.name)
         await ws.prepare()
         return ws
 
@@ -221,7 +230,8 @@ class SSHCloud:
             try:
                 await self._delete_on(host, name)
             except Unreachable as exc:
-                raise DeleteUnconfirmed(f"ssh: {host} unreachable, {name} may still hold a slot there: {exc}") from exc
+                detail = f"ssh: {host} unreachable: {name} may hold a slot there ({exc})"
+                raise DeleteUnconfirmed(detail) from exc
             except Refused as exc:
                 raise DeleteUnconfirmed(f"ssh: {host} refused: {exc}") from exc
 
@@ -231,7 +241,8 @@ class SSHCloud:
         if res.exit_code == scripts.EXIT_GUARD:
             raise Refused(Code.GUARD, res.error_text())
         if res.exit_code != 0:
-            raise Unreachable(f"{host}: listing the attempts of {name} exited {res.exit_code}: {res.error_text()}")
+            raise Unreachable(f"{host}: listing the attempts of {name} exited {res.exit_code}: "
+                              f"{res.error_text()}")
         lines = res.text().splitlines()
         if not lines:
             return  # no root there: nothing of ours either

@@ -229,7 +229,7 @@ class VirtualWorkspace:
         if job is not None:
             job.end(143)
 
-    async def fetch(self, work: str, local_dir: Path) -> int:
+    async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int:
         await self._guard()
         job = self._machine.jobs.get(work)
         if job is None:

@@ -135,7 +135,7 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
 
 def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> str:
     """Write the heartbeat, then say: `running`, `exited <code>` or `lost`; the sizes of the
-    progress file and log; then the new bytes of each."""
+    progress file and log and their modification times; then the new bytes of each."""
     return (
         f"w={q(work)}\n"
         f'[ -d "$w" ] || {{ echo gone; echo 0 0; exit 0; }}\n'
@@ -145,7 +145,8 @@ def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> st
         "else echo lost; fi\n"
         'p=$(wc -c < "$w/progress.jsonl" 2>/dev/null || echo 0); l=$(wc -c < "$w/log.txt" 2>/dev/null || echo 0)\n'
         f"[ $l -gt $(({log_at} + {max_log})) ] && l=$(({log_at} + {max_log}))\n"
-        "echo $p $l\n"
+        'pm=$(date -r "$w/progress.jsonl" +%s 2>/dev/null || echo 0); lm=$(date -r "$w/log.txt" +%s 2>/dev/null || echo 0)\n'
+        "echo $p $l $pm $lm\n"
         f'tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at}))\n'
         f'tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at}))\n'
     )
@@ -170,15 +171,23 @@ def stop(work: str) -> str:
     )
 
 
-def fetchable(work: str) -> str:
-    """Which of out/ and response.json exist, are what they claim and are not links."""
-    return (
-        f"cd {q(work)} 2>/dev/null || exit 0\n"
-        "[ -d out ] && [ ! -L out ] && echo out\n"
-        "[ -f response.json ] && [ ! -L response.json ] && echo response.json\n"
-        "[ -f progress.jsonl ] && [ ! -L progress.jsonl ] && echo progress.jsonl\n"
-        "exit 0\n"
+def fetchable(work: str, names: list[str] | None = None) -> str:
+    """Which of out/, response.json and progress.jsonl (or of `names`, paths under out/) exist and
+    are not links, nor under one."""
+    if names is None:
+        return (
+            f"cd {q(work)} 2>/dev/null || exit 0\n"
+            "[ -d out ] && [ ! -L out ] && echo out\n"
+            "[ -f response.json ] && [ ! -L response.json ] && echo response.json\n"
+            "[ -f progress.jsonl ] && [ ! -L progress.jsonl ] && echo progress.jsonl\n"
+            "exit 0\n"
+        )
+    checks = "".join(
+        f"p={q(n)}; ok=1; d=$p; while [ -n \"$d\" ] && [ \"$d\" != . ]; do [ -L \"$d\" ] && ok=0; "
+        f"case $d in */*) d=${{d%/*}};; *) d=;; esac; done; [ $ok = 1 ] && [ -e \"$p\" ] && echo \"$p\"\n"
+        for n in names if n.startswith("out/") and ".." not in n.split("/")
     )
+    return f"cd {q(work)} 2>/dev/null || exit 0\n[ -L out ] && exit 0\n{checks}exit 0\n"
 
 
 def remove(work: str) -> str:

@@ -29,7 +29,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,7 +117,8 @@ class _PinningClient(asyncssh.SSHClient):
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         if self.keys.pin(self.address, self.port, key):
-            logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port, key.get_fingerprint())
+            logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port,
+                        key.get_fingerprint())
             return True
         self.changed_to = key.get_fingerprint()
         return False
@@ -176,11 +177,8 @@ class _ChannelStreams:
             await self._proc.wait_closed()
 
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(2) as scope:
-                try:
-                    await self._host._call(close)
-                except Unreachable:
-                    pass  # the connection is gone with it
+            with trio.move_on_after(2) as scope, suppress(Unreachable):  # gone with its connection
+                await self._host._call(close)
             if scope.cancelled_caught:  # the channel does not answer: neither will the connection
                 await self._host._forget()
 
@@ -259,7 +257,9 @@ class SSHHost:
                         self.address, self.port, **options
                     )
             except trio.TooSlowError as exc:
-                raise Unreachable(f"{self.name}: no SSH session with {where} within {self.connect_timeout_s:.0f} s") from exc
+                raise Unreachable(
+                    f"{self.name}: no SSH session with {where} within {self.connect_timeout_s:.0f} s"
+                ) from exc
             except asyncssh.HostKeyNotVerifiable as exc:
                 if client.changed_to:
                     raise Refused(
@@ -291,7 +291,9 @@ class SSHHost:
                 yield
         except trio.TooSlowError as exc:
             await self._forget()
-            raise Unreachable(f"{self.name}: no {what} channel within {self.connect_timeout_s + 5:.0f} s") from exc
+            raise Unreachable(
+                f"{self.name}: no {what} channel within {self.connect_timeout_s + 5:.0f} s"
+            ) from exc
 
     async def _open_process(self, what: str, command: str, **kwargs: Any) -> asyncssh.SSHClientProcess[bytes]:
         async with self._opening(what):
@@ -302,7 +304,9 @@ class SSHHost:
         return proc
 
     @asynccontextmanager
-    async def _process(self, what: str, command: str, **kwargs: Any) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
+    async def _process(
+        self, what: str, command: str, **kwargs: Any,
+    ) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
         """An exec channel running `command` (bytes in and out), closed on the way out."""
         proc = await self._open_process(what, command, **kwargs)
         try:
@@ -312,11 +316,8 @@ class SSHHost:
                 proc.close()
                 await proc.wait_closed()
 
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await self._call(close)
-                except Unreachable:
-                    pass  # gone with its connection
+            with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(Unreachable):  # gone with it
+                await self._call(close)
 
     async def _open_shell(self, mark: str) -> _ChannelStreams:
         command = shlex.join(["sh", "-c", LOOP, "actor-run-sh", mark])
@@ -324,7 +325,7 @@ class SSHHost:
 
     # --- the Host protocol ------------------------------------------------------------------------
 
-    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:  # noqa: ASYNC109 - the Host protocol
         try:
             return await self._channel.run(script, stdin=stdin, timeout=timeout)
         except _NotSent:  # the connection broke while idle: the command goes on a new one
@@ -333,28 +334,31 @@ class SSHHost:
     async def put(self, local: Path, remote: str) -> int:
         """A file goes as its bytes, anything else as a tar stream (links kept as links). A big one
         goes through the OpenSSH client when there is one: C moves bytes faster than asyncssh."""
-        mode = local.lstat().st_mode
+        mode = (await trio.Path(local).lstat()).st_mode
         r, parent = shlex.quote(remote), shlex.quote(remote.rsplit("/", 1)[0] or "/")
         # umask: the root is private and so is everything under it; tar as root keeps modes, not owners
         script = (
             f"umask 077; mkdir -p {parent} || exit 1\n"
-            f"if [ -e {r} ] || [ -L {r} ]; then echo {shlex.quote(remote + ' already exists')} >&2; exit 1; fi\n"
+            f"if [ -e {r} ] || [ -L {r} ]; then\n"
+            f"  echo {shlex.quote(remote + ' already exists')} >&2; exit 1\nfi\n"
         )
         untar = "tar -xf - --no-same-owner -C"
         tar: list[str] | None = None  # the local tar that makes the stream, None for a file's bytes
+        size: int
         if stat.S_ISREG(mode):
             script += f"cat > {r}" + (f" && chmod u+x {r}\n" if mode & stat.S_IXUSR else "\n")
-            size = local.stat().st_size
+            size = (await trio.Path(local).stat()).st_size
         elif stat.S_ISDIR(mode):
             script += f"mkdir {r} && {untar} {r}\n"
-            tar, size = ["-C", str(local), "."], tree_size(local)
+            tar, size = ["-C", str(local), "."], await trio.to_thread.run_sync(tree_size, local)
         elif local.name == remote.rsplit("/", 1)[-1]:
             script += f"{untar} {parent}\n"
             tar, size = ["-C", str(local.parent), local.name], 0
         else:
             raise ValueError(f"a link is sent under its own name, not as {remote}")
         await self._connection()  # pins the host key before the OpenSSH client is asked to hold to it
-        if self.ssh_client and size >= self.bulk_bytes and await self._send_by_ssh_client(script, remote, local, tar):
+        bulk = self.ssh_client and size >= self.bulk_bytes
+        if bulk and await self._send_by_ssh_client(script, remote, local, tar):
             return size
         chunks = _file_chunks(local) if tar is None else _tar_chunks(tar)
         await self._send(script, chunks)
@@ -370,7 +374,7 @@ class SSHHost:
                 if not proc.stdin.is_closing():
                     proc.stdin.write_eof()
                 done = await proc.wait()  # reads what is left of stderr
-                return done.exit_status, done.stderr or b""
+                return done.exit_status, done.stderr if isinstance(done.stderr, bytes) else b""
 
             try:
                 async with aclosing(chunks) as it:
@@ -378,11 +382,8 @@ class SSHHost:
                         await self._call(send, chunk)
             except Unreachable as exc:
                 why = b""
-                with trio.move_on_after(5):  # the remote side may say why it stopped reading
-                    try:
-                        why = (await self._call(finish))[1]
-                    except Unreachable:
-                        pass
+                with trio.move_on_after(5), suppress(Unreachable):  # the remote side may say why it stopped
+                    why = (await self._call(finish))[1]
                 if why:
                     raise Unreachable(f"{self.name}: upload stopped: {_tail(why)}") from exc
                 raise
@@ -392,14 +393,16 @@ class SSHHost:
 
     def ssh_client_args(self) -> list[str]:
         """The OpenSSH client's options and destination, held to the same trust as our connection."""
-        algs = sorted({a.decode() for k in self.keys.trusted(self.address, self.port) for a in k.sig_algorithms})
+        pinned = self.keys.trusted(self.address, self.port)
+        algs = sorted({a.decode() for k in pinned for a in k.sig_algorithms})
         args = [
             self.ssh_client or "ssh", "-T", "-p", str(self.port),
             "-o", f"UserKnownHostsFile={self.keys.path}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no",
             "-o", "BatchMode=yes", "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
             "-o", "ClearAllForwardings=yes", "-o", "ControlPath=none", "-o", "PermitLocalCommand=no",
-            "-o", f"ConnectTimeout={max(1, int(self.connect_timeout_s))}", "-o", f"Ciphers={','.join(CIPHERS)}",
+            "-o", f"ConnectTimeout={max(1, int(self.connect_timeout_s))}",
+            "-o", f"Ciphers={','.join(CIPHERS)}",
             "-o", f"ServerAliveInterval={int(KEEPALIVE_S)}", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}",
             "-o", "LogLevel=ERROR",
         ]
@@ -411,15 +414,18 @@ class SSHHost:
             args += ["-l", self.user]
         return [*args, self.address]
 
-    async def _send_by_ssh_client(self, script: str, remote: str, local: Path, tar: list[str] | None) -> bool:
+    async def _send_by_ssh_client(
+        self, script: str, remote: str, local: Path, tar: list[str] | None,
+    ) -> bool:
         """Stream through `ssh`; False (and nothing left behind) if ssh itself failed."""
         command = [*self.ssh_client_args(), shlex.join(["sh", "-c", script])]
         with tempfile.TemporaryFile() as err:
             if tar is None:
-                with open(local, "rb") as source:
-                    done = await trio.run_process(command, stdin=source, stdout=subprocess.DEVNULL, stderr=err,
-                                                  check=False)
-                code = done.returncode
+                with open(local, "rb") as source:  # noqa: ASYNC230 - ssh reads it, not us
+                    done = await trio.run_process(
+                        command, stdin=source, stdout=subprocess.DEVNULL, stderr=err, check=False,
+                    )
+                code = int(done.returncode)
             else:
                 code = await _piped([_tar_args(tar), command], err)
             err.seek(0)
@@ -436,19 +442,21 @@ class SSHHost:
 
     async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
         command = shlex.join(["tar", "-cf", "-", "-C", remote_dir, *names])
+        received = 0
         async with self._process("download", command, stdin=asyncssh.DEVNULL, stderr=asyncssh.PIPE) as proc:
-            with open(local_tar, "wb") as f:
+            async with await trio.open_file(local_tar, "wb") as f:
                 while chunk := await self._call(proc.stdout.read, RECEIVE):
-                    await trio.to_thread.run_sync(f.write, chunk)
+                    await f.write(chunk)
+                    received += len(chunk)
 
             async def finish() -> tuple[int | None, bytes]:
                 done = await proc.wait()  # reads what is left of stderr
-                return done.exit_status, done.stderr or b""
+                return done.exit_status, done.stderr if isinstance(done.stderr, bytes) else b""
 
             status, err = await self._call(finish)
         if status != 0:
             raise Unreachable(f"{self.name}: tar of {names} in {remote_dir} exited {status}: {_tail(err)}")
-        return os.path.getsize(local_tar)
+        return received
 
     async def aclose(self) -> None:
         await self._channel.aclose()
@@ -456,16 +464,13 @@ class SSHHost:
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    try:
-                        await self._aio(conn.wait_closed)()
-                    except _LOST:
-                        pass  # closing a broken connection
+                with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(*_LOST):
+                    await self._aio(conn.wait_closed)()  # a broken one says so here
 
 
 async def _file_chunks(path: Path) -> AsyncGenerator[bytes, None]:
-    with open(path, "rb") as f:
-        while chunk := await trio.to_thread.run_sync(f.read, CHUNK):
+    async with await trio.open_file(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
             yield chunk
 
 
@@ -483,7 +488,9 @@ _TAR_ENV = {**os.environ, "COPYFILE_DISABLE": "1"}  # macOS: no ._ files for ext
 async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
     """The bytes of a local `tar` as it makes them."""
     with tempfile.TemporaryFile() as err:
-        proc = await trio.lowlevel.open_process(_tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_TAR_ENV)
+        proc = await trio.lowlevel.open_process(
+            _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_TAR_ENV,
+        )
         assert proc.stdout is not None
         try:
             while chunk := await proc.stdout.receive_some(CHUNK):
@@ -506,7 +513,9 @@ async def _piped(commands: list[list[str]], err: Any) -> int:
     procs: list[trio.Process] = []
     try:
         try:
-            procs.append(await trio.lowlevel.open_process(commands[0], stdout=write_end, stderr=err, env=_TAR_ENV))
+            procs.append(await trio.lowlevel.open_process(
+                commands[0], stdout=write_end, stderr=err, env=_TAR_ENV,
+            ))
             procs.append(await trio.lowlevel.open_process(
                 commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,
             ))
@@ -523,4 +532,4 @@ async def _piped(commands: list[list[str]], err: Any) -> int:
                     await proc.wait()
     if procs[0].returncode != 0:
         raise Unreachable(f"local {' '.join(commands[0])} exited {procs[0].returncode}")
-    return procs[1].returncode
+    return int(procs[1].returncode)

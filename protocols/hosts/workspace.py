@@ -27,6 +27,7 @@ from protocols.hosts.base import Host
 from protocols.messages import InputRef
 
 KEEP_S = 24 * 3600
+RESUME_LINE = "progress.json"  # in a checkpoint folder: the progress line that named it
 MAX_LOG_PER_POLL = 1 << 20
 
 
@@ -40,6 +41,7 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str]
     lost_after_s: float
     request: bytes = b"{}"
+    resume: InputRef | None = None  # a checkpoint from an earlier attempt: linked as in/resume
 
 
 class PollResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +51,8 @@ class PollResult(msgspec.Struct, frozen=True, kw_only=True):
     log: bytes
     progress_size: int
     log_size: int
+    progress_mtime: float = 0.0  # unix times of the last write to each (0: unknown)
+    log_mtime: float = 0.0
 
 
 class Workspace(Protocol):
@@ -62,7 +66,7 @@ class Workspace(Protocol):
     async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult: ...
     async def beat(self, work: str) -> None: ...
     async def stop(self, work: str) -> None: ...
-    async def fetch(self, work: str, local_dir: Path) -> int: ...
+    async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int: ...
     async def remove(self, work: str) -> None: ...
     async def aclose(self) -> None: ...
 
@@ -141,6 +145,9 @@ class ShellWorkspace:
         cwd = f"{self.root}/code/{launch.code}" if launch.code else f"{launch.work}/out"
         env = {**launch.env, "ACTOR_RUN_IN": f"{launch.work}/in", "ACTOR_RUN_OUT": f"{launch.work}/out",
                "ACTOR_RUN_PROGRESS": f"{launch.work}/progress.jsonl"}
+        if launch.resume is not None:
+            links.append((f"{self.root}/objects/{launch.resume.sha256}/data", f"{launch.work}/in/resume"))
+            env["ACTOR_RUN_RESUME"] = f"{launch.work}/in/resume/{RESUME_LINE}"
         lost = int(launch.lost_after_s + min(60.0, launch.lost_after_s))  # after the controller gave up
         every = max(1, min(30, lost // 4))
         out = await self._sh(
@@ -159,11 +166,12 @@ class ShellWorkspace:
         words = first.decode().split()
         state = words[0] if words else "lost"
         code = int(words[1]) if state == "exited" and len(words) > 1 and words[1].lstrip("-").isdigit() else None
-        p_size, l_size = (int(x) for x in sizes.split()) if sizes.strip() else (0, 0)
+        nums = [int(x) for x in sizes.split()] + [0, 0, 0, 0]
+        p_size, l_size, p_mtime, l_mtime = nums[:4]
         n_progress = max(0, p_size - progress_at)
         return PollResult(
             state=state, exit_code=code, progress=body[:n_progress], log=body[n_progress:],
-            progress_size=p_size, log_size=l_size,
+            progress_size=p_size, log_size=l_size, progress_mtime=float(p_mtime), log_mtime=float(l_mtime),
         )
 
     async def beat(self, work: str) -> None:
@@ -172,8 +180,9 @@ class ShellWorkspace:
     async def stop(self, work: str) -> None:
         await self._sh(scripts.stop(work), timeout=30)
 
-    async def fetch(self, work: str, local_dir: Path) -> int:
-        names = (await self._sh(scripts.fetchable(work))).split()
+    async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int:
+        """out/ and response.json (or the given paths under the attempt's folder), never through a link."""
+        names = (await self._sh(scripts.fetchable(work, names))).split()
         if not names:
             return 0
         local_dir.mkdir(parents=True, exist_ok=True)

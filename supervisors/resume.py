@@ -1,0 +1,92 @@
+"""Resume: pick up the unfinished jobs of controllers that died.
+
+For each job the ledger holds as running whose owner is gone (claimed with a compare-and-set, so
+two resumers never both take it):
+- its latest machine whose job was started and is still alive in the ledger is adopted and
+  reattached: the heartbeat is taken over with the stall clock anchored at the job's launch; a job
+  that finished meanwhile has its results fetched, not run again; a job the host's watchdog ended
+  (its folder gone) is retried on a fresh machine;
+- every other machine of the dead owner is left to the sweep that follows, which deletes it;
+- a job that never started is started.
+Every job then ends exactly once, through the same JobSupervisor as a fresh run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import signal
+import sys
+
+import msgspec
+
+from actors import Reattach
+from protocols.failures import SpecError
+from protocols.messages import Event, Machine, Offer
+from protocols.specs import Job
+from supervisors.ledger import LedgerReader, MachineRow
+
+
+class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
+    job: Job
+    from_owner: str
+    first_attempt: int
+    reattach: Reattach | None = None
+    offer: Offer | None = None
+
+
+def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
+    running = [r for r in rows if r.state == "alive" and r.phase == "running" and r.machine and r.work and r.pid]
+    return max(running, key=lambda r: r.attempt) if running else None
+
+
+def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
+    live = reader.live_owners() | {me}
+    machines = reader.machines()
+    items = []
+    for row in reader.jobs():
+        if row["state"] != "running" or row["owner"] in live:
+            continue
+        job = msgspec.json.decode(row["spec"], type=Job)
+        mine = [m for m in machines if m.job == job.name and m.seed == job.seed]
+        first = max((m.attempt for m in mine), default=-1) + 1
+        best = _reattachable(mine)
+        reattach = offer = None
+        if best is not None and best.owner not in live:
+            assert best.machine is not None and best.work is not None and best.pid is not None
+            machine = msgspec.json.decode(best.machine, type=Machine)
+            reattach = Reattach(machine=machine, work=best.work, pid=best.pid,
+                                launched_at=best.launched_at or machine.created_at)
+            offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
+            first = best.attempt
+        items.append(ResumeItem(job=job, from_owner=row["owner"], first_attempt=first, reattach=reattach,
+                                offer=offer))
+    return items
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from supervisors.cli import Exit, _Interrupts, _watch
+    from supervisors.runner import Runner
+
+    events: queue.Queue[Event] = queue.Queue()
+    runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)
+    interrupts = _Interrupts(runner)
+    try:
+        with runner:
+            runner.subscribe(events.put)
+            signal.signal(signal.SIGINT, interrupts)
+            signal.signal(signal.SIGTERM, interrupts)
+            handles = runner.resume()
+            swept = [a for a in runner.swept if a.action in ("deleted", "failed", "closed")]
+            if not args.json:
+                for a in swept:
+                    print(f"swept {a.machine}: {a.action} ({a.reason})")
+                print(f"resuming {len(handles)} job(s): "
+                      + ", ".join(f"{h.key}{' (reattached)' if h.reattached else ''}" for h in handles))
+            ended = _watch(runner, [h.key for h in handles], events, json_mode=args.json) if handles else []
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+    if interrupts.count:
+        return Exit.INTERRUPTED
+    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
