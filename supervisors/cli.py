@@ -13,7 +13,6 @@ import enum
 import queue
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -102,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
                     budget_usd=batch.spec.policy.budget_usd)
     interrupts = _Interrupts(runner)
+    unconfirmed: list[Released] = []
     try:
         with runner:
             for job in jobs:
@@ -109,22 +109,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.subscribe(events.put)
             previous = signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
-            try:
-                ended = _watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json)
-            finally:
-                pass
+            ended = _watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
+                           unconfirmed=unconfirmed)
         signal.signal(signal.SIGINT, previous)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
     if interrupts.count:
         return Exit.INTERRUPTED
+    if unconfirmed:
+        return Exit.FAILED  # a machine may still be running (and billing): not a clean success
     return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
 
 
-def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_mode: bool) -> list[JobEnded]:
+def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_mode: bool,
+           unconfirmed: list[Released] | None = None) -> list[JobEnded]:
     ended: dict[str, JobEnded] = {}
-    unconfirmed: list[Released] = []
+    unconfirmed = [] if unconfirmed is None else unconfirmed
     with View(keys, json_mode=json_mode) as view:
         while len(ended) < len(keys):
             try:
@@ -217,5 +218,3 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     sys.exit(main())
 
-
-_ = threading

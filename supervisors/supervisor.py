@@ -95,12 +95,12 @@ class Supervisor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         for spec in self.specs:
-            self._start(spec)
+            self._start_child(spec)
 
-    def _start(self, spec: ChildSpec) -> None:
+    def _start_child(self, spec: ChildSpec) -> None:
         self.children[spec.name] = spec.start(self.actor_ref)
 
-    def _stop(self, spec: ChildSpec) -> None:
+    def _stop_child(self, spec: ChildSpec) -> None:
         ref = self.children.pop(spec.name, None)
         if ref is not None and ref.is_alive():
             try:
@@ -111,7 +111,7 @@ class Supervisor(pykka.ThreadingActor):
     def stop_children(self) -> None:
         """Stop every child, in reverse start order, each waited for."""
         for spec in reversed(self.specs):
-            self._stop(spec)
+            self._stop_child(spec)
 
     def on_stop(self) -> None:
         """Supervisor thread, after stop(): stop the children in reverse start order."""
@@ -159,6 +159,6 @@ class Supervisor(pykka.ThreadingActor):
         }[self.strategy]
         for s in reversed(affected):
             if s is not spec:
-                self._stop(s)
+                self._stop_child(s)
         for s in affected:
-            self._start(s)
+            self._start_child(s)

@@ -124,11 +124,12 @@ def _release(root: str, name: str) -> str:
 
 
 def _stop_watchdog(work: str) -> str:
-    """Kill the attempt's watchdog if that pid is still it (its command line names the folder)."""
+    """Kill the attempt's watchdog and its `sleep` (its own session: the group of its pid) if that
+    pid is still it (its command line names the folder)."""
     return (
         f"w={q(work)}; p=$(cat \"$w/watchdog.pid\" 2>/dev/null)\n"
         'case "$p" in ""|*[!0-9]*) ;; *) case "$(ps -ww -p "$p" -o command= 2>/dev/null)" in\n'
-        '  *"$w"*) kill -s KILL "$p" 2>/dev/null;; esac;; esac\n'
+        '  *"$w"*) kill -s KILL -- "-$p" 2>/dev/null || kill -s KILL "$p" 2>/dev/null;; esac;; esac\n'
     )
 
 

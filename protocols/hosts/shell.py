@@ -4,7 +4,7 @@ The controller writes a header line, `<number of script lines> <stdin, base64>`,
 lines. The remote loop runs the script with `eval` in a subshell (its own variables, `cd`, `set -e`
 and `exit`, as in a fresh `sh`, without a new process image), its stdin from a file (or
 /dev/null) and its output captured to files, then answers `<mark> <exit>`, the stdout in base64
-ending at a line `<mark>-o`, the stderr in base64 ending at a line `<mark>-e`. A command with no
+ending at `\n<mark>-o\n`, the stderr in base64 ending at `\n<mark>-e\n`. A command with no
 output costs one round trip and one fork; each non-empty stream adds one `base64` (DESIGN.md: an
 exec channel costs a new session, spawning `ssh` a new connection).
 """
@@ -47,10 +47,10 @@ _AR_EOF
   fi
   _ar_r=$?
   printf '%s %s\n' "$_ar_m" "$_ar_r"
-  if [ -s "$_ar_t/o" ]; then base64 < "$_ar_t/o"; echo; fi
-  printf '%s-o\n' "$_ar_m"
-  if [ -s "$_ar_t/e" ]; then base64 < "$_ar_t/e"; echo; fi
-  printf '%s-e\n' "$_ar_m"
+  if [ -s "$_ar_t/o" ]; then base64 < "$_ar_t/o"; fi
+  printf '\n%s-o\n' "$_ar_m"
+  if [ -s "$_ar_t/e" ]; then base64 < "$_ar_t/e"; fi
+  printf '\n%s-e\n' "$_ar_m"
 done
 """
 
@@ -66,7 +66,9 @@ def encode_command(script: str, stdin: bytes) -> bytes:
 
 
 class Streams(Protocol):
-    """A byte conversation with a running LOOP."""
+    """A byte conversation with a running LOOP. A stream may also offer `readuntil(separator)`
+    (as BufferedReceive does): the bytes before the separator, which is consumed; ShellChannel
+    then reads a long output in one call instead of a line at a time."""
 
     async def write(self, data: bytes) -> None: ...
     async def readline(self) -> bytes: ...
@@ -75,7 +77,7 @@ class Streams(Protocol):
 
 
 class BufferedReceive:
-    """readline/readexactly over a trio ReceiveStream."""
+    """readline/readexactly/readuntil over a trio ReceiveStream (or anything with `receive_some`)."""
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
@@ -99,6 +101,15 @@ class BufferedReceive:
             await self._more()
         data = bytes(self._buf[:n])
         del self._buf[:n]
+        return data
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        start = 0
+        while (i := self._buf.find(separator, start)) < 0:
+            start = max(0, len(self._buf) - len(separator) + 1)  # never scan the same bytes twice
+            await self._more()
+        data = bytes(self._buf[:i])
+        del self._buf[: i + len(separator)]
         return data
 
 
@@ -154,10 +165,14 @@ class ShellChannel:
 
     async def _read_base64(self, streams: Streams, end: bytes) -> bytes:
         end_line = self._mark.encode() + end + b"\n"
+        readuntil = getattr(streams, "readuntil", None)
+        if readuntil is not None:
+            data: bytes = await readuntil(b"\n" + end_line)
+            return base64.b64decode(data)  # newlines are skipped
         lines = []
         while (line := await streams.readline()) != end_line:
             lines.append(line)
-        return base64.b64decode(b"".join(lines))  # newlines are skipped
+        return base64.b64decode(b"".join(lines))
 
     async def _drop(self) -> None:
         streams, self._streams = self._streams, None

@@ -41,7 +41,7 @@ from loguru import logger
 from protocols.failures import Code, Refused, Unreachable
 from protocols.hosts.base import RunResult
 from protocols.hosts.content import tree_size
-from protocols.hosts.shell import LOOP, ShellChannel
+from protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
 
 T = TypeVar("T")
 
@@ -135,7 +135,11 @@ class _ChannelStreams:
     def __init__(self, host: SSHHost, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         self._host = host
         self._proc = proc
-        self._buf = bytearray()
+        self._reader = BufferedReceive(self)
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        chunk: bytes = await self._host._call(self._proc.stdout.read, max(max_bytes, RECEIVE))
+        return chunk
 
     async def write(self, data: bytes) -> None:
         async def send() -> None:
@@ -151,25 +155,14 @@ class _ChannelStreams:
                 raise _NotSent(str(exc)) from exc.__cause__
             raise
 
-    async def _more(self) -> None:
-        chunk = await self._host._call(self._proc.stdout.read, RECEIVE)
-        if not chunk:
-            raise Unreachable(f"{self._host.name}: the remote shell closed its output")
-        self._buf += chunk
-
     async def readline(self) -> bytes:
-        while (i := self._buf.find(b"\n")) < 0:
-            await self._more()
-        line = bytes(self._buf[: i + 1])
-        del self._buf[: i + 1]
-        return line
+        return await self._reader.readline()
 
     async def readexactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            await self._more()
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
+        return await self._reader.readexactly(n)
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        return await self._reader.readuntil(separator)
 
     async def aclose(self) -> None:
         async def close() -> None:

@@ -69,6 +69,15 @@ def host(sshd: Sshd, tmp_path: Path, **kwargs: Any) -> SSHHost:
     )
 
 
+def sessions_alive(sids: set[int]) -> list[psutil.Process]:
+    alive = []
+    for p in psutil.process_iter(["status"]):
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(p.pid) in sids:
+                alive.append(p)
+    return alive
+
+
 def incoming_left(root: Path) -> list[Path]:
     return [p for p in root.rglob(".incoming-*")]
 
@@ -444,8 +453,9 @@ def test_slots_are_claimed_listed_and_freed(sshd: Sshd, tmp_path: Path) -> None:
             # someone else's files on the same host
             (root / "work" / "not-ours").mkdir(parents=True)
 
+            watchdog = int((Path(work) / "watchdog.pid").read_text())
             await c.delete(first, m1.id)
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            assert sessions_alive({pid, watchdog}) == []  # the job, the watchdog and its `sleep`
             assert not (root / "work" / first).exists()
             assert (root / "work" / "not-ours").exists()
             assert (root / "objects" / file_sha256(data)).exists()

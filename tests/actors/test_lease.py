@@ -1,0 +1,227 @@
+"""The lease (actors/lease.py): whatever happens, its machine is deleted, and the ledger says so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pykka
+from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, machine_name
+
+from actors import Context, LeaseActor
+from protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
+from protocols.failures import Code
+from protocols.messages import Acquire, ChildFailed, Leased, LeaseFailed, LeaseRequested, Offer, Release, Released
+from supervisors.ledger import LedgerReader
+
+
+def start_lease(ctx: Context, probe: ProbeHandle, launch_timeout_s: float = 10.0) -> pykka.ActorRef[Any]:
+    return LeaseActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, launch_timeout_s=launch_timeout_s)
+
+
+def acquire(lease: pykka.ActorRef[Any], ctx: Context, offer: Offer) -> str:
+    name = machine_name(ctx)
+    lease.tell(Acquire(offer=offer, name=name, deadline=time.time() + 3600))
+    return name
+
+
+def local_machines(state_dir: Path) -> list[str]:
+    return sorted(p.name.removesuffix(".json") for p in (state_dir / "local").glob("*.json"))
+
+
+def sim_dir(ctx: Context) -> Path:
+    cloud = ctx.clouds["sim"]
+    assert isinstance(cloud, SimCloud)
+    return cloud.dir
+
+
+def test_release_deletes_the_machine_and_closes_the_ledger_row(
+    ctx: Context, probe: ProbeHandle, reader: LedgerReader, state_dir: Path, emitted: Mailbox,
+) -> None:
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, LOCAL)
+        leased = probe.wait_for(Leased)
+        assert leased.machine.name == name
+        assert local_machines(state_dir) == [name]
+        assert Path(leased.machine.root).is_dir()
+        assert name in ctx.workspaces
+        row = reader.machine(name)
+        assert row is not None and row.state == "alive"
+
+        lease.tell(Release())
+        released = probe.wait_for(Released)
+        assert (released.machine, released.confirmed) == (name, True)
+        assert local_machines(state_dir) == []
+        assert not Path(leased.machine.root).exists()
+        assert name not in ctx.workspaces
+        row = reader.machine(name)
+        assert row is not None
+        assert (row.state, row.phase, row.reason) == ("deleted", "deleted", "deleted")
+        assert emitted.wait_for(Released).confirmed
+        assert lease.actor_stopped.wait(10), "the lease did not stop after Release"
+    finally:
+        lease.stop()
+
+
+def test_stop_after_leased_deletes_the_machine(
+    ctx: Context, probe: ProbeHandle, reader: LedgerReader, state_dir: Path,
+) -> None:
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, LOCAL)
+        probe.wait_for(Leased)
+        assert local_machines(state_dir) == [name]
+    finally:
+        lease.stop()
+    # on_stop waited for the deletion: gone by the time stop() returned
+    assert local_machines(state_dir) == []
+    released = probe.wait_for(Released)
+    assert (released.machine, released.confirmed) == (name, True)
+    row = reader.machine(name)
+    assert row is not None and row.state == "deleted"
+
+
+def test_an_exception_in_the_lease_deletes_the_machine_and_tells_the_parent(
+    ctx: Context, probe: ProbeHandle, reader: LedgerReader, state_dir: Path,
+) -> None:
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, LOCAL)
+        probe.wait_for(Leased)
+        lease.tell("an unknown message")
+        failed = probe.wait_for(ChildFailed)
+        assert failed.child == "lease:t/1/a0"
+        assert "TypeError" in failed.detail
+        # the deletion came first: on_failure deletes, then tells the parent
+        assert local_machines(state_dir) == []
+        released = probe.wait_for(Released)
+        assert released.confirmed
+        assert probe.box.seen.index(released) < probe.box.seen.index(failed)
+        row = reader.machine(name)
+        assert row is not None and row.state == "deleted"
+        assert lease.actor_stopped.wait(10)
+    finally:
+        lease.stop()
+
+
+def test_a_clean_refusal_is_lease_failed_and_closes_the_ledger_row(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader,
+) -> None:
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.01, delete_latency_s=0.0, no_capacity_rate=1.0))
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, SIM)
+        failed = probe.wait_for(LeaseFailed)
+        assert failed.failure == Code.NO_CAPACITY
+        assert sim_machines(sim_dir(ctx)) == []
+        row = reader.machine(name)
+        assert row is not None
+        assert row.state == "deleted"
+        assert row.reason == "create refused: no_capacity"
+    finally:
+        lease.stop()
+    released = probe.wait_for(Released)
+    assert released.confirmed
+
+
+def test_an_ambiguous_create_is_reconciled_by_name_on_release(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader,
+) -> None:
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.01, delete_latency_s=0.0, ambiguous_rate=1.0))
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, SIM)
+        failed = probe.wait_for(LeaseFailed)
+        assert failed.failure == Code.AMBIGUOUS_CREATE
+        assert sim_machines(sim_dir(ctx)) == [name]  # the create did make a machine
+        row = reader.machine(name)
+        assert row is not None and row.state == "alive"  # still ours to delete
+
+        lease.tell(Release())
+        released = probe.wait_for(Released)
+        assert (released.machine, released.confirmed) == (name, True)
+        assert sim_machines(sim_dir(ctx)) == []
+        row = reader.machine(name)
+        assert row is not None and row.state == "deleted"
+    finally:
+        lease.stop()
+
+
+def test_the_intent_is_in_the_ledger_before_the_create_call(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader, emitted: Mailbox,
+) -> None:
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0))
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, SIM)
+        requested = emitted.wait_for(LeaseRequested)
+        assert requested.name == name
+        # the launch is in flight (0.5 s of latency): no machine yet, but the row is there
+        row = reader.machine(name)
+        assert sim_machines(sim_dir(ctx)) == []
+        assert row is not None
+        assert (row.state, row.phase, row.cloud, row.owner) == ("alive", "requested", "sim", ctx.owner)
+        assert row.deadline == requested.deadline
+
+        leased = probe.wait_for(Leased)
+        assert sim_machines(sim_dir(ctx)) == [name]
+        row = reader.machine(name)
+        assert row is not None and row.phase == "launched" and row.machine_id == leased.machine.id
+        lease.tell(Release())
+        assert probe.wait_for(Released).confirmed
+        assert sim_machines(sim_dir(ctx)) == []
+    finally:
+        lease.stop()
+
+
+def test_release_while_the_launch_is_in_flight_leaves_no_machine(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader, emitted: Mailbox,
+) -> None:
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0))
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, SIM)
+        emitted.wait_for(LeaseRequested)
+        lease.tell(Release())
+        released = probe.wait_for(Released)
+        assert (released.machine, released.confirmed) == (name, True)
+        assert lease.actor_stopped.wait(10)
+        assert sim_machines(sim_dir(ctx)) == []
+        row = reader.machine(name)
+        assert row is not None and row.state == "deleted"
+        assert not probe.box.of(Leased)
+    finally:
+        lease.stop()
+
+
+def test_a_delete_the_provider_refuses_leaves_the_row_open(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader,
+) -> None:
+    ctx = make_context(delete_timeout_s=1.0)
+    sim = ctx.clouds["sim"]
+    lease = start_lease(ctx, probe)
+    name = ""
+    try:
+        name = acquire(lease, ctx, SIM)
+        probe.wait_for(Leased)
+        set_fail_deletes(sim_dir(ctx), True)
+        lease.tell(Release())
+        released = probe.wait_for(Released, timeout=30)
+        assert released.machine == name
+        assert released.confirmed is False
+        assert "refused" in released.detail
+        assert sim_machines(sim_dir(ctx)) == [name]
+        row = reader.machine(name)
+        assert row is not None
+        assert (row.state, row.phase) == ("alive", "delete_failed")
+        assert row.detail is not None and "refused" in row.detail
+        assert lease.actor_stopped.wait(10)
+    finally:
+        lease.stop()
+        set_fail_deletes(sim_dir(ctx), False)
+        if name:
+            ctx.reactor.call(sim.delete, name, timeout=30)
+    assert sim_machines(sim_dir(ctx)) == []

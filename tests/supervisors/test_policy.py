@@ -1,0 +1,149 @@
+"""supervisors/policy.py: what a failed attempt means for its job (DESIGN.md, "Failures"), and the
+backoff between retries."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocols.failures import POLICIES, Code
+from protocols.specs import PolicySpec
+from supervisors.policy import Action, Decision, backoff_s, decide
+
+POLICY = PolicySpec(max_attempts=5, thrash_max=5, thrash_window_s=300.0)
+
+# DESIGN.md's table: code -> (action, walk past the place first)
+TABLE: dict[Code, tuple[Action, bool]] = {
+    Code.NO_CAPACITY: (Action.WALK, True),
+    Code.LAUNCH_FAILED: (Action.RETRY, True),
+    Code.AMBIGUOUS_CREATE: (Action.RETRY, False),
+    Code.PREEMPTED: (Action.RETRY, False),
+    Code.STALLED: (Action.RETRY, False),
+    Code.UNREACHABLE: (Action.RETRY, False),
+    Code.JOB_FAILED: (Action.STOP, False),
+    Code.INPUT: (Action.STOP, False),
+    Code.GUARD: (Action.STOP, False),
+    Code.DEADLINE: (Action.STOP, False),
+    Code.BUDGET: (Action.STOP, False),
+    Code.CANCELED: (Action.STOP, False),
+    Code.THRASHING: (Action.STOP, False),
+    Code.INTERNAL: (Action.STOP, False),
+}
+
+
+def test_the_table_covers_every_code() -> None:
+    assert set(TABLE) == set(Code)
+    assert set(POLICIES) == set(Code)
+
+
+@pytest.mark.parametrize("code", list(Code))
+def test_decide_follows_the_design_table(code: Code) -> None:
+    decision, history = decide(code, counted_attempts=1, failure_times=[], now=1000.0, policy=POLICY)
+    action, walk = TABLE[code]
+    assert decision.action is action
+    assert decision.walk is walk
+    if action is Action.STOP:
+        assert decision.code is code
+        assert history == []  # a final failure is not a restart
+    elif action is Action.WALK:
+        assert decision.counts is False  # a place without stock costs no attempt
+        assert history == []
+    else:
+        assert decision.code is None
+        assert history == [1000.0]
+
+
+@pytest.mark.parametrize("code", [c for c, (a, _) in TABLE.items() if a is Action.RETRY])
+def test_max_attempts_stops_with_the_last_code(code: Code) -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=3)
+    ok, _ = decide(code, counted_attempts=2, failure_times=[], now=10.0, policy=policy)
+    assert ok.action is Action.RETRY
+    stop, _ = decide(code, counted_attempts=3, failure_times=[], now=10.0, policy=policy)
+    assert stop.action is Action.STOP
+    assert stop.code is code
+    assert "3 attempts used (max_attempts = 3)" in stop.detail
+
+
+def test_no_capacity_never_runs_out_of_attempts() -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=1)
+    d, _ = decide(Code.NO_CAPACITY, counted_attempts=50, failure_times=[], now=1.0, policy=policy)
+    assert d == Decision(action=Action.WALK, walk=True, counts=False)
+
+
+def test_thrashing_after_more_than_thrash_max_failures_in_the_window() -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=100, thrash_max=3, thrash_window_s=60.0)
+    now = 1000.0
+    # two earlier failures in the window: this third one is allowed
+    d, history = decide(Code.STALLED, counted_attempts=3, failure_times=[now - 50, now - 10], now=now, policy=policy)
+    assert d.action is Action.RETRY
+    assert history == [now - 50, now - 10, now]
+    # three earlier: the fourth within 60 s is one too many
+    d, _ = decide(Code.STALLED, counted_attempts=4, failure_times=[now - 50, now - 10, now - 1], now=now, policy=policy)
+    assert d.action is Action.STOP
+    assert d.code is Code.THRASHING
+    assert "more than 3 failed attempts within 60 s" in d.detail
+    # the same three, but the oldest has left the window: allowed, and the history is pruned
+    d, history = decide(Code.STALLED, counted_attempts=4, failure_times=[now - 61, now - 10, now - 1], now=now,
+                        policy=policy)
+    assert d.action is Action.RETRY
+    assert history == [now - 10, now - 1, now]
+
+
+@given(earlier=st.lists(st.floats(min_value=0.0, max_value=200.0, allow_nan=False), max_size=12),
+       thrash_max=st.integers(min_value=1, max_value=6),
+       window=st.floats(min_value=1.0, max_value=150.0, allow_nan=False))
+def test_thrashing_rule(earlier: list[float], thrash_max: int, window: float) -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=1000, thrash_max=thrash_max, thrash_window_s=window)
+    now = 1000.0
+    times = sorted(now - ago for ago in earlier)
+    d, _ = decide(Code.PREEMPTED, counted_attempts=1, failure_times=times, now=now, policy=policy)
+    in_window = sum(1 for t in times if now - t < window)
+    assert (d.action is Action.STOP) == (in_window >= thrash_max)
+    if d.action is Action.STOP:
+        assert d.code is Code.THRASHING
+
+
+# --- backoff ----------------------------------------------------------------------------------------
+
+
+class Fixed(random.Random):
+    """A Random whose random() is always `u` (to see the jitter's ends)."""
+
+    def __init__(self, u: float) -> None:
+        super().__init__(0)
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@given(retry=st.integers(min_value=1, max_value=60),
+       base=st.floats(min_value=0.001, max_value=10.0, allow_nan=False),
+       cap=st.floats(min_value=0.001, max_value=120.0, allow_nan=False),
+       seed=st.integers(min_value=0, max_value=2**32))
+def test_backoff_is_jittered_in_half_to_full_of_a_capped_exponential(retry: int, base: float, cap: float,
+                                                                     seed: int) -> None:
+    d = min(cap, base * 2.0 ** (retry - 1))
+    got = backoff_s(retry, base_s=base, max_s=cap, rng=random.Random(seed))
+    assert d / 2 <= got <= d
+    assert got <= cap
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 0.999999])
+def test_backoff_doubles_until_the_cap(u: float) -> None:
+    delays = [backoff_s(r, base_s=0.5, max_s=8.0, rng=Fixed(u)) for r in range(1, 9)]
+    for a, b in zip(delays[:4], delays[1:5], strict=True):  # 0.5 1 2 4 8: doubling
+        assert b == pytest.approx(2 * a)
+    assert delays[4:] == [delays[4]] * 4  # capped at 8 s
+    assert delays[4] == pytest.approx(4.0 + 4.0 * u)
+
+
+def test_backoff_ends_of_the_jitter_and_zero_base() -> None:
+    assert backoff_s(3, base_s=1.0, max_s=60.0, rng=Fixed(0.0)) == pytest.approx(2.0)
+    assert backoff_s(3, base_s=1.0, max_s=60.0, rng=Fixed(1.0)) == pytest.approx(4.0)
+    assert backoff_s(0, base_s=1.0, max_s=60.0, rng=Fixed(1.0)) == pytest.approx(1.0)  # retry 0 counts as 1
+    assert backoff_s(5, base_s=0.0, max_s=60.0, rng=Fixed(0.7)) == 0.0
