@@ -1,8 +1,10 @@
 """HeartbeatActor: feeds the host's watchdog, watches progress, detects exit and stalls.
 
-Each tick (every `poll_s`, a reactor timer) is one round trip: write `alive` on the host, say
-whether the job runs, read the new progress lines and the new tail of the log. New log bytes go to
-the seed's `log.txt`; progress lines go to the parent as `Progress`. The parent hears `Exited`
+A loop on the reactor (`watch_loop`) polls every `poll_s`, one round trip each: write `alive` on
+the host, say whether the job runs, read the new progress lines and the new tail of the log. It
+tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
+so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
+lines go to the parent as `Progress`. The parent hears `Exited`
 once the job ended, or `Stalled(failure)`:
 
 - `stalled`: no progress within the window. The window is `setup_grace_s` from the launch until
@@ -19,25 +21,68 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import outcome
 import pykka
+import trio
 
 from actors.base import Actor, Context
-from protocols.failures import CallCancelled, Code, MachineGone, Refused, Unreachable
-from protocols.hosts.workspace import PollResult
+from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
+from protocols.hosts.workspace import Workspace
 from protocols.messages import Exited, Message, Progress, Stalled, Watch
 
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})
 
 
-class _Tick(Message, frozen=True, kw_only=True):
-    pass
-
-
 class _Polled(Message, frozen=True, kw_only=True):
-    result: Any  # outcome.Outcome[PollResult]
+    """What a poll found that the actor has not heard yet (whole progress lines only)."""
+
+    state: str = "running"  # running | exited | lost | gone
+    exit_code: int | None = None
+    lines: list[bytes] = msgspec.field(default_factory=list)
+    log: bytes = b""
+    error: Any = None  # the exception of a failed poll
+    first: bool = False
+    mtime: float = 0.0
+
+
+class _LoopEnded(Message, frozen=True, kw_only=True):
+    result: Any
+
+
+async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_every: int,
+                     tell: Callable[[Message], None]) -> None:
+    """The reactor side of the heartbeat: poll every `poll_s` (which writes `alive`), keep the read
+    offsets, and tell the actor only what is new (or, every `idle_every` quiet polls, that the job
+    still runs, so it can judge its stall window). After the job exited, only the heartbeat goes on."""
+    progress_at = log_at = 0
+    state, quiet, first = "running", 0, True
+    while True:
+        try:
+            if state == "running":
+                res = await ws.poll(work, pid, progress_at, log_at)
+            else:
+                await ws.beat(work)
+                res = None
+        except (HostError, OSError) as exc:
+            tell(_Polled(state=state, error=exc))
+            quiet = 0
+        else:
+            if res is not None:
+                end = res.progress.rfind(b"\n") + 1  # a line still being written is read next time
+                lines = res.progress[:end].splitlines()
+                progress_at += end
+                log_at += len(res.log)
+                quiet += 1
+                if lines or res.log or res.state != state or first or quiet >= idle_every:
+                    tell(_Polled(state=res.state, exit_code=res.exit_code, lines=lines, log=res.log, first=first,
+                                 mtime=max(res.progress_mtime, res.log_mtime)))
+                    quiet, first = 0, False
+                state = res.state
+        await trio.sleep(poll_s)
 
 
 class HeartbeatActor(Actor):
@@ -50,15 +95,14 @@ class HeartbeatActor(Actor):
         self.lost_after_s, self.timeout_s = lost_after_s, timeout_s
         self.log_path = log_path
         self.watch: Watch | None = None
-        self.progress_at = 0
-        self.log_at = 0
         self.setup_done = False
         self.last_life = 0.0
         self.last_ok = 0.0
         self.exited = False
         self.stalled = False
         self.last_progress: dict[str, Any] | None = None
-        self.ticks = 0
+        # judge the stall window at least four times per window, even when nothing is new
+        self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
 
     def handle(self, message: Any) -> Any:
         match message:
@@ -66,72 +110,62 @@ class HeartbeatActor(Actor):
                 self.watch = w
                 self.last_life = w.launched_at
                 self.last_ok = time.time()
-                self._tick()
-            case _Tick():
-                self._tick()
-            case _Polled(result=result):
-                self._polled(result)
+                ws = self.ctx.workspaces.get(w.machine)
+                if ws is not None:
+                    ref = self.actor_ref
+
+                    def tell(msg: Message) -> None:
+                        try:
+                            ref.tell(msg)
+                        except pykka.ActorDeadError:
+                            pass
+
+                    self.spawn(watch_loop, ws, w.work, w.pid, self.poll_s, self.idle_every, tell,
+                               reply=lambda r: _LoopEnded(result=r))
+            case _Polled() as polled:
                 if not self.stalled:
-                    self.later(self.poll_s, _Tick())
+                    self._polled(polled)
+            case _LoopEnded(result=result):
+                if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):
+                    raise result.error
             case "last_progress":
                 return self.last_progress
             case _:
                 raise TypeError(f"HeartbeatActor cannot handle {message!r}")
         return None
 
-    def _tick(self) -> None:
-        w = self.watch
-        assert w is not None
-        ws = self.ctx.workspaces.get(w.machine)
-        if ws is None:
-            return  # the machine is being released
-        self.ticks += 1
-        if self.exited:
-            self.spawn(ws.beat, w.work, reply=lambda r: _Polled(result=r))
-        else:
-            self.spawn(ws.poll, w.work, w.pid, self.progress_at, self.log_at, reply=lambda r: _Polled(result=r))
-
     def _stall(self, code: Code, detail: str) -> None:
         self.stalled = True
+        self.cancel_tasks()
         self.tell_parent(Stalled(**self.head, failure=code, detail=detail))
 
-    def _polled(self, result: outcome.Outcome[PollResult | None]) -> None:
+    def _polled(self, p: _Polled) -> None:
         now = time.time()
         w = self.watch
         assert w is not None
-        if isinstance(result, outcome.Error):
-            exc = result.error
+        if p.error is not None:
+            exc = p.error
             match exc:
                 case MachineGone():
                     self._stall(Code.PREEMPTED, str(exc))
                 case Refused(code=code):
                     self._stall(code, str(exc))
-                case Unreachable() | OSError():
+                case _:
                     if now - self.last_ok > self.lost_after_s:
                         self._stall(Code.UNREACHABLE, f"no answer for {now - self.last_ok:.0f} s: {exc}")
-                case CallCancelled():
-                    pass
-                case _:
-                    raise exc
             return
         self.last_ok = now
-        res = result.value
-        if res is None or self.exited:
+        if self.exited:
             return
-        if w.reattached and self.ticks == 1:
-            # written before this controller came: life as of the files' own times, not now
-            seen = max(res.progress_mtime, res.log_mtime, w.launched_at)
-            self._take_log(res, seen)
-            self._take_progress(res, seen)
-            self.last_life = seen
-        else:
-            self._take_log(res, now)
-            self._take_progress(res, now)
-        if res.state == "exited":
+        # after a reattach, what the first poll reads was written before: life as of the files' times
+        seen = max(p.mtime, w.launched_at) if (w.reattached and p.first) else now
+        self._take_log(p.log, seen)
+        self._take_progress(p.lines, seen)
+        if p.state == "exited":
             self.exited = True
-            self.tell_parent(Exited(**self.head, exit_code=res.exit_code if res.exit_code is not None else -1))
+            self.tell_parent(Exited(**self.head, exit_code=p.exit_code if p.exit_code is not None else -1))
             return
-        if res.state in ("lost", "gone"):
+        if p.state in ("lost", "gone"):
             self._stall(Code.STALLED, "the job's process vanished without an exit code")
             return
         if now - w.launched_at > self.timeout_s:
@@ -143,20 +177,14 @@ class HeartbeatActor(Actor):
             what = "progress" if self.setup_done else "a stage past setup"
             self._stall(Code.STALLED, f"no {what} for {now - anchor:.0f} s (window {window:.0f} s)")
 
-    def _take_log(self, res: PollResult, now: float) -> None:
-        if res.log:
-            self.log_at += len(res.log)
-            self.last_life = max(self.last_life, now)
+    def _take_log(self, log: bytes, seen: float) -> None:
+        if log:
+            self.last_life = max(self.last_life, seen)
             with open(self.log_path, "ab") as f:
-                f.write(res.log)
+                f.write(log)
 
-    def _take_progress(self, res: PollResult, now: float) -> None:
-        data = res.progress
-        end = data.rfind(b"\n")
-        if end < 0:
-            return  # no whole line yet: read it again next time
-        self.progress_at += end + 1
-        for raw in data[: end + 1].splitlines():
+    def _take_progress(self, lines: list[bytes], seen: float) -> None:
+        for raw in lines:
             try:
                 line = json.loads(raw)
             except ValueError:
@@ -164,7 +192,7 @@ class HeartbeatActor(Actor):
             if not isinstance(line, dict):
                 continue
             stage = str(line.get("stage", ""))
-            self.last_life = max(self.last_life, now)
+            self.last_life = max(self.last_life, seen)
             self.last_progress = line
             if stage not in SETUP_STAGES:
                 self.setup_done = True

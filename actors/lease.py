@@ -155,7 +155,7 @@ class LeaseActor(Actor):
                 return True, ""
             except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
                 detail = str(exc) or type(exc).__name__
-            await trio.sleep(min(2.0**i * 0.2, 5.0))
+            await trio.sleep(min(2.0**i * 0.2, 5.0) if i + 1 < DELETE_TRIES else 0)  # none after the last try
         return False, detail
 
     def _start_release(self) -> None:

@@ -43,6 +43,10 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     thrash_window_s: float = 300.0
     last_grace_factor: float = 2.0  # the last candidate's setup grace is this many times longer
     deadline_margin_s: float = 900.0  # a machine's deadline: launch + timeout_s + setup grace + this
+    # when no candidate has stock, wait this long for some (walking again every few seconds) before
+    # failing `no_capacity`; default: 0 for clouds, the job's timeout_s when a candidate is your own
+    # SSH hosts (their slots free up as your own attempts finish)
+    capacity_wait_s: float | None = None
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -131,6 +135,8 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
         value = getattr(p, name)
         _check(f"{at}.{name}", value > 0, "number > 0", value)
+    if p.capacity_wait_s is not None:
+        _check(f"{at}.capacity_wait_s", p.capacity_wait_s >= 0, "number >= 0", p.capacity_wait_s)
     for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
         value = getattr(p, name)
         _check(f"{at}.{name}", value >= 0, "number >= 0", value)

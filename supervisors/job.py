@@ -71,6 +71,7 @@ class JobSupervisor(Actor):
         self.usd_done = 0.0
         self.rng = random.Random(rng_seed)
         self.started = time.time()
+        self.capacity_since = time.monotonic()
 
     def on_start(self) -> None:
         self.seed_dir.mkdir(parents=True, exist_ok=True)
@@ -105,11 +106,20 @@ class JobSupervisor(Actor):
                 detail = "no candidate place has stock (asked every cloud twice)"
                 if last and last.get("failure") not in (None, Code.NO_CAPACITY):
                     self._end("failed", Code(last["failure"]), last.get("detail", ""))
+                elif time.monotonic() - self.capacity_since < self._capacity_wait():
+                    self.walk = Walk(len(self.job.candidates))  # stock may come back: walk again soon
+                    self.later(min(5.0, max(0.2, self._capacity_wait() / 20)), _Launch())
                 else:
                     self._end("failed", Code.NO_CAPACITY, detail)
             case Offer() as offer:
                 self.offer = offer
                 self._launch(offer)
+
+    def _capacity_wait(self) -> float:
+        p = self.job.policy
+        if p.capacity_wait_s is not None:
+            return p.capacity_wait_s
+        return self.job.timeout_s if any(c.cloud == "ssh" for c in self.job.candidates) else 0.0
 
     def _offers(self, candidate: int, result: outcome.Outcome[list[Offer]]) -> None:
         if isinstance(result, outcome.Error):
@@ -185,6 +195,7 @@ class JobSupervisor(Actor):
             return
         if code is not Code.NO_CAPACITY:
             self.counted += 1
+            self.capacity_since = time.monotonic()
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
                                               now=time.monotonic(), policy=self.job.policy)
         if decision.action is Action.STOP:

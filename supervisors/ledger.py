@@ -21,7 +21,9 @@ from typing import Any
 
 import msgspec
 import psutil
+from loguru import logger
 
+from protocols.failures import ActorRunError
 from protocols.messages import Event, Machine, Offer, encode
 
 SCHEMA = """
@@ -45,6 +47,10 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+# columns added after a table was first made: a ledger from an older version gains them on open
+ADDED = {"machines": {"machine": "TEXT", "offer": "TEXT", "resumable": "INTEGER DEFAULT 0"}}
+
+
 def connect(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -52,6 +58,14 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=30000")
     conn.executescript(SCHEMA)
+    for table, columns in ADDED.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        for column, kind in columns.items():
+            if column not in have:
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                except sqlite3.OperationalError:
+                    pass  # another process added it first
     return conn
 
 
@@ -88,6 +102,18 @@ def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -
 Op = Callable[[sqlite3.Connection], Any]
 
 
+class LedgerError(ActorRunError):
+    """The ledger could not record something (the disk, a lock held too long)."""
+
+
+class Waiter:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
 class Ledger:
     """The write side: one thread, one connection, batched transactions."""
 
@@ -95,7 +121,7 @@ class Ledger:
         self.path = path
         self.owner = owner
         self._conn = connect(path)
-        self._queue: queue.Queue[tuple[Op, threading.Event | None] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Op, Waiter | None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write_loop, name="actor-run-ledger", daemon=True)
         self._closed = False
         self.writes = 0
@@ -120,29 +146,48 @@ class Ledger:
                 batch.append(nxt)
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[Op, threading.Event | None]]) -> None:
+    def _commit(self, batch: list[tuple[Op, Waiter | None]]) -> None:
+        """One transaction for the batch; an op that fails is rolled back alone (a savepoint) and its
+        waiter gets the error: the writer thread never dies of one bad write."""
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            for op, _ in batch:
-                op(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            for op, waiter in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    op(conn)
+                    conn.execute("RELEASE op")
+                except sqlite3.Error as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    logger.error("ledger write failed: {}", exc)
+                    if waiter is not None:
+                        waiter.error = exc
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        except sqlite3.Error as exc:  # the commit itself (disk full, locked for 30 s)
+            logger.error("ledger commit failed: {}", exc)
+            for _, waiter in batch:
+                if waiter is not None and waiter.error is None:
+                    waiter.error = exc
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         finally:
             self.writes += len(batch)
-            for _, done in batch:
-                if done is not None:
-                    done.set()
+            for _, waiter in batch:
+                if waiter is not None:
+                    waiter.done.set()
 
     def _submit(self, op: Op, *, wait: bool = False) -> None:
+        """Queue a write; with `wait`, return only once it is committed (or raise LedgerError)."""
         if self._closed:
-            raise RuntimeError("the ledger is closed")
-        done = threading.Event() if wait else None
-        self._queue.put((op, done))
-        if done is not None and not done.wait(60):
-            raise TimeoutError("the ledger did not commit within 60 s")
+            raise LedgerError("the ledger is closed")
+        waiter = Waiter() if wait else None
+        self._queue.put((op, waiter))
+        if waiter is not None:
+            if not waiter.done.wait(60):
+                raise LedgerError("the ledger did not commit within 60 s")
+            if waiter.error is not None:
+                raise LedgerError(f"the ledger could not record it: {waiter.error}") from waiter.error
 
     def flush(self) -> None:
         self._submit(lambda c: None, wait=True)

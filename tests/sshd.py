@@ -44,17 +44,30 @@ def _keygen(path: Path, comment: str) -> None:
     )
 
 
-def _wait_dead(procs: list[psutil.Process], timeout: float = 10.0) -> None:
+def _end(procs: list[psutil.Process]) -> None:
+    """TERM (a remote shell then removes its temporary folder), KILL what is left after 2 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        if _wait_dead(procs, timeout=2.0 if sig == signal.SIGTERM else 10.0):
+            return
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float = 10.0) -> bool:
     """Until each is gone or a zombie (what is re-parented to pid 1 may be reaped late)."""
     deadline = time.monotonic() + timeout
     for p in procs:
-        while time.monotonic() < deadline:  # waiting on external processes
+        while True:  # waiting on external processes
             try:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     break
             except psutil.NoSuchProcess:
                 break
+            if time.monotonic() > deadline:
+                return False
             time.sleep(0.01)
+    return True
 
 
 class Sshd:
@@ -132,21 +145,18 @@ class Sshd:
                 time.sleep(0.02)
 
     def kill_sessions(self) -> int:
-        """Kill every per-connection sshd child (and what they run): all connections drop."""
+        """End every per-connection sshd child (and what they run): all connections drop."""
         if self.proc is None:
             return 0
         try:
             children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return 0
-        for child in children:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
-        _wait_dead(children)
+        _end(children)
         return len(children)
 
     def stop(self) -> None:
-        """Kill the listener, every session it started and what they ran; wait for all of them."""
+        """End the listener, every session it started and what they ran; wait for all of them."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -154,13 +164,10 @@ class Sshd:
             family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             family = []
+        _end(family)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        for p in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
         proc.wait(timeout=10)
-        _wait_dead([p for p in family if p.pid != proc.pid])
 
     def restart(self) -> None:
         self.stop()

@@ -58,5 +58,7 @@ def test_the_checker_sees_wrong_way_arrows(tmp_path: Path) -> None:
     (tmp_path / "actors" / "rel.py").write_text("from . import base\nfrom ..supervisors import job\n")
     (tmp_path / "supervisors" / "ok.py").write_text("from actors import Actor\nimport protocols\n")
     assert sorted(wrong_way_arrows(tmp_path)) == [
-        "actors/bad.py imports supervisors", "actors/rel.py imports supervisors", "protocols/bad.py imports actors",
+        "actors/bad.py imports supervisors",
+        "actors/rel.py imports supervisors",
+        "protocols/bad.py imports actors",
     ]

@@ -308,16 +308,17 @@ class SimStore:
             f.write(msgspec.json.encode(line) + b"\n")
 
     def preempt(self, name: str, now: float) -> None:
-        """Take the machine away now: stop its processes and mark it preempted (it stays listed)."""
-        sandbox = self.sandboxes / name
-        if sandbox.exists():
-            stop_processes_under(sandbox)
+        """Take the machine away now: mark it preempted (it stays listed), then stop its processes.
+        In this order, so a poll never finds the job gone on a machine that still looks up."""
         with self.locked():
             rec = self.read(name)
             if rec is not None and rec.state != "preempted":
                 at = now if rec.preempt_at is None else min(now, rec.preempt_at)
                 self._write(self.path(name), msgspec.json.encode(
                     msgspec.structs.replace(rec, state="preempted", preempt_at=at)))
+        sandbox = self.sandboxes / name
+        if sandbox.exists():
+            stop_processes_under(sandbox)
 
     def listing(self, prefix: str) -> list[SimRecord]:
         """Every machine whose name starts with `prefix`; repairs held.json on the way."""

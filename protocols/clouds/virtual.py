@@ -101,7 +101,9 @@ class SimHost:
     # the Host protocol's signature: the timeout is LocalHost's, applied per command
     async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:  # noqa: ASYNC109
         await self._guard()
-        return await self._local.run(script, stdin=stdin, timeout=timeout)
+        result = await self._local.run(script, stdin=stdin, timeout=timeout)
+        await self._guard()  # taken away meanwhile: a real machine would have dropped the call, not answered it
+        return result
 
     async def put(self, local: Path, remote: str) -> int:
         await self._guard()

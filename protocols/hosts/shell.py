@@ -21,13 +21,15 @@ import trio
 from protocols.failures import Unreachable
 from protocols.hosts.base import RunResult
 
-# `base64 -d` on Linux and recent macOS, `-D` on older macOS. Loop variables are `_ar_*` and the
+# `base64 -d` on Linux and recent macOS, `-D` on older macOS. A hangup or TERM exits through the
+# EXIT trap, so the temporary folder goes with the shell. Loop variables are `_ar_*` and the
 # subshell starts with no positional parameters, like a fresh `sh`. The subshell must stay a plain
 # statement (not in an `if` or `&&` list), or a `set -e` in the script would be ignored.
 LOOP = r"""umask 077
 _ar_m=$1
 _ar_t=$(mktemp -d "${TMPDIR:-/tmp}/actor-run-sh.XXXXXX") || exit 1
 trap 'rm -rf "$_ar_t"' EXIT
+trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
 if printf 'eA==' | base64 -d >/dev/null 2>&1; then _ar_d='-d'; else _ar_d='-D'; fi
 printf 'ready %s\n' "$_ar_m"
 while IFS=' ' read -r _ar_n _ar_i; do
@@ -150,7 +152,8 @@ class ShellChannel:
                     head = await streams.readline()
                     parts = head.split()
                     if len(parts) != 2 or parts[0] != self._mark.encode() or not parts[1].isdigit():
-                        raise Unreachable(f"{self.name}: unexpected answer from the remote shell: {head[:200]!r}")
+                        raise Unreachable(f"{self.name}: unexpected answer from the remote shell: "
+                                          f"{head[:200]!r}")
                     code = int(parts[1])
                     out = await self._read_base64(streams, b"-o")
                     err = await self._read_base64(streams, b"-e")

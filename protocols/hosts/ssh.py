@@ -3,7 +3,10 @@
 One connection per machine, opened on first use and replaced on the next call after it broke.
 Commands go through one long-lived remote `sh` on one session channel (the LOOP of
 hosts/shell.py: a round trip per command, not a session); `put` and `get_tar` stream on exec
-channels of their own, so a long transfer never holds up a heartbeat.
+channels of their own (a file as its bytes, a folder as a tar), so a long transfer never holds up
+a heartbeat. An upload of `bulk_bytes` or more goes through the OpenSSH client instead, held to
+the same pinned key: asyncssh's pure-Python packet path tops out below `rsync -e ssh`, OpenSSH's
+C does not (bench/transfer.py). If that client fails, the upload is redone through asyncssh.
 
 Trust: the host key is pinned on first sight into our own known-hosts file (OpenSSH format, so
 `ssh -o UserKnownHostsFile=<it>` agrees) and held to afterwards: a different key at the same

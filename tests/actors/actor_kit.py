@@ -16,15 +16,24 @@ from typing import Any, TypeVar
 import pykka
 
 from actors import Context
+from protocols.clouds.sim import SimSettings
 from protocols.hosts.workspace import Launch, PollResult, Workspace
 from protocols.messages import Machine, Offer
 from protocols.names import encode_name
 
 M = TypeVar("M")
 
-FAST_SIM = {"launch_latency_s": 0.01, "delete_latency_s": 0.0}
 LOCAL = Offer(cloud="local", region="this-computer")
 SIM = Offer(cloud="sim", region="us-east", gpu="A100", hourly_usd=1.8)
+
+
+def fast_sim(**fates: Any) -> SimSettings:
+    """Sim settings with almost no latency, and the given failure rates."""
+    return SimSettings(launch_latency_s=0.01, delete_latency_s=0.0, **fates)
+
+
+def _any(message: Any) -> bool:
+    return True
 
 
 class Mailbox:
@@ -39,7 +48,7 @@ class Mailbox:
     def put(self, message: Any) -> None:
         self.q.put(message)
 
-    def wait_for(self, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = lambda m: True) -> M:
+    def wait_for(self, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = _any) -> M:
         for i, m in enumerate(self._backlog):
             if isinstance(m, kind) and where(m):
                 del self._backlog[i]
@@ -72,7 +81,7 @@ class Mailbox:
         return [m for m in self.seen if isinstance(m, kind)]
 
 
-def wait_for(box: Mailbox, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = lambda m: True) -> M:
+def wait_for(box: Mailbox, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = _any) -> M:
     return box.wait_for(kind, timeout, where)
 
 
@@ -95,7 +104,7 @@ class ProbeHandle:
         self.ref = ref
         self.box = box
 
-    def wait_for(self, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = lambda m: True) -> M:
+    def wait_for(self, kind: type[M], timeout: float = 10.0, where: Callable[[M], bool] = _any) -> M:
         return self.box.wait_for(kind, timeout, where)
 
 
@@ -130,7 +139,8 @@ class Machines:
         finally:
             ctx.reactor.call(cloud.delete, name, machine.id, timeout=30)
 
-    def start_job(self, ws: Workspace, command: str, *, attempt: int = 0, lost_after_s: float = 60.0) -> tuple[str, int]:
+    def start_job(self, ws: Workspace, command: str, *, attempt: int = 0,
+                  lost_after_s: float = 60.0) -> tuple[str, int]:
         """Start `command` detached in a fresh work folder (cwd: its out/); its work folder and pid."""
         work = ws.work_dir("t", 1, attempt)
         launch = Launch(work=work, command=command, code=None, inputs=[], env={}, lost_after_s=lost_after_s)
@@ -157,3 +167,15 @@ def wait_until(check: Callable[[], Any], timeout: float = 10.0, what: str = "con
             return value
         assert time.monotonic() < end, f"{what} did not hold within {timeout} s"
         time.sleep(0.02)
+
+
+def others() -> list[pykka.ActorRef[Any]]:
+    """Every running actor but the probes."""
+    return [r for r in pykka.ActorRegistry.get_all() if not issubclass(r.actor_class, Probe)]
+
+
+def wait_actors_stopped(timeout: float = 10.0) -> list[str]:
+    """Wait on each running actor's stopped event; the names of those still running after."""
+    for ref in others():
+        ref.actor_stopped.wait(timeout)
+    return [r.actor_class.__name__ for r in others()]

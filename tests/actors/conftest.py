@@ -11,7 +11,7 @@ from typing import Any
 
 import pykka
 import pytest
-from actor_kit import FAST_SIM, Machines, Mailbox, Probe, ProbeHandle
+from actor_kit import Machines, Mailbox, Probe, ProbeHandle, fast_sim, wait_actors_stopped
 
 from actors import Context, Reactor
 from protocols.clouds.local import LocalCloud, LocalSettings
@@ -67,33 +67,29 @@ def probe() -> Iterator[ProbeHandle]:
         ref.stop()
 
 
-def _others() -> list[pykka.ActorRef[Any]]:
-    return [r for r in pykka.ActorRegistry.get_all() if not issubclass(r.actor_class, Probe)]
-
-
 @pytest.fixture
 def make_context(
     reactor: Reactor, ledger: Ledger, owner: str, state_dir: Path, tmp_path: Path, emitted: Mailbox,
 ) -> Iterator[Callable[..., Context]]:
     """Build a Context as supervisors/runner.py does; `sim=SimSettings(...)` picks the sim's fates."""
 
-    def make(*, sim: SimSettings | None = None, meter_period_s: float = 0.2, delete_timeout_s: float = 10.0) -> Context:
+    def make(*, sim: SimSettings | None = None, meter_period_s: float = 0.2,
+             delete_timeout_s: float = 10.0) -> Context:
         clouds: dict[str, Any] = {
             "local": LocalCloud(LocalSettings(), state_dir),
-            "sim": SimCloud(sim or SimSettings(**FAST_SIM), state_dir),
+            "sim": SimCloud(sim or fast_sim(), state_dir),
         }
         return Context(reactor=reactor, clouds=clouds, ledger=ledger, emit=emitted.put, owner=owner,
-                       out_root=tmp_path / "out", meter_period_s=meter_period_s, delete_timeout_s=delete_timeout_s)
+                       out_root=tmp_path / "out", meter_period_s=meter_period_s,
+                       delete_timeout_s=delete_timeout_s)
 
     yield make
     # An actor a test left running would hold its machine: stop it while the reactor still runs (the
     # lease deletes its machine), and fail the test. Actors that stop themselves get time to do so.
-    for ref in _others():
-        ref.actor_stopped.wait(10)
-    left = _others()
+    left = wait_actors_stopped(10)
     if left:
         pykka.ActorRegistry.stop_all(block=True, timeout=60)
-        pytest.fail(f"actors left running: {[r.actor_class.__name__ for r in left]}")
+        pytest.fail(f"actors left running: {left}")
 
 
 @pytest.fixture

@@ -29,7 +29,9 @@ def close(a: float, b: float) -> bool:
 
 
 @given(price=prices, run=offsets, life=offsets)
-def test_confirmed_usage_is_price_times_seconds_capped_at_the_deadline(price: float, run: float, life: float) -> None:
+def test_confirmed_usage_is_price_times_seconds_capped_at_the_deadline(
+    price: float, run: float, life: float,
+) -> None:
     start, end, deadline = T0, T0 + run, T0 + life
     u = usage_between(machine(price, deadline), start, end, confirmed=True)
     seconds = min(end, deadline) - start
@@ -39,7 +41,9 @@ def test_confirmed_usage_is_price_times_seconds_capped_at_the_deadline(price: fl
 
 
 @given(price=prices, run=offsets, extra=offsets)
-def test_unconfirmed_usage_is_billed_to_the_deadline_and_says_at_least(price: float, run: float, extra: float) -> None:
+def test_unconfirmed_usage_is_billed_to_the_deadline_and_says_at_least(
+    price: float, run: float, extra: float,
+) -> None:
     start, end = T0, T0 + run
     deadline = end + extra  # the deletion was tried before the deadline: the machine may live until it
     u = usage_between(machine(price, deadline), start, end, confirmed=False)
@@ -75,10 +79,12 @@ def test_an_end_before_the_start_costs_nothing(price: float, back: float, confir
 
 def test_usage_examples() -> None:
     m = machine(3.6, T0 + 100)  # a tenth of a cent a second
-    assert usage_between(m, T0, T0 + 10, confirmed=True) == Usage(usd=pytest.approx(0.01), seconds=10.0)
-    assert usage_between(m, T0, T0 + 500, confirmed=True) == Usage(usd=pytest.approx(0.1), seconds=100.0)
-    assert usage_between(m, T0, T0 + 10, confirmed=False) == Usage(usd=pytest.approx(0.1), seconds=100.0,
-                                                                    at_least=True)
+    def figures(u: Usage) -> tuple[float, float, bool]:
+        return round(u.usd, 9), u.seconds, u.at_least
+
+    assert figures(usage_between(m, T0, T0 + 10, confirmed=True)) == (0.01, 10.0, False)
+    assert figures(usage_between(m, T0, T0 + 500, confirmed=True)) == (0.1, 100.0, False)  # the deadline caps
+    assert figures(usage_between(m, T0, T0 + 10, confirmed=False)) == (0.1, 100.0, True)
 
 
 # --- the actor -------------------------------------------------------------------------------------
@@ -88,15 +94,23 @@ def start_meter(ctx: Context, probe: ProbeHandle, job: str = "t") -> pykka.Actor
     return CostMeterActor.start(ctx, probe.ref, job=job, seed=1, attempt=0)
 
 
+def stop_meter(meter: pykka.ActorRef[Any], at: float, *, confirmed: bool) -> Usage:
+    usage = meter.ask(StopMeter(at=at, confirmed=confirmed), timeout=10)
+    assert isinstance(usage, Usage)
+    return usage
+
+
 def test_stop_meter_answers_the_usage_up_to_the_deletion(ctx: Context, probe: ProbeHandle) -> None:
     meter = start_meter(ctx, probe)
     try:
         at = time.time()
         meter.tell(StartMeter(machine=machine(36.0, at + 3600), at=at))
-        usage = meter.ask(StopMeter(at=at + 50, confirmed=True), timeout=10)
-        assert usage == Usage(usd=pytest.approx(0.5), seconds=pytest.approx(50.0), at_least=False)
+        usage = stop_meter(meter, at + 50, confirmed=True)
+        assert usage.usd == pytest.approx(0.5)
+        assert usage.seconds == pytest.approx(50.0)
+        assert usage.at_least is False
         # asked again (a retried ask), it answers the same final figure
-        assert meter.ask(StopMeter(at=at + 500, confirmed=True), timeout=10) == usage
+        assert stop_meter(meter, at + 500, confirmed=True) == usage
     finally:
         meter.stop()
 
@@ -106,8 +120,10 @@ def test_stop_meter_unconfirmed_bills_to_the_deadline(ctx: Context, probe: Probe
     try:
         at = time.time()
         meter.tell(StartMeter(machine=machine(3.6, at + 1000), at=at))
-        usage = meter.ask(StopMeter(at=at + 10, confirmed=False), timeout=10)
-        assert usage == Usage(usd=pytest.approx(1.0), seconds=pytest.approx(1000.0), at_least=True)
+        usage = stop_meter(meter, at + 10, confirmed=False)
+        assert usage.usd == pytest.approx(1.0)
+        assert usage.seconds == pytest.approx(1000.0)
+        assert usage.at_least is True
     finally:
         meter.stop()
 
@@ -115,7 +131,7 @@ def test_stop_meter_unconfirmed_bills_to_the_deadline(ctx: Context, probe: Probe
 def test_stop_meter_before_any_machine_costs_nothing(ctx: Context, probe: ProbeHandle) -> None:
     meter = start_meter(ctx, probe)
     try:
-        assert meter.ask(StopMeter(at=time.time(), confirmed=False), timeout=10) == Usage()
+        assert stop_meter(meter, time.time(), confirmed=False) == Usage()
     finally:
         meter.stop()
 
@@ -133,7 +149,7 @@ def test_a_priced_machine_is_metered_to_the_parent_periodically(ctx: Context, pr
         assert 0 < first.usd < second.usd
         assert second.t - first.t >= 0.1  # periodic, not a burst
         assert not [m for m in probe.box.of(Metered) if m.job == "free"]
-        usage = priced.ask(StopMeter(at=time.time(), confirmed=True), timeout=10)
+        usage = stop_meter(priced, time.time(), confirmed=True)
         assert usage.usd >= second.usd
     finally:
         priced.stop()
@@ -146,7 +162,7 @@ def test_no_metered_after_stop_meter(ctx: Context, probe: ProbeHandle) -> None:
         at = time.time()
         priced.tell(StartMeter(machine=machine(3600.0, at + 3600, "stopped"), at=at))
         probe.wait_for(Metered, where=lambda m: m.job == "stopped")
-        priced.ask(StopMeter(at=time.time(), confirmed=True), timeout=10)
+        stop_meter(priced, time.time(), confirmed=True)
         stopped_at = time.time()
         # the sentinel starts now: by its second beat the stopped meter had two periods to beat again
         sentinel.tell(StartMeter(machine=machine(3600.0, at + 3600, "sentinel"), at=time.time()))

@@ -12,6 +12,7 @@ from typing import Any
 import outcome
 import pytest
 import trio
+import trio.lowlevel
 import trio_asyncio
 
 from actors import Reactor, ReactorStatistics
@@ -62,7 +63,7 @@ def hold(reactor: Reactor) -> Iterator[Callable[[], threading.Event]]:
 
 def test_spawn_hands_the_value_to_on_done_on_the_reactor_thread(reactor: Reactor) -> None:
     async def answer(a: int, b: int) -> int:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return a * b
 
     done = Done(reactor)
@@ -76,7 +77,7 @@ def test_spawn_hands_the_value_to_on_done_on_the_reactor_thread(reactor: Reactor
 
 def test_spawn_hands_an_exception_to_on_done(reactor: Reactor) -> None:
     async def broken() -> None:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         raise ValueError("boom")
 
     done = Done(reactor)
@@ -89,7 +90,7 @@ def test_spawn_hands_an_exception_to_on_done(reactor: Reactor) -> None:
 
 def test_call_returns_the_coroutines_value(reactor: Reactor) -> None:
     async def add(a: int, b: int) -> int:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         return a + b
 
     assert reactor.call(add, 2, 3) == 5
@@ -98,7 +99,7 @@ def test_call_returns_the_coroutines_value(reactor: Reactor) -> None:
 
 def test_call_raises_the_coroutines_exception(reactor: Reactor) -> None:
     async def broken() -> None:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         raise KeyError("missing")
 
     with pytest.raises(KeyError, match="missing"):
@@ -155,7 +156,7 @@ def test_cancel_before_the_task_begins_ends_it_with_call_cancelled(
     ran = threading.Event()
 
     async def body() -> str:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         ran.set()
         return "ran"
 
@@ -232,7 +233,7 @@ def test_call_from_the_reactor_thread_is_refused(reactor: Reactor) -> None:
 
     seen: queue.Queue[BaseException | int] = queue.Queue()
 
-    def nested(_: outcome.Outcome[None]) -> None:
+    def nested(_: outcome.Outcome[int]) -> None:
         try:
             seen.put(reactor.call(one, timeout=1))
         except RuntimeError as exc:
@@ -250,7 +251,8 @@ def test_an_asyncio_coroutine_runs_inside_a_spawned_task(reactor: Reactor) -> No
         return x + 1, asyncio.get_running_loop() is not None
 
     async def from_trio() -> tuple[int, bool]:
-        return await trio_asyncio.aio_as_trio(in_asyncio)(41)
+        answer: tuple[int, bool] = await trio_asyncio.aio_as_trio(in_asyncio)(41)
+        return answer
 
     done = Done(reactor)
     reactor.spawn(from_trio, on_done=done)
@@ -261,10 +263,12 @@ def test_an_asyncio_coroutine_runs_through_call_with_the_loop_given(reactor: Rea
     async def in_asyncio() -> str:
         fut = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_later(0.01, fut.set_result, "asyncio answered")
-        return await fut
+        answer: str = await fut
+        return answer
 
     async def from_trio() -> str:
-        return await trio_asyncio.aio_as_trio(in_asyncio, loop=reactor.asyncio_loop)()
+        answer: str = await trio_asyncio.aio_as_trio(in_asyncio, loop=reactor.asyncio_loop)()
+        return answer
 
     assert reactor.asyncio_loop is not None
     assert reactor.call(from_trio, timeout=10) == "asyncio answered"

@@ -46,13 +46,16 @@ def test_load_the_examples() -> None:
     assert j.policy.poll_s == 0.5
     sim = load_batch(EXAMPLES / "sim.toml", known_clouds()).jobs()
     assert [c.cloud for c in sim[0].candidates] == ["sim", "sim"]
-    assert sim[0].candidates[0] == CandidateSpec(cloud="sim", gpu="H100", regions=["us-east", "eu-west"],
-                                                 max_hourly_usd=3.5)
+    assert sim[0].candidates[0] == CandidateSpec(
+        cloud="sim", gpu="H100", regions=["us-east", "eu-west"], max_hourly_usd=3.5
+    )
     assert sim[0].clouds == {"sim": {"no_capacity_rate": 0.3, "launch_failure_rate": 0.1, "seed": 7}}
 
 
 def test_good_file_relative_to_its_folder(tmp_path: Path) -> None:
-    batch = load_batch(write(tmp_path, GOOD + "[policy]\nmax_attempts = 2\nbudget_usd = 1.5\n"), known_clouds())
+    batch = load_batch(
+        write(tmp_path, GOOD + "[policy]\nmax_attempts = 2\nbudget_usd = 1.5\n"), known_clouds()
+    )
     assert batch.base == str(tmp_path.resolve())
     jobs = batch.jobs()
     assert [j.seed for j in jobs] == [1, 2]
@@ -70,7 +73,9 @@ def test_without_candidates_a_job_runs_on_local(tmp_path: Path) -> None:
 def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) -> None:
     from supervisors.runner import Runner  # a test may cross layers; the source may not
 
-    spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace("[1, 2]", "[1]")
+    spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace(
+        "[1, 2]", "[1]"
+    )
     jobs = load_batch(write(tmp_path, spec + "[policy]\npoll_s = 0.1\n"), known_clouds()).jobs()
     seen: list[object] = []
     with Runner(out_dir=tmp_path / "out", state_dir=tmp_path / "state") as r:
@@ -83,7 +88,7 @@ def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) ->
     assert "words" in (tmp_path / "out" / "t" / "seed-1" / "log.txt").read_text()
 
 
-@pytest.mark.parametrize(("text", "field", "problem"), [
+BAD = [
     (GOOD + "colour = 'blue'\n", "job.colour", "unknown key"),
     (GOOD + "[policy]\nconcurrency = 'x'\n", "policy.concurrency", "expected int, got str"),
     (GOOD + "[policy]\nconcurrency = -2\n", "policy.concurrency", "expected int >= 1, got -2"),
@@ -99,17 +104,29 @@ def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) ->
     (GOOD.replace("[1, 2]", "['a']"), "job.seeds[0]", "expected int, got str"),
     (GOOD.replace('name = "t"', 'name = "Bad_Name"'), "job.name", "[a-z0-9-]"),
     (GOOD.replace('name = "t"', 'name = "' + "x" * 41 + '"'), "job.name", "1 to 40 characters"),
-    (GOOD.replace('command = "sh -c \'echo {seed}\'"', 'command = "  "'), "job.command", "a command"),
-    (GOOD.replace('command = "sh -c \'echo {seed}\'"\n', ""), "job.command", "required, missing"),
+    (GOOD.replace("command = \"sh -c 'echo {seed}'\"", 'command = "  "'), "job.command", "a command"),
+    (GOOD.replace("command = \"sh -c 'echo {seed}'\"\n", ""), "job.command", "required, missing"),
     (GOOD + "timeout_s = 0\n", "job.timeout_s", "expected number > 0"),
     (GOOD + "[[candidates]]\ncloud = 'nimbus'\n", "candidates[0].cloud", "unknown cloud 'nimbus'"),
-    (GOOD + "[[candidates]]\ncloud = 'sim'\n[[candidates]]\ncloud = 'nimbus'\n", "candidates[1].cloud",
-     "unknown cloud"),
-    (GOOD + "[[candidates]]\ncloud = 'sim'\nmax_hourly_usd = -1\n", "candidates[0].max_hourly_usd", "expected number >= 0"),
+    (
+        GOOD + "[[candidates]]\ncloud = 'sim'\n[[candidates]]\ncloud = 'nimbus'\n",
+        "candidates[1].cloud",
+        "unknown cloud",
+    ),
+    (
+        GOOD + "[[candidates]]\ncloud = 'sim'\nmax_hourly_usd = -1\n",
+        "candidates[0].max_hourly_usd",
+        "expected number >= 0",
+    ),
     (GOOD + "[[candidates]]\ncloud = 'sim'\nzone = 'a'\n", "candidates[0].zone", "unknown key"),
     (GOOD + "[clouds.nimbus]\nx = 1\n", "clouds.nimbus", "unknown cloud"),
     ("[policy]\nconcurrency = 1\n", "job", "required, missing"),
-])
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"), BAD, ids=[f"{i}-{f}" for i, (_, f, _) in enumerate(BAD)]
+)
 def test_bad_inputs_name_their_field(tmp_path: Path, text: str, field: str, problem: str) -> None:
     with pytest.raises(SpecError) as info:
         load_batch(write(tmp_path, text), known_clouds())

@@ -19,8 +19,17 @@ from protocols.specs import CandidateSpec, Job, PolicySpec
 from supervisors.ledger import LedgerReader, MachineRow
 from supervisors.runner import Runner
 
-FAST = PolicySpec(poll_s=0.1, backoff_s=0.01, backoff_max_s=0.05, setup_grace_s=20, stall_after_s=20,
-                  lost_after_s=20, max_attempts=3, deadline_margin_s=60, last_grace_factor=1.0)
+FAST = PolicySpec(
+    poll_s=0.1,
+    backoff_s=0.01,
+    backoff_max_s=0.05,
+    setup_grace_s=20,
+    stall_after_s=20,
+    lost_after_s=20,
+    max_attempts=3,
+    deadline_margin_s=60,
+    last_grace_factor=1.0,
+)
 
 # the sim without waiting: a launch and a delete take (almost) no time
 SIM_FAST: dict[str, Any] = {"launch_latency_s": 0.01, "delete_latency_s": 0.0}
@@ -42,11 +51,23 @@ def regions(*places: tuple[str, str, int, float]) -> list[dict[str, Any]]:
     return [msgspec.to_builtins(SimRegion(name=r, gpus=g)) for r, g in out.items()]  # type: ignore[arg-type]
 
 
-def sim_job(name: str, command: str, *, seed: int = 1, sim: dict[str, Any] | None = None,
-            candidates: list[CandidateSpec] | None = None, **policy_kw: Any) -> Job:
-    return Job(name=name, command=command, seed=seed, policy=policy(**policy_kw),
-               candidates=candidates or [CandidateSpec(cloud="sim", gpu="A100")],
-               clouds={"sim": sim_settings(**(sim or {}))})
+def sim_job(
+    name: str,
+    command: str,
+    *,
+    seed: int = 1,
+    sim: dict[str, Any] | None = None,
+    candidates: list[CandidateSpec] | None = None,
+    **policy_kw: Any,
+) -> Job:
+    return Job(
+        name=name,
+        command=command,
+        seed=seed,
+        policy=policy(**policy_kw),
+        candidates=candidates or [CandidateSpec(cloud="sim", gpu="A100")],
+        clouds={"sim": sim_settings(**(sim or {}))},
+    )
 
 
 def local_job(name: str, command: str, *, seed: int = 1, **policy_kw: Any) -> Job:
@@ -80,7 +101,9 @@ class Events:
         while True:
             left = end - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no matching event within {timeout} s; saw {[type(e).__name__ for e in self.seen]}")
+                raise AssertionError(
+                    f"no matching event within {timeout} s; saw {[type(e).__name__ for e in self.seen]}"
+                )
             try:
                 e = self.q.get(timeout=left)
             except queue.Empty:
@@ -99,6 +122,7 @@ def events() -> Events:
 
 
 # builders, as fixtures: test modules cannot import this conftest by name (tests/ has no packages)
+
 
 @pytest.fixture(name="policy")
 def policy_fixture() -> Callable[..., PolicySpec]:

@@ -56,10 +56,14 @@ def _times(gaps: list[float]) -> list[float]:
     return out
 
 
-@given(gaps=_gaps, intensity=st.integers(min_value=1, max_value=6),
-       period_s=st.floats(min_value=0.5, max_value=30.0, allow_nan=False))
-def test_restart_intensity_never_allows_more_than_intensity_in_a_period(gaps: list[float], intensity: int,
-                                                                         period_s: float) -> None:
+@given(
+    gaps=_gaps,
+    intensity=st.integers(min_value=1, max_value=6),
+    period_s=st.floats(min_value=0.5, max_value=30.0, allow_nan=False),
+)
+def test_restart_intensity_never_allows_more_than_intensity_in_a_period(
+    gaps: list[float], intensity: int, period_s: float
+) -> None:
     times = _times(gaps)
     accepted, refused = _replay(times, intensity, period_s)
     # every accepted restart, with those accepted before it inside the period, is at most `intensity`
@@ -71,10 +75,14 @@ def test_restart_intensity_never_allows_more_than_intensity_in_a_period(gaps: li
         assert sum(1 for u in accepted if now - u < period_s) + 1 > intensity
 
 
-@given(gaps=_gaps, intensity=st.integers(min_value=1, max_value=6),
-       period_s=st.floats(min_value=0.5, max_value=30.0, allow_nan=False))
-def test_restart_allowed_when_fewer_than_intensity_in_the_period(gaps: list[float], intensity: int,
-                                                                  period_s: float) -> None:
+@given(
+    gaps=_gaps,
+    intensity=st.integers(min_value=1, max_value=6),
+    period_s=st.floats(min_value=0.5, max_value=30.0, allow_nan=False),
+)
+def test_restart_allowed_when_fewer_than_intensity_in_the_period(
+    gaps: list[float], intensity: int, period_s: float
+) -> None:
     times = _times(gaps)
     history: list[float] = []
     for now in times:
@@ -96,11 +104,17 @@ def test_restart_intensity_examples() -> None:
     assert _replay([7.0, 7.0], 1, 5.0) == ([7.0], 1)
 
 
-@pytest.mark.parametrize(("restart", "abnormal", "expected"), [
-    (Restart.PERMANENT, False, True), (Restart.PERMANENT, True, True),
-    (Restart.TRANSIENT, False, False), (Restart.TRANSIENT, True, True),
-    (Restart.TEMPORARY, False, False), (Restart.TEMPORARY, True, False),
-])
+@pytest.mark.parametrize(
+    ("restart", "abnormal", "expected"),
+    [
+        (Restart.PERMANENT, False, True),
+        (Restart.PERMANENT, True, True),
+        (Restart.TRANSIENT, False, False),
+        (Restart.TRANSIENT, True, True),
+        (Restart.TEMPORARY, False, False),
+        (Restart.TEMPORARY, True, False),
+    ],
+)
 def test_should_restart_by_type(restart: Restart, abnormal: bool, expected: bool) -> None:
     assert should_restart(restart, abnormal=abnormal) is expected
 
@@ -181,21 +195,37 @@ class Parent(pykka.ThreadingActor):
 
 
 def spec(name: str, rec: Recorder, restart: Restart = Restart.PERMANENT) -> ChildSpec:
-    return ChildSpec(name=name, start=lambda parent: Child.start(name, rec, parent), restart=restart, shutdown_s=10)
+    return ChildSpec(
+        name=name, start=lambda parent: Child.start(name, rec, parent), restart=restart, shutdown_s=10
+    )
 
 
 class Tree:
     """A supervisor under test, with its recorder and a fake clock the test moves."""
 
-    def __init__(self, names: list[str], *, strategy: Strategy = Strategy.ONE_FOR_ONE,
-                 restart: dict[str, Restart] | None = None, intensity: int = 3, period_s: float = 5.0,
-                 parent: pykka.ActorRef[Any] | None = None) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        *,
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        restart: dict[str, Restart] | None = None,
+        intensity: int = 3,
+        period_s: float = 5.0,
+        parent: pykka.ActorRef[Any] | None = None,
+    ) -> None:
         self.rec = Recorder()
         self.now = 100.0
         restart = restart or {}
         self.specs = [spec(n, self.rec, restart.get(n, Restart.PERMANENT)) for n in names]
-        self.sup = Supervisor.start("sup", self.specs, strategy=strategy, intensity=intensity, period_s=period_s,
-                                    parent=parent, clock=lambda: self.now)
+        self.sup = Supervisor.start(
+            "sup",
+            self.specs,
+            strategy=strategy,
+            intensity=intensity,
+            period_s=period_s,
+            parent=parent,
+            clock=lambda: self.now,
+        )
         self.rec.wait_for(lambda es: sum(1 for e in es if e[0] == "start") == len(names))
 
     def child(self, name: str) -> pykka.ActorRef[Any]:
@@ -209,10 +239,15 @@ class Tree:
         return result
 
     def make_exit(self, name: str, how: str) -> None:
-        """The child stops itself, then reports; returns once the report is in the supervisor's inbox."""
+        """The child stops itself, then reports; returns once the supervisor has acted on the report
+        (so a test may move the clock without racing the supervisor's reading of it)."""
         told = self.rec.count("told", name)
         self.child(name).tell(how)
         self.rec.wait_for(lambda es: es.count(("told", name)) > told)
+        try:
+            self.sup.ask("children", timeout=10)  # queued behind the report
+        except pykka.ActorDeadError:
+            pass  # it gave up and stopped
 
     def stop(self) -> None:
         if self.sup.is_alive():
@@ -243,14 +278,17 @@ def test_children_start_in_spec_order_and_stop_in_reverse(trees: Callable[..., T
     assert not t.sup.is_alive()
 
 
-@pytest.mark.parametrize(("restart", "how", "restarted"), [
-    (Restart.PERMANENT, "exit", True),
-    (Restart.PERMANENT, "crash", True),
-    (Restart.TRANSIENT, "exit", False),
-    (Restart.TRANSIENT, "crash", True),
-    (Restart.TEMPORARY, "exit", False),
-    (Restart.TEMPORARY, "crash", False),
-])
+@pytest.mark.parametrize(
+    ("restart", "how", "restarted"),
+    [
+        (Restart.PERMANENT, "exit", True),
+        (Restart.PERMANENT, "crash", True),
+        (Restart.TRANSIENT, "exit", False),
+        (Restart.TRANSIENT, "crash", True),
+        (Restart.TEMPORARY, "exit", False),
+        (Restart.TEMPORARY, "crash", False),
+    ],
+)
 def test_restart_types(trees: Callable[..., Tree], restart: Restart, how: str, restarted: bool) -> None:
     t = trees("a", "b", restart={"b": restart})
     mark = t.rec.mark()
@@ -270,15 +308,30 @@ def test_restart_types(trees: Callable[..., Tree], restart: Restart, how: str, r
     assert t.rec.since(mark) == ([("stop", "b"), ("stop", "a")] if restarted else [("stop", "a")])
 
 
-@pytest.mark.parametrize(("strategy", "expected"), [
-    # c fails among a b c d; c has stopped itself before the supervisor hears of it
-    (Strategy.ONE_FOR_ONE, [("stop", "c"), ("start", "c")]),
-    (Strategy.ONE_FOR_ALL, [("stop", "c"), ("stop", "d"), ("stop", "b"), ("stop", "a"),
-                            ("start", "a"), ("start", "b"), ("start", "c"), ("start", "d")]),
-    (Strategy.REST_FOR_ONE, [("stop", "c"), ("stop", "d"), ("start", "c"), ("start", "d")]),
-])
-def test_strategies_restart_the_right_children(trees: Callable[..., Tree], strategy: Strategy,
-                                                expected: list[tuple[str, str]]) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        # c fails among a b c d; c has stopped itself before the supervisor hears of it
+        (Strategy.ONE_FOR_ONE, [("stop", "c"), ("start", "c")]),
+        (
+            Strategy.ONE_FOR_ALL,
+            [
+                ("stop", "c"),
+                ("stop", "d"),
+                ("stop", "b"),
+                ("stop", "a"),
+                ("start", "a"),
+                ("start", "b"),
+                ("start", "c"),
+                ("start", "d"),
+            ],
+        ),
+        (Strategy.REST_FOR_ONE, [("stop", "c"), ("stop", "d"), ("start", "c"), ("start", "d")]),
+    ],
+)
+def test_strategies_restart_the_right_children(
+    trees: Callable[..., Tree], strategy: Strategy, expected: list[tuple[str, str]]
+) -> None:
     t = trees("a", "b", "c", "d", strategy=strategy)
     before = {n: t.child(n) for n in "abcd"}
     mark = t.rec.mark()

@@ -1,0 +1,518 @@
+"""Load test: N jobs at once through the real Runner (its actors and its reactor) in one process,
+on the `sim` cloud with virtual machines (no process, no folder per machine).
+
+    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json]
+                         [--failure-rates no_capacity=0.1,launch_failed=0.05,preempt=0.02]
+
+Production intervals are divided by `--scale` (default 10), so a run is short but keeps the
+proportions of the real thing: policy poll 5 s, setup grace 600 s, stall 300 s, lost 120 s, first
+backoff 1 s (at most 60 s), thrash window 300 s; meter period 60 s; sim launch latency 20 s,
+delete latency 5 s. The virtual job itself runs `--job-seconds` (not scaled).
+
+Phases, all in this one process:
+
+0. empty: a Runner opened with nothing submitted, its RSS sampled, closed (the baseline).
+1. load: N jobs submitted at once (`concurrency = N`), waited for until every one ended, with the
+   failure rates given. Figures below are of this phase.
+2. cancel: a fresh Runner (a Runner builds its sim cloud once from the first job's settings, so
+   long jobs need their own) runs N virtual jobs of `--cancel-job-seconds` (failure rates 0). Once
+   every job said its first `JobStarted`, `runner.cancel()` is called and a thread lists the sim's
+   machines every 20 ms, noting when each one disappears.
+3. leaks: with both Runners closed (waiting up to 10 s for things to settle): machines still held
+   by the sim, pykka actors alive, threads not there at the start (trio's idle worker threads,
+   "Trio thread ..."/"Trio worker ...", are not counted: trio keeps them 10 s and they hold nothing).
+
+What is reported (a table, then as the LAST line one JSON object):
+
+- `wall_s`: from the first submit until the last `JobEnded` (submitting is included; `submit_s`
+  says how long it took alone). Opening and closing the Runner are not (`close_s` is reported).
+- `ideal_s`: the slowest job's own critical path, with zero controller overhead. Per attempt:
+  the launch latency (the sim waits it even when it then refuses), plus, if a machine was made,
+  the delete latency and the job's time on it: `job_s` if the job exited, the machine's life until
+  its preemption (from billing.jsonl, at most `job_s`) if it was preempted first, else 0; per job
+  the sum over its attempts plus its `Retrying` backoffs; `ideal_s` is the max over jobs. What the
+  ideal leaves out is the controller's: submitting, actor hand-offs, the upload/start/fetch round
+  trips, and noticing an exit or a preemption only at the next poll (up to `poll_s` each).
+  With failure rates 0 it is launch + job + delete. `wall_over_ideal` = wall_s / ideal_s.
+  `overhead_p50_s`/`overhead_p99_s`: per job, (its JobEnded time - its submit time) - its ideal.
+- `cpu_s_per_attempt`: process CPU (time.process_time, every thread) during phase 1 divided by
+  the attempts actually started (`attempts_run`: N plus the retries); `cpu_user_s`/`cpu_sys_s`
+  split it (os.times): a large sys share is threads waking each other.
+- messages: `runner.statistics()` if the Runner has one with a `messages` counter; otherwise
+  events emitted to subscribers (every kind, `Log` included) plus reactor tasks started
+  (`Reactor.statistics().tasks_started`, timers included) during phase 1: each task is at least
+  one actor message when it ends, each event one step of an attempt. `messages_source` says
+  which. `messages_per_s` = messages / wall_s; `cpu_s_per_message` = CPU / messages.
+- `peak_rss_mib`, `peak_threads`: sampled every 0.1 s in a thread during phase 1.
+  `rss_per_attempt_mib` = (peak RSS - `empty_runner_rss_mib`) / N (N attempts run at once).
+- `cancel_p50_s`, `cancel_p99_s`, `cancel_max_s`: per machine held at the cancel, the time from
+  the `runner.cancel()` call until the sim no longer lists it; `cancel_empty_s` until it lists
+  none; `cancel_ended_s` until every job said JobEnded.
+- `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
+
+Only loopback: the sim cloud is files in a temporary folder. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgspec
+import psutil
+import pykka
+from loguru import logger
+
+from protocols.clouds.sim import billing, sim_machines
+from protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Retrying
+from protocols.specs import CandidateSpec, Job, PolicySpec
+from supervisors.runner import Runner
+
+# production values, divided by --scale
+PRODUCTION_POLICY = {
+    "poll_s": 5.0, "setup_grace_s": 600.0, "stall_after_s": 300.0, "lost_after_s": 120.0,
+    "backoff_s": 1.0, "backoff_max_s": 60.0, "thrash_window_s": 300.0,
+}
+PRODUCTION_METER_PERIOD_S = 60.0
+PRODUCTION_LAUNCH_LATENCY_S = 20.0
+PRODUCTION_DELETE_LATENCY_S = 5.0
+
+RATE_NAMES = {
+    "no_capacity": "no_capacity_rate", "launch_failed": "launch_failure_rate", "preempt": "preempt_rate",
+    "ambiguous": "ambiguous_rate", "boot_failure": "boot_failure_rate",
+}
+MIB = 1 << 20
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in RATE_NAMES:
+            raise SystemExit(f"--failure-rates: unknown {name!r} (known: {', '.join(RATE_NAMES)})")
+        rates[RATE_NAMES[name]] = float(value)
+    return rates
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+class Sampler:
+    """Samples this process's RSS and thread count every `period_s` in a daemon thread."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.period_s = period_s
+        self.proc = psutil.Process()
+        self.peak_rss = 0
+        self.peak_threads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def sample(self) -> None:
+        self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+        self.peak_threads = max(self.peak_threads, threading.active_count())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> Sampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sample()
+
+
+class Tally:
+    """A Runner subscriber: counts events and keeps what the ideal needs. Runs on actor threads,
+    so it only updates counters under a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events = 0
+        self.kinds: Counter[str] = Counter()
+        self.attempts: dict[tuple[str, int], list[int]] = {}
+        self.machine: dict[tuple[str, int, int], str] = {}
+        self.exited: set[tuple[str, int, int]] = set()
+        self.backoff: defaultdict[tuple[str, int], float] = defaultdict(float)
+        self.ended: dict[tuple[str, int], JobEnded] = {}
+        self.started_jobs: set[tuple[str, int]] = set()
+        self.all_started = threading.Event()
+        self.expect = 0
+
+    def __call__(self, e: Event) -> None:
+        with self.lock:
+            self.events += 1
+            self.kinds[type(e).__name__] += 1
+            job = (e.job, e.seed)
+            match e:
+                case AttemptStarted():
+                    self.attempts.setdefault(job, []).append(e.attempt)
+                case Leased(machine=m):
+                    self.machine[(e.job, e.seed, e.attempt)] = m.name
+                case Exited():
+                    self.exited.add((e.job, e.seed, e.attempt))
+                case Retrying(delay_s=d):
+                    self.backoff[job] += d
+                case JobStarted():
+                    self.started_jobs.add(job)
+                    if self.expect and len(self.started_jobs) >= self.expect:
+                        self.all_started.set()
+                case JobEnded():
+                    self.ended[job] = e
+                case _:
+                    pass
+
+
+def sim_settings(n: int, job_s: float, scale: float, rates: dict[str, float],
+                 sim_dir: Path) -> dict[str, Any]:
+    stock = max(n, 8)
+    return {
+        "virtual": True, "virtual_job_s": job_s, "seed": 1, "state_dir": str(sim_dir),
+        "launch_latency_s": PRODUCTION_LAUNCH_LATENCY_S / scale,
+        "delete_latency_s": PRODUCTION_DELETE_LATENCY_S / scale,
+        "no_capacity_rate": rates.get("no_capacity_rate", 0.0),
+        "launch_failure_rate": rates.get("launch_failure_rate", 0.0),
+        "ambiguous_rate": rates.get("ambiguous_rate", 0.0),
+        "boot_failure_rate": rates.get("boot_failure_rate", 0.0),
+        "preempt_rate": rates.get("preempt_rate", 0.0),
+        "preempt_within_s": job_s,
+        "regions": [
+            {"name": "us-east", "gpus": {"A100": {"stock": stock, "hourly_usd": 1.8}}},
+            {"name": "eu-west", "gpus": {"A100": {"stock": stock, "hourly_usd": 2.1}}},
+            {"name": "ap-south", "gpus": {"A100": {"stock": stock, "hourly_usd": 1.5}}},
+        ],
+    }
+
+
+def make_jobs(n: int, scale: float, clouds: dict[str, Any]) -> list[Job]:
+    policy = msgspec.convert({k: v / scale for k, v in PRODUCTION_POLICY.items()}, PolicySpec)
+    return [
+        Job(name="load", command="true", seed=i, timeout_s=7 * 86400.0, policy=policy,
+            candidates=[CandidateSpec(cloud="sim", gpu="A100")], clouds=clouds)
+        for i in range(n)
+    ]
+
+
+def open_runner(root: Path, n: int, scale: float) -> Runner:
+    root.mkdir(parents=True, exist_ok=True)
+    runner = Runner(out_dir=root / "out", state_dir=root, concurrency=n, sweep_on_start=False,
+                    meter_period_s=PRODUCTION_METER_PERIOD_S / scale)
+    runner.open()
+    return runner
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def empty_runner_rss(root: Path, scale: float) -> float:
+    """RSS (MiB) with a Runner open and nothing submitted: the most of a few samples."""
+    runner = open_runner(root, 1, scale)
+    try:
+        proc, peak = psutil.Process(), 0
+        for _ in range(5):
+            peak = max(peak, proc.memory_info().rss)
+            time.sleep(0.1)
+    finally:
+        runner.close()
+    return peak / MIB
+
+
+def ideal_per_job(tally: Tally, sim_dir: Path, job_s: float, launch_s: float,
+                  delete_s: float) -> dict[tuple[str, int], float]:
+    """Each job's critical path with zero controller overhead (see the module docstring)."""
+    bills = {b.name: b for b in billing(sim_dir)}
+    out: dict[tuple[str, int], float] = {}
+    for job, attempts in tally.attempts.items():
+        total = tally.backoff[job]
+        for a in attempts:
+            total += launch_s
+            name = tally.machine.get((job[0], job[1], a))
+            if name is None:
+                continue  # refused: no machine, nothing to delete
+            total += delete_s
+            b = bills.get(name)
+            if (job[0], job[1], a) in tally.exited:
+                total += job_s
+            elif b is not None and b.preempted:
+                total += min(b.seconds, job_s)
+        out[job] = total
+    return out
+
+
+def run_statistics(runner: Runner) -> int | None:
+    """The Runner's own message counter, if it has one."""
+    if not hasattr(runner, "statistics"):
+        return None
+    stats = runner.statistics()
+    for field in ("messages", "messages_handled", "messages_received"):
+        value = getattr(stats, field, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, float]) -> dict[str, Any]:
+    sim_dir = root / "sim"
+    launch_s, delete_s = PRODUCTION_LAUNCH_LATENCY_S / scale, PRODUCTION_DELETE_LATENCY_S / scale
+    jobs = make_jobs(n, scale, {"sim": sim_settings(n, job_s, scale, rates, sim_dir)})
+    runner = open_runner(root, n, scale)
+    tally = Tally()
+    runner.subscribe(tally)
+    timeout = 300 + 20 * (launch_s + job_s + delete_s) + 0.1 * n
+    timed_out = False
+    try:
+        with Sampler() as sampler:
+            tasks0 = runner.reactor.statistics().tasks_started
+            msgs0 = run_statistics(runner)
+            submitted: dict[tuple[str, int], float] = {}
+            times0 = os.times()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            for job in jobs:
+                submitted[(job.name, job.seed)] = time.time()
+                runner.submit(job)
+            submit_s = time.perf_counter() - t0
+            try:
+                runner.wait(timeout=timeout)
+            except TimeoutError:
+                timed_out = True
+            wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            times1 = os.times()
+            tasks = runner.reactor.statistics().tasks_started - tasks0
+            msgs1 = run_statistics(runner)
+    finally:
+        close_s = timed(runner.close)
+    with tally.lock:
+        events = tally.events
+        kinds = dict(tally.kinds)
+        ended = dict(tally.ended)
+    if msgs0 is not None and msgs1 is not None:
+        messages, source = msgs1 - msgs0, "runner.statistics()"
+    else:
+        messages, source = events + tasks, "events + reactor tasks started"
+    ideals = ideal_per_job(tally, sim_dir, job_s, launch_s, delete_s)
+    ideal = max(ideals.values(), default=launch_s + job_s + delete_s)
+    overheads = [e.t - submitted[k] - ideals.get(k, 0.0) for k, e in ended.items()]
+    attempts_run = kinds.get("AttemptStarted", 0)
+    outcomes = Counter(e.outcome if e.outcome == "succeeded" else f"failed:{e.failure}"
+                       for e in ended.values())
+    return {
+        "wall_s": wall, "ideal_s": ideal, "wall_over_ideal": wall / ideal,
+        "submit_s": submit_s, "close_s": close_s,
+        "timed_out": timed_out, "jobs_ended": len(ended), "outcomes": dict(outcomes),
+        "attempts_run": attempts_run, "retries": kinds.get("Retrying", 0),
+        "cpu_s": cpu, "cpu_user_s": times1.user - times0.user, "cpu_sys_s": times1.system - times0.system,
+        "cpu_s_per_attempt": cpu / max(1, attempts_run),
+        "messages": messages, "messages_source": source, "events": events, "reactor_tasks": tasks,
+        "messages_per_s": messages / wall, "cpu_s_per_message": cpu / max(1, messages),
+        "peak_rss_mib": sampler.peak_rss / MIB, "peak_threads": sampler.peak_threads,
+        "overhead_p50_s": percentile(overheads, 50), "overhead_p99_s": percentile(overheads, 99),
+        "overhead_max_s": max(overheads, default=0.0), "events_by_kind": kinds,
+    }
+
+
+class GoneWatcher:
+    """Lists the sim's machines every 20 ms from `arm()` on; notes when each one disappears."""
+
+    def __init__(self, sim_dir: Path, timeout_s: float) -> None:
+        self.sim_dir = sim_dir
+        self.timeout_s = timeout_s
+        self.gone: dict[str, float] = {}
+        self.empty_s: float | None = None
+        self.held: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="bench-gone-watcher", daemon=True)
+
+    def arm(self) -> None:
+        self.held = set(sim_machines(self.sim_dir))
+        self.t0 = time.perf_counter()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            now_list = set(sim_machines(self.sim_dir))
+            dt = time.perf_counter() - self.t0
+            for name in self.held - now_list - self.gone.keys():
+                self.gone[name] = dt
+            if not now_list:
+                self.empty_s = dt
+                return
+            if dt > self.timeout_s:
+                return
+            time.sleep(0.02)
+
+    def join(self) -> None:
+        self._thread.join(self.timeout_s + 5)
+
+
+def phase_cancel(root: Path, n: int, job_s: float, scale: float) -> dict[str, Any]:
+    sim_dir = root / "sim"
+    jobs = make_jobs(n, scale, {"sim": sim_settings(n, job_s, scale, {}, sim_dir)})
+    runner = open_runner(root, n, scale)
+    tally = Tally()
+    tally.expect = n
+    runner.subscribe(tally)
+    launch_s = PRODUCTION_LAUNCH_LATENCY_S / scale
+    watcher = GoneWatcher(sim_dir, timeout_s=runner.delete_timeout_s + 180)
+    ended_s = None
+    try:
+        t0 = time.perf_counter()
+        for job in jobs:
+            runner.submit(job)
+        all_started = tally.all_started.wait(120 + 10 * launch_s + 0.1 * n)
+        to_running_s = time.perf_counter() - t0
+        with tally.lock:
+            running = len(tally.started_jobs)
+        watcher.arm()
+        runner.cancel()
+        try:
+            runner.wait(timeout=runner.delete_timeout_s + 180)
+            ended_s = time.perf_counter() - watcher.t0
+        except TimeoutError:
+            pass
+        watcher.join()
+    finally:
+        close_s = timed(runner.close)
+    times = list(watcher.gone.values())
+    return {
+        "cancel_all_started": all_started, "cancel_running_at_cancel": running,
+        "cancel_to_running_s": to_running_s,
+        "cancel_machines_at_cancel": len(watcher.held), "cancel_machines_gone": len(times),
+        "cancel_p50_s": percentile(times, 50), "cancel_p99_s": percentile(times, 99),
+        "cancel_max_s": max(times, default=0.0), "cancel_empty_s": watcher.empty_s,
+        "cancel_ended_s": ended_s, "cancel_close_s": close_s,
+    }
+
+
+def is_trio_worker(t: threading.Thread) -> bool:
+    return t.name.startswith("Trio thread") or t.name.startswith("Trio worker")
+
+
+def find_leaks(before: set[int | None], sim_dirs: list[Path]) -> dict[str, Any]:
+    def left() -> tuple[list[str], list[str], list[str]]:
+        machines = [m for d in sim_dirs if (d / "machines").is_dir() for m in sim_machines(d)]
+        actors = [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]
+        threads = [t.name for t in threading.enumerate()
+                   if t.ident not in before and t.is_alive() and not is_trio_worker(t)]
+        return machines, actors, threads
+
+    end = time.monotonic() + 10
+    machines, actors, threads = left()
+    while (machines or actors or threads) and time.monotonic() < end:
+        time.sleep(0.1)
+        machines, actors, threads = left()
+    return {
+        "leaks": len(machines) + len(actors) + len(threads),
+        "leaked_machines": machines[:20], "leaked_actors": sorted(Counter(actors).items())[:20],
+        "leaked_threads": threads[:20], "leaked_counts": [len(machines), len(actors), len(threads)],
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    def s3(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    rows = [
+        ("attempts (at once)", f"{r['attempts']}"),
+        ("scale (production / run)", f"{r['scale']:g}"),
+        ("job seconds", f"{r['job_s']:g}"),
+        ("attempts run (with retries)", f"{r['attempts_run']}"),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))),
+        ("wall / ideal", f"{r['wall_s']:.2f} s / {r['ideal_s']:.2f} s = {r['wall_over_ideal']:.3f}"),
+        ("submit / close", f"{r['submit_s']:.2f} s / {r['close_s']:.2f} s"),
+        ("overhead per job p50 / p99 / max",
+         f"{r['overhead_p50_s']:.2f} / {r['overhead_p99_s']:.2f} / {r['overhead_max_s']:.2f} s"),
+        ("CPU (user + sys)", f"{r['cpu_s']:.2f} s ({r['cpu_user_s']:.2f} + {r['cpu_sys_s']:.2f})"),
+        ("CPU per attempt / per message",
+         f"{r['cpu_s_per_attempt'] * 1000:.1f} ms / {r['cpu_s_per_message'] * 1e6:.0f} us"),
+        ("messages", f"{r['messages']} ({r['messages_source']}) = {r['messages_per_s']:.0f}/s"),
+        ("RSS peak / empty Runner", f"{r['peak_rss_mib']:.1f} / {r['empty_runner_rss_mib']:.1f} MiB"),
+        ("RSS per attempt", f"{r['rss_per_attempt_mib']:.3f} MiB"),
+        ("threads at peak", f"{r['peak_threads']}"),
+    ]
+    if "cancel_p50_s" in r:
+        rows += [
+            ("cancel: running at cancel",
+             f"{r['cancel_running_at_cancel']} jobs, {r['cancel_machines_at_cancel']} machines"),
+            ("cancel -> deleted p50 / p99 / max",
+             f"{s3(r['cancel_p50_s'])} / {s3(r['cancel_p99_s'])} / {s3(r['cancel_max_s'])} s"),
+            ("cancel -> sim empty / all ended", f"{s3(r['cancel_empty_s'])} s / {s3(r['cancel_ended_s'])} s"),
+        ]
+    rows.append(("leaks (machines, actors, threads)", f"{r['leaks']} {r['leaked_counts']}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--attempts", type=int, required=True, help="jobs run at once")
+    ap.add_argument("--job-seconds", type=float, default=10.0,
+                    help="how long each virtual job runs (not scaled)")
+    ap.add_argument("--failure-rates", default="",
+                    help="e.g. no_capacity=0.1,launch_failed=0.05,preempt=0.02")
+    ap.add_argument("--scale", type=float, default=10.0, help="production intervals are divided by this")
+    ap.add_argument("--cancel-job-seconds", type=float, default=600.0, help="the cancel phase's job length")
+    ap.add_argument("--no-cancel", action="store_true", help="skip the cancel phase")
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = ap.parse_args(argv)
+    if args.attempts < 1 or args.scale <= 0 or args.job_seconds < 0:
+        ap.error("--attempts >= 1, --scale > 0, --job-seconds >= 0")
+    rates = parse_rates(args.failure_rates)
+    logger.remove()
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    f = args.scale
+    say(f"scale factor {f:g}: production intervals / {f:g} (poll {PRODUCTION_POLICY['poll_s'] / f:g} s, "
+        f"launch {PRODUCTION_LAUNCH_LATENCY_S / f:g} s, delete {PRODUCTION_DELETE_LATENCY_S / f:g} s, "
+        f"meter {PRODUCTION_METER_PERIOD_S / f:g} s)")
+
+    before = {t.ident for t in threading.enumerate()}
+    with tempfile.TemporaryDirectory(prefix="actor-run-load-") as tmp:
+        root = Path(tmp)
+        result: dict[str, Any] = {"attempts": args.attempts, "scale": args.scale, "job_s": args.job_seconds,
+                                  "failure_rates": rates}
+        result["empty_runner_rss_mib"] = empty_runner_rss(root / "empty", args.scale)
+        say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
+        result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates))
+        grown = result["peak_rss_mib"] - result["empty_runner_rss_mib"]
+        result["rss_per_attempt_mib"] = grown / args.attempts
+        sim_dirs = [root / "load" / "sim"]
+        if not args.no_cancel:
+            say(f"phase 2: {args.attempts} jobs of {args.cancel_job_seconds:g} s, cancelled once all run")
+            result.update(phase_cancel(root / "cancel", args.attempts, args.cancel_job_seconds, args.scale))
+            sim_dirs.append(root / "cancel" / "sim")
+        result.update(find_leaks(before, sim_dirs))
+    say(render(result))
+    print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in result.items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

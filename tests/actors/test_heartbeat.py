@@ -1,0 +1,224 @@
+"""The heartbeat (actors/heartbeat.py): exit, progress, the log tail, and each kind of stall, watching a
+real job on a real machine (`local`, or a `sim` sandbox for preemption)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pykka
+import pytest
+from actor_kit import SIM, Machines, Mailbox, ProbeHandle, fast_sim, wait_until
+
+from actors import Context, HeartbeatActor
+from protocols.clouds.sim import SimCloud, preempt_machine
+from protocols.failures import Code
+from protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
+
+
+def progress(**line: Any) -> str:
+    """A shell command that appends one progress line."""
+    return f"echo '{json.dumps(line)}' >> \"$ACTOR_RUN_PROGRESS\""
+
+
+@pytest.fixture
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "seed-log.txt"
+
+
+@pytest.fixture
+def watch(ctx: Context, probe: ProbeHandle, log_path: Path) -> Iterator[Callable[..., pykka.ActorRef[Any]]]:
+    """Start a HeartbeatActor on a started job; stopped at teardown."""
+    started: list[pykka.ActorRef[Any]] = []
+
+    def make(machine: str, work: str, pid: int, *, context: Context | None = None,
+             setup_grace_s: float = 30.0, stall_after_s: float = 30.0, timeout_s: float = 60.0,
+             launched_at: float | None = None, reattached: bool = False) -> pykka.ActorRef[Any]:
+        ref = HeartbeatActor.start(
+            context or ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=setup_grace_s,
+            stall_after_s=stall_after_s, lost_after_s=5.0, timeout_s=timeout_s, log_path=log_path,
+        )
+        started.append(ref)
+        ref.tell(Watch(machine=machine, work=work, pid=pid, launched_at=launched_at or time.time(),
+                       reattached=reattached))
+        return ref
+
+    try:
+        yield make
+    finally:
+        for ref in started:
+            ref.stop()
+
+
+def test_a_job_that_exits_0_is_exited_0_with_its_progress(
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox, log_path: Path,
+) -> None:
+    command = "; ".join([
+        progress(stage="setup"), "echo line one", progress(stage="train", step=1, loss=0.5),
+        "echo line two", progress(stage="train", step=2, loss=0.25), "exit 0",
+    ])
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, command)
+        watch(machine.name, work, pid)
+        exited = probe.wait_for(Exited)
+        assert (exited.job, exited.seed, exited.attempt, exited.exit_code) == ("t", 1, 0, 0)
+        told = probe.box.of(Progress)
+        assert [p.stage for p in told] == ["setup", "train", "train"]
+        assert [p.line.get("step") for p in told] == [None, 1, 2]
+        assert told[-1].line == {"stage": "train", "step": 2, "loss": 0.25}
+        # progress went to the parent and to ctx.emit, and came before the exit
+        assert [p.line for p in emitted.of(Progress)] == [p.line for p in told]
+        assert probe.box.seen.index(told[-1]) < probe.box.seen.index(exited)
+        assert log_path.read_text() == "line one\nline two\n"
+        assert not probe.box.of(Stalled)
+
+
+def test_a_job_that_exits_3_is_exited_3(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "echo failing >&2; exit 3")
+        watch(machine.name, work, pid)
+        assert probe.wait_for(Exited).exit_code == 3
+
+
+def test_the_log_tail_is_appended_to_the_log_file(
+    machines: Machines, probe: ProbeHandle, watch: Any, log_path: Path,
+) -> None:
+    log_path.write_text("--- attempt 0 ---\n")
+    # more than one poll's worth of time between the lines: the tail arrives in pieces
+    command = "echo first; sleep 0.3; echo second; sleep 0.3; printf 'third, no newline'"
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, command)
+        watch(machine.name, work, pid)
+        probe.wait_for(Exited)
+        assert log_path.read_text() == "--- attempt 0 ---\nfirst\nsecond\nthird, no newline"
+
+
+def test_a_silent_job_stalls_after_the_setup_grace(
+    machines: Machines, probe: ProbeHandle, watch: Any,
+) -> None:
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        t0 = time.time()
+        watch(machine.name, work, pid, setup_grace_s=0.5, launched_at=t0)
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.STALLED
+        assert "past setup" in stalled.detail
+        assert time.time() - t0 >= 0.5
+        assert not probe.box.of(Exited)
+
+
+def test_setup_stages_do_not_end_the_setup_grace(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
+    """A job that only says `setup`/`download` is still in its grace: it stalls on the long window."""
+    command = f"{progress(stage='setup')}; {progress(stage='download')}; sleep 30"
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, command)
+        t0 = time.time()
+        watch(machine.name, work, pid, setup_grace_s=1.0, stall_after_s=0.2, launched_at=t0)
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.STALLED
+        assert time.time() - t0 >= 1.0, "the tight window was applied during setup"
+        assert [p.stage for p in probe.box.of(Progress)] == ["setup", "download"]
+
+
+def test_a_job_past_setup_that_goes_silent_stalls_after_stall_after_s(
+    machines: Machines, probe: ProbeHandle, watch: Any,
+) -> None:
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, f"{progress(stage='train', step=1)}; sleep 30")
+        watch(machine.name, work, pid, setup_grace_s=30.0, stall_after_s=0.5)
+        train = probe.wait_for(Progress)
+        assert train.stage == "train"
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.STALLED
+        assert "no progress" in stalled.detail
+        assert stalled.t - train.t >= 0.5
+
+
+def test_a_job_past_its_timeout_is_stalled_job_failed(
+    machines: Machines, probe: ProbeHandle, watch: Any,
+) -> None:
+    with machines.open() as (machine, ws):
+        # it keeps reporting progress: only its timeout can end it
+        work, pid = machines.start_job(ws, f"while :; do {progress(stage='train')}; sleep 0.05; done")
+        watch(machine.name, work, pid, timeout_s=0.5)
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.JOB_FAILED
+        assert "timeout_s" in stalled.detail
+
+
+def test_the_windows_are_anchored_at_the_launch(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
+    """A heartbeat that (re)attaches late gives a silent job no fresh window."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        launched_at = time.time() - 100
+        watch(machine.name, work, pid, setup_grace_s=50.0, timeout_s=1000.0, launched_at=launched_at)
+        stalled = probe.wait_for(Stalled, timeout=5)
+        assert stalled.failure == Code.STALLED
+
+
+def test_a_reattached_heartbeat_gives_a_silent_job_no_fresh_window(
+    machines: Machines, probe: ProbeHandle, watch: Any,
+) -> None:
+    """What the first poll after a reattach reads was written before: life as of the files' times."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, f"{progress(stage='train', step=1)}; sleep 30")
+        launched_at = time.time()
+        first = watch(machine.name, work, pid, stall_after_s=1.0, launched_at=launched_at)
+        probe.wait_for(Progress)
+        probe.wait_for(Stalled)  # silent for stall_after_s since its one line
+        first.stop()
+        # a controller that comes back: a new heartbeat, anchored at the same launch
+        attached = time.time()
+        watch(machine.name, work, pid, stall_after_s=1.0, launched_at=launched_at, reattached=True)
+        again = probe.wait_for(Stalled)
+        assert again.failure == Code.STALLED
+        assert again.t - attached < 0.9, f"the reattached heartbeat waited {again.t - attached:.1f} s more"
+
+
+def test_a_preempted_sim_machine_is_stalled_preempted(
+    make_context: Callable[..., Context], probe: ProbeHandle, watch: Any,
+) -> None:
+    ctx = make_context(sim=fast_sim())
+    sim = ctx.clouds["sim"]
+    assert isinstance(sim, SimCloud)
+    with Machines(ctx).open(SIM) as (machine, ws):
+        work, pid = Machines(ctx).start_job(ws, f"{progress(stage='train')}; sleep 30")
+        watch(machine.name, work, pid, context=ctx)
+        probe.wait_for(Progress)  # it runs and is watched
+        assert preempt_machine(sim.dir, machine.name)
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.PREEMPTED
+        assert "preempted" in stalled.detail
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                   what="the preempted job's process ended")
+
+
+def test_a_job_whose_process_vanished_is_stalled(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
+    """Killed from outside (no response.json written): `lost`, which is a stall, not an exit."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        watch(machine.name, work, pid)
+        ctx = machines.ctx
+        ctx.reactor.call(ws.stop, work, timeout=30)  # kills the job's whole process group, wrapper included
+        stalled = probe.wait_for(Stalled)
+        assert stalled.failure == Code.STALLED
+        assert "vanished" in stalled.detail
+
+
+def test_an_unknown_message_fails_the_heartbeat_and_tells_the_parent(
+    ctx: Context, probe: ProbeHandle, log_path: Path,
+) -> None:
+    hb = HeartbeatActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=1,
+                              stall_after_s=1, lost_after_s=1, timeout_s=1, log_path=log_path)
+    try:
+        hb.tell(42)
+        failed = probe.wait_for(ChildFailed)
+        assert failed.child == "heartbeat:t/1/a0"
+        assert "TypeError" in failed.detail
+        assert hb.actor_stopped.wait(10)
+    finally:
+        hb.stop()

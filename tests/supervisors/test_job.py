@@ -1,0 +1,245 @@
+"""supervisors/job.py: one job's attempts through a real Runner, on the `sim` and `local` clouds:
+the capacity walk, what is retried (on a fresh machine) and what is not, response.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from protocols.clouds.sim import preempt_machine, sim_machines
+from protocols.failures import Code
+from protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    Released,
+    Retrying,
+    Stalled,
+)
+from protocols.specs import CandidateSpec
+
+# a job that is silent on its first attempt (a stall) and succeeds on the next ones
+QUIET_FIRST = "sh -c 'if [ \"$ACTOR_RUN_ATTEMPT\" = 0 ]; then sleep {s}; else echo ok-$ACTOR_RUN_ATTEMPT; fi'"
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Processes `sleep <seconds>` still running (each test picks its own odd number)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll an outside condition (a process list), bounded."""
+    end = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+    return value
+
+
+def response(tmp_path: Path, job: str, seed: int = 1) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((tmp_path / "out" / job / f"seed-{seed}" / "response.json").read_text())
+    return data
+
+
+def test_the_walk_moves_past_places_without_stock(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, regions: Any, tmp_path: Path, sim_dir: Path
+) -> None:
+    sim = {
+        "regions": regions(
+            ("us-east", "H100", 0, 2.9), ("eu-west", "H100", 5, 2.9), ("us-east", "A100", 5, 1.8)
+        )
+    }
+    candidates = [
+        CandidateSpec(cloud="sim", gpu="H100", regions=["us-east"]),  # no stock there
+        CandidateSpec(cloud="sim", gpu="H100", max_hourly_usd=1.0),  # stock, but above the ceiling
+        CandidateSpec(cloud="sim", gpu="A100"),
+    ]
+    job = sim_job("walk", "sh -c 'echo walked > $ACTOR_RUN_OUT/w.txt'", sim=sim, candidates=candidates)
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("succeeded", None, 1)
+    started = events.of(AttemptStarted)
+    assert [(s.offer.candidate, s.offer.gpu, s.offer.region) for s in started] == [(2, "A100", "us-east")]
+    assert [e.machine.gpu for e in events.of(Leased)] == ["A100"]
+    body = response(tmp_path, "walk")
+    assert body["outcome"] == "succeeded"
+    assert [(a["gpu"], a["region"], a["outcome"]) for a in body["attempts"]] == [
+        ("A100", "us-east", "succeeded")
+    ]
+    assert (tmp_path / "out" / "walk" / "seed-1" / "out" / "w.txt").read_text() == "walked\n"
+    assert sim_machines(sim_dir) == []
+
+
+def test_no_capacity_at_launch_walks_on_without_counting(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, tmp_path: Path
+) -> None:
+    # every sim launch is refused for capacity; the last candidate is this computer
+    job = sim_job(
+        "nocap",
+        "sh -c 'echo fine'",
+        sim={"no_capacity_rate": 1.0},
+        candidates=[CandidateSpec(cloud="sim", gpu="A100"), CandidateSpec(cloud="local")],
+        max_attempts=1,
+    )
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert ended.outcome == "succeeded"
+    failed = events.of(LeaseFailed)
+    assert [f.failure for f in failed] == [Code.NO_CAPACITY] * 3  # the sim's three A100 places, one each
+    assert len({e.offer.region for e in events.of(AttemptStarted) if e.offer.cloud == "sim"}) == 3
+    assert events.of(Retrying) == []  # a walk is at once, not a retry after a backoff
+    body = response(tmp_path, "nocap")
+    assert [(a["cloud"], a["failure"]) for a in body["attempts"]] == [
+        ("sim", "no_capacity"),
+        ("sim", "no_capacity"),
+        ("sim", "no_capacity"),
+        ("local", None),
+    ]
+    assert [a["attempt"] for a in body["attempts"]] == [0, 1, 2, 3]
+
+
+def test_no_stock_anywhere_ends_no_capacity(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any
+) -> None:
+    job = sim_job("none", "true", candidates=[CandidateSpec(cloud="sim", gpu="B200")])
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.NO_CAPACITY, 0)
+    assert "no candidate place has stock" in ended.detail
+    assert events.of(AttemptStarted) == []
+
+
+def test_a_job_that_exits_non_zero_is_not_retried(
+    open_runner: Callable[..., Any],
+    events: Any,
+    sim_job: Any,
+    tmp_path: Path,
+    ledger_machines: Any,
+    sim_dir: Path,
+) -> None:
+    job = sim_job("exit3", "sh -c 'echo about to fail; exit 3'", max_attempts=3)
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.JOB_FAILED, 1)
+    assert "exited 3" in ended.detail
+    assert len(events.of(AttemptStarted)) == 1
+    assert events.of(Retrying) == []
+    body = response(tmp_path, "exit3")
+    assert (body["outcome"], body["failure"], body["exit_code"]) == ("failed", "job_failed", 3)
+    assert len(body["attempts"]) == 1
+    assert "about to fail" in (tmp_path / "out" / "exit3" / "seed-1" / "log.txt").read_text()
+    assert [m.state for m in ledger_machines()] == ["deleted"]
+    assert sim_machines(sim_dir) == []
+
+
+def test_a_stalled_job_is_retried_on_a_fresh_machine(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, tmp_path: Path, sim_dir: Path
+) -> None:
+    job = sim_job("stall", QUIET_FIRST.format(s="30.917"), setup_grace_s=0.5, max_attempts=2)
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+        assert sleeping("30.917") == []  # the silent job was stopped with its machine
+    assert (ended.outcome, ended.attempts) == ("succeeded", 2)
+    stalls = events.of(Stalled)
+    assert [(s.attempt, s.failure) for s in stalls] == [(0, Code.STALLED)]
+    leased = events.of(Leased)
+    assert [e.attempt for e in leased] == [0, 1]
+    assert leased[0].machine.name != leased[1].machine.name  # a fresh machine
+    assert leased[0].machine.id != leased[1].machine.id
+    released = events.of(Released)
+    assert [(e.machine, e.confirmed) for e in released] == [
+        (leased[0].machine.name, True),
+        (leased[1].machine.name, True),
+    ]
+    assert [(e.attempt, e.failure) for e in events.of(Retrying)] == [(1, Code.STALLED)]
+    body = response(tmp_path, "stall")
+    assert [(a["attempt"], a["outcome"], a["failure"]) for a in body["attempts"]] == [
+        (0, "failed", "stalled"),
+        (1, "succeeded", None),
+    ]
+    assert "ok-1" in (tmp_path / "out" / "stall" / "seed-1" / "log.txt").read_text()
+    assert sim_machines(sim_dir) == []
+
+
+def test_a_job_that_stalls_every_time_ends_stalled_after_max_attempts(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+) -> None:
+    job = sim_job("stall2", "sleep 31.917", setup_grace_s=0.4, max_attempts=2)
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.STALLED, 2)
+    assert "2 attempts used (max_attempts = 2)" in ended.detail
+    names = [e.machine.name for e in events.of(Leased)]
+    assert len(names) == 2
+    assert len(set(names)) == 2
+    assert sleeping("31.917") == []
+    assert sim_machines(sim_dir) == []
+
+
+def test_a_preempted_attempt_is_retried(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+) -> None:
+    job = sim_job("pre", QUIET_FIRST.format(s="32.917"), max_attempts=2)
+    with open_runner() as r:
+        handle = r.submit(job)
+        events.wait_for(lambda e: isinstance(e, JobStarted) and e.attempt == 0)
+        first = events.of(Leased)[0].machine.name
+        assert preempt_machine(sim_dir, first)
+        ended = handle.result(60)
+    assert (ended.outcome, ended.attempts) == ("succeeded", 2)
+    ends = events.of(AttemptEnded)
+    assert [(e.attempt, e.failure) for e in ends] == [(0, Code.PREEMPTED), (1, None)]
+    assert events.of(Leased)[1].machine.name != first
+    assert sleeping("32.917") == []
+    assert sim_machines(sim_dir) == []
+
+
+def test_launch_failures_are_retried_at_the_next_place(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, tmp_path: Path, sim_dir: Path
+) -> None:
+    job = sim_job("lf", "true", sim={"launch_failure_rate": 1.0}, max_attempts=2)
+    with open_runner() as r:
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.LAUNCH_FAILED, 2)
+    regions = [e.offer.region for e in events.of(AttemptStarted)]
+    assert len(regions) == 2
+    assert regions[0] != regions[1]  # launch_failed walks past the place before the retry
+    assert [e.failure for e in events.of(Retrying)] == [Code.LAUNCH_FAILED]
+    assert sim_machines(sim_dir) == []
+
+
+def test_cancel_of_a_running_job(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, ledger_machines: Any, sim_dir: Path
+) -> None:
+    job = sim_job("cancel", "sleep 33.917")
+    with open_runner() as r:
+        handle = r.submit(job)
+        events.wait_for(lambda e: isinstance(e, JobStarted))
+        assert len(sim_machines(sim_dir)) == 1
+        wait_until(lambda: sleeping("33.917"))  # the job runs
+        handle.cancel()
+        ended = handle.result(60)
+        # deleted before the job ended, not by the Runner's close
+        assert sim_machines(sim_dir) == []
+        assert sleeping("33.917") == []
+    assert isinstance(ended, JobEnded)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.CANCELED, 1)
+    assert [e.confirmed for e in events.of(Released)] == [True]
+    assert events.of(Retrying) == []
+    assert [m.state for m in ledger_machines()] == ["deleted"]

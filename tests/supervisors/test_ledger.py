@@ -1,0 +1,271 @@
+"""supervisors/ledger.py: SQLite in WAL mode, one writer thread, readers of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from protocols.failures import Code
+from protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
+from supervisors.ledger import Ledger, LedgerReader, OwnerRow, owner_is_alive, process_start_time
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "ledger.sqlite"
+
+
+@pytest.fixture
+def ledgers(path: Path) -> Iterator[Callable[..., Ledger]]:
+    made: list[Ledger] = []
+
+    def make(owner: str | None = None) -> Ledger:
+        led = Ledger(path, owner or uuid.uuid4().hex)
+        made.append(led)
+        return led
+
+    yield make
+    for led in made:
+        led.close()
+
+
+@pytest.fixture
+def reader(path: Path, ledgers: Callable[..., Ledger]) -> Iterator[LedgerReader]:
+    ledgers()  # the file and its schema
+    r = LedgerReader(path)
+    yield r
+    r.close()
+
+
+def raw(path: Path, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """A plain sqlite3 connection of the test's own: what another process would see."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def intent(led: Ledger, name: str = "ar-j-1-a0-0123abcd-d1", **kw: object) -> str:
+    led.record_intent(
+        name=name,
+        cloud=str(kw.get("cloud", "sim")),
+        job="j/seed-1",
+        seed=1,
+        attempt=0,
+        deadline=float(kw.get("deadline", time.time() + 600)),
+    )  # type: ignore[arg-type]
+    return name
+
+
+def test_the_ledger_is_in_wal_mode(path: Path, ledgers: Callable[..., Ledger]) -> None:
+    ledgers()
+    assert raw(path, "PRAGMA journal_mode") == [("wal",)]
+    assert path.with_name(path.name + "-wal").exists()
+
+
+def test_record_intent_is_durable_before_it_returns(path: Path, ledgers: Callable[..., Ledger]) -> None:
+    led = ledgers("f" * 32)
+    for i in range(20):  # every time, not by luck of the writer thread's timing
+        name = intent(led, f"ar-j-1-a{i}-ffffffff-d1")
+        assert raw(path, "SELECT owner, state, phase FROM machines WHERE name=?", (name,)) == [
+            ("f" * 32, "alive", "requested")
+        ]
+
+
+def test_a_machine_is_alive_until_its_deletion_is_confirmed(
+    ledgers: Callable[..., Ledger], reader: LedgerReader
+) -> None:
+    led = ledgers()
+    name = intent(led)
+    led.record_launched(Machine(cloud="sim", id="sim-1", name=name, region="us-east", hourly_usd=1.8))
+    led.record_started(name, "/work/j", 4242, 123.0)
+    led.flush()
+    row = reader.machine(name)
+    assert row is not None
+    assert (row.state, row.phase, row.machine_id, row.region, row.hourly_usd) == (
+        "alive",
+        "running",
+        "sim-1",
+        "us-east",
+        1.8,
+    )
+    assert (row.work, row.pid, row.launched_at) == ("/work/j", 4242, 123.0)
+    assert [m.name for m in reader.machines(alive_only=True)] == [name]
+    led.record_gone(name, 456.0, "released")
+    row = reader.machine(name)
+    assert row is not None
+    assert (row.state, row.phase, row.gone, row.reason) == ("deleted", "deleted", 456.0, "released")
+    assert reader.machines(alive_only=True) == []
+    assert [m.name for m in reader.machines()] == [name]
+
+
+def test_a_failed_delete_keeps_the_machine_alive(
+    ledgers: Callable[..., Ledger], reader: LedgerReader
+) -> None:
+    led = ledgers()
+    name = intent(led)
+    led.record_delete_failed(name, "provider said 503")
+    row = reader.machine(name)
+    assert row is not None
+    assert (row.state, row.phase, row.detail) == ("alive", "delete_failed", "provider said 503")
+    # a later confirmed deletion closes it; a late failure report does not reopen it
+    led.record_gone(name, time.time(), "swept")
+    led.record_delete_failed(name, "late")
+    row = reader.machine(name)
+    assert row is not None
+    assert (row.state, row.phase, row.detail) == ("deleted", "deleted", None)
+
+
+# --- owners ------------------------------------------------------------------------------------------
+
+
+def _row(**kw: object) -> OwnerRow:
+    base: dict[str, object] = {
+        "id": "o",
+        "pid": os.getpid(),
+        "started": process_start_time(os.getpid()),
+        "host": socket.gethostname(),
+        "beat": time.time(),
+        "closed": 0,
+    }
+    base.update(kw)
+    return OwnerRow(**base)  # type: ignore[arg-type]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # exited and reaped: no process has this pid now
+    return proc.pid
+
+
+def test_a_live_pid_with_its_start_time_is_alive() -> None:
+    assert owner_is_alive(_row(), now=time.time())
+
+
+def test_a_dead_pid_is_not_alive() -> None:
+    assert not owner_is_alive(_row(pid=_dead_pid()), now=time.time())
+
+
+def test_a_reused_pid_is_not_alive() -> None:
+    started = process_start_time(os.getpid())
+    assert started is not None
+    # same pid, but the process that registered started a minute earlier: another process now
+    assert not owner_is_alive(_row(started=started - 60), now=time.time())
+
+
+def test_a_closed_owner_is_not_alive() -> None:
+    assert not owner_is_alive(_row(closed=1), now=time.time())
+
+
+def test_an_owner_on_another_host_is_alive_while_it_beats() -> None:
+    now = time.time()
+    assert owner_is_alive(_row(host="elsewhere", pid=_dead_pid(), beat=now - 30), now=now)
+    assert not owner_is_alive(_row(host="elsewhere", beat=now - 601), now=now)
+
+
+def test_registered_owners_are_alive_until_closed(
+    ledgers: Callable[..., Ledger], reader: LedgerReader, path: Path
+) -> None:
+    a, b = ledgers(), ledgers()
+    a.register_owner()
+    b.register_owner()
+    assert {a.owner, b.owner} <= reader.live_owners()
+    b.close_owner()
+    assert a.owner in reader.live_owners()
+    assert b.owner not in reader.live_owners()
+    # an owner row for a process that is gone
+    raw_conn = sqlite3.connect(path)
+    raw_conn.execute(
+        "INSERT INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
+        ("dead", _dead_pid(), time.time(), socket.gethostname(), time.time()),
+    )
+    raw_conn.commit()
+    raw_conn.close()
+    assert "dead" in {o.id for o in reader.owners()}
+    assert "dead" not in reader.live_owners()
+
+
+# --- jobs, attempts, events --------------------------------------------------------------------------
+
+
+def test_events_are_stored_as_json_with_their_type(
+    ledgers: Callable[..., Ledger], reader: LedgerReader
+) -> None:
+    led = ledgers()
+    machine = Machine(cloud="sim", id="sim-1", name="ar-j-1-a0-0123abcd-d1")
+    events = [
+        Leased(job="j", seed=1, attempt=0, machine=machine),
+        LeaseFailed(job="j", seed=1, attempt=1, failure=Code.NO_CAPACITY, detail="none left"),
+        JobEnded(job="j", seed=1, attempt=1, outcome="failed", failure=Code.JOB_FAILED, attempts=2),
+    ]
+    for e in events:
+        led.record_event(e)
+    led.flush()
+    rows = reader.events("j/seed-1")
+    assert [r["type"] for r in rows] == ["Leased", "LeaseFailed", "JobEnded"]
+    assert [r["attempt"] for r in rows] == [0, 1, 1]
+    bodies = [json.loads(r["body"]) for r in rows]
+    assert [b["type"] for b in bodies] == ["Leased", "LeaseFailed", "JobEnded"]
+    assert bodies[1]["failure"] == "no_capacity"
+    assert bodies[2]["failure"] == "job_failed"
+    assert [decode_event(r["body"]) for r in rows] == events  # one schema: what was sent is what is read
+    assert reader.events("other/seed-1") == []
+
+
+def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader, path: Path) -> None:
+    led = ledgers()
+    led.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/out/j/seed-1")
+    led.record_attempt(
+        job="j/seed-1",
+        attempt=0,
+        machine="m",
+        cloud="sim",
+        region="r",
+        state="failed",
+        failure="stalled",
+        detail="quiet",
+        started=1.0,
+        ended=2.0,
+        usd=0.5,
+    )
+    led.record_job_end(key="j/seed-1", state="failed", failure="stalled", detail="quiet", attempts=1, usd=0.5)
+    jobs = reader.jobs()
+    assert len(jobs) == 1
+    assert {k: jobs[0][k] for k in ("key", "owner", "state", "failure", "attempts", "usd")} == {
+        "key": "j/seed-1",
+        "owner": led.owner,
+        "state": "failed",
+        "failure": "stalled",
+        "attempts": 1,
+        "usd": 0.5,
+    }
+    assert raw(path, "SELECT job, attempt, state, failure FROM attempts") == [
+        ("j/seed-1", 0, "failed", "stalled")
+    ]
+
+
+def test_clouds_are_remembered_once(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    led = ledgers()
+    led.record_cloud("sim", {"launch_latency_s": 0})
+    led.record_cloud("sim", {"launch_latency_s": 0})
+    led.record_cloud("local", {})
+    assert sorted(reader.clouds()) == [("local", {}), ("sim", {"launch_latency_s": 0})]
+
+
+def test_a_closed_ledger_refuses_writes(ledgers: Callable[..., Ledger]) -> None:
+    led = ledgers()
+    led.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        intent(led)
+    led.close()  # twice is fine

@@ -1,0 +1,212 @@
+"""supervisors/runner.py: the embedding API. Runner, BatchSupervisor and JobHandle with real
+clouds: outputs, the ledger, close() with jobs running, the batch budget, concurrency."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocols.clouds.sim import sim_machines
+from protocols.failures import Code, SpecError
+from protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Metered, Released
+from protocols.specs import CandidateSpec, Job
+from supervisors.ledger import LedgerReader
+from supervisors.runner import Runner
+
+WRITE_OUT = (
+    'sh -c \'echo hello from $ACTOR_RUN_SEED; echo {\\"stage\\": \\"train\\"} >> $ACTOR_RUN_PROGRESS; '
+    "echo $ACTOR_RUN_SEED > $ACTOR_RUN_OUT/result.txt'"
+)
+
+
+def test_outputs_land_in_the_seed_folder(
+    open_runner: Callable[..., Any],
+    sim_job: Any,
+    local_job: Any,
+    tmp_path: Path,
+    state_dir: Path,
+    sim_dir: Path,
+) -> None:
+    jobs = [
+        local_job("loc", WRITE_OUT, seed=7),
+        sim_job(
+            "sim",
+            WRITE_OUT,
+            seed=-2,
+            sim={"regions": [{"name": "r", "gpus": {"A100": {"stock": 1, "hourly_usd": 36.0}}}]},
+        ),
+    ]
+    with open_runner() as r:
+        handles = [r.submit(j) for j in jobs]
+        ended = [h.result(60) for h in handles]
+    assert [e.outcome for e in ended] == ["succeeded", "succeeded"]
+    for job, e in zip(jobs, ended, strict=True):
+        seed_dir = tmp_path / "out" / job.name / f"seed-{job.seed}"
+        assert e.out_dir == str(seed_dir)
+        assert {p.name for p in seed_dir.iterdir()} == {"log.txt", "out", "response.json", "progress.jsonl"}
+        assert json.loads((seed_dir / "progress.jsonl").read_text()) == {"stage": "train"}
+        assert (seed_dir / "out" / "result.txt").read_text() == f"{job.seed}\n"
+        assert f"hello from {job.seed}" in (seed_dir / "log.txt").read_text()
+        body = json.loads((seed_dir / "response.json").read_text())
+        assert (body["job"], body["seed"], body["outcome"], body["failure"], body["exit_code"]) == (
+            job.name,
+            job.seed,
+            "succeeded",
+            None,
+            0,
+        )
+        assert len(body["attempts"]) == 1
+        assert {"lease", "upload", "start", "run", "fetch", "release"} <= set(body["phases"])
+        assert all(v >= 0 for v in body["phases"].values())
+        assert body["usd"] == pytest.approx(
+            sum(a["usd"] for a in body["attempts"]), abs=1e-6
+        )  # rounded to 6 places
+    loc, sim = (
+        json.loads((tmp_path / "out" / j.name / f"seed-{j.seed}" / "response.json").read_text()) for j in jobs
+    )
+    assert loc["usd"] == 0.0  # this computer costs nothing
+    assert sim["usd"] > 0.0  # $36/h for the seconds it was held
+    assert ended[1].usd == pytest.approx(sim["usd"], abs=1e-6)
+    # after close every machine the ledger heard of is deleted, at the provider too
+    rows = LedgerReader(state_dir / "ledger.sqlite")
+    try:
+        machines = rows.machines()
+        assert sorted(m.cloud for m in machines) == ["local", "sim"]
+        assert {m.state for m in machines} == {"deleted"}
+        assert {m.reason for m in machines} == {"deleted"}
+        assert all(m.gone for m in machines)
+        jobs_rows = {j["key"]: j for j in rows.jobs()}
+        assert {k: v["state"] for k, v in jobs_rows.items()} == {
+            "loc/seed-7": "succeeded",
+            "sim/seed--2": "succeeded",
+        }
+        types = [e["type"] for e in rows.events("loc/seed-7")]
+        assert types[0] == "AttemptStarted"
+        assert types[-1] == "JobEnded"
+    finally:
+        rows.close()
+    assert sim_machines(sim_dir) == []
+
+
+def test_close_with_a_running_job_cancels_it_and_deletes_every_machine(
+    open_runner: Callable[..., Any],
+    events: Any,
+    sim_job: Any,
+    local_job: Any,
+    ledger_machines: Any,
+    sim_dir: Path,
+) -> None:
+    with open_runner(concurrency=3) as r:
+        handles = [r.submit(sim_job("long", "sleep 40.917", seed=s)) for s in (1, 2)]
+        handles.append(r.submit(local_job("long", "sleep 40.917", seed=3)))
+        for s in (1, 2, 3):
+            events.wait_for(lambda e, s=s: isinstance(e, JobStarted) and e.seed == s)
+        assert len(sim_machines(sim_dir)) == 2
+        assert {m.state for m in ledger_machines()} == {"alive"}
+    # close() returned: every job ended canceled, every machine is gone
+    for h in handles:
+        assert h.done()
+        ended = h.result(0)
+        assert (ended.outcome, ended.failure) == ("failed", Code.CANCELED)
+    assert sim_machines(sim_dir) == []
+    rows = ledger_machines()
+    assert len(rows) == 3
+    assert {m.state for m in rows} == {"deleted"}
+    assert sorted(e.confirmed for e in events.of(Released)) == [True, True, True]
+
+
+def test_the_budget_stops_every_job(
+    open_runner: Callable[..., Any],
+    events: Any,
+    sim_job: Any,
+    policy: Any,
+    regions: Any,
+    sim_dir: Path,
+    ledger_machines: Any,
+) -> None:
+    # $3600 an hour is $1 a second: a $0.05 budget is met within the first meter beats
+    sim = {"regions": regions(("r", "A100", 8, 3600.0))}
+    jobs = [sim_job("costly", "sleep 41.917", seed=s, sim=sim, budget_usd=0.05) for s in (1, 2, 3)]
+    with open_runner(concurrency=2, budget_usd=0.05, meter_period_s=0.05) as r:
+        handles = [r.submit(j) for j in jobs]
+        ended = [h.result(60) for h in handles]
+        spent = r.spent_usd()
+    assert [(e.outcome, e.failure) for e in ended] == [("failed", Code.BUDGET)] * 3
+    assert "budget" in ended[0].detail
+    assert ended[2].attempts == 0  # pending when the budget was met: never started
+    assert sorted(e.seed for e in events.of(AttemptStarted)) == [1, 2]
+    assert events.of(Metered)  # the guard read the meter
+    assert spent >= 0.05
+    assert sum(e.usd for e in ended) == pytest.approx(spent, rel=1e-6)
+    assert sim_machines(sim_dir) == []
+    assert {m.state for m in ledger_machines()} == {"deleted"}
+
+
+def test_concurrency_one_runs_jobs_one_after_another(
+    open_runner: Callable[..., Any], events: Any, local_job: Any
+) -> None:
+    with open_runner(concurrency=1) as r:
+        handles = [r.submit(local_job("one", "true", seed=s)) for s in (1, 2, 3)]
+        ended = r.wait(60)
+    assert [h.result(0) for h in handles] == ended
+    assert [e.outcome for e in ended] == ["succeeded"] * 3
+    order = [(type(e).__name__, e.seed) for e in events.drain() if isinstance(e, AttemptStarted | JobEnded)]
+    assert order == [
+        ("AttemptStarted", 1),
+        ("JobEnded", 1),
+        ("AttemptStarted", 2),
+        ("JobEnded", 2),
+        ("AttemptStarted", 3),
+        ("JobEnded", 3),
+    ]
+
+
+def test_a_bad_job_is_refused_before_anything_starts(
+    open_runner: Callable[..., Any], local_job: Any, tmp_path: Path, ledger_machines: Any
+) -> None:
+    with open_runner() as r:
+        with pytest.raises(SpecError, match=r"^job\.name: "):
+            r.submit(local_job("Bad Name", "true"))
+        with pytest.raises(SpecError, match=r"^candidates\[0\]\.cloud: unknown cloud 'nimbus'"):
+            r.submit(Job(name="x", command="true", seed=1, candidates=[CandidateSpec(cloud="nimbus")]))
+        with pytest.raises(
+            SpecError, match=r"^clouds\.sim\.no_capacity_rate: expected number between 0 and 1"
+        ):
+            r.submit(
+                Job(
+                    name="x",
+                    command="true",
+                    seed=1,
+                    candidates=[CandidateSpec(cloud="sim")],
+                    clouds={"sim": {"no_capacity_rate": 2.0}},
+                )
+            )
+        with pytest.raises(SpecError, match=r"^job\.code: no such folder"):
+            r.submit(Job(name="x", command="true", seed=1, code=str(tmp_path / "nowhere")))
+        assert r.handles == {}
+    assert ledger_machines() == []
+
+
+def test_a_job_key_runs_once_at_a_time(open_runner: Callable[..., Any], events: Any, local_job: Any) -> None:
+    with open_runner() as r:
+        first = r.submit(local_job("dup", "sleep 42.917"))
+        with pytest.raises(SpecError, match="already running"):
+            r.submit(local_job("dup", "true"))
+        events.wait_for(lambda e: isinstance(e, Leased))
+        first.cancel()
+        assert first.result(60).failure is Code.CANCELED
+        again = r.submit(local_job("dup", "true"))  # once it ended, the key is free
+        assert again.result(60).outcome == "succeeded"
+
+
+def test_a_runner_must_be_open(tmp_path: Path, state_dir: Path) -> None:
+    runner = Runner(out_dir=tmp_path / "out", state_dir=state_dir)
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.submit(Job(name="x", command="true", seed=1))
+    runner.close()  # closing a runner never opened is a no-op
+    with pytest.raises(SpecError, match=r"^concurrency: expected int >= 1, got 0"):
+        Runner(out_dir=tmp_path / "out", state_dir=state_dir, concurrency=0).open()
