@@ -31,7 +31,7 @@ from protocols.failures import Code
 from protocols.hosts.workspace import Launch
 from protocols.messages import (
     Acquire, Adopt, FetchCheckpoint, AttemptEnded, AttemptStarted, Cancel, ChildFailed, Exited, Fetch, Fetched, JobStarted, Leased,
-    LeaseFailed, Machine, Message, Metered, Offer, Progress, Release, Released, StartMeter, Stalled, StopMeter,
+    LeaseFailed, Machine, Message, Offer, Progress, Release, Released, StartMeter, Stalled, StopMeter,
     TransferFailed, Upload, Uploaded, Usage, Watch,
 )
 from protocols.names import encode_name
@@ -172,10 +172,6 @@ class AttemptActor(Actor):
             case Stalled(failure=failure, detail=detail) as event:
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
-            case Metered(usd=usd) as event:
-                self.usd_live = usd
-                self.ctx.emit(event)
-                self.tell_parent(event)
             case Cancel(failure=failure, detail=detail):
                 self._finish("failed", failure, detail or "canceled")
             case ChildFailed(child=child, detail=detail):

@@ -1,13 +1,13 @@
-"""What every actor stands on: the context it shares with its tree, and `Actor`, a pykka
-ThreadingActor that waits only through the reactor.
+"""What every actor stands on: the context it shares with its tree, and `Actor`, a pykka actor
+(pool.py: turns on a shared pool of threads) that waits only through the reactor.
 
 Hooks (pykka's rules, restated):
-- `on_start` runs on the actor's own thread before its first message; a raise stops the actor
+- `on_start` runs in the actor's first turn, before its first message; a raise stops the actor
   and calls `on_failure`.
-- `on_receive` handles one `tell`ed message at a time on that thread; a raise calls
-  `on_failure` and stops the actor (`on_stop` is NOT called then).
-- `on_stop` runs on that thread after `stop()`; `on_failure` runs there after a raise. Anything
-  that must always happen at the end (the lease deleting its machine) belongs in both.
+- `on_receive` handles one `tell`ed message at a time, in the actor's turn on a pool worker; a
+  raise calls `on_failure` and stops the actor (`on_stop` is NOT called then).
+- `on_stop` runs in a turn after `stop()`; `on_failure` after a raise. Anything that must always
+  happen at the end (the lease deleting its machine) belongs in both.
 `Actor.on_failure` cancels the actor's reactor tasks and tells its parent `ChildFailed`.
 """
 
@@ -23,6 +23,7 @@ import outcome
 import pykka
 from loguru import logger
 
+from actors.pool import PooledActor
 from actors.runtime import Reactor, Task
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
@@ -66,10 +67,8 @@ class Context:
         self.hash_lock = threading.Lock()
 
 
-class Actor(pykka.ThreadingActor):
+class Actor(PooledActor):
     """A pykka actor whose waiting happens on the reactor; results come back as messages."""
-
-    use_daemon_thread = True
 
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any] | None, label: str) -> None:
         super().__init__()

@@ -4,7 +4,7 @@ A loop on the reactor (`watch_loop`) polls every `poll_s`, one round trip each: 
 the host, say whether the job runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
 so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
-lines go to the parent as `Progress`. The parent hears `Exited`
+lines are emitted as `Progress` (and told to the parent when they name a checkpoint). The parent hears `Exited`
 once the job ended, or `Stalled(failure)`:
 
 - `stalled`: no progress within the window. The window is `setup_grace_s` from the launch until
@@ -198,4 +198,5 @@ class HeartbeatActor(Actor):
                 self.setup_done = True
             progress = Progress(**self.head, stage=stage, line=line)
             self.ctx.emit(progress)
-            self.tell_parent(progress)
+            if "checkpoint" in line:
+                self.tell_parent(progress)  # the attempt brings the checkpoint home

@@ -1,7 +1,8 @@
 """CostMeterActor: price x time for one machine, capped at its deadline.
 
 `StartMeter(machine, at)` starts the clock (the parent sends it on `Leased`) and a reactor timer
-that tells the parent `Metered(usd)` every `meter_period_s` (the budget guard reads these).
+that emits `Metered(usd)` every `meter_period_s` on the event bus, where the budget guard (the
+Runner's) and the view read it: no chain of tells up the tree for a number nobody there needs.
 `StopMeter(at, confirmed)` (asked) answers the final `Usage`: up to the deletion when it was
 confirmed; up to the machine's deadline otherwise, marked `at_least` (the provider may bill more).
 """
@@ -48,7 +49,7 @@ class CostMeterActor(Actor):
             case _Beat():
                 if self.machine is not None and self.final is None:
                     usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
-                    self.tell_parent(Metered(**self.head, usd=usage.usd))
+                    self.ctx.emit(Metered(**self.head, usd=usage.usd))
                     self.later(self.ctx.meter_period_s, _Beat())
             case StopMeter(at=at, confirmed=confirmed):
                 if self.final is None:

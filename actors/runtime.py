@@ -15,6 +15,7 @@ blocks), never wait.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
 import itertools
@@ -27,6 +28,7 @@ import outcome
 import trio
 import trio_asyncio
 
+from actors.pool import blocking
 from protocols.failures import CallCancelled
 
 T = TypeVar("T")
@@ -75,6 +77,8 @@ class Reactor:
         self._running = 0
         self._timers = 0
         self._error: BaseException | None = None
+        self._pending: collections.deque[Callable[[], Any]] = collections.deque()
+        self._draining = False
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -135,12 +139,24 @@ class Reactor:
     # --- running things -------------------------------------------------------------------------
 
     def _soon(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` on the reactor thread soon. Callbacks queue in a deque; only the first of a
+        burst pays for trio's entry queue (a lock and a wakeup write), the rest ride along."""
         if self._token is None:
             raise CallCancelled("the reactor is not running")
-        try:
-            self._token.run_sync_soon(fn)
-        except trio.RunFinishedError as exc:
-            raise CallCancelled("the reactor has stopped") from exc
+        self._pending.append(fn)
+        if not self._draining:
+            self._draining = True
+            try:
+                self._token.run_sync_soon(self._drain)
+            except trio.RunFinishedError as exc:
+                raise CallCancelled("the reactor has stopped") from exc
+
+    def _drain(self) -> None:
+        # clear the flag first: a callback appended after the last popleft() schedules a new drain
+        self._draining = False
+        pending = self._pending
+        while pending:
+            pending.popleft()()
 
     def spawn(
         self,
@@ -216,7 +232,8 @@ class Reactor:
 
         task = self.spawn(fn, *args, on_done=done)
         try:
-            return future.result(timeout)
+            with blocking():
+                return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
             task.cancel()
             raise CallCancelled(f"{task.name} did not finish within {timeout} s") from exc

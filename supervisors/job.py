@@ -30,7 +30,7 @@ from actors import Actor, AttemptActor, Context, Reattach
 from protocols.hosts.workspace import RESUME_LINE
 from protocols.failures import Code
 from protocols.messages import (
-    AttemptEnded, Cancel, ChildFailed, JobEnded, Message, Metered, Offer, Retrying,
+    AttemptEnded, Cancel, ChildFailed, JobEnded, Message, Offer, Retrying,
 )
 from protocols.specs import Job
 from supervisors.ledger import Ledger
@@ -149,8 +149,6 @@ class JobSupervisor(Actor):
                 self._next()
             case AttemptEnded() as ended:
                 self._attempt_ended(ended)
-            case Metered() as m:
-                self.tell_parent(m)
             case Cancel() as c:
                 self._cancel(c)
             case ChildFailed(child=child, detail=detail):

@@ -23,6 +23,7 @@ import msgspec
 import psutil
 from loguru import logger
 
+from actors.pool import blocking
 from protocols.failures import ActorRunError
 from protocols.messages import Event, Machine, Offer, encode
 
@@ -184,7 +185,9 @@ class Ledger:
         waiter = Waiter() if wait else None
         self._queue.put((op, waiter))
         if waiter is not None:
-            if not waiter.done.wait(60):
+            with blocking():
+                committed = waiter.done.wait(60)
+            if not committed:
                 raise LedgerError("the ledger did not commit within 60 s")
             if waiter.error is not None:
                 raise LedgerError(f"the ledger could not record it: {waiter.error}") from waiter.error

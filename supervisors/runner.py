@@ -26,6 +26,7 @@ import platformdirs
 import pykka
 from loguru import logger
 
+from actors.pool import PooledActor
 from actors import Context, Reactor, Reattach
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
@@ -53,21 +54,26 @@ class _Submit(Message, frozen=True, kw_only=True):
     offer: Offer | None = None
 
 
+class _Spent(Message, frozen=True, kw_only=True):
+    """A running job's live cost, when it crossed a tenth of the budget since the last report."""
+
+    key: str
+    usd: float
+
+
 class _CancelJob(Message, frozen=True, kw_only=True):
     key: str
     failure: Code = Code.CANCELED
     detail: str = ""
 
 
-class BatchSupervisor(pykka.ThreadingActor):
+class BatchSupervisor(PooledActor):
     """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling.
 
     Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
     business), started in submission order as slots free up, stopped in reverse start order.
     Budget: finished jobs' cost plus running attempts' live cost; at the ceiling every running job
     is cancelled with `budget` and every pending one ends `budget` without starting."""
-
-    use_daemon_thread = True
 
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
                  on_end: Callable[[JobEnded], None]) -> None:
@@ -97,8 +103,7 @@ class BatchSupervisor(pykka.ThreadingActor):
                 self.done_usd += e.usd
                 self.on_end(e)
                 self._fill()
-            case Metered(job=job, seed=seed, usd=usd):
-                key = f"{job}/seed-{seed}"
+            case _Spent(key=key, usd=usd):
                 if key in self.running:
                     self.live_usd[key] = usd
                     self._check_budget()
@@ -204,6 +209,7 @@ class Runner:
         self.clouds: dict[str, Cloud] = {}
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
+        self._reported: dict[str, dict[int, float]] = {}
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._open = False
@@ -326,10 +332,25 @@ class Runner:
         self._subscribers.append(fn)
 
     def _emit(self, event: Event) -> None:
+        """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
         if not isinstance(event, Log):
             self.ledger.record_event(event)
+        if isinstance(event, Metered) and self.budget_usd is not None:
+            self._meter(event)
         for fn in self._subscribers:
             fn(event)
+
+    def _meter(self, m: Metered) -> None:
+        """Tell the batch a job's live cost only when it moved by a step that matters (1 % of the budget)."""
+        assert self.budget_usd is not None
+        key = f"{m.job}/seed-{m.seed}"
+        with self._lock:
+            attempts = self._reported.setdefault(key, {})
+            if m.usd - attempts.get(m.attempt, 0.0) < self.budget_usd / 100:
+                return
+            attempts[m.attempt] = m.usd
+            total = sum(attempts.values())
+        self._batch_tell(_Spent(key=key, usd=total))
 
     def _job_ended(self, e: JobEnded) -> None:
         key = f"{e.job}/seed-{e.seed}"

@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 import pykka
+
+from actors.pool import PooledActor
 from loguru import logger
 
 from protocols.messages import ChildFailed, Message
@@ -74,10 +76,8 @@ def should_restart(restart: Restart, *, abnormal: bool) -> bool:
     return restart is Restart.PERMANENT or (restart is Restart.TRANSIENT and abnormal)
 
 
-class Supervisor(pykka.ThreadingActor):
+class Supervisor(PooledActor):
     """Starts its children in order, restarts them by type and strategy, stops them in reverse."""
-
-    use_daemon_thread = True
 
     def __init__(self, name: str, specs: Sequence[ChildSpec], *, strategy: Strategy = Strategy.ONE_FOR_ONE,
                  intensity: int = 3, period_s: float = 5.0, parent: pykka.ActorRef[Any] | None = None,

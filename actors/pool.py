@@ -1,0 +1,243 @@
+"""PooledActor: a pykka actor type that runs on a shared pool of threads instead of a thread each.
+
+Why (bench/RESULTS.md has the figures): with a thread per actor, an attempt costs five threads;
+at a thousand attempts, starting them (about 0.7 ms each) and waking them for every message
+(futex and GIL hand-offs: 400k context switches for 500 attempts) took more time than the jobs.
+Actors spend their life idle in their inbox (DESIGN.md), so they need a turn on a thread only
+when a message is waiting.
+
+Semantics kept from pykka's ThreadingActor (pykka's own message loop, Envelope, ActorRef,
+ActorRegistry and futures are used as they are):
+- one message at a time per actor, in the order they were put; `on_start` before the first;
+- a raise in a `tell`ed message calls `on_failure` and stops the actor (no `on_stop`); a raise in
+  an `ask`ed one goes back to the asker; `stop()` runs `on_stop`; messages left in the inbox of a
+  stopped actor answer `ActorDeadError` to their askers.
+What differs: hooks and handlers run on a pool worker (one at a time per actor), not on a thread
+of the actor's own. A worker that is about to block (a future's `get`, `Reactor.call`, waiting for
+the ledger) says so with `blocking()`; the pool then makes sure another worker is free, so actors
+that wait on each other cannot starve the pool (ForkJoinPool's managed blocking).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pykka
+from pykka import ActorDeadError, ActorRegistry
+from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
+from pykka.messages import _ActorStop
+
+BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
+_local = threading.local()
+
+
+class ActorPool:
+    """Worker threads that take runnable actors from one queue. At least one worker is free for
+    new work whenever some are blocked; idle workers beyond `keep` exit after `idle_s`."""
+
+    def __init__(self, *, keep: int = 4, max_workers: int = 8192, idle_s: float = 5.0) -> None:
+        self.keep, self.max_workers, self.idle_s = keep, max_workers, idle_s
+        self._runnable: collections.deque[PooledActor] = collections.deque()
+        self._cond = threading.Condition()
+        self._workers = 0
+        self._idle = 0
+        self._blocked = 0
+        self._ids = itertools.count()
+        self.turns = 0
+        self.messages = 0
+
+    def schedule(self, actor: PooledActor) -> None:
+        with self._cond:
+            self._runnable.append(actor)
+            if self._idle > len(self._runnable) - 1:
+                self._cond.notify()
+            elif self._workers - self._blocked < self.keep or self._idle == 0 and self._workers == self._blocked:
+                self._spawn()
+            else:
+                self._cond.notify()
+
+    def _spawn(self) -> None:
+        if self._workers >= self.max_workers:
+            return
+        self._workers += 1
+        t = threading.Thread(target=self._work, name=f"actor-run-pool-{next(self._ids)}", daemon=True)
+        t.start()
+
+    def _work(self) -> None:
+        _local.pool = self
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._runnable:
+                    if not self._cond.wait(self.idle_s) and not self._runnable and self._workers > self.keep:
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                self._idle -= 1
+                actor = self._runnable.popleft()
+            self.turns += 1
+            actor._turn()
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        with self._cond:
+            self._blocked += 1
+            if self._idle == 0 and (self._runnable or self._workers - self._blocked < 1):
+                self._spawn()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._blocked -= 1
+
+    def statistics(self) -> dict[str, int]:
+        with self._cond:
+            return {"workers": self._workers, "idle": self._idle, "blocked": self._blocked,
+                    "turns": self.turns, "messages": self.messages}
+
+
+POOL = ActorPool()
+
+
+@contextlib.contextmanager
+def blocking() -> Iterator[None]:
+    """Wrap a wait that may be long; a no-op off the pool's workers."""
+    pool: ActorPool | None = getattr(_local, "pool", None)
+    if pool is None:
+        yield
+        return
+    with pool.blocking():
+        yield
+
+
+class _PoolFuture(pykka.ThreadingFuture[Any]):
+    def get(self, *, timeout: float | None = None) -> Any:
+        with blocking():
+            return super().get(timeout=timeout)
+
+
+class _Inbox:
+    """The actor's queue; putting into an idle, started actor schedules its turn."""
+
+    __slots__ = ("_actor", "_lock", "_q", "scheduled", "started")
+
+    def __init__(self, actor: PooledActor) -> None:
+        self._actor = actor
+        self._q: collections.deque[Envelope[Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self.scheduled = False
+        self.started = False
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self._lock:
+            self._q.append(envelope)
+            wake = self.started and not self.scheduled
+            if wake:
+                self.scheduled = True
+        if wake:
+            self._actor.pool.schedule(self._actor)
+
+    def get(self) -> Envelope[Any]:
+        with self._lock:
+            return self._q.popleft()
+
+    def take(self) -> Envelope[Any] | None:
+        with self._lock:
+            return self._q.popleft() if self._q else None
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._q
+
+    def start(self) -> None:
+        with self._lock:
+            self.started = True
+            self.scheduled = True
+        self._actor.pool.schedule(self._actor)
+
+    def release(self) -> bool:
+        """End a turn: True if more messages wait (the actor goes back in the queue)."""
+        with self._lock:
+            if self._q:
+                return True
+            self.scheduled = False
+            return False
+
+
+class PooledActor(pykka.Actor):
+    """A pykka Actor whose turns run on `pool` (the process-wide one unless set)."""
+
+    pool: ActorPool = POOL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._set_up = False
+        self._torn_down = False
+        super().__init__(*args, **kwargs)
+
+    def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
+        return _Inbox(self)
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return _PoolFuture()
+
+    def _start_actor_loop(self) -> None:
+        inbox: _Inbox = self.actor_inbox  # type: ignore[assignment]
+        inbox.start()
+
+    def _turn(self) -> None:
+        """One turn on a pool worker: on_start first, then up to BURST messages."""
+        inbox: _Inbox = self.actor_inbox  # type: ignore[assignment]
+        if not self._set_up:
+            self._set_up = True
+            self._actor_loop_setup()
+        handled = 0
+        while handled < BURST and not self.actor_stopped.is_set():
+            envelope = inbox.take()
+            if envelope is None:
+                break
+            handled += 1
+            self._one(envelope)
+        self.pool.messages += handled
+        if self.actor_stopped.is_set():
+            self._teardown_once()
+            inbox.release()
+            if not inbox.empty():  # put after the teardown: answer them too
+                self._actor_loop_teardown()
+            return
+        if inbox.release():
+            self.pool.schedule(self)
+
+    def _teardown_once(self) -> None:
+        if not self._torn_down:
+            self._torn_down = True
+            self._actor_loop_teardown()
+
+    def _one(self, envelope: Envelope[Any]) -> None:
+        """pykka's loop body for one envelope (ThreadingActor's semantics)."""
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:  # noqa: BLE001  (pykka does the same: log and stop)
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001
+            self._stop()
+            ActorRegistry.stop_all()
+
+
+__all__ = ["POOL", "ActorDeadError", "ActorPool", "PooledActor", "blocking"]
+_ = _ActorStop
