@@ -251,7 +251,7 @@ class AttemptActor(Actor):
             return
         self._releasing = True
         for child in (self.heartbeat, self.transfer):
-            child.stop(block=True, timeout=30)
+            child.stop(block=False)  # their stop hooks cancel what they wait for; the lease goes on
         if self._early_release is not None:
             self._released(self._early_release)
             return

@@ -53,14 +53,17 @@ class ActorPool:
         self.messages = 0
 
     def schedule(self, actor: PooledActor) -> None:
+        """Queue an actor's turn. A worker is woken only when none is running: a running worker
+        takes the next turn itself when it finishes one (under load, most puts wake nobody)."""
         with self._cond:
             self._runnable.append(actor)
-            if self._idle > len(self._runnable) - 1:
+            running = self._workers - self._idle - self._blocked
+            if running > 0 and len(self._runnable) <= running * BURST:
+                return
+            if self._idle > 0:
                 self._cond.notify()
-            elif self._workers - self._blocked < self.keep or self._idle == 0 and self._workers == self._blocked:
-                self._spawn()
             else:
-                self._cond.notify()
+                self._spawn()
 
     def _spawn(self) -> None:
         if self._workers >= self.max_workers:

@@ -149,6 +149,7 @@ class Reactor:
             try:
                 self._token.run_sync_soon(self._drain)
             except trio.RunFinishedError as exc:
+                self._draining = False  # no drain was scheduled: the next call must raise too, not wait
                 raise CallCancelled("the reactor has stopped") from exc
 
     def _drain(self) -> None:

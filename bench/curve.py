@@ -34,7 +34,8 @@ FIGURES = [
     "cpu_s", "cpu_user_s", "cpu_sys_s", "cpu_s_per_attempt", "cpu_s_per_message",
     "messages", "messages_per_s",
     "peak_rss_mib", "empty_runner_rss_mib", "rss_per_attempt_mib", "peak_threads",
-    "cancel_p50_s", "cancel_p99_s", "cancel_max_s", "cancel_empty_s", "close_s", "leaks",
+    "cancel_p50_s", "cancel_p99_s", "cancel_max_s", "cancel_empty_s", "cancel_peak_threads",
+    "close_s", "leaks",
 ]
 PLOTTED = ["wall_over_ideal", "cpu_s_per_attempt", "rss_per_attempt_mib", "peak_threads", "cancel_p99_s",
            "messages_per_s"]

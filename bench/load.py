@@ -19,8 +19,9 @@ Phases, all in this one process:
    every job said its first `JobStarted`, `runner.cancel()` is called and a thread lists the sim's
    machines every 20 ms, noting when each one disappears.
 3. leaks: with both Runners closed (waiting up to 10 s for things to settle): machines still held
-   by the sim, pykka actors alive, threads not there at the start (trio's idle worker threads,
-   "Trio thread ..."/"Trio worker ...", are not counted: trio keeps them 10 s and they hold nothing).
+   by the sim, pykka actors alive, threads not there at the start, and actor-pool workers still
+   busy. Idle workers are not counted: trio's ("Trio thread ...", kept 10 s) and the actor
+   pool's ("actor-run-pool-...", a few kept for the process's life; `pool_workers_left`).
 
 What is reported (a table, then as the LAST line one JSON object):
 
@@ -38,16 +39,17 @@ What is reported (a table, then as the LAST line one JSON object):
 - `cpu_s_per_attempt`: process CPU (time.process_time, every thread) during phase 1 divided by
   the attempts actually started (`attempts_run`: N plus the retries); `cpu_user_s`/`cpu_sys_s`
   split it (os.times): a large sys share is threads waking each other.
-- messages: `runner.statistics()` if the Runner has one with a `messages` counter; otherwise
-  events emitted to subscribers (every kind, `Log` included) plus reactor tasks started
-  (`Reactor.statistics().tasks_started`, timers included) during phase 1: each task is at least
-  one actor message when it ends, each event one step of an attempt. `messages_source` says
-  which. `messages_per_s` = messages / wall_s; `cpu_s_per_message` = CPU / messages.
+- messages: actor messages handled during phase 1, from the first real counter there is:
+  `runner.statistics()` (a `messages` field), else the shared actor pool's (`actors.pool.POOL`,
+  messages handled by every actor); else a proxy: events emitted to subscribers (every kind, `Log`
+  included) plus reactor tasks started (`Reactor.statistics().tasks_started`, timers included).
+  `messages_source` says which; `events` and `reactor_tasks` are reported either way.
+  `messages_per_s` = messages / wall_s; `cpu_s_per_message` = CPU / messages.
 - `peak_rss_mib`, `peak_threads`: sampled every 0.1 s in a thread during phase 1.
   `rss_per_attempt_mib` = (peak RSS - `empty_runner_rss_mib`) / N (N attempts run at once).
 - `cancel_p50_s`, `cancel_p99_s`, `cancel_max_s`: per machine held at the cancel, the time from
   the `runner.cancel()` call until the sim no longer lists it; `cancel_empty_s` until it lists
-  none; `cancel_ended_s` until every job said JobEnded.
+  none; `cancel_ended_s` until every job said JobEnded; `cancel_peak_threads` while it ran.
 - `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
 
 Only loopback: the sim cloud is files in a temporary folder. Every wait is bounded.
@@ -265,15 +267,27 @@ def ideal_per_job(tally: Tally, sim_dir: Path, job_s: float, launch_s: float,
     return out
 
 
-def run_statistics(runner: Runner) -> int | None:
-    """The Runner's own message counter, if it has one."""
-    if not hasattr(runner, "statistics"):
+def pool_statistics() -> dict[str, int] | None:
+    """The shared actor pool's counters (actors/pool.py), if actors run on one."""
+    try:
+        from actors.pool import POOL
+    except ImportError:
         return None
-    stats = runner.statistics()
-    for field in ("messages", "messages_handled", "messages_received"):
-        value = getattr(stats, field, None)
-        if isinstance(value, int):
-            return value
+    stats: dict[str, int] = POOL.statistics()
+    return stats
+
+
+def message_count(runner: Runner) -> tuple[int, str] | None:
+    """Actor messages handled so far, from a real counter: the Runner's, else the actor pool's."""
+    if hasattr(runner, "statistics"):
+        stats = runner.statistics()
+        for field in ("messages", "messages_handled", "messages_received"):
+            value = stats.get(field) if isinstance(stats, dict) else getattr(stats, field, None)
+            if isinstance(value, int):
+                return value, "runner.statistics()"
+    pool = pool_statistics()
+    if pool is not None and isinstance(pool.get("messages"), int):
+        return pool["messages"], "actor pool messages handled"
     return None
 
 
@@ -289,7 +303,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
     try:
         with Sampler() as sampler:
             tasks0 = runner.reactor.statistics().tasks_started
-            msgs0 = run_statistics(runner)
+            msgs0 = message_count(runner)
             submitted: dict[tuple[str, int], float] = {}
             times0 = os.times()
             cpu0, t0 = time.process_time(), time.perf_counter()
@@ -305,7 +319,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
             cpu = time.process_time() - cpu0
             times1 = os.times()
             tasks = runner.reactor.statistics().tasks_started - tasks0
-            msgs1 = run_statistics(runner)
+            msgs1 = message_count(runner)
     finally:
         close_s = timed(runner.close)
     with tally.lock:
@@ -313,7 +327,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         kinds = dict(tally.kinds)
         ended = dict(tally.ended)
     if msgs0 is not None and msgs1 is not None:
-        messages, source = msgs1 - msgs0, "runner.statistics()"
+        messages, source = msgs1[0] - msgs0[0], msgs1[1]
     else:
         messages, source = events + tasks, "events + reactor tasks started"
     ideals = ideal_per_job(tally, sim_dir, job_s, launch_s, delete_s)
@@ -388,14 +402,15 @@ def phase_cancel(root: Path, n: int, job_s: float, scale: float) -> dict[str, An
         to_running_s = time.perf_counter() - t0
         with tally.lock:
             running = len(tally.started_jobs)
-        watcher.arm()
-        runner.cancel()
-        try:
-            runner.wait(timeout=runner.delete_timeout_s + 180)
-            ended_s = time.perf_counter() - watcher.t0
-        except TimeoutError:
-            pass
-        watcher.join()
+        with Sampler() as sampler:
+            watcher.arm()
+            runner.cancel()
+            try:
+                runner.wait(timeout=runner.delete_timeout_s + 180)
+                ended_s = time.perf_counter() - watcher.t0
+            except TimeoutError:
+                pass
+            watcher.join()
     finally:
         close_s = timed(runner.close)
     times = list(watcher.gone.values())
@@ -405,31 +420,38 @@ def phase_cancel(root: Path, n: int, job_s: float, scale: float) -> dict[str, An
         "cancel_machines_at_cancel": len(watcher.held), "cancel_machines_gone": len(times),
         "cancel_p50_s": percentile(times, 50), "cancel_p99_s": percentile(times, 99),
         "cancel_max_s": max(times, default=0.0), "cancel_empty_s": watcher.empty_s,
-        "cancel_ended_s": ended_s, "cancel_close_s": close_s,
+        "cancel_ended_s": ended_s, "cancel_close_s": close_s, "cancel_peak_threads": sampler.peak_threads,
     }
 
 
-def is_trio_worker(t: threading.Thread) -> bool:
-    return t.name.startswith("Trio thread") or t.name.startswith("Trio worker")
+def is_idle_worker(t: threading.Thread) -> bool:
+    # trio keeps idle to_thread workers 10 s; the actor pool keeps a few workers for good. Both hold
+    # nothing between jobs; a pool worker still busy after the close is counted (leaked_pool_busy).
+    return t.name.startswith(("Trio thread", "Trio worker", "actor-run-pool-"))
 
 
 def find_leaks(before: set[int | None], sim_dirs: list[Path]) -> dict[str, Any]:
-    def left() -> tuple[list[str], list[str], list[str]]:
+    def left() -> tuple[list[str], list[str], list[str], int]:
         machines = [m for d in sim_dirs if (d / "machines").is_dir() for m in sim_machines(d)]
         actors = [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]
         threads = [t.name for t in threading.enumerate()
-                   if t.ident not in before and t.is_alive() and not is_trio_worker(t)]
-        return machines, actors, threads
+                   if t.ident not in before and t.is_alive() and not is_idle_worker(t)]
+        pool = pool_statistics()
+        busy = 0 if pool is None else pool["workers"] - pool["idle"]
+        return machines, actors, threads, busy
 
     end = time.monotonic() + 10
-    machines, actors, threads = left()
-    while (machines or actors or threads) and time.monotonic() < end:
+    machines, actors, threads, busy = left()
+    while (machines or actors or threads or busy) and time.monotonic() < end:
         time.sleep(0.1)
-        machines, actors, threads = left()
+        machines, actors, threads, busy = left()
+    pool = pool_statistics()
     return {
-        "leaks": len(machines) + len(actors) + len(threads),
+        "leaks": len(machines) + len(actors) + len(threads) + busy,
         "leaked_machines": machines[:20], "leaked_actors": sorted(Counter(actors).items())[:20],
-        "leaked_threads": threads[:20], "leaked_counts": [len(machines), len(actors), len(threads)],
+        "leaked_threads": threads[:20], "leaked_pool_busy": busy,
+        "leaked_counts": [len(machines), len(actors), len(threads), busy],
+        "pool_workers_left": None if pool is None else pool["workers"],
     }
 
 
@@ -462,8 +484,9 @@ def render(r: dict[str, Any]) -> str:
             ("cancel -> deleted p50 / p99 / max",
              f"{s3(r['cancel_p50_s'])} / {s3(r['cancel_p99_s'])} / {s3(r['cancel_max_s'])} s"),
             ("cancel -> sim empty / all ended", f"{s3(r['cancel_empty_s'])} s / {s3(r['cancel_ended_s'])} s"),
+            ("threads at peak while cancelling", f"{r['cancel_peak_threads']}"),
         ]
-    rows.append(("leaks (machines, actors, threads)", f"{r['leaks']} {r['leaked_counts']}"))
+    rows.append(("leaks (machines, actors, threads, busy pool)", f"{r['leaks']} {r['leaked_counts']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

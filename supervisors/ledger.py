@@ -284,7 +284,7 @@ class Ledger:
         self._submit(lambda c: c.execute(
             "INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?)"
             " ON CONFLICT(key) DO UPDATE SET owner=excluded.owner, state=excluded.state, updated=excluded.updated",
-            row), wait=True)
+            row))  # no wait: the queue is FIFO, so the intent of any machine for it commits after it
 
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> None:

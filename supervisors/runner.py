@@ -26,11 +26,11 @@ import platformdirs
 import pykka
 from loguru import logger
 
-from actors.pool import PooledActor
+from actors.pool import POOL, PooledActor
 from actors import Context, Reactor, Reattach
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
-from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer
+from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer, Progress
 from protocols.specs import Job, check_candidates, check_job, check_policy
 from supervisors.job import JobSupervisor
 from supervisors.ledger import Ledger, LedgerReader
@@ -168,6 +168,15 @@ class BatchSupervisor(PooledActor):
                     ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
                 except pykka.Timeout:
                     logger.error("job {} did not stop in time", key)
+
+
+class RunnerStatistics(msgspec.Struct, frozen=True):
+    messages: int
+    actor_turns: int
+    pool_workers: int
+    reactor_tasks: int
+    reactor_timers: int
+    ledger_writes: int
 
 
 class JobHandle:
@@ -321,6 +330,14 @@ class Runner:
             raise RuntimeError("the Runner is not open")
         self._batch.tell(message)
 
+    def statistics(self) -> RunnerStatistics:
+        """Counters for benches: actor messages handled, reactor tasks, ledger writes, pool threads."""
+        pool = POOL.statistics()
+        r = self.reactor.statistics()
+        return RunnerStatistics(messages=pool["messages"], actor_turns=pool["turns"], pool_workers=pool["workers"],
+                                reactor_tasks=r.tasks_started, reactor_timers=r.timers_started,
+                                ledger_writes=self.ledger.writes)
+
     def spent_usd(self) -> float:
         assert self._batch is not None
         value: float = self._batch.ask("spent", timeout=10)
@@ -333,7 +350,9 @@ class Runner:
 
     def _emit(self, event: Event) -> None:
         """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
-        if not isinstance(event, Log):
+        # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
+        # for a resume (a checkpoint) and spares a write per poll per job
+        if not isinstance(event, Log) and (not isinstance(event, Progress) or "checkpoint" in event.line):
             self.ledger.record_event(event)
         if isinstance(event, Metered) and self.budget_usd is not None:
             self._meter(event)
