@@ -275,16 +275,23 @@ class AttemptActor(Actor):
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:
-        """Actor thread, after a raise here: stop the children in reverse order (the lease deletes
-        the machine before its stop returns), then tell the parent the attempt ended `internal`."""
+        """After a raise here: stop the children in reverse order (the lease deletes the machine
+        before its stop returns), then tell the parent the attempt ended `internal`, with what the
+        machine cost up to now."""
         self.cancel_tasks()
         self.log.opt(exception=(exception_type, exception_value, traceback)).error("attempt failed")
+        usage = Usage()
         for child in reversed(self.children):
+            if child is self.meter and child.is_alive():
+                try:
+                    usage = child.ask(StopMeter(at=time.time(), confirmed=True), timeout=30)
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    pass
             try:
                 child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
-            except pykka.Timeout:
+            except (pykka.Timeout, pykka.ActorDeadError):
                 self.log.error("{} did not stop in time", child)
-        self.tell_parent(AttemptEnded(**self.head, outcome="failed", failure=Code.INTERNAL,
+        self.tell_parent(AttemptEnded(**self.head, outcome="failed", failure=Code.INTERNAL, usage=usage,
                                       detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}",
                                       phases=dict(self.phases), offer=self.offer))
 

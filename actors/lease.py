@@ -23,6 +23,7 @@ import pykka
 import trio
 
 from actors.base import Actor, Context
+from actors.pool import blocking
 from protocols.failures import (
     ActorRunError, CallCancelled, Code, DeleteUnconfirmed, HostError, LaunchAmbiguous, LaunchError, Refused,
 )
@@ -36,6 +37,10 @@ DELETE_TRIES = 5
 
 class _Launched(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Outcome[tuple[Machine, Workspace]]
+
+
+class _Closed(Message, frozen=True, kw_only=True):
+    pass
 
 
 class _Deleted(Message, frozen=True, kw_only=True):
@@ -53,6 +58,8 @@ class LeaseActor(Actor):
         self.machine: Machine | None = None
         self._released = threading.Event()
         self._releasing = False
+        self._delete_done = threading.Event()
+        self._delete_result: tuple[bool, str] | None = None
         self._outcome: tuple[bool, str, float] | None = None
 
     def handle(self, message: Any) -> Any:
@@ -67,6 +74,8 @@ class LeaseActor(Actor):
                 self._start_release()
             case _Deleted(result=result):
                 self._finish_release(result)
+            case _Closed():
+                pass
             case _:
                 raise TypeError(f"LeaseActor cannot handle {message!r}")
 
@@ -119,6 +128,10 @@ class LeaseActor(Actor):
             machine, workspace, error = result.value
             self.machine = machine
             self.ctx.ledger.record_launched(machine)
+            if workspace is not None and self._releasing:
+                # the launch answered after a Release began: this workspace is nobody's
+                self.spawn(workspace.aclose, reply=lambda r: _Closed())
+                return
             if workspace is not None:
                 self.ctx.workspaces[self.name] = workspace
                 self.tell_parent(Leased(job=self.job, seed=self.seed, attempt=self.attempt, machine=machine))
@@ -146,17 +159,33 @@ class LeaseActor(Actor):
                     await workspace.aclose()
                 except HostError:
                     pass  # the connection is going with the machine
-        detail = ""
+        detail = "no answer"
         per_try = self.ctx.delete_timeout_s / DELETE_TRIES
-        for i in range(DELETE_TRIES):
-            try:
-                with trio.fail_after(per_try):
-                    await cloud.delete(name, machine_id)
-                return True, ""
-            except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
-                detail = str(exc) or type(exc).__name__
-            await trio.sleep(min(2.0**i * 0.2, 5.0) if i + 1 < DELETE_TRIES else 0)  # none after the last try
+        with trio.move_on_after(self.ctx.delete_timeout_s):  # the whole of it, backoffs included
+            for i in range(DELETE_TRIES):
+                try:
+                    with trio.fail_after(per_try):
+                        await cloud.delete(name, machine_id)
+                    return True, ""
+                except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
+                    detail = str(exc) or type(exc).__name__
+                if i + 1 < DELETE_TRIES:  # none after the last try
+                    await trio.sleep(min(2.0**i * 0.2, 5.0))
         return False, detail
+
+    async def _delete_recorded(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
+        """_delete, with its answer also kept where a stopping actor can wait for it (its messages
+        are dropped once pykka has unregistered it)."""
+        try:
+            result = await self._delete(name, machine_id, cloud_name)
+        except BaseException as exc:
+            self._delete_result = (False, f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            self._delete_result = result
+            return result
+        finally:
+            self._delete_done.set()
 
     def _start_release(self) -> None:
         if self.name is None:
@@ -169,7 +198,7 @@ class LeaseActor(Actor):
         self.cancel_tasks()  # a launch still waiting: its machine is deleted by name
         machine_id = self.machine.id if self.machine else ""
         assert self.offer is not None
-        self.spawn(self._delete, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
+        self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
 
     def _finish_release(self, result: outcome.Outcome[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
@@ -198,8 +227,10 @@ class LeaseActor(Actor):
             return
         if self._releasing:
             # the reactor is already deleting it: its answer cannot reach a stopped actor, so wait here
-            self._released.wait(self.ctx.delete_timeout_s + 10)
-            if self._released.is_set():
+            with blocking():
+                finished = self._delete_done.wait(self.ctx.delete_timeout_s + 10)
+            if finished and self._delete_result is not None:
+                self._done_releasing(*self._delete_result, time.time())
                 return
         self.cancel_tasks()
         if self.name is None:

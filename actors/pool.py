@@ -93,6 +93,8 @@ class ActorPool:
             self._blocked += 1
             if self._idle == 0 and (self._runnable or self._workers - self._blocked < 1):
                 self._spawn()
+            elif self._runnable:
+                self._cond.notify()  # turns queued while this worker ran woke nobody (schedule): wake one now
         try:
             yield
         finally:

@@ -248,9 +248,6 @@ def test_an_exception_in_the_attempt_still_deletes_the_machine_and_tells_the_par
     assert_no_machine(state_dir, reader, ledger)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: AttemptActor.on_failure stops the meter without StopMeter and tells AttemptEnded with "
-    "usage=Usage() ($0): what a priced machine cost is lost from the job's and the batch's spend"))
 def test_an_exception_in_the_attempt_still_reports_what_the_machine_cost(
     make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox,
 ) -> None:
@@ -259,7 +256,7 @@ def test_an_exception_in_the_attempt_still_reports_what_the_machine_cost(
     assert isinstance(sim, SimCloud)
     attempt = run_attempt(job("sleep 30"), offer=SIM, context=ctx)
     emitted.wait_for(JobStarted)
-    metered = probe.wait_for(Metered)
+    metered = emitted.wait_for(Metered)
     assert metered.usd > 0
     attempt.tell("an unknown message")
     end = ended(probe, attempt)
@@ -286,7 +283,7 @@ def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
 
 
 def test_a_priced_attempt_is_metered_and_billed(
-    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle,
+    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox,
 ) -> None:
     ctx = make_context(sim=fast_sim())
     sim = ctx.clouds["sim"]
@@ -294,8 +291,8 @@ def test_a_priced_attempt_is_metered_and_billed(
     attempt = run_attempt(job("sleep 0.6; echo done > $ACTOR_RUN_OUT/r.txt"), offer=SIM, context=ctx)
     end = ended(probe, attempt)
     assert end.outcome == "succeeded", end.detail
-    metered = probe.box.of(Metered)
-    assert metered, "the attempt forwarded no Metered to its parent"
+    metered = emitted.of(Metered)
+    assert metered, "no Metered on the event bus"
     assert all(0 < m.usd <= end.usage.usd for m in metered)
     assert not end.usage.at_least
     [bill] = billing(sim.dir)

@@ -66,13 +66,13 @@ def test_a_job_that_exits_0_is_exited_0_with_its_progress(
         watch(machine.name, work, pid)
         exited = probe.wait_for(Exited)
         assert (exited.job, exited.seed, exited.attempt, exited.exit_code) == ("t", 1, 0, 0)
-        told = probe.box.of(Progress)
-        assert [p.stage for p in told] == ["setup", "train", "train"]
-        assert [p.line.get("step") for p in told] == [None, 1, 2]
-        assert told[-1].line == {"stage": "train", "step": 2, "loss": 0.25}
-        # progress went to the parent and to ctx.emit, and came before the exit
-        assert [p.line for p in emitted.of(Progress)] == [p.line for p in told]
-        assert probe.box.seen.index(told[-1]) < probe.box.seen.index(exited)
+        said = emitted.of(Progress)
+        assert [p.stage for p in said] == ["setup", "train", "train"]
+        assert [p.line.get("step") for p in said] == [None, 1, 2]
+        assert said[-1].line == {"stage": "train", "step": 2, "loss": 0.25}
+        assert (said[-1].job, said[-1].seed, said[-1].attempt) == ("t", 1, 0)
+        assert said[-1].t <= exited.t  # read before the exit was told
+        assert not probe.box.of(Progress)  # no checkpoint named: nothing for the parent
         assert log_path.read_text() == "line one\nline two\n"
         assert not probe.box.of(Stalled)
 
@@ -111,7 +111,9 @@ def test_a_silent_job_stalls_after_the_setup_grace(
         assert not probe.box.of(Exited)
 
 
-def test_setup_stages_do_not_end_the_setup_grace(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
+def test_setup_stages_do_not_end_the_setup_grace(
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
+) -> None:
     """A job that only says `setup`/`download` is still in its grace: it stalls on the long window."""
     command = f"{progress(stage='setup')}; {progress(stage='download')}; sleep 30"
     with machines.open() as (machine, ws):
@@ -121,16 +123,16 @@ def test_setup_stages_do_not_end_the_setup_grace(machines: Machines, probe: Prob
         stalled = probe.wait_for(Stalled)
         assert stalled.failure == Code.STALLED
         assert time.time() - t0 >= 1.0, "the tight window was applied during setup"
-        assert [p.stage for p in probe.box.of(Progress)] == ["setup", "download"]
+        assert [p.stage for p in emitted.of(Progress)] == ["setup", "download"]
 
 
 def test_a_job_past_setup_that_goes_silent_stalls_after_stall_after_s(
-    machines: Machines, probe: ProbeHandle, watch: Any,
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
 ) -> None:
     with machines.open() as (machine, ws):
         work, pid = machines.start_job(ws, f"{progress(stage='train', step=1)}; sleep 30")
         watch(machine.name, work, pid, setup_grace_s=30.0, stall_after_s=0.5)
-        train = probe.wait_for(Progress)
+        train = emitted.wait_for(Progress)
         assert train.stage == "train"
         stalled = probe.wait_for(Stalled)
         assert stalled.failure == Code.STALLED
@@ -161,14 +163,14 @@ def test_the_windows_are_anchored_at_the_launch(machines: Machines, probe: Probe
 
 
 def test_a_reattached_heartbeat_gives_a_silent_job_no_fresh_window(
-    machines: Machines, probe: ProbeHandle, watch: Any,
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
 ) -> None:
     """What the first poll after a reattach reads was written before: life as of the files' times."""
     with machines.open() as (machine, ws):
         work, pid = machines.start_job(ws, f"{progress(stage='train', step=1)}; sleep 30")
         launched_at = time.time()
         first = watch(machine.name, work, pid, stall_after_s=1.0, launched_at=launched_at)
-        probe.wait_for(Progress)
+        emitted.wait_for(Progress)
         probe.wait_for(Stalled)  # silent for stall_after_s since its one line
         first.stop()
         # a controller that comes back: a new heartbeat, anchored at the same launch
@@ -180,7 +182,7 @@ def test_a_reattached_heartbeat_gives_a_silent_job_no_fresh_window(
 
 
 def test_a_preempted_sim_machine_is_stalled_preempted(
-    make_context: Callable[..., Context], probe: ProbeHandle, watch: Any,
+    make_context: Callable[..., Context], probe: ProbeHandle, watch: Any, emitted: Mailbox,
 ) -> None:
     ctx = make_context(sim=fast_sim())
     sim = ctx.clouds["sim"]
@@ -188,13 +190,28 @@ def test_a_preempted_sim_machine_is_stalled_preempted(
     with Machines(ctx).open(SIM) as (machine, ws):
         work, pid = Machines(ctx).start_job(ws, f"{progress(stage='train')}; sleep 30")
         watch(machine.name, work, pid, context=ctx)
-        probe.wait_for(Progress)  # it runs and is watched
+        emitted.wait_for(Progress)  # it runs and is watched
         assert preempt_machine(sim.dir, machine.name)
         stalled = probe.wait_for(Stalled)
         assert stalled.failure == Code.PREEMPTED
         assert "preempted" in stalled.detail
         wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
                    what="the preempted job's process ended")
+
+
+def test_a_progress_line_naming_a_checkpoint_is_told_to_the_parent(
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
+) -> None:
+    command = (f"{progress(stage='train', step=1)}; "
+               f"{progress(stage='train', step=2, checkpoint='out/ck-2.pt')}")
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, command)
+        watch(machine.name, work, pid)
+        told = probe.wait_for(Progress)
+        assert told.line == {"stage": "train", "step": 2, "checkpoint": "out/ck-2.pt"}
+        probe.wait_for(Exited)
+        assert len(probe.box.of(Progress)) == 1
+        assert [p.line.get("step") for p in emitted.of(Progress)] == [1, 2]
 
 
 def test_a_job_whose_process_vanished_is_stalled(machines: Machines, probe: ProbeHandle, watch: Any) -> None:

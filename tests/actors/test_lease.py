@@ -250,9 +250,6 @@ def test_a_delete_the_provider_refuses_leaves_the_row_open(
     assert sim_machines(sim_dir(ctx)) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: LeaseActor._delete sleeps its backoff between tries (0.2+0.4+0.8+1.6 s) outside "
-    "delete_timeout_s: a refused delete is given up after delete_timeout_s + 3 s at the least"))
 def test_a_refused_delete_is_given_up_within_delete_timeout_s(
     make_context: Callable[..., Context], probe: ProbeHandle,
 ) -> None:
@@ -275,10 +272,6 @@ def test_a_refused_delete_is_given_up_within_delete_timeout_s(
             ctx.reactor.call(sim.delete, left, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: LeaseActor._release_blocking, when stopped while its Release is deleting, waits on "
-    "_released, which only the _Deleted message sets; a stopping actor cannot receive it (pykka "
-    "unregisters it before on_stop), so stop() blocks delete_timeout_s + 10 s and deletes again"))
 def test_stop_while_a_release_is_deleting_returns_once_the_machine_is_gone(
     make_context: Callable[..., Context], probe: ProbeHandle,
 ) -> None:

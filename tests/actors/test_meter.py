@@ -8,7 +8,7 @@ from typing import Any
 
 import pykka
 import pytest
-from actor_kit import ProbeHandle
+from actor_kit import Mailbox, ProbeHandle
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -136,39 +136,43 @@ def test_stop_meter_before_any_machine_costs_nothing(ctx: Context, probe: ProbeH
         meter.stop()
 
 
-def test_a_priced_machine_is_metered_to_the_parent_periodically(ctx: Context, probe: ProbeHandle) -> None:
-    """meter_period_s is 0.2 here: two beats in a row, rising; a free machine next to it says nothing."""
+def test_a_priced_machine_is_metered_on_the_event_bus_periodically(
+    ctx: Context, probe: ProbeHandle, emitted: Mailbox,
+) -> None:
+    """meter_period_s is 0.2 here: two beats in a row, rising; a free machine next to it says nothing.
+    Metered goes to ctx.emit (where the Runner's budget guard reads it), not up the tree."""
     priced, free = start_meter(ctx, probe, "priced"), start_meter(ctx, probe, "free")
     try:
         at = time.time()
         free.tell(StartMeter(machine=machine(0.0, at + 3600, "free"), at=at))
         priced.tell(StartMeter(machine=machine(3600.0, at + 3600, "priced"), at=at))
-        first = probe.wait_for(Metered, where=lambda m: m.job == "priced")
-        second = probe.wait_for(Metered, where=lambda m: m.job == "priced")
+        first = emitted.wait_for(Metered, where=lambda m: m.job == "priced")
+        second = emitted.wait_for(Metered, where=lambda m: m.job == "priced")
         assert (first.seed, first.attempt) == (1, 0)
         assert 0 < first.usd < second.usd
         assert second.t - first.t >= 0.1  # periodic, not a burst
-        assert not [m for m in probe.box.of(Metered) if m.job == "free"]
+        assert not [m for m in emitted.of(Metered) if m.job == "free"]
         usage = stop_meter(priced, time.time(), confirmed=True)
         assert usage.usd >= second.usd
+        assert not probe.box.of(Metered)
     finally:
         priced.stop()
         free.stop()
 
 
-def test_no_metered_after_stop_meter(ctx: Context, probe: ProbeHandle) -> None:
+def test_no_metered_after_stop_meter(ctx: Context, probe: ProbeHandle, emitted: Mailbox) -> None:
     priced, sentinel = start_meter(ctx, probe, "stopped"), start_meter(ctx, probe, "sentinel")
     try:
         at = time.time()
         priced.tell(StartMeter(machine=machine(3600.0, at + 3600, "stopped"), at=at))
-        probe.wait_for(Metered, where=lambda m: m.job == "stopped")
+        emitted.wait_for(Metered, where=lambda m: m.job == "stopped")
         stop_meter(priced, time.time(), confirmed=True)
         stopped_at = time.time()
         # the sentinel starts now: by its second beat the stopped meter had two periods to beat again
         sentinel.tell(StartMeter(machine=machine(3600.0, at + 3600, "sentinel"), at=time.time()))
-        probe.wait_for(Metered, where=lambda m: m.job == "sentinel")
-        probe.wait_for(Metered, where=lambda m: m.job == "sentinel")
-        assert [m.t for m in probe.box.of(Metered) if m.job == "stopped" and m.t >= stopped_at] == []
+        emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
+        emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
+        assert [m.t for m in emitted.of(Metered) if m.job == "stopped" and m.t >= stopped_at] == []
     finally:
         priced.stop()
         sentinel.stop()

@@ -303,17 +303,22 @@ def test_stop_cancels_what_still_runs() -> None:
     assert isinstance(result.error, CallCancelled)
 
 
-def test_spawn_and_call_after_stop_raise_call_cancelled() -> None:
+def test_spawn_and_call_after_stop_raise_call_cancelled_every_time() -> None:
+    """Not only the first: a reactor that has stopped refuses every later call at once (a call that
+    waited for its timeout instead would hang a lease's stop hook for delete_timeout_s + 30 s)."""
     reactor = Reactor(name="reactor-stopped").start()
     reactor.stop()
 
     async def one() -> int:
         return 1
 
-    with pytest.raises(CallCancelled):
-        reactor.spawn(one)
-    with pytest.raises(CallCancelled):
-        reactor.call(one, timeout=1)
+    for _ in range(3):
+        with pytest.raises(CallCancelled, match="stopped"):
+            reactor.spawn(one)
+        with pytest.raises(CallCancelled, match="stopped"):
+            reactor.call(one, timeout=5)
+    with pytest.raises(CallCancelled, match="stopped"):
+        reactor.call_later(0.0, lambda: None)
 
 
 def test_statistics_count_tasks_and_timers(reactor: Reactor) -> None:
