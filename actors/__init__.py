@@ -9,6 +9,17 @@ from actors.runtime import Reactor, ReactorStatistics, Task
 from actors.transfer import TransferActor
 
 __all__ = [
-    "Actor", "AttemptActor", "Context", "CostMeterActor", "HeartbeatActor", "LeaseActor", "LedgerPort", "Reactor", "Reattach",
-    "ReactorStatistics", "Task", "TransferActor", "usage_between",
+    "Actor",
+    "AttemptActor",
+    "Context",
+    "CostMeterActor",
+    "HeartbeatActor",
+    "LeaseActor",
+    "LedgerPort",
+    "Reactor",
+    "ReactorStatistics",
+    "Reattach",
+    "Task",
+    "TransferActor",
+    "usage_between",
 ]

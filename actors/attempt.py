@@ -30,9 +30,33 @@ from actors.transfer import TransferActor
 from protocols.failures import Code
 from protocols.hosts.workspace import Launch
 from protocols.messages import (
-    Acquire, Adopt, FetchCheckpoint, AttemptEnded, AttemptStarted, Cancel, ChildFailed, Exited, Fetch, Fetched, JobStarted, Leased,
-    LeaseFailed, Machine, Message, Offer, Progress, Release, Released, StartMeter, Stalled, StopMeter,
-    TransferFailed, Upload, Uploaded, Usage, Watch,
+    Acquire,
+    Adopt,
+    AttemptEnded,
+    AttemptStarted,
+    Cancel,
+    ChildFailed,
+    Exited,
+    Fetch,
+    FetchCheckpoint,
+    Fetched,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    Machine,
+    Message,
+    Offer,
+    Progress,
+    Release,
+    Released,
+    Stalled,
+    StartMeter,
+    StopMeter,
+    TransferFailed,
+    Upload,
+    Uploaded,
+    Usage,
+    Watch,
 )
 from protocols.names import encode_name
 from protocols.specs import Job

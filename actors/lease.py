@@ -25,11 +25,27 @@ import trio
 from actors.base import Actor, Context
 from actors.pool import blocking
 from protocols.failures import (
-    ActorRunError, CallCancelled, Code, DeleteUnconfirmed, HostError, LaunchAmbiguous, LaunchError, Refused,
+    ActorRunError,
+    CallCancelled,
+    Code,
+    DeleteUnconfirmed,
+    HostError,
+    LaunchAmbiguous,
+    LaunchError,
+    Refused,
 )
 from protocols.hosts.workspace import Workspace
 from protocols.messages import (
-    Acquire, Adopt, LeaseFailed, LeaseRequested, Leased, Machine, Message, Offer, Release, Released,
+    Acquire,
+    Adopt,
+    Leased,
+    LeaseFailed,
+    LeaseRequested,
+    Machine,
+    Message,
+    Offer,
+    Release,
+    Released,
 )
 
 DELETE_TRIES = 5

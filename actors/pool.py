@@ -237,9 +237,9 @@ class PooledActor(pykka.Actor):
                 self._handle_failure(*sys.exc_info())
                 try:
                     self.on_failure(*sys.exc_info())
-                except Exception:  # noqa: BLE001  (pykka does the same: log and stop)
+                except Exception:
                     self._handle_failure(*sys.exc_info())
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             self._stop()
             ActorRegistry.stop_all()
 

@@ -193,7 +193,7 @@ class Reactor:
                 if task._cancelled:
                     scope.cancel()
                 result = await outcome.acapture(fn, *args)
-            if scope.cancelled_caught or isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
+            if scope.cancelled_caught or (isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled)):
                 result = outcome.Error(CallCancelled(f"{task.name} was cancelled"))
         finally:
             self._running -= 1

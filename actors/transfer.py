@@ -27,7 +27,15 @@ from protocols.failures import Code, MachineGone, Refused, Unreachable
 from protocols.hosts.content import input_sha256, snapshot_code
 from protocols.hosts.workspace import RESUME_LINE, Workspace
 from protocols.messages import (
-    CheckpointSaved, Fetch, Fetched, FetchCheckpoint, InputRef, Message, TransferFailed, Upload, Uploaded,
+    CheckpointSaved,
+    Fetch,
+    FetchCheckpoint,
+    Fetched,
+    InputRef,
+    Message,
+    TransferFailed,
+    Upload,
+    Uploaded,
 )
 from protocols.specs import Job
 

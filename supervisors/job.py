@@ -27,10 +27,16 @@ import outcome
 import pykka
 
 from actors import Actor, AttemptActor, Context, Reattach
-from protocols.hosts.workspace import RESUME_LINE
 from protocols.failures import Code
+from protocols.hosts.workspace import RESUME_LINE
 from protocols.messages import (
-    AttemptEnded, Cancel, ChildFailed, JobEnded, Message, Offer, Retrying,
+    AttemptEnded,
+    Cancel,
+    ChildFailed,
+    JobEnded,
+    Message,
+    Offer,
+    Retrying,
 )
 from protocols.specs import Job
 from supervisors.ledger import Ledger

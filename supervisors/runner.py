@@ -26,8 +26,8 @@ import platformdirs
 import pykka
 from loguru import logger
 
-from actors.pool import POOL, PooledActor
 from actors import Context, Reactor, Reattach
+from actors.pool import POOL, PooledActor
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
 from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer, Progress

@@ -24,10 +24,9 @@ from typing import Any
 
 import msgspec
 import pykka
-
-from actors.pool import PooledActor
 from loguru import logger
 
+from actors.pool import PooledActor
 from protocols.messages import ChildFailed, Message
 
 

@@ -13,8 +13,24 @@ from rich.live import Live
 from rich.table import Table
 
 from protocols.messages import (
-    AttemptEnded, AttemptStarted, Event, Exited, Fetched, JobEnded, JobStarted, Leased, LeaseFailed,
-    LeaseRequested, Metered, Progress, Released, Retrying, Stalled, TransferFailed, Uploaded, encode,
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    Exited,
+    Fetched,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    LeaseRequested,
+    Metered,
+    Progress,
+    Released,
+    Retrying,
+    Stalled,
+    TransferFailed,
+    Uploaded,
+    encode,
 )
 
 
