@@ -3,8 +3,8 @@
 Children, started in this order and stopped in the reverse: CostMeterActor, LeaseActor,
 TransferActor, HeartbeatActor. Every step is a message; nothing here waits on the network.
 
-The end (`_finish`) is the same for every outcome: stop the job on the host if it still runs,
-stop the heartbeat and the transfer, tell the lease `Release`, and on `Released` close the meter
+The end (`_finish`) is the same for every outcome: stop the heartbeat and the transfer, tell the
+lease `Release` (deleting the machine ends the job on it), and on `Released` close the meter
 and tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
 (`on_failure`) stops the children, which deletes the machine (the lease's stop hook), and still
 tells the parent, with `internal`.
@@ -64,10 +64,6 @@ from protocols.specs import Job
 
 class _Started(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Outcome[int]
-
-
-class _Stopped(Message, frozen=True, kw_only=True):
-    pass
 
 
 class Reattach(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,8 +196,6 @@ class AttemptActor(Actor):
                 self._finish("failed", failure, detail or "canceled")
             case ChildFailed(child=child, detail=detail):
                 self._finish("failed", Code.INTERNAL, f"{child} failed: {detail}")
-            case _Stopped():
-                self._release()
             case Released() as event:
                 if self.finishing is None or not self._releasing:
                     self._early_release = event  # the lease ended on its own (it failed): ChildFailed follows
@@ -260,15 +254,14 @@ class AttemptActor(Actor):
     # --- the end -------------------------------------------------------------------------------
 
     def _finish(self, outcome_: str, failure: Code | None, detail: str) -> None:
+        """Every end goes the same way: straight to the release. Deleting the machine ends the job
+        on it (a cloud's VM goes, the local and sim sandboxes' processes are killed, an SSH host's
+        delete stops our job there), so no separate stop round trip stands before it."""
         if self.finishing is not None:
             return
         self.finishing = (outcome_, failure, detail)
         self.cancel_tasks()  # a start still on its way: deleting the machine ends that job too
-        ws = self.ctx.workspaces.get(self.machine.name) if self.machine is not None else None
-        if ws is not None and self.work is not None and self.pid is not None and self.exit_code is None:
-            self.spawn(ws.stop, self.work, reply=lambda r: _Stopped())
-        else:
-            self._release()
+        self._release()
 
     def _release(self) -> None:
         if self._releasing:
