@@ -21,6 +21,8 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
+
 
 def _machines(state_dir: Path) -> list[str]:
     found = [p.name for p in (state_dir / "local").glob("*.json")] if (state_dir / "local").is_dir() else []
@@ -58,6 +60,16 @@ def _is_trio_worker(t: threading.Thread) -> bool:
     # trio keeps idle to_thread workers for 10 s after use; they hold nothing of ours
     # the actor pool's workers hold nothing between turns (the actors check above is what counts)
     return t.name.startswith(("Trio thread", "Trio worker", "actor-run-pool-"))
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    """A real OpenSSH sshd on 127.0.0.1 (tests/sshd.py), always stopped afterwards."""
+    server = Sshd(tmp_path / "sshd")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

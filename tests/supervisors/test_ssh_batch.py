@@ -30,15 +30,6 @@ open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.e
 '''
 
 
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def batch(tmp: Path, sshd: Sshd, *, seeds: list[int], slots: int = 2, steps: int = 4, step_s: float = 0.2,
           lost_after_s: float = 20) -> Path:
     code = tmp / "code"

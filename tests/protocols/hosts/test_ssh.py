@@ -32,15 +32,6 @@ from tests.sshd import Sshd
 T = TypeVar("T")
 
 
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(autouse=True)
 def no_child_left() -> Iterator[None]:
     """No local `ssh` or `tar` of ours outlives a test (tests/conftest.py checks the remote side:
