@@ -22,18 +22,14 @@ owners = st.text(alphabet="0123456789abcdef", min_size=8, max_size=32)
 def test_encode_parse_round_trip(job: str, seed: int, attempt: int, owner: str, deadline: float) -> None:
     name = encode_name(job, seed, attempt, owner, deadline)
     assert name.startswith(PREFIX)
-    assert parse_name(name) == MachineName(
-        job=job, seed=seed, attempt=attempt, owner=owner[:8], deadline=int(deadline)
-    )
+    assert parse_name(name) == MachineName(job=job, seed=seed, attempt=attempt, owner=owner[:8], deadline=int(deadline))
     assert str(parse_name(name)) == name
 
 
 def test_an_example() -> None:
     name = encode_name("seeds", -3, 2, "0123abcd" + "f" * 24, 1_700_000_000.9)
     assert name == "ar-seeds-n3-a2-0123abcd-d1700000000"
-    assert parse_name(name) == MachineName(
-        job="seeds", seed=-3, attempt=2, owner="0123abcd", deadline=1_700_000_000
-    )
+    assert parse_name(name) == MachineName(job="seeds", seed=-3, attempt=2, owner="0123abcd", deadline=1_700_000_000)
 
 
 @pytest.mark.parametrize(

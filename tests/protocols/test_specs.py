@@ -53,9 +53,7 @@ def test_load_the_examples() -> None:
 
 
 def test_good_file_relative_to_its_folder(tmp_path: Path) -> None:
-    batch = load_batch(
-        write(tmp_path, GOOD + "[policy]\nmax_attempts = 2\nbudget_usd = 1.5\n"), known_clouds()
-    )
+    batch = load_batch(write(tmp_path, GOOD + "[policy]\nmax_attempts = 2\nbudget_usd = 1.5\n"), known_clouds())
     assert batch.base == str(tmp_path.resolve())
     jobs = batch.jobs()
     assert [j.seed for j in jobs] == [1, 2]
@@ -73,9 +71,7 @@ def test_without_candidates_a_job_runs_on_local(tmp_path: Path) -> None:
 def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) -> None:
     from supervisors.runner import Runner  # a test may cross layers; the source may not
 
-    spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace(
-        "[1, 2]", "[1]"
-    )
+    spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace("[1, 2]", "[1]")
     jobs = load_batch(write(tmp_path, spec + "[policy]\npoll_s = 0.1\n"), known_clouds()).jobs()
     seen: list[object] = []
     with Runner(out_dir=tmp_path / "out", state_dir=tmp_path / "state") as r:
@@ -124,9 +120,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("text", "field", "problem"), BAD, ids=[f"{i}-{f}" for i, (_, f, _) in enumerate(BAD)]
-)
+@pytest.mark.parametrize(("text", "field", "problem"), BAD, ids=[f"{i}-{f}" for i, (_, f, _) in enumerate(BAD)])
 def test_bad_inputs_name_their_field(tmp_path: Path, text: str, field: str, problem: str) -> None:
     with pytest.raises(SpecError) as info:
         load_batch(write(tmp_path, text), known_clouds())

@@ -111,9 +111,7 @@ def test_run_the_example_then_status(paths: Paths) -> None:
 
 
 def test_json_run_of_a_failing_job(paths: Paths) -> None:
-    path = batch(
-        paths.tmp, GOOD.replace("sh -c 'echo {seed}'", "sh -c 'echo nope; exit 1'").replace("[1]", "[1, 2]")
-    )
+    path = batch(paths.tmp, GOOD.replace("sh -c 'echo {seed}'", "sh -c 'echo nope; exit 1'").replace("[1]", "[1, 2]"))
     done = cli(paths.run_args(path, "--json"))
     assert done.returncode == 1, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]  # every line is one JSON event
@@ -132,8 +130,7 @@ def test_a_mixed_batch_exits_1_and_a_good_one_0(paths: Paths) -> None:
     done = cli(paths.run_args(mixed))
     assert done.returncode == 1
     outcomes = {
-        n: json.loads((paths.out / "t" / f"seed-{n}" / "response.json").read_text())["outcome"]
-        for n in (1, 2, 3)
+        n: json.loads((paths.out / "t" / f"seed-{n}" / "response.json").read_text())["outcome"] for n in (1, 2, 3)
     }
     assert outcomes == {1: "succeeded", 2: "failed", 3: "succeeded"}
     assert "job_failed" in done.stdout  # the summary names the failure
@@ -216,11 +213,16 @@ delete_latency_s = 0.5
 """
 
 
-def sleeping(seconds: str) -> list[int]:
+def sleeping(seconds: str, under: Path) -> list[int]:
+    """Processes `sleep <seconds>` still running that a job of this test started: their environment
+    names its folder (ACTOR_RUN_OUT is in the machine's sandbox), so a run of the same tests next
+    door is not counted."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if p.info["cmdline"] != ["sleep", seconds] or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(str(under) in value for value in p.environ().values()):
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -319,7 +321,7 @@ def test_ctrl_c_deletes_every_machine_then_exits_130(paths: Paths, second: str) 
     assert len(rows) == 2
     assert {r["state"] for r in rows} == {"deleted"}
     assert sim_machines(sim_dir) == []
-    assert sleeping("61.917") == []
+    assert sleeping("61.917", paths.tmp) == []
     assert under(paths.state) == []
     for n in (1, 2):
         body = json.loads((paths.out / "long" / f"seed-{n}" / "response.json").read_text())

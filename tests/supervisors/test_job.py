@@ -27,15 +27,23 @@ from protocols.messages import (
 from protocols.specs import CandidateSpec
 
 # a job that is silent on its first attempt (a stall) and succeeds on the next ones
-QUIET_FIRST = "sh -c 'if [ \"$ACTOR_RUN_ATTEMPT\" = 0 ]; then sleep {s}; else echo ok-$ACTOR_RUN_ATTEMPT; fi'"
+# (the later ones report a stage past setup at once, so a slow machine does not make them stall too)
+QUIET_FIRST = (
+    'sh -c \'if [ "$ACTOR_RUN_ATTEMPT" = 0 ]; then sleep {s}; '
+    'else echo {{\\"stage\\": \\"train\\"}} >> $ACTOR_RUN_PROGRESS; echo ok-$ACTOR_RUN_ATTEMPT; fi\''
+)
 
 
-def sleeping(seconds: str) -> list[int]:
-    """Processes `sleep <seconds>` still running (each test picks its own odd number)."""
+def sleeping(seconds: str, under: Path) -> list[int]:
+    """Processes `sleep <seconds>` still running that a job of this test started: their environment
+    names its folder (ACTOR_RUN_OUT is in the machine's sandbox), so a run of the same tests next
+    door is not counted."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if p.info["cmdline"] != ["sleep", seconds] or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(str(under) in value for value in p.environ().values()):
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -60,11 +68,7 @@ def response(tmp_path: Path, job: str, seed: int = 1) -> dict[str, Any]:
 def test_the_walk_moves_past_places_without_stock(
     open_runner: Callable[..., Any], events: Any, sim_job: Any, regions: Any, tmp_path: Path, sim_dir: Path
 ) -> None:
-    sim = {
-        "regions": regions(
-            ("us-east", "H100", 0, 2.9), ("eu-west", "H100", 5, 2.9), ("us-east", "A100", 5, 1.8)
-        )
-    }
+    sim = {"regions": regions(("us-east", "H100", 0, 2.9), ("eu-west", "H100", 5, 2.9), ("us-east", "A100", 5, 1.8))}
     candidates = [
         CandidateSpec(cloud="sim", gpu="H100", regions=["us-east"]),  # no stock there
         CandidateSpec(cloud="sim", gpu="H100", max_hourly_usd=1.0),  # stock, but above the ceiling
@@ -79,9 +83,7 @@ def test_the_walk_moves_past_places_without_stock(
     assert [e.machine.gpu for e in events.of(Leased)] == ["A100"]
     body = response(tmp_path, "walk")
     assert body["outcome"] == "succeeded"
-    assert [(a["gpu"], a["region"], a["outcome"]) for a in body["attempts"]] == [
-        ("A100", "us-east", "succeeded")
-    ]
+    assert [(a["gpu"], a["region"], a["outcome"]) for a in body["attempts"]] == [("A100", "us-east", "succeeded")]
     assert (tmp_path / "out" / "walk" / "seed-1" / "out" / "w.txt").read_text() == "walked\n"
     assert sim_machines(sim_dir) == []
 
@@ -114,9 +116,7 @@ def test_no_capacity_at_launch_walks_on_without_counting(
     assert [a["attempt"] for a in body["attempts"]] == [0, 1, 2, 3]
 
 
-def test_no_stock_anywhere_ends_no_capacity(
-    open_runner: Callable[..., Any], events: Any, sim_job: Any
-) -> None:
+def test_no_stock_anywhere_ends_no_capacity(open_runner: Callable[..., Any], events: Any, sim_job: Any) -> None:
     job = sim_job("none", "true", candidates=[CandidateSpec(cloud="sim", gpu="B200")])
     with open_runner() as r:
         ended = r.submit(job).result(60)
@@ -154,7 +154,7 @@ def test_a_stalled_job_is_retried_on_a_fresh_machine(
     job = sim_job("stall", QUIET_FIRST.format(s="30.917"), setup_grace_s=0.5, max_attempts=2)
     with open_runner() as r:
         ended = r.submit(job).result(60)
-        assert sleeping("30.917") == []  # the silent job was stopped with its machine
+        assert sleeping("30.917", tmp_path) == []  # the silent job was stopped with its machine
     assert (ended.outcome, ended.attempts) == ("succeeded", 2)
     stalls = events.of(Stalled)
     assert [(s.attempt, s.failure) for s in stalls] == [(0, Code.STALLED)]
@@ -178,7 +178,7 @@ def test_a_stalled_job_is_retried_on_a_fresh_machine(
 
 
 def test_a_job_that_stalls_every_time_ends_stalled_after_max_attempts(
-    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path, tmp_path: Path
 ) -> None:
     job = sim_job("stall2", "sleep 31.917", setup_grace_s=0.4, max_attempts=2)
     with open_runner() as r:
@@ -188,12 +188,12 @@ def test_a_job_that_stalls_every_time_ends_stalled_after_max_attempts(
     names = [e.machine.name for e in events.of(Leased)]
     assert len(names) == 2
     assert len(set(names)) == 2
-    assert sleeping("31.917") == []
+    assert sleeping("31.917", tmp_path) == []
     assert sim_machines(sim_dir) == []
 
 
 def test_a_preempted_attempt_is_retried(
-    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path, tmp_path: Path
 ) -> None:
     job = sim_job("pre", QUIET_FIRST.format(s="32.917"), max_attempts=2)
     with open_runner() as r:
@@ -206,7 +206,7 @@ def test_a_preempted_attempt_is_retried(
     ends = events.of(AttemptEnded)
     assert [(e.attempt, e.failure) for e in ends] == [(0, Code.PREEMPTED), (1, None)]
     assert events.of(Leased)[1].machine.name != first
-    assert sleeping("32.917") == []
+    assert sleeping("32.917", tmp_path) == []
     assert sim_machines(sim_dir) == []
 
 
@@ -225,19 +225,19 @@ def test_launch_failures_are_retried_at_the_next_place(
 
 
 def test_cancel_of_a_running_job(
-    open_runner: Callable[..., Any], events: Any, sim_job: Any, ledger_machines: Any, sim_dir: Path
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, ledger_machines: Any, sim_dir: Path, tmp_path: Path
 ) -> None:
     job = sim_job("cancel", "sleep 33.917")
     with open_runner() as r:
         handle = r.submit(job)
         events.wait_for(lambda e: isinstance(e, JobStarted))
         assert len(sim_machines(sim_dir)) == 1
-        wait_until(lambda: sleeping("33.917"))  # the job runs
+        wait_until(lambda: sleeping("33.917", tmp_path))  # the job runs
         handle.cancel()
         ended = handle.result(60)
         # deleted before the job ended, not by the Runner's close
         assert sim_machines(sim_dir) == []
-        assert sleeping("33.917") == []
+        assert sleeping("33.917", tmp_path) == []
     assert isinstance(ended, JobEnded)
     assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.CANCELED, 1)
     assert [e.confirmed for e in events.of(Released)] == [True]

@@ -17,7 +17,7 @@ import pytest
 
 from protocols.failures import Code
 from protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
-from supervisors.ledger import Ledger, LedgerReader, OwnerRow, owner_is_alive, process_start_time
+from supervisors.ledger import Ledger, LedgerError, LedgerReader, OwnerRow, owner_is_alive, process_start_time
 
 
 @pytest.fixture
@@ -110,9 +110,7 @@ def test_a_machine_is_alive_until_its_deletion_is_confirmed(
     assert [m.name for m in reader.machines()] == [name]
 
 
-def test_a_failed_delete_keeps_the_machine_alive(
-    ledgers: Callable[..., Ledger], reader: LedgerReader
-) -> None:
+def test_a_failed_delete_keeps_the_machine_alive(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
     led = ledgers()
     name = intent(led)
     led.record_delete_failed(name, "provider said 503")
@@ -199,9 +197,7 @@ def test_registered_owners_are_alive_until_closed(
 # --- jobs, attempts, events --------------------------------------------------------------------------
 
 
-def test_events_are_stored_as_json_with_their_type(
-    ledgers: Callable[..., Ledger], reader: LedgerReader
-) -> None:
+def test_events_are_stored_as_json_with_their_type(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
     led = ledgers()
     machine = Machine(cloud="sim", id="sim-1", name="ar-j-1-a0-0123abcd-d1")
     events = [
@@ -250,9 +246,7 @@ def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader,
         "attempts": 1,
         "usd": 0.5,
     }
-    assert raw(path, "SELECT job, attempt, state, failure FROM attempts") == [
-        ("j/seed-1", 0, "failed", "stalled")
-    ]
+    assert raw(path, "SELECT job, attempt, state, failure FROM attempts") == [("j/seed-1", 0, "failed", "stalled")]
 
 
 def test_clouds_are_remembered_once(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
@@ -266,6 +260,6 @@ def test_clouds_are_remembered_once(ledgers: Callable[..., Ledger], reader: Ledg
 def test_a_closed_ledger_refuses_writes(ledgers: Callable[..., Ledger]) -> None:
     led = ledgers()
     led.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(LedgerError, match="closed"):
         intent(led)
     led.close()  # twice is fine

@@ -79,15 +79,11 @@ def test_thrashing_after_more_than_thrash_max_failures_in_the_window() -> None:
     policy = msgspec.structs.replace(POLICY, max_attempts=100, thrash_max=3, thrash_window_s=60.0)
     now = 1000.0
     # two earlier failures in the window: this third one is allowed
-    d, history = decide(
-        Code.STALLED, counted_attempts=3, failure_times=[now - 50, now - 10], now=now, policy=policy
-    )
+    d, history = decide(Code.STALLED, counted_attempts=3, failure_times=[now - 50, now - 10], now=now, policy=policy)
     assert d.action is Action.RETRY
     assert history == [now - 50, now - 10, now]
     # three earlier: the fourth within 60 s is one too many
-    d, _ = decide(
-        Code.STALLED, counted_attempts=4, failure_times=[now - 50, now - 10, now - 1], now=now, policy=policy
-    )
+    d, _ = decide(Code.STALLED, counted_attempts=4, failure_times=[now - 50, now - 10, now - 1], now=now, policy=policy)
     assert d.action is Action.STOP
     assert d.code is Code.THRASHING
     assert "more than 3 failed attempts within 60 s" in d.detail

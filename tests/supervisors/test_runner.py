@@ -62,12 +62,8 @@ def test_outputs_land_in_the_seed_folder(
         assert len(body["attempts"]) == 1
         assert {"lease", "upload", "start", "run", "fetch", "release"} <= set(body["phases"])
         assert all(v >= 0 for v in body["phases"].values())
-        assert body["usd"] == pytest.approx(
-            sum(a["usd"] for a in body["attempts"]), abs=1e-6
-        )  # rounded to 6 places
-    loc, sim = (
-        json.loads((tmp_path / "out" / j.name / f"seed-{j.seed}" / "response.json").read_text()) for j in jobs
-    )
+        assert body["usd"] == pytest.approx(sum(a["usd"] for a in body["attempts"]), abs=1e-6)  # rounded to 6 places
+    loc, sim = (json.loads((tmp_path / "out" / j.name / f"seed-{j.seed}" / "response.json").read_text()) for j in jobs)
     assert loc["usd"] == 0.0  # this computer costs nothing
     assert sim["usd"] > 0.0  # $36/h for the seconds it was held
     assert ended[1].usd == pytest.approx(sim["usd"], abs=1e-6)
@@ -138,7 +134,7 @@ def test_the_budget_stops_every_job(
     assert [(e.outcome, e.failure) for e in ended] == [("failed", Code.BUDGET)] * 3
     assert "budget" in ended[0].detail
     assert ended[2].attempts == 0  # pending when the budget was met: never started
-    assert sorted(e.seed for e in events.of(AttemptStarted)) == [1, 2]
+    assert 3 not in {e.seed for e in events.of(AttemptStarted)}
     assert events.of(Metered)  # the guard read the meter
     assert spent >= 0.05
     assert sum(e.usd for e in ended) == pytest.approx(spent, rel=1e-6)
@@ -173,9 +169,7 @@ def test_a_bad_job_is_refused_before_anything_starts(
             r.submit(local_job("Bad Name", "true"))
         with pytest.raises(SpecError, match=r"^candidates\[0\]\.cloud: unknown cloud 'nimbus'"):
             r.submit(Job(name="x", command="true", seed=1, candidates=[CandidateSpec(cloud="nimbus")]))
-        with pytest.raises(
-            SpecError, match=r"^clouds\.sim\.no_capacity_rate: expected number between 0 and 1"
-        ):
+        with pytest.raises(SpecError, match=r"^clouds\.sim\.no_capacity_rate: expected number between 0 and 1"):
             r.submit(
                 Job(
                     name="x",
@@ -210,3 +204,12 @@ def test_a_runner_must_be_open(tmp_path: Path, state_dir: Path) -> None:
     runner.close()  # closing a runner never opened is a no-op
     with pytest.raises(SpecError, match=r"^concurrency: expected int >= 1, got 0"):
         Runner(out_dir=tmp_path / "out", state_dir=state_dir, concurrency=0).open()
+
+
+def test_a_quick_job_is_not_held_up(open_runner: Callable[..., Any], local_job: Any, sim_job: Any) -> None:
+    # `true` ends in a tenth of a second; a lost wake-up of an actor (a turn queued on the pool that
+    # no worker takes until an idle timeout) showed up as a job that took 10 s to say it had ended
+    with open_runner() as r:
+        for job in (local_job("quick", "true"), sim_job("quick-sim", "true")):
+            ended = r.submit(job).result(timeout=5)
+            assert ended.outcome == "succeeded"

@@ -8,6 +8,7 @@ supervisor's thread, so in the order the supervisor starts them) and ("stop", na
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -195,9 +196,7 @@ class Parent(pykka.ThreadingActor):
 
 
 def spec(name: str, rec: Recorder, restart: Restart = Restart.PERMANENT) -> ChildSpec:
-    return ChildSpec(
-        name=name, start=lambda parent: Child.start(name, rec, parent), restart=restart, shutdown_s=10
-    )
+    return ChildSpec(name=name, start=lambda parent: Child.start(name, rec, parent), restart=restart, shutdown_s=10)
 
 
 class Tree:
@@ -244,10 +243,8 @@ class Tree:
         told = self.rec.count("told", name)
         self.child(name).tell(how)
         self.rec.wait_for(lambda es: es.count(("told", name)) > told)
-        try:
+        with contextlib.suppress(pykka.ActorDeadError):  # it gave up and stopped
             self.sup.ask("children", timeout=10)  # queued behind the report
-        except pykka.ActorDeadError:
-            pass  # it gave up and stopped
 
     def stop(self) -> None:
         if self.sup.is_alive():

@@ -79,9 +79,7 @@ class World:
         return name
 
     def sweep(self, *, dry_run: bool = False, grace_s: float = 600.0) -> dict[str, SweepAction]:
-        with Runner(
-            out_dir=self.tmp / "out", state_dir=self.state, sweep_on_start=False, sweep_grace_s=grace_s
-        ) as r:
+        with Runner(out_dir=self.tmp / "out", state_dir=self.state, sweep_on_start=False, sweep_grace_s=grace_s) as r:
             return {a.machine: a for a in r.sweep(dry_run=dry_run)}
 
     def row(self, name: str) -> Any:
@@ -150,9 +148,7 @@ def test_a_machine_the_ledger_never_heard_of(world: World) -> None:
         "deleted",
         "unknown to the ledger and its owner is gone",
     )
-    assert (
-        actions[mine].action == "keep"
-    )  # its name says a live controller made it (the intent may be on its way)
+    assert actions[mine].action == "keep"  # its name says a live controller made it (the intent may be on its way)
     assert sim_machines(world.sim_dir) == [mine]
 
 
@@ -165,13 +161,9 @@ def test_machines_not_ours_are_never_touched(world: World) -> None:
 
 def test_ledger_rows_of_machines_the_provider_no_longer_lists_are_closed(world: World) -> None:
     name = encode_name("ghost", 1, 0, world.dead.owner, time.time() + 3600)
-    world.dead.record_intent(
-        name=name, cloud="sim", job="ghost/seed-1", seed=1, attempt=0, deadline=time.time() + 3600
-    )
+    world.dead.record_intent(name=name, cloud="sim", job="ghost/seed-1", seed=1, attempt=0, deadline=time.time() + 3600)
     kept = encode_name("ghost", 2, 0, world.live.owner, time.time() + 3600)
-    world.live.record_intent(
-        name=kept, cloud="sim", job="ghost/seed-2", seed=2, attempt=0, deadline=time.time() + 3600
-    )
+    world.live.record_intent(name=kept, cloud="sim", job="ghost/seed-2", seed=2, attempt=0, deadline=time.time() + 3600)
     actions = world.sweep()
     assert (actions[name].action, actions[name].reason) == ("closed", "the provider no longer lists it")
     assert world.row(name).state == "deleted"
