@@ -99,6 +99,29 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
         ]
 
 
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def redacted(job: Job) -> Job:
+    """The job as the ledger may keep it: env values whose names look secret are replaced."""
+    env = {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in job.env.items()}
+    return msgspec.structs.replace(job, env=env)
+
+
+def unredacted(job: Job, environ: dict[str, str]) -> tuple[Job, list[str]]:
+    """Fill redacted env values from `environ`; the names still missing are returned."""
+    env, missing = {}, []
+    for k, v in job.env.items():
+        if v == REDACTED:
+            if k in environ:
+                v = environ[k]
+            else:
+                missing.append(k)
+        env[k] = v
+    return msgspec.structs.replace(job, env=env), missing
+
+
 def _where(path: str) -> str:
     # msgspec says "... - at `$.policy.concurrency`" or "`$.candidates[0].cloud`"
     return path.removeprefix("$").removeprefix(".")

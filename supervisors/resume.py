@@ -14,16 +14,18 @@ Every job then ends exactly once, through the same JobSupervisor as a fresh run.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import signal
 import sys
 
 import msgspec
+from loguru import logger
 
 from actors import Reattach
 from protocols.failures import SpecError
 from protocols.messages import Event, Machine, Offer
-from protocols.specs import Job
+from protocols.specs import Job, unredacted
 from supervisors.ledger import LedgerReader, MachineRow
 
 
@@ -47,7 +49,10 @@ def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
     for row in reader.jobs():
         if row["state"] != "running" or row["owner"] in live:
             continue
-        job = msgspec.json.decode(row["spec"], type=Job)
+        job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), dict(os.environ))
+        if missing:
+            logger.warning("{}: env {} was kept out of the ledger (secret); set it for `actor-run resume`",
+                           job.key, ", ".join(missing))
         mine = [m for m in machines if m.job == job.name and m.seed == job.seed]
         first = max((m.attempt for m in mine), default=-1) + 1
         best = _reattachable(mine)

@@ -31,7 +31,7 @@ from actors.pool import POOL, PooledActor
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
 from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer, Progress
-from protocols.specs import Job, check_candidates, check_job, check_policy
+from protocols.specs import Job, check_candidates, check_job, check_policy, redacted
 from supervisors.job import JobSupervisor
 from supervisors.ledger import Ledger, LedgerReader
 from supervisors.sweep import SweepAction, sweep
@@ -320,7 +320,7 @@ class Runner:
             raise SpecError("job", f"{job.key} is already running in this Runner")
         handle = JobHandle(self, job)
         self.handles[job.key] = handle
-        self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(job),
+        self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
                                state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"))
         self._batch_tell(_Submit(job=job))
         return handle

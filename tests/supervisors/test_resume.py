@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 from pathlib import Path
 
+import pytest
+
 from protocols.clouds.sim import preempt_machine, sim_machines
 from protocols.failures import Code
 from protocols.messages import CheckpointSaved, Event, Leased
@@ -98,3 +100,31 @@ def test_resume_starts_jobs_that_never_started(tmp_path: Path) -> None:
         assert [j["state"] for j in reader.jobs()] == ["succeeded"]
     finally:
         reader.close()
+
+
+def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = Job(name="secret", command="echo \"$HF_TOKEN $PLAIN\" > $ACTOR_RUN_OUT/env.txt", seed=1,
+              env={"HF_TOKEN": "hf_supersecret", "PLAIN": "visible"}, policy=PolicySpec(poll_s=0.1))
+    with Runner(out_dir=tmp_path / "out", state_dir=tmp_path / "state") as runner:
+        assert runner.submit(job).result(timeout=60).outcome == "succeeded"
+    ledger_file = tmp_path / "state" / "ledger.sqlite"
+    raw = b"".join(p.read_bytes() for p in ledger_file.parent.glob("ledger.sqlite*"))
+    assert b"hf_supersecret" not in raw
+    assert (tmp_path / "out" / "secret" / "seed-1" / "out" / "env.txt").read_text().strip() == "hf_supersecret visible"
+    # a resumer gets the secret back from its own environment
+    reader = LedgerReader(ledger_file)
+    try:
+        import msgspec
+
+        from protocols.specs import unredacted
+
+        stored = msgspec.json.decode(reader.jobs()[0]["spec"], type=Job)
+    finally:
+        reader.close()
+    assert stored.env == {"HF_TOKEN": "<redacted>", "PLAIN": "visible"}
+    monkeypatch.setenv("HF_TOKEN", "from-env")
+    import os
+
+    back, missing = unredacted(stored, dict(os.environ))
+    assert back.env["HF_TOKEN"] == "from-env" and missing == []
