@@ -22,7 +22,8 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, BinaryIO
 
 import msgspec
 import outcome
@@ -101,6 +102,7 @@ class HeartbeatActor(Actor):
         self.exited = False
         self.stalled = False
         self.last_progress: dict[str, Any] | None = None
+        self._log_file: BinaryIO | None = None
         # judge the stall window at least four times per window, even when nothing is new
         self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
 
@@ -180,8 +182,26 @@ class HeartbeatActor(Actor):
     def _take_log(self, log: bytes, seen: float) -> None:
         if log:
             self.last_life = max(self.last_life, seen)
-            with open(self.log_path, "ab") as f:
-                f.write(log)
+            if self._log_file is None:  # opened once: a poll's new bytes cost a write, not an open
+                self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in on_stop/on_failure)
+            self._log_file.write(log)
+            self._log_file.flush()
+
+    def _close_log(self) -> None:
+        f, self._log_file = self._log_file, None
+        if f is not None:
+            f.close()
+
+    def on_stop(self) -> None:
+        """After stop(): the poll loop is cancelled and the log file closed."""
+        super().on_stop()
+        self._close_log()
+
+    def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
+        """After a raise: as on_stop, then the parent hears ChildFailed."""
+        self._close_log()
+        super().on_failure(exception_type, exception_value, traceback)
 
     def _take_progress(self, lines: list[bytes], seen: float) -> None:
         for raw in lines:
