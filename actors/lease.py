@@ -24,6 +24,7 @@ import trio
 
 from actors.base import Actor, Context
 from actors.pool import blocking
+from actors.runtime import Task
 from protocols.failures import (
     ActorRunError,
     CallCancelled,
@@ -32,6 +33,7 @@ from protocols.failures import (
     HostError,
     LaunchAmbiguous,
     LaunchError,
+    LaunchRefused,
     Refused,
 )
 from protocols.hosts.workspace import Workspace
@@ -55,10 +57,6 @@ class _Launched(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Outcome[tuple[Machine, Workspace]]
 
 
-class _Closed(Message, frozen=True, kw_only=True):
-    pass
-
-
 class _Deleted(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Outcome[tuple[bool, str]]
 
@@ -75,6 +73,8 @@ class LeaseActor(Actor):
         self._released = threading.Event()
         self._releasing = False
         self._delete_done = threading.Event()
+        self._launching: Task | None = None
+        self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
         self._outcome: tuple[bool, str, float] | None = None
 
@@ -90,8 +90,6 @@ class LeaseActor(Actor):
                 self._start_release()
             case _Deleted(result=result):
                 self._finish_release(result)
-            case _Closed():
-                pass
             case _:
                 raise TypeError(f"LeaseActor cannot handle {message!r}")
 
@@ -119,7 +117,7 @@ class LeaseActor(Actor):
             except (ActorRunError, OSError, trio.TooSlowError) as exc:
                 return machine, None, exc  # it exists: the release deletes it by id
 
-        self.spawn(launch, reply=lambda r: _Launched(result=r))
+        self._launching = self.spawn(launch, reply=lambda r: _Launched(result=r))
 
     def _adopt(self, machine: Machine) -> None:
         """A machine an earlier controller leased: connect to it; deleting it is ours now."""
@@ -135,19 +133,19 @@ class LeaseActor(Actor):
             except (ActorRunError, OSError, trio.TooSlowError) as exc:
                 return machine, None, exc
 
-        self.spawn(connect, reply=lambda r: _Launched(result=r))
+        self._launching = self.spawn(connect, reply=lambda r: _Launched(result=r))
 
     def _launched(self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
         assert self.name is not None
+        self._launching = None
         exc: BaseException
+        if self._release_wanted:
+            self._launched_after_release(result)
+            return
         if isinstance(result, outcome.Value):
             machine, workspace, error = result.value
             self.machine = machine
             self.ctx.ledger.record_launched(machine)
-            if workspace is not None and self._releasing:
-                # the launch answered after a Release began: this workspace is nobody's
-                self.spawn(workspace.aclose, reply=lambda r: _Closed())
-                return
             if workspace is not None:
                 self.ctx.workspaces[self.name] = workspace
                 self.tell_parent(Leased(job=self.job, seed=self.seed, attempt=self.attempt, machine=machine))
@@ -162,6 +160,26 @@ class LeaseActor(Actor):
             self.ctx.ledger.record_gone(self.name, time.time(), f"create refused: {code}")
             self.name = None
         self.tell_parent(LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail))
+
+    def _launched_after_release(
+        self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]],
+    ) -> None:
+        """A Release came while the create was out: now that its answer is in (cancelled or not),
+        delete whatever it made. Deleting earlier could miss a machine made a moment later."""
+        assert self.name is not None
+        if isinstance(result, outcome.Value):
+            machine, workspace, _ = result.value
+            self.machine = machine
+            self.ctx.ledger.record_launched(machine)
+            if workspace is not None:
+                self.ctx.workspaces[self.name] = workspace  # _delete closes it
+        elif isinstance(result.error, LaunchRefused) and not isinstance(result.error, LaunchAmbiguous):
+            self.ctx.ledger.record_gone(self.name, time.time(), f"create refused: {result.error.code}")
+            self.name = None
+            self._done_releasing(True, "", time.time())
+            self.stop()
+            return
+        self._begin_delete()
 
     # --- release ---------------------------------------------------------------------------------
 
@@ -211,7 +229,16 @@ class LeaseActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        self.cancel_tasks()  # a launch still waiting: its machine is deleted by name
+        if self._launching is not None and not self._launching.done:
+            # the create is out: cancel it and delete by name once it has answered
+            self._release_wanted = True
+            self._launching.cancel()
+            return
+        self._begin_delete()
+
+    def _begin_delete(self) -> None:
+        assert self.name is not None and self.offer is not None
+        self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
         assert self.offer is not None
         self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
@@ -248,7 +275,12 @@ class LeaseActor(Actor):
             if finished and self._delete_result is not None:
                 self._done_releasing(*self._delete_result, time.time())
                 return
+        launching = self._launching
         self.cancel_tasks()
+        if launching is not None and not launching.done:
+            # let the cancelled create answer first: a machine it makes a moment later is deleted too
+            with blocking():
+                launching.finished.wait(60)
         if self.name is None:
             self._done_releasing(True, "", time.time())
             return

@@ -43,13 +43,14 @@ class ReactorStatistics(msgspec.Struct, frozen=True):
 class Task:
     """A coroutine running on the reactor; `cancel()` is safe from any thread, at any time."""
 
-    __slots__ = ("_cancelled", "_reactor", "_scope", "done", "name")
+    __slots__ = ("_cancelled", "_reactor", "_scope", "done", "finished", "name")
 
     def __init__(self, reactor: Reactor, name: str) -> None:
         self._reactor = reactor
         self._scope: trio.CancelScope | None = None
         self._cancelled = False
         self.done = False
+        self.finished = threading.Event()  # for a thread that must wait for it without a message
         self.name = name
 
     def cancel(self) -> None:
@@ -202,6 +203,7 @@ class Reactor:
     @staticmethod
     def _finish(task: Task, on_done: Callable[[outcome.Outcome[T]], None] | None, result: outcome.Outcome[T]) -> None:
         task.done = True
+        task.finished.set()
         if on_done is not None:
             on_done(result)
 
