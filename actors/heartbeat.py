@@ -54,13 +54,23 @@ class _LoopEnded(Message, frozen=True, kw_only=True):
     result: Any
 
 
+REPORT_S = 2.0  # new progress and log are handed to the actor at most this often (a line naming a
+# checkpoint, an exit, an error or the first poll go at once): a UI needs no more, and a job that
+# writes a line per poll would otherwise cost a message per poll
+
+
 async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_every: int,
-                     tell: Callable[[Message], None]) -> None:
+                     tell: Callable[[Message], None], report_s: float = REPORT_S) -> None:
     """The reactor side of the heartbeat: poll every `poll_s` (which writes `alive`), keep the read
-    offsets, and tell the actor only what is new (or, every `idle_every` quiet polls, that the job
-    still runs, so it can judge its stall window). After the job exited, only the heartbeat goes on."""
+    offsets, and tell the actor what is new, at most every `report_s` unless it is urgent (or,
+    every `idle_every` quiet polls, that the job still runs, so it can judge its stall window).
+    After the job exited, only the heartbeat goes on."""
     progress_at = log_at = 0
     state, quiet, first = "running", 0, True
+    lines: list[bytes] = []
+    log = bytearray()
+    mtime = 0.0
+    last_told = trio.current_time()
     while True:
         try:
             if state == "running":
@@ -74,14 +84,21 @@ async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_eve
         else:
             if res is not None:
                 end = res.progress.rfind(b"\n") + 1  # a line still being written is read next time
-                lines = res.progress[:end].splitlines()
+                new = res.progress[:end].splitlines()
                 progress_at += end
                 log_at += len(res.log)
+                lines += new
+                log += res.log
+                mtime = max(mtime, res.progress_mtime, res.log_mtime)
                 quiet += 1
-                if lines or res.log or res.state != state or first or quiet >= idle_every:
-                    tell(_Polled(state=res.state, exit_code=res.exit_code, lines=lines, log=res.log, first=first,
-                                 mtime=max(res.progress_mtime, res.log_mtime)))
-                    quiet, first = 0, False
+                now = trio.current_time()
+                urgent = first or res.state != state or any(b"checkpoint" in line for line in new)
+                due = (lines or log) and now - last_told >= report_s
+                if urgent or due or quiet >= idle_every:
+                    tell(_Polled(state=res.state, exit_code=res.exit_code, lines=lines, log=bytes(log), first=first,
+                                 mtime=mtime))
+                    lines, log = [], bytearray()
+                    quiet, first, last_told = 0, False, now
                 state = res.state
         await trio.sleep(poll_s)
 
