@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from process_kit import sleeping
 
 from protocols.clouds.sim import sim_machines
 from supervisors.ledger import LedgerReader
@@ -211,22 +212,6 @@ gpu = "A100"
 launch_latency_s = 0.01
 delete_latency_s = 0.5
 """
-
-
-def sleeping(seconds: str, under: Path) -> list[int]:
-    """Processes `sleep <seconds>` still running that a job of this test started: their environment
-    names its folder (ACTOR_RUN_OUT is in the machine's sandbox), so a run of the same tests next
-    door is not counted."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["cmdline"] != ["sleep", seconds] or p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(str(under) in value for value in p.environ().values()):
-                out.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
 
 
 def under(path: Path) -> list[str]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
+from process_kit import sleeping
 
 from protocols.clouds.sim import preempt_machine, sim_machines
 from protocols.failures import Code
@@ -32,22 +32,6 @@ QUIET_FIRST = (
     'sh -c \'if [ "$ACTOR_RUN_ATTEMPT" = 0 ]; then sleep {s}; '
     'else echo {{\\"stage\\": \\"train\\"}} >> $ACTOR_RUN_PROGRESS; echo ok-$ACTOR_RUN_ATTEMPT; fi\''
 )
-
-
-def sleeping(seconds: str, under: Path) -> list[int]:
-    """Processes `sleep <seconds>` still running that a job of this test started: their environment
-    names its folder (ACTOR_RUN_OUT is in the machine's sandbox), so a run of the same tests next
-    door is not counted."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["cmdline"] != ["sleep", seconds] or p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(str(under) in value for value in p.environ().values()):
-                out.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
