@@ -275,8 +275,7 @@ class AttemptActor(Actor):
         try:
             self.lease.tell(Release())
         except pykka.ActorDeadError:
-            # the lease is gone without telling us (it cannot be: its hooks always answer); end anyway
-            self._released(Released(**self.head, machine=self.name, confirmed=False, detail="lease gone"))
+            pass  # it failed and is deleting the machine in its on_failure: its Released comes next
 
     def _released(self, event: Released) -> None:
         self._phase("release")

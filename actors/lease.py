@@ -300,9 +300,11 @@ class LeaseActor(Actor):
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:
-        """Actor thread, after a raise: delete the machine as on_stop does, then tell the parent."""
-        self._release_blocking()
+        """After a raise: tell the parent first (so it ends the attempt `internal`, not by whatever
+        the deletion makes its other children see), then delete the machine as on_stop does; the
+        parent hears `Released` when it is gone."""
         super().on_failure(exception_type, exception_value, traceback)
+        self._release_blocking()
 
 
 def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:

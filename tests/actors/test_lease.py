@@ -107,11 +107,12 @@ def test_an_exception_in_the_lease_deletes_the_machine_and_tells_the_parent(
         failed = probe.wait_for(ChildFailed)
         assert failed.child == "lease:t/1/a0"
         assert "TypeError" in failed.detail
-        # the deletion came first: on_failure deletes, then tells the parent
-        assert local_machines(state_dir) == []
+        # the parent hears of the failure first (so the attempt ends `internal`), then the lease
+        # deletes the machine and says Released once it is gone
         released = probe.wait_for(Released)
         assert released.confirmed
-        assert probe.box.seen.index(released) < probe.box.seen.index(failed)
+        assert local_machines(state_dir) == []
+        assert probe.box.seen.index(failed) < probe.box.seen.index(released)
         row = reader.machine(name)
         assert row is not None
         assert row.state == "deleted"

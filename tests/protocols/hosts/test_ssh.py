@@ -37,7 +37,8 @@ def no_child_left() -> Iterator[None]:
     """No local `ssh` or `tar` of ours outlives a test (tests/conftest.py checks the remote side:
     processes naming tmp_path, which is where detached jobs and watchdogs run)."""
     yield
-    left = psutil.Process().children(recursive=True)
+    # one that is just exiting (its parent reaps it a moment later) is not left behind
+    _, left = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=2)
     for p in left:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
