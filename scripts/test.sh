@@ -12,7 +12,15 @@ if [ -n "$need" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null
 fi
-[ -x .venv/bin/python ] || python3 -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+  # Debian's own python3 makes venvs only with python3-venv installed
+  python3 -m venv .venv 2>/dev/null || {
+    rm -rf .venv
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv .venv
+  }
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[test]'
 PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/python -m pytest -q "$@"
