@@ -103,7 +103,6 @@ class AttemptActor(Actor):
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
-        self.usd_live = 0.0
         self._releasing = False
         self._early_release: Released | None = None
 
@@ -184,7 +183,6 @@ class AttemptActor(Actor):
             case Fetched() as event:
                 self._phase("fetch")
                 self.ctx.emit(event)
-                self._write_response()
                 if self.exit_code == 0:
                     self._finish("succeeded", None, "")
                 else:
@@ -242,14 +240,6 @@ class AttemptActor(Actor):
         assert self.machine is not None and self.work is not None
         self.ctx.ledger.record_started(self.machine.name, self.work, self.pid, launched_at)
         self.heartbeat.tell(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
-
-    def _write_response(self) -> None:
-        src = self.staging / "response.json"
-        if src.is_file():
-            try:
-                self.remote_response = json.loads(src.read_text())
-            except ValueError:
-                self.remote_response = {}
 
     # --- the end -------------------------------------------------------------------------------
 

@@ -118,7 +118,6 @@ class HeartbeatActor(Actor):
         self.last_ok = 0.0
         self.exited = False
         self.stalled = False
-        self.last_progress: dict[str, Any] | None = None
         self._log_file: BinaryIO | None = None
         # judge the stall window at least four times per window, even when nothing is new
         self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
@@ -147,8 +146,6 @@ class HeartbeatActor(Actor):
             case _LoopEnded(result=result):
                 if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):
                     raise result.error
-            case "last_progress":
-                return self.last_progress
             case _:
                 raise TypeError(f"HeartbeatActor cannot handle {message!r}")
         return None
@@ -230,7 +227,6 @@ class HeartbeatActor(Actor):
                 continue
             stage = str(line.get("stage", ""))
             self.last_life = max(self.last_life, seen)
-            self.last_progress = line
             if stage not in SETUP_STAGES:
                 self.setup_done = True
             progress = Progress(**self.head, stage=stage, line=line)

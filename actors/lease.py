@@ -76,7 +76,6 @@ class LeaseActor(Actor):
         self._launching: Task | None = None
         self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
-        self._outcome: tuple[bool, str, float] | None = None
 
     def handle(self, message: Any) -> Any:
         match message:
@@ -257,7 +256,6 @@ class LeaseActor(Actor):
                 self.ctx.ledger.record_gone(self.name, at, "deleted")
             else:
                 self.ctx.ledger.record_delete_failed(self.name, detail)
-        self._outcome = (confirmed, detail, at)
         self._released.set()
         event = Released(job=self.job, seed=self.seed, attempt=self.attempt, machine=name, confirmed=confirmed,
                          detail=detail, t=at)

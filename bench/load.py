@@ -41,8 +41,8 @@ What is reported (a table, then as the LAST line one JSON object):
   split it (os.times): a large sys share is threads waking each other.
 - messages: actor messages handled during phase 1, from the first real counter there is:
   `runner.statistics()` (a `messages` field), else the shared actor pool's (`actors.pool.POOL`,
-  messages handled by every actor); else a proxy: events emitted to subscribers (every kind, `Log`
-  included) plus reactor tasks started (`Reactor.statistics().tasks_started`, timers included).
+  messages handled by every actor); else a proxy: events emitted to subscribers (every kind)
+  plus reactor tasks started (`Reactor.statistics().tasks_started`, timers included).
   `messages_source` says which; `events` and `reactor_tasks` are reported either way.
   `messages_per_s` = messages / wall_s; `cpu_s_per_message` = CPU / messages.
 - `peak_rss_mib`, `peak_threads`: sampled every 0.1 s in a thread during phase 1.

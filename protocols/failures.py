@@ -75,13 +75,6 @@ def policy_for(code: Code) -> Policy:
     return POLICIES[code]
 
 
-class Failure(msgspec.Struct, frozen=True, kw_only=True):
-    """A classified failure: the code decides, the detail explains (no secrets in it)."""
-
-    code: Code
-    detail: str = ""
-
-
 class ActorRunError(Exception):
     """Base of every exception this project raises on purpose."""
 

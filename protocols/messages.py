@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from protocols.failures import Code, Failure
+from protocols.failures import Code
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -181,12 +181,6 @@ class JobEnded(Event, frozen=True, kw_only=True):
     out_dir: str = ""
 
 
-class Log(Event, frozen=True, kw_only=True):
-    """New lines of the job's log (not recorded in the ledger; the log file has them)."""
-
-    text: str
-
-
 # --- commands ------------------------------------------------------------------------------------
 
 
@@ -257,7 +251,7 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 EVENTS = (
     AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted | Progress | Exited
-    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Log
+    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded
 )
 
 _encoder = msgspec.json.Encoder()
@@ -271,7 +265,3 @@ def encode(msg: Message) -> bytes:
 def decode_event(data: bytes | str) -> Event:
     result: Event = _event_decoder.decode(data)
     return result
-
-
-def failure_of(code: Code, detail: str = "") -> Failure:
-    return Failure(code=code, detail=detail)

@@ -80,7 +80,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def key(self) -> str:
-        return f"{self.name}/seed-{self.seed}"
+        return job_key(self.name, self.seed)
+
+
+def job_key(name: str, seed: int) -> str:
+    """How a job (one seed of a batch) is named in the ledger, the Runner and the view."""
+    return f"{name}/seed-{seed}"
 
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,10 +135,13 @@ def _where(path: str) -> str:
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<at>[^`]*)`)?$")
 
 
-def _spec_error(exc: msgspec.ValidationError) -> SpecError:
+def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
+    """msgspec's "Expected `int`, got `str` - at `$.policy.concurrency`" as a SpecError naming the
+    field (`prefix.policy.concurrency: expected int, got str`)."""
     m = _AT.match(str(exc))
     assert m is not None
     msg, at = m.group("msg"), _where(m.group("at") or "")
+    at = ".".join(p for p in (prefix, at) if p)
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
         field = f"{at}.{unknown.group(1)}" if at else unknown.group(1)
@@ -206,7 +214,7 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     try:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
-        raise _spec_error(exc) from exc
+        raise spec_error(exc) from exc
     base = p.resolve().parent
     if not spec.job.seeds:
         raise SpecError("job.seeds", "expected a non-empty list of ints, got []")

@@ -24,7 +24,7 @@ from loguru import logger
 from protocols.clouds import known_clouds
 from protocols.failures import SpecError
 from protocols.messages import Event, JobEnded, Released
-from protocols.specs import load_batch
+from protocols.specs import job_key, load_batch
 from supervisors.ledger import LedgerReader
 from supervisors.runner import Runner, default_ledger_path, default_state_dir
 from supervisors.view import View
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _configure_logging(json_mode: bool) -> None:
+def _configure_logging() -> None:
     logger.remove()
     logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}")
 
@@ -134,7 +134,7 @@ def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_
                 continue
             view.event(e)
             if isinstance(e, JobEnded):
-                ended[f"{e.job}/seed-{e.seed}"] = e
+                ended[job_key(e.job, e.seed)] = e
             if isinstance(e, Released) and not e.confirmed:
                 unconfirmed.append(e)
         while not events.empty():
@@ -190,8 +190,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{a.machine:<52} {a.cloud:<6} {verb:<13} {a.reason}{': ' + a.detail if a.detail else ''}")
         if a.action == "failed":
             failed = True
-            sys.stderr.write(f"actor-run: could not delete {a.machine} on {a.cloud}: {a.detail}; it stays in the ledger "
-                             "for the next sweep; delete it by hand in the provider's console if this persists\n")
+            if a.machine == "*":
+                sys.stderr.write(f"actor-run: could not list the machines on {a.cloud} ({a.detail}): any of ours there "
+                                 "were not swept; run the sweep again once it answers\n")
+            else:
+                sys.stderr.write(f"actor-run: could not delete {a.machine} on {a.cloud}: {a.detail}; it stays in the "
+                                 "ledger for the next sweep; delete it by hand in the provider's console if this "
+                                 "persists\n")
     if not args.json and not any(a.action != "keep" for a in actions):
         print("nothing to sweep")
     return Exit.FAILED if failed else Exit.OK
@@ -199,7 +204,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _configure_logging(getattr(args, "json", False))
+    _configure_logging()
     if args.state_dir is None:
         args.state_dir = str(default_state_dir())
     if args.command == "run":

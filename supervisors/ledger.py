@@ -25,6 +25,7 @@ from loguru import logger
 
 from actors.pool import blocking
 from protocols.failures import ActorRunError
+from protocols.specs import job_key
 from protocols.messages import Event, Machine, Offer, encode
 
 SCHEMA = """
@@ -300,7 +301,7 @@ class Ledger:
             " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
 
     def record_event(self, event: Event) -> None:
-        key = f"{event.job}/seed-{event.seed}"
+        key = job_key(event.job, event.seed)
         row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
         self._submit(lambda c: c.execute(
             "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row))

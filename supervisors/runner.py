@@ -30,8 +30,8 @@ from actors import Context, Reactor, Reattach
 from actors.pool import POOL, PooledActor
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
-from protocols.messages import Cancel, Event, JobEnded, Log, Message, Metered, Offer, Progress
-from protocols.specs import Job, check_candidates, check_job, check_policy, redacted
+from protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
+from protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
 from supervisors.job import JobSupervisor
 from supervisors.ledger import Ledger, LedgerReader
 from supervisors.sweep import SweepAction, sweep
@@ -97,7 +97,7 @@ class BatchSupervisor(PooledActor):
                     self.pending.append(submit)
                     self._fill()
             case JobEnded() as e:
-                key = f"{e.job}/seed-{e.seed}"
+                key = job_key(e.job, e.seed)
                 self.running.pop(key, None)
                 self.live_usd.pop(key, None)
                 self.done_usd += e.usd
@@ -352,7 +352,7 @@ class Runner:
         """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
         # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
         # for a resume (a checkpoint) and spares a write per poll per job
-        if not isinstance(event, Log) and (not isinstance(event, Progress) or "checkpoint" in event.line):
+        if not isinstance(event, Progress) or "checkpoint" in event.line:
             self.ledger.record_event(event)
         if isinstance(event, Metered) and self.budget_usd is not None:
             self._meter(event)
@@ -362,7 +362,7 @@ class Runner:
     def _meter(self, m: Metered) -> None:
         """Tell the batch a job's live cost only when it moved by a step that matters (1 % of the budget)."""
         assert self.budget_usd is not None
-        key = f"{m.job}/seed-{m.seed}"
+        key = job_key(m.job, m.seed)
         with self._lock:
             attempts = self._reported.setdefault(key, {})
             if m.usd - attempts.get(m.attempt, 0.0) < self.budget_usd / 100:
@@ -372,7 +372,7 @@ class Runner:
         self._batch_tell(_Spent(key=key, usd=total))
 
     def _job_ended(self, e: JobEnded) -> None:
-        key = f"{e.job}/seed-{e.seed}"
+        key = job_key(e.job, e.seed)
         self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
                                    failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
         h = self.handles.get(key)
@@ -381,14 +381,14 @@ class Runner:
 
     def resume(self) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py), then sweep what is left."""
-        from supervisors.resume import plan_resume
+        from supervisors.resume import ResumeItem, plan_resume
 
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner)
         finally:
             reader.close()
-        handles = []
+        taken: list[tuple[ResumeItem, JobHandle]] = []
         for item in items:
             job = item.job
             if not self.ledger.claim_job(job.key, item.from_owner):
@@ -400,11 +400,12 @@ class Runner:
             handle = JobHandle(self, job)
             handle.reattached = item.reattach is not None
             self.handles[job.key] = handle
-            handles.append(handle)
-        self.swept = self.sweep()
-        for item, handle in zip([i for i in items if i.job.key in {h.key for h in handles}], handles, strict=True):
+            taken.append((item, handle))
+        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes
+        for item, _ in taken:
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
                                      offer=item.offer))
+        handles = [h for _, h in taken]
         return handles
 
     # --- sweeping ------------------------------------------------------------------------------------

@@ -53,37 +53,39 @@ def _reason(m: Machine, row: MachineRow | None, live_short: set[str], live: set[
 async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | None = None,
                grace_s: float = 600.0, keep_owner: str | None = None) -> tuple[list[SweepAction], list[tuple[Cloud, Machine]]]:
     listed: dict[str, list[Machine]] = {}
+    actions: list[SweepAction] = []
     unlisted_clouds: set[str] = set()
     for name, cloud in clouds.items():
         try:
             listed[name] = await cloud.list_ours(PREFIX)
         except (ActorRunError, OSError) as exc:
+            # say so: a cloud we could not list may hold orphans this sweep cannot see
             unlisted_clouds.add(name)
-            listed[name] = []
-            _ = exc
-    # AFTER listing: who is alive now
-    live = await trio.to_thread.run_sync(reader.live_owners)
+            actions.append(SweepAction(cloud=name, machine="*", action="failed", reason="could not list its machines",
+                                       detail=str(exc) or type(exc).__name__))
+    # AFTER listing: who is alive now, and what the ledger holds (read once, off the reactor)
+    live, rows = await trio.to_thread.run_sync(lambda: (reader.live_owners(), reader.machines()))
     if keep_owner:
         live.add(keep_owner)
     live_short = {o[:8] for o in live}
+    by_name = {r.name: r for r in rows}
     now = time.time() if now is None else now
-    actions: list[SweepAction] = []
     doomed: list[tuple[Cloud, Machine]] = []
-    seen: set[str] = set()
     for name, machines in listed.items():
         for m in machines:
-            seen.add(m.name)
-            row = reader.machine(m.name)
+            row = by_name.get(m.name)
             reason = _reason(m, row, live_short, live, now, grace_s)
-            owner = row.owner if row else (parse_name(m.name).owner if parse_name(m.name) else "")  # type: ignore[union-attr]
+            parsed = parse_name(m.name)
+            owner = row.owner if row else (parsed.owner if parsed else "")
             if reason is None:
                 actions.append(SweepAction(cloud=name, machine=m.name, action="keep", reason="its owner is alive",
                                            owner=owner))
             else:
                 actions.append(SweepAction(cloud=name, machine=m.name, action="delete", reason=reason, owner=owner))
                 doomed.append((clouds[name], m))
-    for row in reader.machines(alive_only=True):
-        if row.name in seen or row.cloud not in clouds or row.cloud in unlisted_clouds:
+    seen = {m.name for machines in listed.values() for m in machines}
+    for row in rows:
+        if row.state != "alive" or row.name in seen or row.cloud not in clouds or row.cloud in unlisted_clouds:
             continue
         if row.owner in live:
             continue

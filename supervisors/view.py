@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from protocols.specs import job_key
 from protocols.messages import (
     AttemptEnded,
     AttemptStarted,
@@ -79,7 +80,7 @@ class View:
         if self.json_mode:
             self.out.write(encode(e).decode() + "\n")
             self.out.flush()
-        line = self.lines.get(f"{e.job}/seed-{e.seed}")
+        line = self.lines.get(job_key(e.job, e.seed))
         if line is None:
             return
         before = line.state

@@ -10,6 +10,7 @@ import msgspec
 
 from protocols.clouds.base import Cloud
 from protocols.failures import SpecError
+from protocols.specs import spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -32,16 +33,7 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
     try:
         return msgspec.convert(raw, cls)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        at = text.split(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
-        msg = text.split(" - at ", 1)[0].replace("`", "")
-        if msg.startswith("Object contains unknown field"):
-            return _raise(f"clouds.{name}{at}.{msg.rsplit(' ', 1)[-1]}", "unknown key")
-        return _raise(f"clouds.{name}{at}", msg.replace("Expected", "expected"))
-
-
-def _raise(field: str, problem: str) -> Any:
-    raise SpecError(field, problem)
+        raise spec_error(exc, f"clouds.{name}") from exc
 
 
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:

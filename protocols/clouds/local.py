@@ -32,11 +32,12 @@ class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 def stop_processes_under(root: Path) -> int:
     """Stop every process group whose leader's command line names a folder under `root`."""
     marker = str(root)
+    inside = marker + os.sep  # not a sibling whose name merely starts with this one's
     stopped = 0
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or not any(marker in part for part in cmd):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or not any(part == marker or inside in part for part in cmd):
                 continue
             if proc.pid == os.getpid():
                 continue

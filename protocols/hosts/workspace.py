@@ -134,7 +134,6 @@ class ShellWorkspace:
     async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int:
         folder, incoming = f"{self.root}/objects/{digest}", f"{self.root}/objects/.incoming-{tag}-{name}"
         finish = scripts.publish_input(incoming, folder, digest, name, path.is_file())
-        await self._sh(f"mkdir -p {scripts.q(self.root)}/objects")
         # the incoming folder is made by put() of a file into incoming/data
         return await self._publish(folder, incoming, path, f"{incoming}/data", finish)
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from protocols.clouds.sim import SimGpu, SimRegion
-from protocols.messages import Event, Log
+from protocols.messages import Event
 from protocols.specs import CandidateSpec, Job, PolicySpec
 from supervisors.ledger import LedgerReader, MachineRow
 from supervisors.runner import Runner
@@ -75,7 +75,7 @@ def local_job(name: str, command: str, *, seed: int = 1, **policy_kw: Any) -> Jo
 
 
 class Events:
-    """Every event a Runner emits (Log lines aside), kept in order; `wait_for` blocks on the
+    """Every event a Runner emits kept in order; `wait_for` blocks on the
     queue the Runner feeds, never on a timer of its own."""
 
     def __init__(self) -> None:
@@ -83,8 +83,7 @@ class Events:
         self.seen: list[Event] = []
 
     def __call__(self, event: Event) -> None:
-        if not isinstance(event, Log):
-            self.q.put(event)
+        self.q.put(event)
 
     def drain(self) -> list[Event]:
         while True:
