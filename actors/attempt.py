@@ -22,7 +22,7 @@ import msgspec
 import outcome
 import pykka
 
-from actors.base import Actor, Context
+from actors.base import Actor, Context, failure_text
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
 from actors.meter import CostMeterActor
@@ -285,7 +285,7 @@ class AttemptActor(Actor):
         before its stop returns), then tell the parent the attempt ended `internal`, with what the
         machine cost up to now."""
         self.cancel_tasks()
-        self.log.opt(exception=(exception_type, exception_value, traceback)).error("attempt failed")
+        self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
         usage = Usage()
         for child in reversed(self.children):
             if child is self.meter and child.is_alive():

@@ -14,6 +14,7 @@ Hooks (pykka's rules, restated):
 from __future__ import annotations
 
 import threading
+import traceback as traceback_module
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,13 @@ from actors.runtime import Reactor, Task
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
 from protocols.messages import ChildFailed, Event, Machine, Message, Offer
+
+
+def failure_text(exception_type: type[BaseException] | None, exception_value: BaseException | None,
+                 tb: TracebackType | None) -> str:
+    """A traceback without the values of local variables (loguru's `diagnose` would print them,
+    and a job's environment may hold a secret)."""
+    return "".join(traceback_module.format_exception(exception_type, exception_value, tb)).rstrip()
 
 
 class LedgerPort(Protocol):
@@ -142,5 +150,5 @@ class Actor(PooledActor):
     ) -> None:
         """Actor thread, after a raise in a handler: cancel its tasks, tell the parent."""
         self.cancel_tasks()
-        self.log.opt(exception=(exception_type, exception_value, traceback)).error("{} failed", self.label)
+        self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
         self.tell_parent(ChildFailed(child=self.label, detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}"))

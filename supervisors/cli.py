@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _configure_logging() -> None:
     logger.remove()
-    logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}")
+    # no variable values in tracebacks: a job's environment may hold a secret
+    logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}", backtrace=False,
+               diagnose=False)
 
 
 class _Interrupts:

@@ -26,7 +26,7 @@ import platformdirs
 import pykka
 from loguru import logger
 
-from actors import Context, Reactor, Reattach
+from actors import Context, Reactor, Reattach, Task
 from actors.pool import POOL, PooledActor
 from protocols.clouds import Cloud, known_clouds, make_cloud
 from protocols.failures import Code, SpecError
@@ -221,6 +221,8 @@ class Runner:
         self._reported: dict[str, dict[int, float]] = {}
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
+        self._beat_task: Task | None = None
+        self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
 
@@ -236,6 +238,14 @@ class Runner:
     def open(self) -> None:
         if self.concurrency < 1:
             raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
+        try:
+            self._open_parts()
+        except BaseException:
+            self._open = True  # close() tears down what did start: no reactor or ledger writer left
+            self.close()
+            raise
+
+    def _open_parts(self) -> None:
         self.reactor.start()
         self.ledger = Ledger(self.ledger_path, self.owner)
         self.ledger.register_owner()
@@ -283,7 +293,8 @@ class Runner:
                     logger.error("jobs did not end in time; stopping the tree (each lease deletes its machine)")
         finally:
             self._open = False
-            self._beat_task.cancel()
+            if self._beat_task is not None:
+                self._beat_task.cancel()
             if self._batch is not None:
                 self._batch.stop(block=True, timeout=self.delete_timeout_s + 240)
             for cloud in self.clouds.values():
@@ -292,8 +303,9 @@ class Runner:
                 except Exception as exc:  # closing a client must not stop the rest of the shutdown
                     logger.warning("closing cloud {}: {}", cloud.name, exc)
             self.reactor.stop()
-            self.ledger.close_owner()
-            self.ledger.close()
+            if self.ledger is not None:
+                self.ledger.close_owner()
+                self.ledger.close()
 
     # --- jobs --------------------------------------------------------------------------------------
 

@@ -313,3 +313,4 @@ def test_a_sim_sandbox_attempt_succeeds_and_cleans_up(
     assert (seed_dir / ".attempts" / "a0" / "out" / "where.txt").read_text() == "sim\n"
     assert sim_machines(sim.dir) == []
     wait_until(lambda: processes_naming(sim.dir / "sandboxes") == [], what="no process left in the sandboxes")
+

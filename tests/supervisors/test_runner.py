@@ -213,3 +213,15 @@ def test_a_quick_job_is_not_held_up(open_runner: Callable[..., Any], local_job: 
         for job in (local_job("quick", "true"), sim_job("quick-sim", "true")):
             ended = r.submit(job).result(timeout=5)
             assert ended.outcome == "succeeded"
+
+
+def test_a_runner_that_cannot_open_leaves_nothing_running(tmp_path: Path) -> None:
+    import threading
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the ledger's folder should be")
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(OSError), Runner(ledger=blocker / "ledger.sqlite", state_dir=tmp_path / "state"):
+        pass
+    # the autouse leak check also fails the test if a reactor or ledger thread outlives it
+    assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("actor-run-")] == []
