@@ -25,7 +25,7 @@ import pykka
 from actors.base import Actor, Context, failure_text
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
-from actors.meter import CostMeterActor
+from actors.meter import CostMeterActor, usage_between
 from actors.transfer import TransferActor
 from protocols.failures import Code
 from protocols.hosts.workspace import Launch
@@ -97,6 +97,8 @@ class AttemptActor(Actor):
             self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
         self.machine: Machine | None = None
+        self.metered_from = 0.0  # when the meter's clock started (StartMeter)
+        self._ended = False  # AttemptEnded told: the machine is gone
         self.work: str | None = None
         self.pid: int | None = None
         self.exit_code: int | None = None
@@ -148,13 +150,15 @@ class AttemptActor(Actor):
                 self.ctx.emit(event)
                 if self.reattach is not None:
                     # billed since it was made; the job runs already: watch it, anchored at its launch
-                    self.meter.tell(StartMeter(machine=machine, at=machine.created_at or time.time()))
+                    self.metered_from = machine.created_at or time.time()
+                    self.meter.tell(StartMeter(machine=machine, at=self.metered_from))
                     r = self.reattach
                     self.work, self.pid = r.work, r.pid
                     self.heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
                                               reattached=True))
                     return None
-                self.meter.tell(StartMeter(machine=machine, at=time.time()))
+                self.metered_from = time.time()
+                self.meter.tell(StartMeter(machine=machine, at=self.metered_from))
                 if self.finishing is None:
                     resume = str(self.resume_dir) if self.resume_dir is not None else None
                     self.transfer.tell(Upload(machine=machine.name, resume_dir=resume))
@@ -269,7 +273,9 @@ class AttemptActor(Actor):
 
     def _released(self, event: Released) -> None:
         self._phase("release")
-        usage: Usage = self.meter.ask(StopMeter(at=event.t, confirmed=event.confirmed), timeout=30)
+        # the meter's own arithmetic, here: asking it would hold a pool thread per ending attempt
+        usage = (usage_between(self.machine, self.metered_from, event.t, confirmed=event.confirmed)
+                 if self.machine is not None else Usage())
         self.meter.stop(block=False)
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
@@ -277,6 +283,7 @@ class AttemptActor(Actor):
             detail = (detail + "; " if detail else "") + f"machine {event.machine} not confirmed deleted: {event.detail}"
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
                                       phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
+        self._ended = True
         self.stop()
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
@@ -302,10 +309,14 @@ class AttemptActor(Actor):
                                       phases=dict(self.phases), offer=self.offer))
 
     def on_stop(self) -> None:
-        """Actor thread, after stop(): stop whatever children are left, in reverse start order."""
+        """Actor thread, after stop(): stop whatever children are left, in reverse start order,
+        waiting for each, unless the attempt ended: then the machine is gone and the children are
+        stopping already, and a thousand attempts ending at once would hold a thread each."""
         self.cancel_tasks()
         for child in reversed(self.children):
-            if child.is_alive():
+            if self._ended:
+                child.stop(block=False)
+            elif child.is_alive():
                 try:
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
                 except pykka.Timeout:

@@ -38,17 +38,26 @@ def failure_text(exception_type: type[BaseException] | None, exception_value: Ba
     return "".join(traceback_module.format_exception(exception_type, exception_value, tb)).rstrip()
 
 
+class Pending(Protocol):
+    """A queued ledger write."""
+
+    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call `fn(error)` once the write is durable (error None) or has failed; from any thread."""
+        ...
+
+
 class LedgerPort(Protocol):
     """What actors need of the ledger (supervisors/ledger.py implements it)."""
 
-    def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
-                      offer: Offer | None = None) -> None:
-        """Durable before it returns: the create call goes out only after."""
+    def queue_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
+                     offer: Offer | None = None) -> Pending:
+        """The create call goes out only once this is durable."""
         ...
 
     def record_launched(self, machine: Machine) -> None: ...
     def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None: ...
     def record_gone(self, name: str, at: float, reason: str) -> None: ...
+    def queue_gone(self, name: str, at: float, reason: str) -> Pending: ...
     def record_delete_failed(self, name: str, detail: str) -> None: ...
 
 

@@ -1,6 +1,7 @@
 """HeartbeatActor: feeds the host's watchdog, watches progress, detects exit and stalls.
 
-A loop on the reactor (`watch_loop`) polls every `poll_s`, one round trip each: write `alive` on
+A loop on the reactor (`watch_loop`) polls every `poll_s` (on the clock every watch of that period
+shares, actors/ticks.py), one round trip each: write `alive` on
 the host, say whether the job runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
 so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
@@ -31,6 +32,7 @@ import pykka
 import trio
 
 from actors.base import Actor, Context
+from actors.ticks import tick
 from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from protocols.hosts.workspace import Workspace
 from protocols.messages import Exited, Message, Progress, Stalled, Watch
@@ -100,7 +102,7 @@ async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_eve
                     lines, log = [], bytearray()
                     quiet, first, last_told = 0, False, now
                 state = res.state
-        await trio.sleep(poll_s)
+        await tick(poll_s)  # one shared clock per period, not a sleep per job
 
 
 class HeartbeatActor(Actor):

@@ -1,7 +1,8 @@
 """LeaseActor: holds one machine, and whatever happens, deletes it.
 
-`Acquire` records the intent (name, deadline) in the ledger BEFORE the create call, so a crash
-between create and answer leaves a name to sweep; then launches on the reactor and connects a
+`Acquire` records the intent (name, deadline) in the ledger BEFORE the create call (the launch
+waits on the reactor until the row is committed), so a crash between create and answer leaves a
+name to sweep; then launches on the reactor and connects a
 workspace. It answers its parent `Leased(machine)` or `LeaseFailed(failure)`.
 
 `Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
@@ -13,8 +14,10 @@ for the next sweep and says so in `Released(confirmed=False)`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -22,7 +25,7 @@ import outcome
 import pykka
 import trio
 
-from actors.base import Actor, Context
+from actors.base import Actor, Context, Pending
 from actors.pool import blocking
 from actors.runtime import Task
 from protocols.failures import (
@@ -61,6 +64,10 @@ class _Deleted(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Outcome[tuple[bool, str]]
 
 
+class _GoneRecorded(Message, frozen=True, kw_only=True):
+    at: float
+
+
 class LeaseActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  launch_timeout_s: float) -> None:
@@ -89,6 +96,9 @@ class LeaseActor(Actor):
                 self._start_release()
             case _Deleted(result=result):
                 self._finish_release(result)
+            case _GoneRecorded(at=at):
+                self._announce_released(True, "", at)
+                self.stop()
             case _:
                 raise TypeError(f"LeaseActor cannot handle {message!r}")
 
@@ -96,8 +106,11 @@ class LeaseActor(Actor):
 
     def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
         cloud = self.ctx.clouds[offer.cloud]
-        self.ctx.ledger.record_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
-                                      attempt=self.attempt, deadline=deadline, offer=offer)
+        # queued, not waited for here: the launch below waits for it on the reactor before the create
+        # goes out, so a thousand leases starting at once hold no thread while the ledger commits
+        intent = self.ctx.ledger.queue_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
+                                              attempt=self.attempt, deadline=deadline, offer=offer)
+        soon = self.ctx.reactor.soon
         self.name, self.offer = name, offer
         self.ctx.emit(LeaseRequested(job=self.job, seed=self.seed, attempt=self.attempt, name=name,
                                      cloud=offer.cloud, deadline=deadline))
@@ -105,6 +118,7 @@ class LeaseActor(Actor):
         timeout = self.launch_timeout_s
 
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
+            await _durable(intent, soon)
             try:
                 with trio.fail_after(timeout):
                     machine = await cloud.launch(offer, name, deadline)
@@ -244,18 +258,35 @@ class LeaseActor(Actor):
 
     def _finish_release(self, result: outcome.Outcome[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
-        self._done_releasing(confirmed, detail, time.time())
+        at = time.time()
+        if confirmed and self.name is not None and not self._released.is_set():
+            # `Released` once the ledger has it, without holding a thread meanwhile (a thousand
+            # releases at once); stopped before that, on_stop records and answers it itself
+            ref = self.actor_ref
+
+            def recorded(_error: BaseException | None) -> None:  # on the ledger's thread
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(_GoneRecorded(at=at))
+
+            self.ctx.ledger.queue_gone(self.name, at, "deleted").when_done(recorded)
+            return
+        self._done_releasing(confirmed, detail, at)
         self.stop()
 
     def _done_releasing(self, confirmed: bool, detail: str, at: float) -> None:
         if self._released.is_set():
             return
-        name = self.name or ""
         if self.name is not None:
             if confirmed:
                 self.ctx.ledger.record_gone(self.name, at, "deleted")
             else:
                 self.ctx.ledger.record_delete_failed(self.name, detail)
+        self._announce_released(confirmed, detail, at)
+
+    def _announce_released(self, confirmed: bool, detail: str, at: float) -> None:
+        if self._released.is_set():
+            return
+        name = self.name or ""
         self._released.set()
         event = Released(job=self.job, seed=self.seed, attempt=self.attempt, machine=name, confirmed=confirmed,
                          detail=detail, t=at)
@@ -305,7 +336,30 @@ class LeaseActor(Actor):
         self._release_blocking()
 
 
+class IntentNotRecorded(ActorRunError):
+    """The ledger could not record the intent: no create call went out."""
+
+
+async def _durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) -> None:
+    """Wait (on the reactor) until the ledger has `pending`; raise IntentNotRecorded if it failed."""
+    committed = trio.Event()
+    errors: list[BaseException] = []
+
+    def done(error: BaseException | None) -> None:  # on the ledger's thread
+        if error is not None:
+            errors.append(error)
+        with contextlib.suppress(CallCancelled):  # the reactor stopped: nobody waits any more
+            soon(committed.set)
+
+    pending.when_done(done)
+    await committed.wait()
+    if errors:
+        raise IntentNotRecorded(f"the ledger could not record the intent: {errors[0]}")
+
+
 def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:
+    if isinstance(exc, IntentNotRecorded):
+        return Code.INTERNAL, str(exc)
     if isinstance(exc, LaunchError):
         return exc.code, str(exc)
     if isinstance(exc, Refused):

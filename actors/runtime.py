@@ -56,7 +56,7 @@ class Task:
     def cancel(self) -> None:
         self._cancelled = True
         if not self.done:
-            self._reactor._soon(self._cancel_here)
+            self._reactor.soon(self._cancel_here)
 
     def _cancel_here(self) -> None:
         if self._scope is not None:
@@ -118,7 +118,7 @@ class Reactor:
         if self._thread is None or not self._thread.is_alive():
             return
         assert self._stopping is not None
-        self._soon(self._stopping.set)
+        self.soon(self._stopping.set)
         self._thread.join(timeout)
 
     @property
@@ -139,7 +139,7 @@ class Reactor:
 
     # --- running things -------------------------------------------------------------------------
 
-    def _soon(self, fn: Callable[[], Any]) -> None:
+    def soon(self, fn: Callable[[], Any]) -> None:
         """Run `fn` on the reactor thread soon. Callbacks queue in a deque; only the first of a
         burst pays for trio's entry queue (a lock and a wakeup write), the rest ride along."""
         if self._token is None:
@@ -179,7 +179,7 @@ class Reactor:
             assert self._context is not None
             self._context.run(self._nursery.start_soon, self._wrap, task, fn, args, on_done, name=task.name)
 
-        self._soon(begin)
+        self.soon(begin)
         return task
 
     async def _wrap(

@@ -1,8 +1,8 @@
 """The ledger: the durable record (SQLite, WAL) of owners, jobs, attempts, machines and events.
 
 One writer thread per process owns the write connection and batches what it is handed into
-transactions; `record_intent` waits until its row is committed (the create call goes out only
-after). Readers open connections of their own (`LedgerReader`). A machine row is `alive` from its
+transactions in the order they were queued. A lease queues its intent (`queue_intent`) and its
+create call waits until that row is committed; `record_intent` is the same, waited for here. Readers open connections of their own (`LedgerReader`). A machine row is `alive` from its
 intent until the provider confirms it is gone, then `deleted`; a deletion that could not be
 confirmed leaves it `alive` with `delete_failed` in its phase, for the next sweep.
 """
@@ -109,11 +109,43 @@ class LedgerError(ActorRunError):
 
 
 class Waiter:
-    __slots__ = ("done", "error")
+    """One queued write: `done` is set once it is committed (or failed: `error`). `when_done(fn)`
+    calls `fn(error)` then, on the writer thread (at once, on the caller's, if it already is): `fn`
+    must only hand the news on, never wait on the ledger."""
+
+    __slots__ = ("_callbacks", "_lock", "done", "error")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+
+    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        with self._lock:
+            if not self.done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self.error)
+
+    def wait(self, timeout: float = 60.0) -> None:
+        """Return once the write is durable; raise LedgerError if it failed or took too long."""
+        with blocking():
+            committed = self.done.wait(timeout)
+        if not committed:
+            raise LedgerError(f"the ledger did not commit within {timeout:g} s")
+        if self.error is not None:
+            raise LedgerError(f"the ledger could not record it: {self.error}") from self.error
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self.error)
+            except Exception:  # one bad callback must not kill the writer thread
+                logger.opt(exception=True).error("a ledger commit callback failed")
 
 
 class Ledger:
@@ -177,21 +209,22 @@ class Ledger:
             self.writes += len(batch)
             for _, waiter in batch:
                 if waiter is not None:
-                    waiter.done.set()
+                    waiter.finish()
 
     def _submit(self, op: Op, *, wait: bool = False) -> None:
         """Queue a write; with `wait`, return only once it is committed (or raise LedgerError)."""
+        waiter = self._queue_op(op, tracked=wait)
+        if waiter is not None:
+            waiter.wait()
+
+    def _queue_op(self, op: Op, *, tracked: bool) -> Waiter | None:
+        """Queue a write without waiting; `tracked` returns the Waiter that says when it is durable.
+        Writes commit in the order they were queued."""
         if self._closed:
             raise LedgerError("the ledger is closed")
-        waiter = Waiter() if wait else None
+        waiter = Waiter() if tracked else None
         self._queue.put((op, waiter))
-        if waiter is not None:
-            with blocking():
-                committed = waiter.done.wait(60)
-            if not committed:
-                raise LedgerError("the ledger did not commit within 60 s")
-            if waiter.error is not None:
-                raise LedgerError(f"the ledger could not record it: {waiter.error}") from waiter.error
+        return waiter
 
     def flush(self) -> None:
         self._submit(lambda c: None, wait=True)
@@ -226,11 +259,20 @@ class Ledger:
 
     def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
                       offer: Offer | None = None) -> None:
+        """Durable before it returns."""
+        self.queue_intent(name=name, cloud=cloud, job=job, seed=seed, attempt=attempt, deadline=deadline,
+                          offer=offer).wait()
+
+    def queue_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
+                     offer: Offer | None = None) -> Waiter:
+        """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
         row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
-        self._submit(lambda c: c.execute(
+        waiter = self._queue_op(lambda c: c.execute(
             "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
-            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), wait=True)
+            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), tracked=True)
+        assert waiter is not None
+        return waiter
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
@@ -262,11 +304,17 @@ class Ledger:
             "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row))
 
     def record_gone(self, name: str, at: float, reason: str) -> None:
+        """Durable before it returns."""
+        self.queue_gone(name, at, reason).wait()
+
+    def queue_gone(self, name: str, at: float, reason: str) -> Waiter:
+        """The machine is gone, queued: the Waiter says when that is durable."""
         row = (at, reason, name)
-        self._submit(lambda c: c.execute(
+        waiter = self._queue_op(lambda c: c.execute(
             "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL, resumable=0"
-            " WHERE name=?", row),
-            wait=True)
+            " WHERE name=?", row), tracked=True)
+        assert waiter is not None
+        return waiter
 
     def record_delete_failed(self, name: str, detail: str) -> None:
         row = (detail[:500], name)
@@ -288,10 +336,14 @@ class Ledger:
             row))  # no wait: the queue is FIFO, so the intent of any machine for it commits after it
 
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
-                       usd: float) -> None:
+                       usd: float) -> Waiter:
+        """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
         row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
-        self._submit(lambda c: c.execute(
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row), wait=True)
+        waiter = self._queue_op(lambda c: c.execute(
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row),
+            tracked=True)
+        assert waiter is not None
+        return waiter
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:

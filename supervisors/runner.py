@@ -13,6 +13,7 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import time
@@ -194,6 +195,10 @@ class JobHandle:
 
     def done(self) -> bool:
         return self._future.done()
+
+    def _resolve(self, e: JobEnded) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # the first end stands
+            self._future.set_result(e)
 
     def cancel(self) -> None:
         self._runner._batch_tell(_CancelJob(key=self.key))
@@ -385,11 +390,14 @@ class Runner:
 
     def _job_ended(self, e: JobEnded) -> None:
         key = job_key(e.job, e.seed)
-        self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
-                                   failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
+        durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
+                                             failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
         h = self.handles.get(key)
         if h is not None and not h.done():
-            h._future.set_result(e)
+            # the handle resolves once the ledger has the end (on the ledger's thread: a future with no
+            # done-callbacks, so nothing runs there but the wake-up of whoever waits on it); the batch
+            # does not wait for the commit meanwhile
+            durable.when_done(lambda _error: h._resolve(e))
 
     def resume(self) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py), then sweep what is left."""

@@ -61,12 +61,14 @@ from pathlib import Path
 import msgspec
 import trio
 
+from protocols.clouds.batch import Batch
 from protocols.clouds.local import remove_tree, stop_processes_under
-from protocols.clouds.virtual import MachineGuard, SimHost, VirtualMachine, VirtualWorkspace
+from protocols.clouds.virtual import MachineGuard, SimHost, VirtualMachine, VirtualWorkspace, write_files
 from protocols.failures import (
     Code,
     DeleteUnconfirmed,
     LaunchAmbiguous,
+    LaunchError,
     LaunchRefused,
     MachineGone,
     SpecError,
@@ -168,6 +170,15 @@ def _place(region: str, gpu: str) -> str:
     return f"{region}/{gpu.lower()}"
 
 
+def _bill(rec: SimRecord, now: float) -> Billing:
+    end = now if rec.preempt_at is None else min(now, rec.preempt_at)
+    seconds = max(0.0, end - rec.created_at)
+    return Billing(
+        name=rec.name, id=rec.id, region=rec.region, gpu=rec.gpu, created_at=rec.created_at,
+        deleted_at=now, seconds=seconds, usd=seconds * rec.hourly_usd / 3600, preempted=end < now,
+    )
+
+
 def _machine(rec: SimRecord) -> Machine:
     return Machine(**{f: getattr(rec, f) for f in Machine.__struct_fields__})
 
@@ -183,15 +194,24 @@ class SimStore:
         self.sandboxes = root / "sandboxes"
         self.machines.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._mutex = threading.Lock()  # this process's threads queue here, not all on the flock
+        self._lock_fd: int | None = None  # opened once: an open and a close per call cost more than the lock
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        with self._mutex, open(self.root / "lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with self._mutex:
+            if self._lock_fd is None:
+                self._lock_fd = os.open(self.root / "lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with self._mutex:
+            fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def path(self, name: str) -> Path:
         return self.machines / f"{name}.json"
@@ -253,59 +273,75 @@ class SimStore:
         finally:
             os.close(fd)
 
-    def create(self, rec: SimRecord, stock: int, fate: _Fate) -> None:
-        """Make the machine, or raise the provider's refusal (which proves no machine was made)."""
-        # the record is written before taking the lock: creating a file is the slow part
-        tmp = self.machines / f".{rec.name}.{uuid.uuid4().hex}.tmp"
-        tmp.write_bytes(msgspec.json.encode(rec))
+    def create_many(self, items: list[tuple[SimRecord, int, _Fate]]) -> list[LaunchError | None]:
+        """Make each machine, or answer the provider's refusal (which proves no machine was made);
+        all under one lock. Stock is counted (held.json) before the records appear: a crash between
+        over-counts, which `listing` repairs."""
+        # the records are written before taking the lock: creating a file is the slow part
+        tmps = []
+        for rec, _, _ in items:
+            tmp = self.machines / f".{rec.name}.{uuid.uuid4().hex}.tmp"
+            tmp.write_bytes(msgspec.json.encode(rec))
+            tmps.append(tmp)
+        out: list[LaunchError | None] = []
         try:
             with self.locked():
-                if self.path(rec.name).exists():
-                    raise LaunchAmbiguous(f"sim: a machine named {rec.name} exists already")
-                place, held = _place(rec.region, rec.gpu), self._held_locked()
-                if fate.no_capacity or held.get(place, 0) >= stock:
-                    raise LaunchRefused(f"sim: no {rec.gpu} left in {rec.region}", code=Code.NO_CAPACITY)
-                if fate.failed:
-                    raise LaunchRefused(f"sim: {rec.name} did not come up (injected)",
-                                        code=Code.LAUNCH_FAILED)
-                held[place] = held.get(place, 0) + 1
-                self._save_held(held)
-                os.replace(tmp, self.path(rec.name))
-                if not rec.virtual:
-                    (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
+                held, made = self._held_locked(), set()
+                for rec, stock, fate in items:
+                    out.append(self._admit(rec, stock, fate, held, made))
+                if made:
+                    self._save_held(held)
+                for (rec, _, _), tmp, refusal in zip(items, tmps, out, strict=True):
+                    if refusal is None:
+                        os.replace(tmp, self.path(rec.name))
+                        if not rec.virtual:
+                            (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
         finally:
-            tmp.unlink(missing_ok=True)
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+        return out
 
-    def delete(self, name: str, now: float) -> None:
-        """Remove the machine, its sandbox and its stock, bill it, and check it is gone."""
+    def _admit(self, rec: SimRecord, stock: int, fate: _Fate, held: dict[str, int], made: set[str]) -> LaunchError | None:
+        if rec.name in made or self.path(rec.name).exists():
+            return LaunchAmbiguous(f"sim: a machine named {rec.name} exists already")
+        place = _place(rec.region, rec.gpu)
+        if fate.no_capacity or held.get(place, 0) >= stock:
+            return LaunchRefused(f"sim: no {rec.gpu} left in {rec.region}", code=Code.NO_CAPACITY)
+        if fate.failed:
+            return LaunchRefused(f"sim: {rec.name} did not come up (injected)", code=Code.LAUNCH_FAILED)
+        held[place] = held.get(place, 0) + 1
+        made.add(rec.name)
+        return None
+
+    def delete_many(self, items: list[tuple[str, float]]) -> list[DeleteUnconfirmed | None]:
+        """Remove each machine (name, when asked), its sandbox and its stock, bill it, and check it
+        is gone; all under one lock. held.json is written once at the end: a crash before
+        over-counts, which `listing` repairs."""
         if (self.root / "fail_deletes").exists():
-            raise DeleteUnconfirmed("sim: the provider refused the delete (injected)")
-        if not _SAFE_NAME.fullmatch(name):
-            return  # no machine can have this name
-        sandbox = self.sandboxes / name
-        with self.locked():
-            rec = self.read(name)
-            if sandbox.exists():
-                stop_processes_under(sandbox)
-                remove_tree(sandbox)
-            if rec is not None:
-                held, place = self._held_locked(), _place(rec.region, rec.gpu)
-                self.path(name).unlink()
-                held[place] = held.get(place, 0) - 1
+            return [DeleteUnconfirmed("sim: the provider refused the delete (injected)") for _ in items]
+        out: list[DeleteUnconfirmed | None] = []
+        with self.locked(), open(self.root / "billing.jsonl", "ab", buffering=0) as bills:
+            held, changed = self._held_locked(), False
+            for name, now in items:
+                if not _SAFE_NAME.fullmatch(name):
+                    out.append(None)  # no machine can have this name
+                    continue
+                sandbox = self.sandboxes / name
+                rec = self.read(name)
+                if sandbox.exists():
+                    stop_processes_under(sandbox)
+                    remove_tree(sandbox)
+                if rec is not None:
+                    self.path(name).unlink()
+                    place = _place(rec.region, rec.gpu)
+                    held[place] = held.get(place, 0) - 1
+                    changed = True
+                    bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                gone = not (self.path(name).exists() or sandbox.exists())
+                out.append(None if gone else DeleteUnconfirmed(f"sim: {name} is still there"))
+            if changed:
                 self._save_held(held)
-                self._bill(rec, now)
-            if self.path(name).exists() or sandbox.exists():
-                raise DeleteUnconfirmed(f"sim: {name} is still there")
-
-    def _bill(self, rec: SimRecord, now: float) -> None:
-        end = now if rec.preempt_at is None else min(now, rec.preempt_at)
-        seconds = max(0.0, end - rec.created_at)
-        line = Billing(
-            name=rec.name, id=rec.id, region=rec.region, gpu=rec.gpu, created_at=rec.created_at,
-            deleted_at=now, seconds=seconds, usd=seconds * rec.hourly_usd / 3600, preempted=end < now,
-        )
-        with open(self.root / "billing.jsonl", "ab") as f:
-            f.write(msgspec.json.encode(line) + b"\n")
+        return out
 
     def preempt(self, name: str, now: float) -> None:
         """Take the machine away now: mark it preempted (it stays listed), then stop its processes.
@@ -346,6 +382,10 @@ class SimCloud:
         }
         self._virtual: dict[str, VirtualMachine] = {}
         self._sizes: dict[str, int] = {}  # digest -> bytes, for virtual publishing
+        # creates and deletes that come while one batch is in the store go together in the next
+        self._creates = Batch(self._store.create_many)
+        self._deletes = Batch(self._store.delete_many)
+        self._fetch_writes = Batch(write_files)  # what virtual machines' fetches write locally
 
     def _fate(self, name: str) -> _Fate:
         s = self.settings
@@ -395,7 +435,9 @@ class SimCloud:
             preempt_at=None if fate.preempt_in is None else now + fate.preempt_in,
             virtual=virtual, broken=fate.broken,
         )
-        await trio.to_thread.run_sync(self._store.create, rec, spec.stock, fate)
+        refusal = await self._creates((rec, spec.stock, fate))
+        if refusal is not None:
+            raise refusal
         if fate.ambiguous:
             raise LaunchAmbiguous(f"sim: the create of {name} timed out (injected); the machine may exist")
         return _machine(rec)
@@ -411,7 +453,7 @@ class SimCloud:
         if rec.virtual:
             vm = self._virtual.setdefault(rec.name, VirtualMachine())
             ws = VirtualWorkspace(rec.name, vm, guard, self.settings.virtual_job_s,
-                                  self.settings.virtual_exit_code, self._sizes)
+                                  self.settings.virtual_exit_code, self._sizes, self._fetch_writes)
         else:
             ws = ShellWorkspace(SimHost(rec.name, guard), rec.root)
         try:
@@ -424,14 +466,16 @@ class SimCloud:
 
     async def delete(self, name: str, machine_id: str = "") -> None:
         await trio.sleep(self.settings.delete_latency_s)
-        await trio.to_thread.run_sync(self._store.delete, name, time.time())
+        unconfirmed = await self._deletes((name, time.time()))
+        if unconfirmed is not None:
+            raise unconfirmed
         self._virtual.pop(name, None)
 
     async def list_ours(self, prefix: str) -> list[Machine]:
         return [_machine(r) for r in await trio.to_thread.run_sync(self._store.listing, prefix)]
 
     async def aclose(self) -> None:
-        pass
+        self._store.close()
 
 
 # --- synchronous helpers for tests and benches: `sim_dir` is the sim's folder (SimCloud.dir) ----
@@ -458,10 +502,13 @@ def billed_seconds(sim_dir: Path) -> float:
 def preempt_machine(sim_dir: Path, name: str) -> bool:
     """Preempt one machine now; False if the provider holds no such machine."""
     store = SimStore(sim_dir)
-    if store.read(name) is None:
-        return False
-    store.preempt(name, time.time())
-    return True
+    try:
+        if store.read(name) is None:
+            return False
+        store.preempt(name, time.time())
+        return True
+    finally:
+        store.close()
 
 
 def set_fail_deletes(sim_dir: Path, on: bool) -> None:

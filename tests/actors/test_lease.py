@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,14 +171,23 @@ def test_the_intent_is_in_the_ledger_before_the_create_call(
     make_context: Callable[..., Context], probe: ProbeHandle, ledger: Ledger, reader: LedgerReader,
     emitted: Mailbox,
 ) -> None:
-    ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0))
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.2, delete_latency_s=0.0))
     lease = start_lease(ctx, probe)
+    # another connection holds SQLite's write lock: the intent cannot commit until it lets go
+    blocker = sqlite3.connect(ledger.path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
     try:
         name = acquire(lease, ctx, SIM)
         requested = emitted.wait_for(LeaseRequested)
         assert requested.name == name
-        # the launch is in flight (0.5 s of latency): no machine yet, but the row is there
-        row = reader.machine(name)
+        time.sleep(1.0)  # five launch latencies: a create that did not wait for the intent made a machine by now
+        assert sim_machines(sim_dir(ctx)) == []
+        assert reader.machine(name) is None
+        blocker.execute("ROLLBACK")
+        # the intent commits, then the create goes out (0.2 s of latency): the row is there first
+        deadline = time.monotonic() + 10
+        while (row := reader.machine(name)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert sim_machines(sim_dir(ctx)) == []
         assert row is not None
         assert (row.state, row.phase, row.cloud, row.owner) == ("alive", "requested", "sim", ctx.owner)
@@ -194,6 +204,9 @@ def test_the_intent_is_in_the_ledger_before_the_create_call(
         assert probe.wait_for(Released).confirmed
         assert sim_machines(sim_dir(ctx)) == []
     finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
         lease.stop()
 
 

@@ -235,7 +235,8 @@ def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader,
         ended=2.0,
         usd=0.5,
     )
-    led.record_job_end(key="j/seed-1", state="failed", failure="stalled", detail="quiet", attempts=1, usd=0.5)
+    # queued: durable once its Waiter says so
+    led.record_job_end(key="j/seed-1", state="failed", failure="stalled", detail="quiet", attempts=1, usd=0.5).wait()
     jobs = reader.jobs()
     assert len(jobs) == 1
     assert {k: jobs[0][k] for k in ("key", "owner", "state", "failure", "attempts", "usd")} == {
