@@ -1,8 +1,8 @@
 """HeartbeatActor: feeds the host's watchdog, watches progress, detects exit and stalls.
 
-A loop on the reactor (`watch_loop`) polls every `poll_s` (on the clock every watch of that period
-shares, actors/ticks.py), one round trip each: write `alive` on
-the host, say whether the job runs, read the new progress lines and the new tail of the log. It
+A loop on the reactor (`watch_loop`) polls every `poll_s`, on the clock every watch of that period
+shares (actors/ticks.py), one round trip each: write `alive` on the host, say whether the job
+runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
 so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
 lines are emitted as `Progress` (and told to the parent when they name a checkpoint). The parent hears `Exited`

@@ -1,0 +1,57 @@
+"""Shared clocks: every loop of one period wakes on the same beat, and a clock nobody waits on stops."""
+
+from __future__ import annotations
+
+import trio
+
+from actors.ticks import _CLOCKS, tick
+
+
+def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:
+    trio.run(_loops_share_a_clock)
+
+
+async def _loops_share_a_clock() -> None:
+    woke: list[list[float]] = []
+
+    async def loop() -> None:
+        times = []
+        for _ in range(3):
+            await tick(0.05)
+            times.append(trio.current_time())
+        woke.append(times)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):  # started over about 30 ms: sleeps of their own would wake as spread
+                nursery.start_soon(loop)
+                await trio.sleep(0.0006)
+            assert list(_CLOCKS.get()) == [0.05]  # one clock for the fifty loops
+        assert len(woke) == 50
+        # every wake-up falls on a beat: tight clusters a period apart (a sleep of their own each
+        # would spread the loops' wake-ups over the 30 ms their starts took)
+        clusters: list[list[float]] = []
+        for t in sorted(t for times in woke for t in times):
+            if clusters and t - clusters[-1][-1] < 0.01:
+                clusters[-1].append(t)
+            else:
+                clusters.append([t])
+        assert len(clusters) <= 4  # three beats, and a fourth if the starts straddled the first
+        assert all(c[-1] - c[0] < 0.01 for c in clusters)
+        assert woke[0][1] - woke[0][0] >= 0.05 - 1e-6
+        await trio.sleep(0.2)  # a beat that finds nobody waiting stops the clock
+        assert _CLOCKS.get() == {}
+        await tick(0.02)  # and a later wait starts a new one
+        assert list(_CLOCKS.get()) == [0.02]
+
+
+def test_a_cancelled_wait_leaves_the_clock() -> None:
+    trio.run(_cancelled_wait)
+
+
+async def _cancelled_wait() -> None:
+    with trio.fail_after(5):
+        with trio.move_on_after(0.01):
+            await tick(10.0)
+        clock = _CLOCKS.get()[10.0]
+        assert len(clock.lot) == 0

@@ -1,0 +1,83 @@
+"""Batch: concurrent calls share thread hops, each caller gets its own answer, and a cancelled
+caller's item still runs to the end before the cancel is raised."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from protocols.clouds.batch import Batch
+
+
+class Recorder:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.done: list[int] = []
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+
+    def run_many(self, items: list[int]) -> list[int | BaseException]:
+        time.sleep(self.delay_s)
+        with self.lock:
+            self.batches.append(list(items))
+            self.done += items
+        return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
+
+
+def test_concurrent_calls_share_thread_hops_and_get_their_own_answers() -> None:
+    rec = Recorder(delay_s=0.05)
+    answers: dict[int, int | str] = {}
+
+    async def main() -> None:
+        batch = Batch(rec.run_many)
+
+        async def call(i: int) -> None:
+            try:
+                answers[i] = await batch(i)
+            except ValueError as exc:
+                answers[i] = str(exc)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(call, i)
+
+    trio.run(main)
+    assert answers == {i: (f"odd {i}" if i % 2 else i * 10) for i in range(100)}
+    assert sorted(rec.done) == list(range(100))
+    assert len(rec.batches) <= 3  # the first call's batch, then what queued meanwhile
+
+
+def test_a_cancelled_caller_waits_for_its_item_then_is_cancelled() -> None:
+    rec = Recorder(delay_s=0.3)
+    seen: list[str] = []
+
+    async def main() -> None:
+        batch = Batch(rec.run_many)
+        with trio.move_on_after(0.05) as scope:
+            await batch(4)
+            seen.append("returned")
+        assert scope.cancelled_caught
+        seen.append("cancelled")
+        assert rec.done == [4]  # the change happened before the cancel came through
+
+    trio.run(main)
+    assert seen == ["cancelled"]
+
+
+def test_the_batch_failing_as_a_whole_reaches_every_caller() -> None:
+    def broken(items: list[int]) -> list[int]:
+        raise OSError("disk gone")
+
+    async def main() -> None:
+        batch: Batch[int, int] = Batch(broken)
+        with pytest.raises(OSError, match="disk gone"):
+            await batch(1)
+        with pytest.raises(OSError, match="disk gone"):  # and the next call runs again
+            await batch(2)
+
+    trio.run(main)
+
