@@ -114,9 +114,8 @@ class AttemptActor(Actor):
         """Actor thread, before the first message: start the children, ask for a machine."""
         p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
         self.seed_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.seed_dir / "log.txt", "a") as f:
-            f.write(f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
-                    + f" ({time.strftime('%Y-%m-%d %H:%M:%S')}) ---\n")
+        header = (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
+                  + f" ({time.strftime('%Y-%m-%d %H:%M:%S')}) ---\n")
         self.meter = CostMeterActor.start(ctx, parent, **self.head)
         self.children.append(self.meter)
         self.lease = LeaseActor.start(ctx, parent, **self.head, launch_timeout_s=self.setup_grace_s)
@@ -126,7 +125,7 @@ class AttemptActor(Actor):
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt",
+            log_path=self.seed_dir / "log.txt", log_header=header,
         )
         self.children.append(self.heartbeat)
         ctx.emit(AttemptStarted(**self.head, offer=self.offer))

@@ -108,7 +108,7 @@ async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_eve
 class HeartbeatActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  poll_s: float, setup_grace_s: float, stall_after_s: float, lost_after_s: float,
-                 timeout_s: float, log_path: Path) -> None:
+                 timeout_s: float, log_path: Path, log_header: str = "") -> None:
         super().__init__(ctx, parent, f"heartbeat:{job}/{seed}/a{attempt}")
         self.head = {"job": job, "seed": seed, "attempt": attempt}
         self.poll_s, self.setup_grace_s, self.stall_after_s = poll_s, setup_grace_s, stall_after_s
@@ -121,6 +121,7 @@ class HeartbeatActor(Actor):
         self.exited = False
         self.stalled = False
         self._log_file: BinaryIO | None = None
+        self._log_header = log_header.encode()  # written first, by on_start
         # judge the stall window at least four times per window, even when nothing is new
         self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
 
@@ -195,13 +196,21 @@ class HeartbeatActor(Actor):
             what = "progress" if self.setup_done else "a stage past setup"
             self._stall(Code.STALLED, f"no {what} for {now - anchor:.0f} s (window {window:.0f} s)")
 
+    def on_start(self) -> None:
+        """The attempt's header opens its part of log.txt (the file stays open for the attempt)."""
+        if self._log_header:
+            self._write_log(self._log_header)
+
     def _take_log(self, log: bytes, seen: float) -> None:
         if log:
             self.last_life = max(self.last_life, seen)
-            if self._log_file is None:  # opened once: a poll's new bytes cost a write, not an open
-                self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in on_stop/on_failure)
-            self._log_file.write(log)
-            self._log_file.flush()
+            self._write_log(log)
+
+    def _write_log(self, data: bytes) -> None:
+        if self._log_file is None:  # opened once: a poll's new bytes cost a write, not an open
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in on_stop/on_failure)
+        self._log_file.write(data)
+        self._log_file.flush()
 
     def _close_log(self) -> None:
         f, self._log_file = self._log_file, None

@@ -7,7 +7,8 @@ on the `sim` cloud with virtual machines (no process, no folder per machine).
 Production intervals are divided by `--scale` (default 10), so a run is short but keeps the
 proportions of the real thing: policy poll 5 s, setup grace 600 s, stall 300 s, lost 120 s, first
 backoff 1 s (at most 60 s), thrash window 300 s; meter period 60 s; sim launch latency 20 s,
-delete latency 5 s. The virtual job itself runs `--job-seconds` (not scaled).
+delete latency 5 s. The virtual job itself runs `--job-seconds` (default 30, not scaled: the
+configuration bench/RESULTS.md records).
 
 Phases, all in this one process:
 
@@ -494,7 +495,7 @@ def render(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--attempts", type=int, required=True, help="jobs run at once")
-    ap.add_argument("--job-seconds", type=float, default=10.0,
+    ap.add_argument("--job-seconds", type=float, default=30.0,
                     help="how long each virtual job runs (not scaled)")
     ap.add_argument("--failure-rates", default="",
                     help="e.g. no_capacity=0.1,launch_failed=0.05,preempt=0.02")
