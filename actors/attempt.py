@@ -261,7 +261,7 @@ class AttemptActor(Actor):
             return
         self._releasing = True
         for child in (self.heartbeat, self.transfer):
-            child.stop(block=False)  # their stop hooks cancel what they wait for; the lease goes on
+            self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
         if self._early_release is not None:
             self._released(self._early_release)
             return
@@ -275,7 +275,7 @@ class AttemptActor(Actor):
         # the meter's own arithmetic, here: asking it would hold a pool thread per ending attempt
         usage = (usage_between(self.machine, self.metered_from, event.t, confirmed=event.confirmed)
                  if self.machine is not None else Usage())
-        self.meter.stop(block=False)
+        self.stop_soon(self.meter)
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
         if not event.confirmed:
@@ -314,7 +314,7 @@ class AttemptActor(Actor):
         self.cancel_tasks()
         for child in reversed(self.children):
             if self._ended:
-                child.stop(block=False)
+                self.stop_soon(child)
             elif child.is_alive():
                 try:
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)

@@ -13,6 +13,7 @@ Hooks (pykka's rules, restated):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback as traceback_module
 from collections.abc import Callable
@@ -23,9 +24,11 @@ from typing import Any, Protocol
 import outcome
 import pykka
 from loguru import logger
+from pykka.messages import _ActorStop
 
 from actors.pool import PooledActor
 from actors.runtime import Reactor, Task
+from actors.ticks import tick
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
 from protocols.messages import ChildFailed, Event, Machine, Message, Offer
@@ -130,6 +133,29 @@ class Actor(PooledActor):
         holder.append(task)
         self._tasks.add(task)
         return task
+
+    def every(self, period: float, message: Message) -> Task:
+        """Tell this actor `message` on every beat of the reactor's shared clock of `period` seconds
+        (actors/ticks.py: the first within `period`), until the task is cancelled or the actor stops."""
+        ref = self.actor_ref
+
+        async def beats() -> None:
+            while True:
+                await tick(period)
+                try:
+                    ref.tell(message)
+                except pykka.ActorDeadError:
+                    return
+
+        task = self.ctx.reactor.spawn(beats, name=f"{self.label}:every")
+        self._tasks.add(task)
+        return task
+
+    def stop_soon(self, child: pykka.ActorRef[Any]) -> None:
+        """Stop `child` after what is already in its inbox, without waiting (nor making the future
+        `ActorRef.stop` makes for an answer nobody reads)."""
+        with contextlib.suppress(pykka.ActorDeadError):
+            child.tell(_ActorStop())
 
     def cancel_tasks(self) -> None:
         for task in list(self._tasks):

@@ -37,6 +37,7 @@ from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refu
 from protocols.hosts.workspace import Workspace
 from protocols.messages import Exited, Message, Progress, Stalled, Watch
 
+_decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})
 
 
@@ -231,9 +232,12 @@ class HeartbeatActor(Actor):
     def _take_progress(self, lines: list[bytes], seen: float) -> None:
         for raw in lines:
             try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
+                line = _decode_line(raw)
+            except msgspec.DecodeError:
+                try:  # what Python's json writes and msgspec refuses: NaN, Infinity (a diverged loss)
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
             if not isinstance(line, dict):
                 continue
             stage = str(line.get("stage", ""))

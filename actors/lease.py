@@ -309,7 +309,7 @@ class LeaseActor(Actor):
         if launching is not None and not launching.done:
             # let the cancelled create answer first: a machine it makes a moment later is deleted too
             with blocking():
-                launching.finished.wait(60)
+                launching.wait_finished(60)
         if self.name is None:
             self._done_releasing(True, "", time.time())
             return

@@ -1,8 +1,9 @@
 """CostMeterActor: price x time for one machine, capped at its deadline.
 
-`StartMeter(machine, at)` starts the clock (the parent sends it on `Leased`) and a reactor timer
-that emits `Metered(usd)` every `meter_period_s` on the event bus, where the budget guard (the
-Runner's) and the view read it: no chain of tells up the tree for a number nobody there needs.
+`StartMeter(machine, at)` starts the clock (the parent sends it on `Leased`); then, on the
+reactor's shared clock of `meter_period_s`, the meter emits `Metered(usd)` on the event bus, where
+the budget guard (the Runner's) and the view read it: no chain of tells up the tree for a number
+nobody there needs.
 `StopMeter(at, confirmed)` (asked) answers the final `Usage`: up to the deletion when it was
 confirmed; up to the machine's deadline otherwise, marked `at_least` (the provider may bill more).
 """
@@ -45,12 +46,11 @@ class CostMeterActor(Actor):
             case StartMeter(machine=machine, at=at):
                 self.machine, self.started = machine, at
                 if machine.hourly_usd > 0:
-                    self.later(self.ctx.meter_period_s, _Beat())
+                    self.every(self.ctx.meter_period_s, _Beat())  # one clock for every meter
             case _Beat():
                 if self.machine is not None and self.final is None:
                     usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
                     self.ctx.emit(Metered(**self.head, usd=usage.usd))
-                    self.later(self.ctx.meter_period_s, _Beat())
             case StopMeter(at=at, confirmed=confirmed):
                 if self.final is None:
                     if self.machine is None:

@@ -40,18 +40,38 @@ class ReactorStatistics(msgspec.Struct, frozen=True):
     timers_started: int
 
 
+_FINISHING = threading.Lock()  # a task's end against a thread starting to wait for it (rare)
+
+
 class Task:
     """A coroutine running on the reactor; `cancel()` is safe from any thread, at any time."""
 
-    __slots__ = ("_cancelled", "_reactor", "_scope", "done", "finished", "name")
+    __slots__ = ("_cancelled", "_finished", "_reactor", "_scope", "done", "name")
 
     def __init__(self, reactor: Reactor, name: str) -> None:
         self._reactor = reactor
         self._scope: trio.CancelScope | None = None
         self._cancelled = False
         self.done = False
-        self.finished = threading.Event()  # for a thread that must wait for it without a message
+        self._finished: threading.Event | None = None  # made only for a thread that waits (wait_finished)
         self.name = name
+
+    def wait_finished(self, timeout: float | None = None) -> bool:
+        """Block this (non-reactor) thread until the task ended; False if `timeout` passed first."""
+        with _FINISHING:
+            if self.done:
+                return True
+            if self._finished is None:
+                self._finished = threading.Event()
+            finished = self._finished
+        return finished.wait(timeout)
+
+    def _set_done(self) -> None:
+        with _FINISHING:
+            self.done = True
+            finished = self._finished
+        if finished is not None:
+            finished.set()
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -202,8 +222,7 @@ class Reactor:
 
     @staticmethod
     def _finish(task: Task, on_done: Callable[[outcome.Outcome[T]], None] | None, result: outcome.Outcome[T]) -> None:
-        task.done = True
-        task.finished.set()
+        task._set_done()
         if on_done is not None:
             on_done(result)
 

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import trio
 
 from protocols.failures import MachineGone
@@ -119,6 +120,7 @@ class SimHost:
 
 
 _pids = itertools.count(100_000)
+_PROGRESS = msgspec.json.Encoder()
 
 
 class VirtualJob:
@@ -136,7 +138,7 @@ class VirtualJob:
 
     def step(self, stage: str) -> None:
         self.steps += 1
-        self.progress += json.dumps({"stage": stage, "step": self.steps}).encode() + b"\n"
+        self.progress += _PROGRESS.encode({"stage": stage, "step": self.steps}) + b"\n"
         self.log += f"virtual {stage} step {self.steps}\n".encode()
 
     def end(self, code: int) -> None:
