@@ -1,7 +1,8 @@
 """AttemptActor: conducts one attempt: lease -> upload -> start -> watch -> fetch -> release.
 
-Children, started in this order and stopped in the reverse: CostMeterActor, LeaseActor,
-TransferActor, HeartbeatActor. Every step is a message; nothing here waits on the network.
+Children, started in this order and stopped in the reverse: LeaseActor, then once it has a
+machine CostMeterActor, TransferActor, HeartbeatActor. Every step is a message; nothing here
+waits on the network.
 
 The end (`_finish`) is the same for every outcome: stop the heartbeat and the transfer, tell the
 lease `Release` (deleting the machine ends the job on it), and on `Released` close the meter
@@ -96,6 +97,9 @@ class AttemptActor(Actor):
         else:
             self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
+        self.meter: pykka.ActorRef[Any] | None = None  # these three start on Leased
+        self.transfer: pykka.ActorRef[Any] | None = None
+        self.heartbeat: pykka.ActorRef[Any] | None = None
         self.machine: Machine | None = None
         self.metered_from = 0.0  # when the meter's clock started (StartMeter)
         self._ended = False  # AttemptEnded told: the machine is gone
@@ -111,28 +115,35 @@ class AttemptActor(Actor):
     # --- hooks ---------------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        """Actor thread, before the first message: start the children, ask for a machine."""
-        p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
+        """Actor thread, before the first message: start the lease, ask for a machine. The other
+        children start once there is a machine (`_start_watchers`): a thousand attempts starting at
+        once get their create calls out first."""
         self.seed_dir.mkdir(parents=True, exist_ok=True)
-        header = (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
-                  + f" ({time.strftime('%Y-%m-%d %H:%M:%S')}) ---\n")
+        self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
+        self.children.append(self.lease)
+        self.ctx.emit(AttemptStarted(**self.head, offer=self.offer))
+        if self.reattach is not None:
+            self.lease.tell(Adopt(machine=self.reattach.machine))
+        else:
+            self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
+
+    def _header(self) -> str:
+        return (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
+                + f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.began))}) ---\n")
+
+    def _start_watchers(self) -> None:
+        """On `Leased`: the meter, the transfer and the heartbeat (which opens log.txt with the header)."""
+        p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
         self.meter = CostMeterActor.start(ctx, parent, **self.head)
         self.children.append(self.meter)
-        self.lease = LeaseActor.start(ctx, parent, **self.head, launch_timeout_s=self.setup_grace_s)
-        self.children.append(self.lease)
         self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
         self.children.append(self.transfer)
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt", log_header=header,
+            log_path=self.seed_dir / "log.txt", log_header=self._header(),
         )
         self.children.append(self.heartbeat)
-        ctx.emit(AttemptStarted(**self.head, offer=self.offer))
-        if self.reattach is not None:
-            self.lease.tell(Adopt(machine=self.reattach.machine))
-        else:
-            self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
 
     def _phase(self, name: str) -> None:
         now = time.time()
@@ -145,6 +156,7 @@ class AttemptActor(Actor):
         match message:
             case Leased(machine=machine) as event:
                 self.machine = machine
+                self._start_watchers()
                 self._phase("lease")
                 self.ctx.emit(event)
                 if self.reattach is not None:
@@ -261,7 +273,8 @@ class AttemptActor(Actor):
             return
         self._releasing = True
         for child in (self.heartbeat, self.transfer):
-            self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
+            if child is not None:
+                self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
         if self._early_release is not None:
             self._released(self._early_release)
             return
@@ -275,9 +288,13 @@ class AttemptActor(Actor):
         # the meter's own arithmetic, here: asking it would hold a pool thread per ending attempt
         usage = (usage_between(self.machine, self.metered_from, event.t, confirmed=event.confirmed)
                  if self.machine is not None else Usage())
-        self.stop_soon(self.meter)
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
+        if self.meter is not None:
+            self.stop_soon(self.meter)
+        if self.heartbeat is None:  # never had a machine: the log says so (no heartbeat wrote to it)
+            with open(self.seed_dir / "log.txt", "a") as f:
+                f.write(f"{self._header()}no machine: {failure or outcome_}: {detail}\n")
         if not event.confirmed:
             detail = (detail + "; " if detail else "") + f"machine {event.machine} not confirmed deleted: {event.detail}"
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,

@@ -20,11 +20,12 @@ look like a lost controller to the host's watchdog.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgspec
 import outcome
@@ -121,7 +122,7 @@ class HeartbeatActor(Actor):
         self.last_ok = 0.0
         self.exited = False
         self.stalled = False
-        self._log_file: BinaryIO | None = None
+        self._log_fd: int | None = None  # log.txt, append-only, open for the attempt
         self._log_header = log_header.encode()  # written first, by on_start
         # judge the stall window at least four times per window, even when nothing is new
         self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
@@ -208,15 +209,15 @@ class HeartbeatActor(Actor):
             self._write_log(log)
 
     def _write_log(self, data: bytes) -> None:
-        if self._log_file is None:  # opened once: a poll's new bytes cost a write, not an open
-            self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in on_stop/on_failure)
-        self._log_file.write(data)
-        self._log_file.flush()
+        if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
+            self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
+            data = data[os.write(self._log_fd, data):]
 
     def _close_log(self) -> None:
-        f, self._log_file = self._log_file, None
-        if f is not None:
-            f.close()
+        fd, self._log_fd = self._log_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def on_stop(self) -> None:
         """After stop(): the poll loop is cancelled and the log file closed."""

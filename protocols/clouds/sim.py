@@ -167,6 +167,9 @@ _billing_decoder = msgspec.json.Decoder(Billing)
 _held_decoder = msgspec.json.Decoder(dict[str, int])
 
 
+StatKey = tuple[int, int, int]  # (inode, mtime_ns, size) of a record file
+
+
 def _place(region: str, gpu: str) -> str:
     return f"{region}/{gpu.lower()}"
 
@@ -274,9 +277,9 @@ class SimStore:
         finally:
             os.close(fd)
 
-    def create_many(self, items: list[tuple[SimRecord, int, _Fate]]) -> list[LaunchError | None]:
-        """Make each machine, or answer the provider's refusal (which proves no machine was made);
-        all under one lock. Stock is counted (held.json) before the records appear: a crash between
+    def create_many(self, items: list[tuple[SimRecord, int, _Fate]]) -> list[LaunchError | StatKey]:
+        """Make each machine (answering its record file's stat key), or answer the provider's
+        refusal (which proves no machine was made); all under one lock. Stock is counted (held.json) before the records appear: a crash between
         over-counts, which `listing` repairs."""
         # the records are written before taking the lock: creating a file is the slow part
         tmps = []
@@ -284,19 +287,23 @@ class SimStore:
             tmp = self.machines / f".{rec.name}.{uuid.uuid4().hex}.tmp"
             tmp.write_bytes(msgspec.json.encode(rec))
             tmps.append(tmp)
-        out: list[LaunchError | None] = []
+        out: list[LaunchError | StatKey] = []
         try:
             with self.locked():
                 held, made = self._held_locked(), set()
-                for rec, stock, fate in items:
-                    out.append(self._admit(rec, stock, fate, held, made))
+                refusals = [self._admit(rec, stock, fate, held, made) for rec, stock, fate in items]
                 if made:
                     self._save_held(held)
-                for (rec, _, _), tmp, refusal in zip(items, tmps, out, strict=True):
-                    if refusal is None:
-                        os.replace(tmp, self.path(rec.name))
-                        if not rec.virtual:
-                            (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
+                for (rec, _, _), tmp, refusal in zip(items, tmps, refusals, strict=True):
+                    if refusal is not None:
+                        out.append(refusal)
+                        continue
+                    path = self.path(rec.name)
+                    os.replace(tmp, path)
+                    st = os.stat(path)
+                    out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+                    if not rec.virtual:
+                        (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
         finally:
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
@@ -387,6 +394,7 @@ class SimCloud:
         self._creates = Batch(self._store.create_many)
         self._deletes = Batch(self._store.delete_many)
         self._fetch_writes = Batch(write_files)  # what virtual machines' fetches write locally
+        self._fresh: dict[str, tuple[SimRecord, StatKey]] = {}  # made by launch, not yet connected
 
     def _fate(self, name: str) -> _Fate:
         s = self.settings
@@ -438,20 +446,24 @@ class SimCloud:
             preempt_at=None if fate.preempt_in is None else now + fate.preempt_in,
             virtual=virtual, broken=fate.broken,
         )
-        refusal = await self._creates((rec, spec.stock, fate))
-        if refusal is not None:
-            raise refusal
+        made = await self._creates((rec, spec.stock, fate))
+        if isinstance(made, LaunchError):
+            raise made
         if fate.ambiguous:
             raise LaunchAmbiguous(f"sim: the create of {name} timed out (injected); the machine may exist")
+        self._fresh[name] = (rec, made)  # connect() starts from it instead of reading it back
         return _machine(rec)
 
     async def connect(self, machine: Machine) -> Workspace:
-        rec = self._store.read(machine.name)  # one small file: cheaper than a thread (~0.2 ms)
+        # a machine this cloud just made: its record as written, and the guard's first call (the
+        # workspace's prepare) stats it, so a change since (deleted, preempted) is seen there
+        fresh = self._fresh.pop(machine.name, None)
+        rec, key = fresh if fresh is not None else (self._store.read(machine.name), None)  # one small file
         if rec is None:
             raise MachineGone(f"sim: {machine.name} is gone (deleted)")
         if rec.broken:
             raise Unreachable(f"sim: {machine.name} does not answer (injected boot failure)")
-        guard = MachineGuard(self._store, rec.name, rec)
+        guard = MachineGuard(self._store, rec.name, rec, key)
         ws: VirtualWorkspace | ShellWorkspace
         if rec.virtual:
             vm = self._virtual.setdefault(rec.name, VirtualMachine())
@@ -473,6 +485,7 @@ class SimCloud:
         if unconfirmed is not None:
             raise unconfirmed
         self._virtual.pop(name, None)
+        self._fresh.pop(name, None)
 
     async def list_ours(self, prefix: str) -> list[Machine]:
         return [_machine(r) for r in await trio.to_thread.run_sync(self._store.listing, prefix)]

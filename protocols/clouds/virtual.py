@@ -59,12 +59,13 @@ class MachineGuard:
     Awaited before every call to the machine; it costs one `stat` unless the record changed.
     """
 
-    def __init__(self, provider: Provider, name: str, rec: Held) -> None:
+    def __init__(self, provider: Provider, name: str, rec: Held, key: tuple[int, int, int] | None = None) -> None:
+        """`key`: the record file's stat key as of `rec` (for a record just written), else a stat now."""
         self._provider = provider
         self._name = name
         self._rec = rec
         self._path = os.fspath(provider.path(name))  # a str: pathlib per call cost more than the stat
-        self._key = self._stat_key()
+        self._key = key if key is not None else self._stat_key()
         self._gone = ""
 
     def _stat_key(self) -> tuple[int, int, int] | None:
