@@ -101,7 +101,36 @@ def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -
     return now - row.beat < stale_after_s
 
 
-Op = Callable[[sqlite3.Connection], Any]
+# a write: (sql, parameters) (consecutive ones of the same sql go to SQLite as one executemany),
+# or a function of the connection for what needs more (a compare-and-set that reads its rowcount)
+Op = tuple[str, Any] | Callable[[sqlite3.Connection], Any]
+
+
+def _run(conn: sqlite3.Connection, op: Op) -> None:
+    if isinstance(op, tuple):
+        conn.execute(*op)
+    else:
+        op(conn)
+
+
+def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
+    """Every op in order; a run of the same statement is one executemany (one trip into SQLite,
+    one hand-back of the GIL, instead of one per row)."""
+    i, n = 0, len(ops)
+    while i < n:
+        op = ops[i]
+        if not isinstance(op, tuple):
+            op(conn)
+            i += 1
+            continue
+        sql, j = op[0], i + 1
+        while j < n and isinstance(ops[j], tuple) and ops[j][0] == sql:  # type: ignore[index]
+            j += 1
+        if j == i + 1:
+            conn.execute(sql, op[1])
+        else:
+            conn.executemany(sql, [o[1] for o in ops[i:j]])  # type: ignore[index]
+        i = j
 
 
 class LedgerError(ActorRunError):
@@ -187,8 +216,7 @@ class Ledger:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, _ in batch:
-                op(conn)
+            _run_all(conn, [op for op, _ in batch])
             conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
@@ -208,7 +236,7 @@ class Ledger:
             for op, waiter in batch:
                 conn.execute("SAVEPOINT op")
                 try:
-                    op(conn)
+                    _run(conn, op)
                     conn.execute("RELEASE op")
                 except sqlite3.Error as exc:
                     conn.execute("ROLLBACK TO op")
@@ -262,17 +290,17 @@ class Ledger:
         pid = os.getpid()
         started = process_start_time(pid) or time.time()
         host, now, owner = socket.gethostname(), time.time(), self.owner
-        self._submit(lambda c: c.execute(
+        self._submit((
             "INSERT OR REPLACE INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
             (owner, pid, started, host, now)), wait=True)
 
     def beat_owner(self) -> None:
         now, owner = time.time(), self.owner
-        self._submit(lambda c: c.execute("UPDATE owners SET beat=? WHERE id=?", (now, owner)))
+        self._submit(("UPDATE owners SET beat=? WHERE id=?", (now, owner)))
 
     def close_owner(self) -> None:
         owner = self.owner
-        self._submit(lambda c: c.execute("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
+        self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
 
     # --- machines (the LedgerPort the lease uses) ------------------------------------------------
 
@@ -287,7 +315,7 @@ class Ledger:
         """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
         row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
-        waiter = self._queue_op(lambda c: c.execute(
+        waiter = self._queue_op((
             "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
             " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), tracked=True)
         assert waiter is not None
@@ -295,7 +323,7 @@ class Ledger:
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
-        self._submit(lambda c: c.execute(
+        self._submit((
             "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row))
 
     def claim_job(self, key: str, from_owner: str) -> bool:
@@ -314,12 +342,12 @@ class Ledger:
     def adopt_machine(self, name: str) -> None:
         """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
         row = (self.owner, name)
-        self._submit(lambda c: c.execute("UPDATE machines SET owner=?, resumable=1 WHERE name=? AND state='alive'",
+        self._submit(("UPDATE machines SET owner=?, resumable=1 WHERE name=? AND state='alive'",
                                          row), wait=True)
 
     def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None:
         row = (work, pid, launched_at, name)
-        self._submit(lambda c: c.execute(
+        self._submit((
             "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row))
 
     def record_gone(self, name: str, at: float, reason: str) -> None:
@@ -329,7 +357,7 @@ class Ledger:
     def queue_gone(self, name: str, at: float, reason: str) -> Waiter:
         """The machine is gone, queued: the Waiter says when that is durable."""
         row = (at, reason, name)
-        waiter = self._queue_op(lambda c: c.execute(
+        waiter = self._queue_op((
             "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL, resumable=0"
             " WHERE name=?", row), tracked=True)
         assert waiter is not None
@@ -337,19 +365,19 @@ class Ledger:
 
     def record_delete_failed(self, name: str, detail: str) -> None:
         row = (detail[:500], name)
-        self._submit(lambda c: c.execute(
+        self._submit((
             "UPDATE machines SET phase='delete_failed', detail=? WHERE name=? AND state='alive'", row), wait=True)
 
     def record_cloud(self, name: str, settings: dict[str, Any]) -> None:
         """A cloud this ledger's machines may be on, with its settings (never secrets), for sweeps."""
         row = (name, msgspec.json.encode(settings).decode())
-        self._submit(lambda c: c.execute("INSERT OR IGNORE INTO clouds (name, settings) VALUES (?,?)", row), wait=True)
+        self._submit(("INSERT OR IGNORE INTO clouds (name, settings) VALUES (?,?)", row), wait=True)
 
     # --- jobs, attempts, events ------------------------------------------------------------------
 
     def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
         row = (key, name, seed, self.owner, spec, state, out_dir, time.time())
-        self._submit(lambda c: c.execute(
+        self._submit((
             "INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?)"
             " ON CONFLICT(key) DO UPDATE SET owner=excluded.owner, state=excluded.state, updated=excluded.updated",
             row))  # no wait: the queue is FIFO, so the intent of any machine for it commits after it
@@ -358,7 +386,7 @@ class Ledger:
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
         row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
-        waiter = self._queue_op(lambda c: c.execute(
+        waiter = self._queue_op((
             "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row),
             tracked=True)
         assert waiter is not None
@@ -367,14 +395,14 @@ class Ledger:
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
         row = (job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000], started, ended, usd)
-        self._submit(lambda c: c.execute(
+        self._submit((
             "INSERT OR REPLACE INTO attempts (job, attempt, owner, machine, cloud, region, state, failure, detail,"
             " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
 
     def record_event(self, event: Event) -> None:
         key = job_key(event.job, event.seed)
         row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
-        self._submit(lambda c: c.execute(
+        self._submit((
             "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row))
 
 

@@ -368,8 +368,12 @@ class Runner:
     def _emit(self, event: Event) -> None:
         """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
         # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
-        # for a resume (a checkpoint) and spares a write per poll per job
-        if not isinstance(event, Progress) or "checkpoint" in event.line:
+        # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
+        # figure for the view and the budget: what an attempt cost is in its attempts row
+        if isinstance(event, Progress):
+            if "checkpoint" in event.line:
+                self.ledger.record_event(event)
+        elif not isinstance(event, Metered):
             self.ledger.record_event(event)
         if isinstance(event, Metered) and self.budget_usd is not None:
             self._meter(event)
