@@ -12,6 +12,7 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -82,7 +83,7 @@ class BatchSupervisor(PooledActor):
         self.ctx, self.ledger = ctx, ledger
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
-        self.pending: list[_Submit] = []
+        self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
         self.running: dict[str, pykka.ActorRef[Any]] = {}
         self.order: list[str] = []
         self.live_usd: dict[str, float] = {}
@@ -120,7 +121,7 @@ class BatchSupervisor(PooledActor):
 
     def _fill(self) -> None:
         while self.pending and len(self.running) < self.concurrency and self.stopped is None:
-            s = self.pending.pop(0)
+            s = self.pending.popleft()
             self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                           first_attempt=s.first_attempt, reattach=s.reattach,
                                                           reattach_offer=s.offer)
