@@ -25,8 +25,8 @@ from loguru import logger
 
 from actors.pool import blocking
 from protocols.failures import ActorRunError
-from protocols.specs import job_key
 from protocols.messages import Event, Machine, Offer, encode
+from protocols.specs import job_key
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS owners (

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from protocols.specs import job_key
 from protocols.messages import (
     AttemptEnded,
     AttemptStarted,
@@ -33,6 +32,7 @@ from protocols.messages import (
     Uploaded,
     encode,
 )
+from protocols.specs import job_key
 
 
 class JobLine(msgspec.Struct, kw_only=True):

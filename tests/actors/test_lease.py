@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pykka
-import pytest
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
 
 from actors import Context, LeaseActor

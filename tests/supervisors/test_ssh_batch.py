@@ -7,12 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
-
 from sshd import Sshd
 
 CLI = [sys.executable, "-c", "from supervisors.cli import entry; entry()"]
