@@ -216,18 +216,16 @@ class Ledger:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            _run_all(conn, [op for op, _ in batch])
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            if conn.in_transaction:
+            try:
+                _run_all(conn, [op for op, _ in batch])
+            except sqlite3.Error:  # an op failed: redo the batch so that only that one fails
                 conn.execute("ROLLBACK")
-        else:
-            self.writes += len(batch)
-            for _, waiter in batch:
-                if waiter is not None:
-                    waiter.finish()
-            return
-        self._commit_one_by_one(batch)
+                self._commit_one_by_one(batch)
+                return
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # BEGIN or COMMIT itself (disk full, locked for 30 s)
+            self._failed(batch, exc)
+        self._finish(batch)
 
     def _commit_one_by_one(self, batch: list[tuple[Op, Waiter | None]]) -> None:
         conn = self._conn
@@ -245,18 +243,24 @@ class Ledger:
                     if waiter is not None:
                         waiter.error = exc
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:  # the commit itself (disk full, locked for 30 s)
-            logger.error("ledger commit failed: {}", exc)
-            for _, waiter in batch:
-                if waiter is not None and waiter.error is None:
-                    waiter.error = exc
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            self._failed(batch, exc)
         finally:
-            self.writes += len(batch)
-            for _, waiter in batch:
-                if waiter is not None:
-                    waiter.finish()
+            self._finish(batch)
+
+    def _failed(self, batch: list[tuple[Op, Waiter | None]], exc: sqlite3.Error) -> None:
+        logger.error("ledger commit failed: {}", exc)
+        for _, waiter in batch:
+            if waiter is not None and waiter.error is None:
+                waiter.error = exc
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def _finish(self, batch: list[tuple[Op, Waiter | None]]) -> None:
+        self.writes += len(batch)
+        for _, waiter in batch:
+            if waiter is not None:
+                waiter.finish()
 
     def _submit(self, op: Op, *, wait: bool = False) -> None:
         """Queue a write; with `wait`, return only once it is committed (or raise LedgerError)."""

@@ -264,3 +264,30 @@ def test_a_closed_ledger_refuses_writes(ledgers: Callable[..., Ledger]) -> None:
     with pytest.raises(LedgerError, match="closed"):
         intent(led)
     led.close()  # twice is fine
+
+
+def test_a_bad_write_fails_alone_and_the_rest_of_its_batch_commits(
+    path: Path, ledgers: Callable[..., Ledger], reader: LedgerReader,
+) -> None:
+    led = ledgers()
+    name = intent(led)
+    # another connection holds the write lock: the writes below queue up and commit together
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        bad = led._queue_op(("INSERT INTO no_such_table (x) VALUES (?)", (1,)), tracked=True)
+        gone = led.queue_gone(name, 456.0, "deleted")
+        other = led.queue_intent(name="m-other", cloud="sim", job="j/seed-2", seed=2, attempt=0, deadline=1.0)
+        time.sleep(0.2)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert bad is not None
+    with pytest.raises(LedgerError, match="no_such_table"):
+        bad.wait(10)
+    gone.wait(10)
+    other.wait(10)
+    row = reader.machine(name)
+    assert row is not None
+    assert (row.state, row.gone) == ("deleted", 456.0)
+    assert reader.machine("m-other") is not None
