@@ -2,9 +2,10 @@
 
 One writer thread per process owns the write connection and batches what it is handed into
 transactions in the order they were queued. A lease queues its intent (`queue_intent`) and its
-create call waits until that row is committed; `record_intent` is the same, waited for here. Readers open connections of their own (`LedgerReader`). A machine row is `alive` from its
-intent until the provider confirms it is gone, then `deleted`; a deletion that could not be
-confirmed leaves it `alive` with `delete_failed` in its phase, for the next sweep.
+create call waits until that row is committed; `record_intent` is the same, waited for here.
+Readers open connections of their own (`LedgerReader`). A machine row is `alive` from its intent
+until the provider confirms it is gone, then `deleted`; a deletion that could not be confirmed
+leaves it `alive` with `delete_failed` in its phase, for the next sweep.
 """
 
 from __future__ import annotations
