@@ -2,8 +2,8 @@
 
 `Acquire` records the intent (name, deadline) in the ledger BEFORE the create call (the launch
 waits on the reactor until the row is committed), so a crash between create and answer leaves a
-name to sweep; then launches on the reactor and connects a
-workspace. It answers its parent `Leased(machine)` or `LeaseFailed(failure)`.
+name to sweep; then launches on the reactor and connects a workspace. It answers its parent
+`Leased(machine)` or `LeaseFailed(failure)`.
 
 `Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
 stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do the same
@@ -54,6 +54,7 @@ from protocols.messages import (
 )
 
 DELETE_TRIES = 5
+INTENT_WAIT_S = 60.0  # the bound Waiter.wait puts on any waited ledger write
 
 
 class _Launched(Message, frozen=True, kw_only=True):
@@ -352,7 +353,10 @@ async def _durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) 
             soon(committed.set)
 
     pending.when_done(done)
-    await committed.wait()
+    with trio.move_on_after(INTENT_WAIT_S) as waited:
+        await committed.wait()
+    if waited.cancelled_caught:
+        raise IntentNotRecorded(f"the ledger did not commit the intent within {INTENT_WAIT_S:.0f} s")
     if errors:
         raise IntentNotRecorded(f"the ledger could not record the intent: {errors[0]}")
 
