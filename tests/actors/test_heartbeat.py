@@ -4,6 +4,7 @@ real job on a real machine (`local`, or a `sim` sandbox for preemption)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,6 +76,20 @@ def test_a_job_that_exits_0_is_exited_0_with_its_progress(
         assert not probe.box.of(Progress)  # no checkpoint named: nothing for the parent
         assert log_path.read_text() == "line one\nline two\n"
         assert not probe.box.of(Stalled)
+
+
+def test_a_progress_line_with_nan_is_progress_all_the_same(
+    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
+) -> None:
+    # what Python's json.dumps writes for a diverged loss: not strict JSON, still a sign of life
+    command = f"{progress(stage='train', step=1, loss=float('nan'))}; exit 0"
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, command)
+        watch(machine.name, work, pid)
+        probe.wait_for(Exited)
+        [said] = emitted.of(Progress)
+        assert (said.stage, said.line["step"]) == ("train", 1)
+        assert math.isnan(said.line["loss"])
 
 
 def test_a_job_that_exits_3_is_exited_3(machines: Machines, probe: ProbeHandle, watch: Any) -> None:
