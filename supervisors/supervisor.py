@@ -66,7 +66,7 @@ def restart_allowed(history: Sequence[float], now: float, *, intensity: int, per
     """OTP's rule: one more restart at `now` is allowed unless it makes more than `intensity`
     restarts within the last `period_s` seconds. Returns the decision and the pruned history
     including `now` (when allowed)."""
-    recent = [t for t in history if now - t < period_s]
+    recent = [t for t in history if now - t <= period_s]  # OTP keeps a restart exactly period_s old
     recent.append(now)
     return len(recent) <= intensity, recent
 

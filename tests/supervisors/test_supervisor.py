@@ -69,11 +69,11 @@ def test_restart_intensity_never_allows_more_than_intensity_in_a_period(
     accepted, refused = _replay(times, intensity, period_s)
     # every accepted restart, with those accepted before it inside the period, is at most `intensity`
     for i, t in enumerate(accepted):
-        assert sum(1 for u in accepted[: i + 1] if t - u < period_s) <= intensity
+        assert sum(1 for u in accepted[: i + 1] if t - u <= period_s) <= intensity
     if refused is not None:
         # refused exactly when the restart would be one too many inside the period
         now = times[refused]
-        assert sum(1 for u in accepted if now - u < period_s) + 1 > intensity
+        assert sum(1 for u in accepted if now - u <= period_s) + 1 > intensity
 
 
 @given(
@@ -87,7 +87,7 @@ def test_restart_allowed_when_fewer_than_intensity_in_the_period(
     times = _times(gaps)
     history: list[float] = []
     for now in times:
-        recent = [u for u in history if now - u < period_s]
+        recent = [u for u in history if now - u <= period_s]
         ok, new_history = restart_allowed(history, now, intensity=intensity, period_s=period_s)
         assert ok == (len(recent) < intensity)
         # the history kept is pruned to the period and includes this restart
@@ -101,6 +101,8 @@ def test_restart_intensity_examples() -> None:
     # 3 in 5 s: the 4th within 5 s is refused; once the first is older than 5 s, allowed again
     assert _replay([0.0, 1.0, 2.0, 3.0], 3, 5.0) == ([0.0, 1.0, 2.0], 3)
     assert _replay([0.0, 1.0, 2.0, 5.5], 3, 5.0) == ([0.0, 1.0, 2.0, 5.5], None)
+    # as in OTP, a restart exactly period_s old still counts
+    assert _replay([0.0, 1.0, 2.0, 5.0], 3, 5.0) == ([0.0, 1.0, 2.0], 3)
     # intensity 1: two restarts at the same moment are one too many
     assert _replay([7.0, 7.0], 1, 5.0) == ([7.0], 1)
 
