@@ -13,6 +13,7 @@ tells the parent, with `internal`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -278,10 +279,9 @@ class AttemptActor(Actor):
         if self._early_release is not None:
             self._released(self._early_release)
             return
-        try:
+        # dead: it failed and is deleting the machine in its on_failure; its Released comes next
+        with contextlib.suppress(pykka.ActorDeadError):
             self.lease.tell(Release())
-        except pykka.ActorDeadError:
-            pass  # it failed and is deleting the machine in its on_failure: its Released comes next
 
     def _released(self, event: Released) -> None:
         self._phase("release")
@@ -312,10 +312,8 @@ class AttemptActor(Actor):
         usage = Usage()
         for child in reversed(self.children):
             if child is self.meter and child.is_alive():
-                try:
+                with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                     usage = child.ask(StopMeter(at=time.time(), confirmed=True), timeout=30)
-                except (pykka.ActorDeadError, pykka.Timeout):
-                    pass
             try:
                 child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
             except (pykka.Timeout, pykka.ActorDeadError):

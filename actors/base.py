@@ -106,10 +106,9 @@ class Actor(PooledActor):
         def done(result: outcome.Outcome[Any]) -> None:
             if holder:
                 self._tasks.discard(holder[0])
-            try:
+            # dead: stopped meanwhile; its on_stop cancelled or outlived this task
+            with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(reply(result))
-            except pykka.ActorDeadError:
-                pass  # stopped meanwhile: its on_stop cancelled or outlived this task
 
         task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
         holder.append(task)
@@ -124,10 +123,8 @@ class Actor(PooledActor):
         def fire() -> None:
             if holder:
                 self._tasks.discard(holder[0])
-            try:
+            with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(message)
-            except pykka.ActorDeadError:
-                pass
 
         task = self.ctx.reactor.call_later(delay, fire, name=f"{self.label}:timer")
         holder.append(task)

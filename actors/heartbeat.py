@@ -19,6 +19,7 @@ look like a lost controller to the host's watchdog.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -138,10 +139,8 @@ class HeartbeatActor(Actor):
                     ref = self.actor_ref
 
                     def tell(msg: Message) -> None:
-                        try:
+                        with contextlib.suppress(pykka.ActorDeadError):
                             ref.tell(msg)
-                        except pykka.ActorDeadError:
-                            pass
 
                     self.spawn(watch_loop, ws, w.work, w.pid, self.poll_s, self.idle_every, tell,
                                reply=lambda r: _LoopEnded(result=r))

@@ -203,10 +203,8 @@ class LeaseActor(Actor):
         workspace = self.ctx.workspaces.pop(name, None)
         if workspace is not None:
             with trio.move_on_after(10):
-                try:
+                with contextlib.suppress(HostError):  # the connection is going with the machine
                     await workspace.aclose()
-                except HostError:
-                    pass  # the connection is going with the machine
         detail = "no answer"
         per_try = self.ctx.delete_timeout_s / DELETE_TRIES
         with trio.move_on_after(self.ctx.delete_timeout_s):  # the whole of it, backoffs included

@@ -10,6 +10,7 @@ leaves it `alive` with `delete_failed` in its phase, for the next sweep.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -65,10 +66,8 @@ def connect(path: Path) -> sqlite3.Connection:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         for column, kind in columns.items():
             if column not in have:
-                try:
+                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-                except sqlite3.OperationalError:
-                    pass  # another process added it first
     return conn
 
 

@@ -149,10 +149,8 @@ class BatchSupervisor(PooledActor):
             self._end_unstarted(s.job, c)
         self.pending.clear()
         for ref in self.running.values():
-            try:
+            with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(c)
-            except pykka.ActorDeadError:
-                pass
 
     def _check_budget(self) -> None:
         if self.budget_usd is None or self.stopped is not None:

@@ -3,6 +3,7 @@ may outlive it (the autouse `no_leaks` fixture fails the test otherwise)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -95,10 +96,8 @@ def no_leaks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
     procs = _wait_until(lambda: _processes_under(tmp_path), 10)
     if procs:
         for line in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(line.split(":")[0]), 9)
-            except ProcessLookupError:
-                pass
         pytest.fail(f"processes left running: {procs[:5]}")
     left = _machines(tmp_path / "state")
     if left:

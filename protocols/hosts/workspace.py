@@ -13,6 +13,7 @@ removes its incoming folder. The sim cloud's virtual machines implement the same
 
 from __future__ import annotations
 
+import contextlib
 import tarfile
 import tempfile
 from pathlib import Path
@@ -121,11 +122,9 @@ class ShellWorkspace:
             return sent
         finally:
             if not done:
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    try:
-                        await self.host.run(scripts.discard(incoming), timeout=10)
-                    except Unreachable:
-                        pass  # the next upload of the same object starts from `rm -rf` of its incoming
+                # unreachable: the next upload of the same object starts from `rm -rf` of its incoming
+                with trio.CancelScope(shield=True), trio.move_on_after(10), contextlib.suppress(Unreachable):
+                    await self.host.run(scripts.discard(incoming), timeout=10)
 
     async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int:
         folder, incoming = f"{self.root}/code/{digest}", f"{self.root}/code/.incoming-{tag}"
