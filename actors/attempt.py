@@ -24,7 +24,7 @@ import msgspec
 import outcome
 import pykka
 
-from actors.base import Actor, Context, failure_text
+from actors.base import Actor, Context, error_text, failure_text
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
 from actors.meter import CostMeterActor, usage_between
@@ -296,7 +296,8 @@ class AttemptActor(Actor):
             with open(self.seed_dir / "log.txt", "a") as f:
                 f.write(f"{self._header()}no machine: {failure or outcome_}: {detail}\n")
         if not event.confirmed:
-            detail = (detail + "; " if detail else "") + f"machine {event.machine} not confirmed deleted: {event.detail}"
+            unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
+            detail = (detail + "; " if detail else "") + unconfirmed
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
                                       phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
         self._ended = True
@@ -319,7 +320,7 @@ class AttemptActor(Actor):
             except (pykka.Timeout, pykka.ActorDeadError):
                 self.log.error("{} did not stop in time", child)
         self.tell_parent(AttemptEnded(**self.head, outcome="failed", failure=Code.INTERNAL, usage=usage,
-                                      detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}",
+                                      detail=error_text(exception_type, exception_value),
                                       phases=dict(self.phases), offer=self.offer))
 
     def on_stop(self) -> None:

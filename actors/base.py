@@ -34,6 +34,11 @@ from protocols.hosts.workspace import Workspace
 from protocols.messages import ChildFailed, Event, Machine, Message, Offer
 
 
+def error_text(exception_type: type[BaseException] | None, exception_value: BaseException | None) -> str:
+    """One line for a failure: `TypeName: message`."""
+    return f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}"
+
+
 def failure_text(exception_type: type[BaseException] | None, exception_value: BaseException | None,
                  tb: TracebackType | None) -> str:
     """A traceback without the values of local variables (loguru's `diagnose` would print them,
@@ -183,4 +188,4 @@ class Actor(PooledActor):
         """Actor thread, after a raise in a handler: cancel its tasks, tell the parent."""
         self.cancel_tasks()
         self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
-        self.tell_parent(ChildFailed(child=self.label, detail=f"{exception_type.__name__ if exception_type else 'error'}: {exception_value}"))
+        self.tell_parent(ChildFailed(child=self.label, detail=error_text(exception_type, exception_value)))

@@ -169,7 +169,8 @@ class LeaseActor(Actor):
         else:
             exc = result.error
         code, detail = _classify_launch(exc, created=self.machine is not None)
-        if code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and self.machine is None and not isinstance(exc, LaunchAmbiguous):
+        clean = code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
+        if clean and self.machine is None:
             # a clean refusal: no machine exists, the intent is closed here
             self.ctx.ledger.record_gone(self.name, time.time(), f"create refused: {code}")
             self.name = None

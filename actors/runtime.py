@@ -214,7 +214,8 @@ class Reactor:
                 if task._cancelled:
                     scope.cancel()
                 result = await outcome.acapture(fn, *args)
-            if scope.cancelled_caught or (isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled)):
+            cancelled = isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled)
+            if scope.cancelled_caught or cancelled:
                 result = outcome.Error(CallCancelled(f"{task.name} was cancelled"))
         finally:
             self._running -= 1

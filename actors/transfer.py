@@ -123,7 +123,9 @@ class TransferActor(Actor):
             case _:
                 raise TypeError(f"TransferActor cannot handle {message!r}")
 
-    async def _upload(self, ws: Workspace, resume_dir: str | None) -> tuple[int, str | None, list[InputRef], InputRef | None]:
+    async def _upload(
+        self, ws: Workspace, resume_dir: str | None,
+    ) -> tuple[int, str | None, list[InputRef], InputRef | None]:
         lost = self.job.policy.lost_after_s
         sent = 0
         code_hash: str | None = None

@@ -250,7 +250,8 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted | Progress | Exited
+    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted
+    | Progress | Exited
     | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded
 )
 

@@ -8,7 +8,9 @@ import re
 import msgspec
 
 PREFIX = "ar-"
-_NAME = re.compile(r"^ar-(?P<job>[a-z0-9-]{1,40})-(?P<seed>n?\d+)-a(?P<attempt>\d+)-(?P<owner>[0-9a-f]{8})-d(?P<deadline>\d+)$")
+_NAME = re.compile(
+    r"^ar-(?P<job>[a-z0-9-]{1,40})-(?P<seed>n?\d+)-a(?P<attempt>\d+)-(?P<owner>[0-9a-f]{8})-d(?P<deadline>\d+)$"
+)
 
 
 class MachineName(msgspec.Struct, frozen=True, kw_only=True):

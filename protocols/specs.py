@@ -195,7 +195,8 @@ def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
 def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) -> None:
     for i, c in enumerate(candidates):
         if c.cloud not in known_clouds:
-            raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {', '.join(sorted(known_clouds))})")
+            known = ", ".join(sorted(known_clouds))
+            raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {known})")
         if c.max_hourly_usd is not None:
             _check(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd >= 0, "number >= 0", c.max_hourly_usd)
 

@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--state-dir", help=argparse.SUPPRESS)
         if name == "sweep":
             s.add_argument("--dry-run", action="store_true")
-            s.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
+            s.add_argument("--grace", type=float, default=600.0,
+                           help="seconds past a deadline before any owner's machine goes")
         if name == "resume":
             s.add_argument("--out", default="actor-run-out")
     return p
@@ -83,7 +84,8 @@ class _Interrupts:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
-            sys.stderr.write("\nactor-run: canceling; deleting every machine before exiting (Ctrl-C again will not skip it)\n")
+            sys.stderr.write("\nactor-run: canceling; deleting every machine before exiting"
+                             " (Ctrl-C again will not skip it)\n")
             self.runner.cancel(detail="interrupted")
         else:
             sys.stderr.write("actor-run: still deleting machines; the controller exits once they are gone\n")
@@ -145,7 +147,8 @@ def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_
     for r in unconfirmed:
         sys.stderr.write(
             f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "
-            f"`actor-run sweep`; to delete it by hand, delete the machine named {r.machine} in its provider's console\n")
+            f"`actor-run sweep`; to delete it by hand, delete the machine named {r.machine}"
+            " in its provider's console\n")
     return [ended[k] for k in keys]
 
 
@@ -175,7 +178,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{'machine':<52} {'cloud':<6} {'phase':<14} {'owner':<9} deadline")
     for r in alive:
         owner = r.owner[:8] + ("" if r.owner in live else " (gone)")
-        print(f"{r.name:<52} {r.cloud:<6} {r.phase:<14} {owner:<9} {time.strftime('%H:%M:%S', time.localtime(r.deadline))}")
+        deadline = time.strftime("%H:%M:%S", time.localtime(r.deadline))
+        print(f"{r.name:<52} {r.cloud:<6} {r.phase:<14} {owner:<9} {deadline}")
     return Exit.OK
 
 

@@ -217,7 +217,8 @@ class JobSupervisor(Actor):
                           rng=self.rng)
         nxt = self.walk.next()
         shown = nxt if isinstance(nxt, Offer) else self.offer
-        self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code, delay_s=round(delay, 3), offer=shown))
+        self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code, delay_s=round(delay, 3),
+                               offer=shown))
         self.later(delay, _Launch())
 
     # --- the end -------------------------------------------------------------------------------

@@ -157,7 +157,8 @@ class BatchSupervisor(PooledActor):
             return
         spent = self.done_usd + sum(self.live_usd.values())
         if spent >= self.budget_usd:
-            self._cancel_all(Cancel(failure=Code.BUDGET, detail=f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"))
+            detail = f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"
+            self._cancel_all(Cancel(failure=Code.BUDGET, detail=detail))
 
     def on_stop(self) -> None:
         """Stop running jobs in reverse start order (each deletes its machine before it stops)."""

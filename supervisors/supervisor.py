@@ -62,7 +62,9 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_s: float = 30.0
 
 
-def restart_allowed(history: Sequence[float], now: float, *, intensity: int, period_s: float) -> tuple[bool, list[float]]:
+def restart_allowed(
+    history: Sequence[float], now: float, *, intensity: int, period_s: float,
+) -> tuple[bool, list[float]]:
     """OTP's rule: one more restart at `now` is allowed unless it makes more than `intensity`
     restarts within the last `period_s` seconds. Returns the decision and the pruned history
     including `now` (when allowed)."""
@@ -147,7 +149,8 @@ class Supervisor(PooledActor):
             self.stop_children()
             if self.parent is not None:
                 self.parent.tell(GaveUp(supervisor=self.name,
-                                        detail=f"more than {self.intensity} restarts in {self.period_s} s; last: {child} {detail}"))
+                                        detail=f"more than {self.intensity} restarts in {self.period_s} s;"
+                                               f" last: {child} {detail}"))
             self.stop()
             return
         index = self.specs.index(spec)

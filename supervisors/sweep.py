@@ -51,7 +51,8 @@ def _reason(m: Machine, row: MachineRow | None, live_short: set[str], live: set[
 
 
 async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | None = None,
-               grace_s: float = 600.0, keep_owner: str | None = None) -> tuple[list[SweepAction], list[tuple[Cloud, Machine]]]:
+               grace_s: float = 600.0, keep_owner: str | None = None,
+               ) -> tuple[list[SweepAction], list[tuple[Cloud, Machine]]]:
     listed: dict[str, list[Machine]] = {}
     actions: list[SweepAction] = []
     unlisted_clouds: set[str] = set()
@@ -125,7 +126,8 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
             out.append(results[a.machine])
         elif a.action == "close":
             if ledger is not None:
-                await trio.to_thread.run_sync(ledger.record_gone, a.machine, time.time(), "swept: not listed by the provider")
+                await trio.to_thread.run_sync(ledger.record_gone, a.machine, time.time(),
+                                              "swept: not listed by the provider")
             out.append(msgspec.structs.replace(a, action="closed"))
         else:
             out.append(a)

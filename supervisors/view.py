@@ -130,7 +130,8 @@ class View:
             t.add_column(col)
         for line in self.lines.values():
             fifth = line.stage if not final else (f"{line.failure}: {line.detail}"[:60] if line.failure else "")
-            t.add_row(line.key, line.state, str(line.attempt), line.place, fifth, self._elapsed(line), f"${line.usd:.4f}")
+            t.add_row(line.key, line.state, str(line.attempt), line.place, fifth, self._elapsed(line),
+                      f"${line.usd:.4f}")
         return t
 
     def summary(self) -> None:
