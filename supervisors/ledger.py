@@ -15,6 +15,7 @@ import os
 import queue
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ import msgspec
 import psutil
 from loguru import logger
 
+from actors.base import failure_text
 from actors.pool import blocking
 from protocols.failures import ActorRunError
 from protocols.messages import Event, Machine, Offer, encode
@@ -174,7 +176,7 @@ class Waiter:
             try:
                 fn(self.error)
             except Exception:  # one bad callback must not kill the writer thread
-                logger.opt(exception=True).error("a ledger commit callback failed")
+                logger.error("a ledger commit callback failed:\n{}", failure_text(*sys.exc_info()))
 
 
 class Ledger:
@@ -268,6 +270,12 @@ class Ledger:
         if waiter is not None:
             waiter.wait()
 
+    def _track(self, op: Op) -> Waiter:
+        """Queue a write; its Waiter says when it is durable."""
+        waiter = self._queue_op(op, tracked=True)
+        assert waiter is not None
+        return waiter
+
     def _queue_op(self, op: Op, *, tracked: bool) -> Waiter | None:
         """Queue a write without waiting; `tracked` returns the Waiter that says when it is durable.
         Writes commit in the order they were queued."""
@@ -319,11 +327,9 @@ class Ledger:
         """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
         row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
-        waiter = self._queue_op((
+        return self._track((
             "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
-            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), tracked=True)
-        assert waiter is not None
-        return waiter
+            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row))
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
@@ -361,11 +367,9 @@ class Ledger:
     def queue_gone(self, name: str, at: float, reason: str) -> Waiter:
         """The machine is gone, queued: the Waiter says when that is durable."""
         row = (at, reason, name)
-        waiter = self._queue_op((
+        return self._track((
             "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL, resumable=0"
-            " WHERE name=?", row), tracked=True)
-        assert waiter is not None
-        return waiter
+            " WHERE name=?", row))
 
     def record_delete_failed(self, name: str, detail: str) -> None:
         row = (detail[:500], name)
@@ -390,11 +394,8 @@ class Ledger:
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
         row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
-        waiter = self._queue_op((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row),
-            tracked=True)
-        assert waiter is not None
-        return waiter
+        return self._track((
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row))
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:

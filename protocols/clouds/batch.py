@@ -57,8 +57,13 @@ class Batch(Generic[T, R]):
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    results = await trio.to_thread.run_sync(self._run_many, [s.item for s in batch])
-                except BaseException as exc:  # the batch itself failed (or the run ends): every caller hears it
+                    # shielded: the change is made whatever happens, so its answers are kept for the
+                    # callers (who wait shielded too) even while the reactor is stopping
+                    with trio.CancelScope(shield=True):
+                        results = await trio.to_thread.run_sync(self._run_many, [s.item for s in batch])
+                    if len(results) != len(batch):
+                        raise RuntimeError(f"{len(results)} answers for a batch of {len(batch)}")
+                except Exception as exc:  # the batch itself failed: every caller hears it
                     results = [exc] * len(batch)
                 for s, r in zip(batch, results, strict=True):
                     s.result = r

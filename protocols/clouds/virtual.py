@@ -20,7 +20,6 @@ restarts finds its jobs `gone`.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -121,7 +120,7 @@ class SimHost:
 
 
 _pids = itertools.count(100_000)
-_PROGRESS = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder()
 
 
 class VirtualJob:
@@ -139,7 +138,7 @@ class VirtualJob:
 
     def step(self, stage: str) -> None:
         self.steps += 1
-        self.progress += _PROGRESS.encode({"stage": stage, "step": self.steps}) + b"\n"
+        self.progress += _JSON.encode({"stage": stage, "step": self.steps}) + b"\n"
         self.log += f"virtual {stage} step {self.steps}\n".encode()
 
     def end(self, code: int) -> None:
@@ -244,7 +243,7 @@ class VirtualWorkspace:
             return 0
         files = {"out/result.txt": f"virtual result of {work}\n".encode()}
         if job.exit_code is not None:
-            files["response.json"] = json.dumps({"exit_code": job.exit_code}).encode() + b"\n"
+            files["response.json"] = _JSON.encode({"exit_code": job.exit_code}) + b"\n"
         # on a thread, with whatever other fetches are writing (one hand-off for all: a thousand
         # jobs end at once): the reactor must not wait on the disk
         return await self._write((local_dir, files))
