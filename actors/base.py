@@ -101,7 +101,14 @@ class Actor(PooledActor):
         self.parent = parent
         self.label = label
         self._tasks: set[Task] = set()
-        self.log = logger.bind(actor=label)
+        self._log: Any = None
+
+    @property
+    def log(self) -> Any:
+        """loguru's logger bound to this actor's label (bound on first use: most actors never log)."""
+        if self._log is None:
+            self._log = logger.bind(actor=self.label)
+        return self._log
 
     def spawn(self, fn: Callable[..., Any], *args: Any, reply: Callable[[outcome.Outcome[Any]], Message]) -> Task:
         """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import socket
 import sqlite3
 import sys
@@ -116,8 +117,7 @@ def _run(conn: sqlite3.Connection, op: Op) -> None:
 
 
 def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
-    """Every op in order; a run of the same statement is one executemany (one trip into SQLite,
-    one hand-back of the GIL, instead of one per row)."""
+    """Every op in order; a run of the same statement goes to SQLite as few statements (_run_many)."""
     i, n = 0, len(ops)
     while i < n:
         op = ops[i]
@@ -131,8 +131,70 @@ def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
         if j == i + 1:
             conn.execute(sql, op[1])
         else:
-            conn.executemany(sql, [o[1] for o in ops[i:j]])  # type: ignore[index]
+            _run_many(conn, sql, [o[1] for o in ops[i:j]])  # type: ignore[index]
         i = j
+
+
+def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
+    """`executemany(sql, rows)`, as a few statements of many rows each.
+
+    sqlite3 lets go of the GIL for every row it steps, and on a busy process each time costs up to
+    the switch interval (5 ms) to get it back: 500 rows took 6 s beside one busy thread, against
+    0.1 s as multi-row statements (bench/RESULTS.md). So `INSERT ... VALUES (?,..)` becomes one
+    INSERT of many VALUES rows, and `UPDATE t SET .. WHERE ..` one `UPDATE t SET .. FROM (VALUES
+    ..) AS v WHERE ..` (each `?` read from v's columns), both with the same effect as one row after
+    the other. An UPDATE whose WHERE values repeat within the run (the same row twice) stays an
+    executemany: UPDATE FROM would apply only one of them."""
+    bulk = _bulk_form(sql)
+    if bulk is None:
+        conn.executemany(sql, rows)
+        return
+    head, group, tail, where_at = bulk
+    if where_at is not None and len({tuple(r[where_at:]) for r in rows}) < len(rows):
+        conn.executemany(sql, rows)
+        return
+    per = max(1, min(_MAX_ROWS, _MAX_VARIABLES // max(group.count("?"), 1)))
+    for k in range(0, len(rows), per):
+        chunk = rows[k:k + per]
+        conn.execute(head + ",".join([group] * len(chunk)) + tail, [x for r in chunk for x in r])
+
+
+_MAX_ROWS = 500
+_MAX_VARIABLES = 999  # SQLite's smallest default limit on `?` in one statement
+_QUOTED = re.compile(r"'[^']*'")
+_BulkForm = tuple[str, str, str, int | None]
+_bulk_forms: dict[str, _BulkForm | None] = {}
+
+
+def _bulk_form(sql: str) -> _BulkForm | None:
+    """`sql` as (head, the VALUES row, tail, where the WHERE's values start in a row or None for
+    an INSERT): the statement for k rows is head + k rows joined by commas + tail. None for any
+    other shape (or a `?` inside quotes)."""
+    if sql not in _bulk_forms:
+        _bulk_forms[sql] = _parse_bulk(sql)
+    return _bulk_forms[sql]
+
+
+def _parse_bulk(sql: str) -> _BulkForm | None:
+    if '"' in sql or "?" in "".join(_QUOTED.findall(sql)):
+        return None
+    words = sql.split()
+    if words[0].upper() == "INSERT":
+        before, sep, rest = sql.partition(" VALUES (")
+        group, _, tail = rest.partition(")")
+        if not sep or "(" in group or "'" in group or " VALUES (" in rest:
+            return None
+        return before + " VALUES ", "(" + group + ")", tail, None
+    if words[0].upper() == "UPDATE" and sql.count(" WHERE ") == 1 and " FROM " not in sql.upper():
+        set_part, _, where = sql.partition(" WHERE ")
+        names = iter(range(1, sql.count("?") + 1))
+
+        def to_columns(text: str) -> str:  # the k-th `?` of the statement reads v.columnk
+            return "".join(f"v.column{next(names)}" if c == "?" else c for c in text)
+
+        head, tail = to_columns(set_part) + " FROM (VALUES ", ") AS v WHERE " + to_columns(where)
+        return head, "(" + ",".join("?" * sql.count("?")) + ")", tail, set_part.count("?")
+    return None
 
 
 class LedgerError(ActorRunError):

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 import zlib
 from pathlib import Path
 
@@ -86,6 +85,7 @@ from protocols.hosts.workspace import ShellWorkspace, Workspace
 from protocols.messages import Machine, Offer
 from protocols.specs import CandidateSpec
 
+_ids = random.Random()  # machine ids: seeded once from the OS; uuid4 made a system call per launch
 _RATES = ("no_capacity_rate", "launch_failure_rate", "ambiguous_rate", "boot_failure_rate", "preempt_rate")
 _DURATIONS = ("preempt_within_s", "launch_latency_s", "delete_latency_s", "virtual_job_s")
 
@@ -207,7 +207,7 @@ class SimCloud:
         now = time.time()
         virtual = self.settings.virtual
         rec = SimRecord(
-            cloud=self.name, id=f"sim-{uuid.uuid4().hex[:16]}", name=name, region=region, gpu=gpu,
+            cloud=self.name, id=f"sim-{_ids.getrandbits(64):016x}", name=name, region=region, gpu=gpu,
             hourly_usd=spec.hourly_usd, deadline=deadline, created_at=now, address="localhost",
             root=f"/sim-virtual/{name}" if virtual else str(self._store.sandboxes / name),
             preempt_at=None if fate.preempt_in is None else now + fate.preempt_in,

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
+from protocols import heldio
 from protocols.clouds.local import remove_tree, stop_processes_under
 from protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchError, LaunchRefused
 from protocols.messages import Machine
@@ -58,6 +59,7 @@ class Fate(msgspec.Struct, frozen=True, kw_only=True):
 _record_decoder = msgspec.json.Decoder(SimRecord)
 _billing_decoder = msgspec.json.Decoder(Billing)
 _held_decoder = msgspec.json.Decoder(dict[str, int])
+_tmp_ids = itertools.count()  # with the pid, names a record being written
 
 
 StatKey = tuple[int, int, int]  # (inode, mtime_ns, size) of a record file
@@ -114,7 +116,7 @@ class SimStore:
         if not SAFE_NAME.fullmatch(name):
             return None
         try:
-            return _record_decoder.decode(self.path(name).read_bytes())
+            return _record_decoder.decode(heldio.read_file(self.path(name)))
         except FileNotFoundError:
             return None
 
@@ -172,12 +174,14 @@ class SimStore:
         refusal (which proves no machine was made); all under one lock. Stock is counted
         (held.json) before the records appear: a crash between over-counts, which `listing`
         repairs."""
-        # the records are written before taking the lock: creating a file is the slow part
+        # the records are written before taking the lock: creating a file is the slow part. Through
+        # heldio, as the other per-machine file calls here: a batch is hundreds of them in a row
         tmps = []
         for rec, _, _ in items:
-            tmp = self.machines / f".{rec.name}.{uuid.uuid4().hex}.tmp"
-            tmp.write_bytes(msgspec.json.encode(rec))
+            tmp = self.machines / f".{rec.name}.{os.getpid()}.{next(_tmp_ids)}.tmp"
+            heldio.write_file(tmp, msgspec.json.encode(rec))
             tmps.append(tmp)
+        placed: set[Path] = set()
         out: list[LaunchError | StatKey] = []
         try:
             with self.locked():
@@ -190,19 +194,21 @@ class SimStore:
                         out.append(refusal)
                         continue
                     path = self.path(rec.name)
-                    os.replace(tmp, path)
+                    heldio.rename(tmp, path)
+                    placed.add(tmp)
                     st = os.stat(path)
                     out.append((st.st_ino, st.st_mtime_ns, st.st_size))
                     if not rec.virtual:
                         (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
         finally:
             for tmp in tmps:
-                tmp.unlink(missing_ok=True)
+                if tmp not in placed:
+                    heldio.unlink(tmp, missing_ok=True)
         return out
 
     def _admit(self, rec: SimRecord, stock: int, fate: Fate, held: dict[str, int],
                made: set[str]) -> LaunchError | None:
-        if rec.name in made or self.path(rec.name).exists():
+        if rec.name in made or heldio.exists(self.path(rec.name)):
             return LaunchAmbiguous(f"sim: a machine named {rec.name} exists already")
         place = place_key(rec.region, rec.gpu)
         if fate.no_capacity or held.get(place, 0) >= stock:
@@ -220,26 +226,28 @@ class SimStore:
         if (self.root / "fail_deletes").exists():
             return [DeleteUnconfirmed("sim: the provider refused the delete (injected)") for _ in items]
         out: list[DeleteUnconfirmed | None] = []
-        with self.locked(), open(self.root / "billing.jsonl", "ab", buffering=0) as bills:
-            held, changed = self._held_locked(), False
+        bills: list[bytes] = []
+        with self.locked():
+            held = self._held_locked()
             for name, now in items:
                 if not SAFE_NAME.fullmatch(name):
                     out.append(None)  # no machine can have this name
                     continue
                 sandbox = self.sandboxes / name
                 rec = self.read(name)
-                if sandbox.exists():
+                if heldio.exists(sandbox):
                     stop_processes_under(sandbox)
                     remove_tree(sandbox)
                 if rec is not None:
-                    self.path(name).unlink()
+                    heldio.unlink(self.path(name))
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
-                    changed = True
-                    bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
-                gone = not (self.path(name).exists() or sandbox.exists())
+                    bills.append(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                gone = not (heldio.exists(self.path(name)) or heldio.exists(sandbox))
                 out.append(None if gone else DeleteUnconfirmed(f"sim: {name} is still there"))
-            if changed:
+            if bills:  # one append for the batch, then the stock
+                with open(self.root / "billing.jsonl", "ab", buffering=0) as f:
+                    f.write(b"".join(bills))
                 self._save_held(held)
         return out
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,3 +292,38 @@ def test_a_bad_write_fails_alone_and_the_rest_of_its_batch_commits(
     assert row is not None
     assert (row.state, row.gone) == ("deleted", 456.0)
     assert reader.machine("m-other") is not None
+
+
+def test_runs_of_one_statement_commit_as_if_row_by_row(
+    path: Path, ledgers: Callable[..., Ledger], reader: LedgerReader,
+) -> None:
+    """Writes queued while the lock is held commit in one batch, where runs of one statement become
+    multi-row statements: every row ends up as one write at a time would leave it."""
+    led = ledgers()
+    names = [f"m-{i}" for i in range(1200)]  # more rows than one statement takes
+
+    def held(queue: Callable[[], list[Any]]) -> None:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            pending = queue()
+            time.sleep(0.2)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        for w in pending:
+            w.wait(30)
+
+    held(lambda: [led.queue_intent(name=n, cloud="sim", job=f"j/seed-{i}", seed=i, attempt=0, deadline=1.0)
+                  for i, n in enumerate(names)]
+                 + [led.queue_gone(n, float(i), "deleted") for i, n in enumerate(names) if i % 3 == 0])
+    # the same machine twice in one run: the later write wins, as row by row
+    held(lambda: [led.queue_gone("m-1", 7.0, "first"), led.queue_gone("m-1", 8.0, "second")])
+    rows = {r[0]: r[1:] for r in raw(path, "SELECT name, state, gone, reason, seed FROM machines")}
+    assert len(rows) == 1200
+    for i, n in enumerate(names):
+        expected = ("deleted", float(i), "deleted", i) if i % 3 == 0 else ("alive", None, None, i)
+        if n == "m-1":
+            expected = ("deleted", 8.0, "second", 1)
+        assert rows[n] == expected, n
+    assert reader.machine("m-3") is not None
