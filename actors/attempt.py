@@ -29,7 +29,6 @@ from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
 from actors.meter import CostMeterActor, usage_between
 from actors.transfer import TransferActor
-from protocols import heldio
 from protocols.failures import Code
 from protocols.hosts.workspace import Launch
 from protocols.messages import (
@@ -120,7 +119,7 @@ class AttemptActor(Actor):
         """Actor thread, before the first message: start the lease, ask for a machine. The other
         children start once there is a machine (`_start_watchers`): a thousand attempts starting at
         once get their create calls out first."""
-        heldio.makedirs(self.seed_dir)
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
         self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
         self.children.append(self.lease)
         self.ctx.emit(AttemptStarted(**self.head, offer=self.offer))

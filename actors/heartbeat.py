@@ -35,7 +35,6 @@ import trio
 
 from actors.base import Actor, Context
 from actors.ticks import tick
-from protocols import heldio
 from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from protocols.hosts.workspace import Workspace
 from protocols.messages import Exited, Message, Progress, Stalled, Watch
@@ -211,9 +210,8 @@ class HeartbeatActor(Actor):
     def _write_log(self, data: bytes) -> None:
         if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
             self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        # a plain descriptor (no buffered file object per attempt), written keeping the GIL: a
-        # thousand polls land at once, and each write that let go of it waited to get it back
-        heldio.write_all(self._log_fd, data)
+        while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
+            data = data[os.write(self._log_fd, data):]
 
     def _close_log(self) -> None:
         fd, self._log_fd = self._log_fd, None

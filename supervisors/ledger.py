@@ -140,7 +140,7 @@ def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
 
     sqlite3 lets go of the GIL for every row it steps, and on a busy process each time costs up to
     the switch interval (5 ms) to get it back: 500 rows took 6 s beside one busy thread, against
-    0.1 s as multi-row statements (bench/RESULTS.md). So `INSERT ... VALUES (?,..)` becomes one
+    0.1 s as multi-row statements (bench/convoy.py). So `INSERT ... VALUES (?,..)` becomes one
     INSERT of many VALUES rows, and `UPDATE t SET .. WHERE ..` one `UPDATE t SET .. FROM (VALUES
     ..) AS v WHERE ..` (each `?` read from v's columns), both with the same effect as one row after
     the other. An UPDATE whose WHERE values repeat within the run (the same row twice) stays an
@@ -185,7 +185,8 @@ def _parse_bulk(sql: str) -> _BulkForm | None:
         if not sep or "(" in group or "'" in group or " VALUES (" in rest:
             return None
         return before + " VALUES ", "(" + group + ")", tail, None
-    if words[0].upper() == "UPDATE" and sql.count(" WHERE ") == 1 and " FROM " not in sql.upper():
+    if (words[0].upper() == "UPDATE" and sql.count(" WHERE ") == 1 and " FROM " not in sql.upper()
+            and sqlite3.sqlite_version_info >= (3, 33)):  # UPDATE FROM came in SQLite 3.33
         set_part, _, where = sql.partition(" WHERE ")
         names = iter(range(1, sql.count("?") + 1))
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import msgspec
 
-from protocols import heldio
 from protocols.clouds.local import remove_tree, stop_processes_under
 from protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchError, LaunchRefused
 from protocols.messages import Machine
@@ -59,7 +58,7 @@ class Fate(msgspec.Struct, frozen=True, kw_only=True):
 _record_decoder = msgspec.json.Decoder(SimRecord)
 _billing_decoder = msgspec.json.Decoder(Billing)
 _held_decoder = msgspec.json.Decoder(dict[str, int])
-_tmp_ids = itertools.count()  # with the pid, names a record being written
+_tmp_ids = itertools.count()  # with the pid, names a record being written (uuid4 is a system call)
 
 
 StatKey = tuple[int, int, int]  # (inode, mtime_ns, size) of a record file
@@ -116,7 +115,7 @@ class SimStore:
         if not SAFE_NAME.fullmatch(name):
             return None
         try:
-            return _record_decoder.decode(heldio.read_file(self.path(name)))
+            return _record_decoder.decode(self.path(name).read_bytes())
         except FileNotFoundError:
             return None
 
@@ -174,12 +173,11 @@ class SimStore:
         refusal (which proves no machine was made); all under one lock. Stock is counted
         (held.json) before the records appear: a crash between over-counts, which `listing`
         repairs."""
-        # the records are written before taking the lock: creating a file is the slow part. Through
-        # heldio, as the other per-machine file calls here: a batch is hundreds of them in a row
+        # the records are written before taking the lock: creating a file is the slow part
         tmps = []
         for rec, _, _ in items:
             tmp = self.machines / f".{rec.name}.{os.getpid()}.{next(_tmp_ids)}.tmp"
-            heldio.write_file(tmp, msgspec.json.encode(rec))
+            tmp.write_bytes(msgspec.json.encode(rec))
             tmps.append(tmp)
         placed: set[Path] = set()
         out: list[LaunchError | StatKey] = []
@@ -194,7 +192,7 @@ class SimStore:
                         out.append(refusal)
                         continue
                     path = self.path(rec.name)
-                    heldio.rename(tmp, path)
+                    os.replace(tmp, path)
                     placed.add(tmp)
                     st = os.stat(path)
                     out.append((st.st_ino, st.st_mtime_ns, st.st_size))
@@ -202,13 +200,13 @@ class SimStore:
                         (self.sandboxes / rec.name).mkdir(parents=True, mode=0o700)
         finally:
             for tmp in tmps:
-                if tmp not in placed:
-                    heldio.unlink(tmp, missing_ok=True)
+                if tmp not in placed:  # the others were renamed into place
+                    tmp.unlink(missing_ok=True)
         return out
 
     def _admit(self, rec: SimRecord, stock: int, fate: Fate, held: dict[str, int],
                made: set[str]) -> LaunchError | None:
-        if rec.name in made or heldio.exists(self.path(rec.name)):
+        if rec.name in made or self.path(rec.name).exists():
             return LaunchAmbiguous(f"sim: a machine named {rec.name} exists already")
         place = place_key(rec.region, rec.gpu)
         if fate.no_capacity or held.get(place, 0) >= stock:
@@ -226,28 +224,26 @@ class SimStore:
         if (self.root / "fail_deletes").exists():
             return [DeleteUnconfirmed("sim: the provider refused the delete (injected)") for _ in items]
         out: list[DeleteUnconfirmed | None] = []
-        bills: list[bytes] = []
-        with self.locked():
-            held = self._held_locked()
+        with self.locked(), open(self.root / "billing.jsonl", "ab", buffering=0) as bills:
+            held, changed = self._held_locked(), False
             for name, now in items:
                 if not SAFE_NAME.fullmatch(name):
                     out.append(None)  # no machine can have this name
                     continue
                 sandbox = self.sandboxes / name
                 rec = self.read(name)
-                if heldio.exists(sandbox):
+                if sandbox.exists():
                     stop_processes_under(sandbox)
                     remove_tree(sandbox)
                 if rec is not None:
-                    heldio.unlink(self.path(name))
+                    self.path(name).unlink()
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
-                    bills.append(msgspec.json.encode(_bill(rec, now)) + b"\n")
-                gone = not (heldio.exists(self.path(name)) or heldio.exists(sandbox))
+                    changed = True
+                    bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                gone = not (self.path(name).exists() or sandbox.exists())
                 out.append(None if gone else DeleteUnconfirmed(f"sim: {name} is still there"))
-            if bills:  # one append for the batch, then the stock
-                with open(self.root / "billing.jsonl", "ab", buffering=0) as f:
-                    f.write(b"".join(bills))
+            if changed:
                 self._save_held(held)
         return out
 

@@ -29,7 +29,6 @@ from typing import Protocol
 import msgspec
 import trio
 
-from protocols import heldio
 from protocols.failures import MachineGone
 from protocols.hosts.base import RunResult
 from protocols.hosts.local import LocalHost
@@ -258,20 +257,24 @@ class VirtualWorkspace:
 
 
 def write_files(items: list[tuple[Path, dict[str, bytes]]]) -> list[int | BaseException]:
-    """Each (folder, {relative path: bytes}): write the files; bytes written, or the error. Through
-    heldio: a thousand fetches end at once, and each file call that let go of the GIL waited up to
-    5 ms to get it back (1.5 s for a batch of 500; 8 ms this way)."""
+    """Each (folder, {relative path: bytes}): write the files; bytes written, or the error."""
     out: list[int | BaseException] = []
     made: set[str] = set()  # folders known to exist: one makedirs each per batch
     for local_dir, files in items:
         try:
-            for rel, data in files.items():
+            for rel, data in files.items():  # plain os calls: a thousand fetches end at once
                 path = os.path.join(local_dir, rel)
                 parent = os.path.dirname(path)
                 if parent not in made:
-                    heldio.makedirs(parent)
+                    os.makedirs(parent, exist_ok=True)
                     made.add(parent)
-                heldio.write_file(path, data)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
             out.append(sum(len(data) for data in files.values()))
         except OSError as exc:
             out.append(exc)
