@@ -139,8 +139,8 @@ def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
     """`executemany(sql, rows)`, as a few statements of many rows each.
 
     sqlite3 lets go of the GIL for every row it steps, and on a busy process each time costs up to
-    the switch interval (5 ms) to get it back: 500 rows took 6 s beside one busy thread, against
-    0.1 s as multi-row statements (bench/convoy.py). So `INSERT ... VALUES (?,..)` becomes one
+    the switch interval (5 ms) to get it back: 200 rows took 1.7 s beside one busy thread, against
+    52 ms as multi-row statements (bench/convoy.py). So `INSERT ... VALUES (?,..)` becomes one
     INSERT of many VALUES rows, and `UPDATE t SET .. WHERE ..` one `UPDATE t SET .. FROM (VALUES
     ..) AS v WHERE ..` (each `?` read from v's columns), both with the same effect as one row after
     the other. An UPDATE whose WHERE values repeat within the run (the same row twice) stays an
