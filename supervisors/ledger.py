@@ -104,7 +104,7 @@ def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -
     return now - row.beat < stale_after_s
 
 
-# a write: (sql, parameters) (consecutive ones of the same sql go to SQLite as one executemany),
+# a write: (sql, parameters) (consecutive ones of the same sql go to SQLite together: _run_many),
 # or a function of the connection for what needs more (a compare-and-set that reads its rowcount)
 Op = tuple[str, Any] | Callable[[sqlite3.Connection], Any]
 
