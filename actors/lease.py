@@ -69,6 +69,10 @@ class _GoneRecorded(Message, frozen=True, kw_only=True):
     at: float
 
 
+class _RefusalRecorded(Message, frozen=True, kw_only=True):
+    failed: LeaseFailed
+
+
 class LeaseActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  launch_timeout_s: float) -> None:
@@ -100,6 +104,8 @@ class LeaseActor(Actor):
             case _GoneRecorded(at=at):
                 self._announce_released(True, "", at)
                 self.stop()
+            case _RefusalRecorded(failed=failed):
+                self.tell_parent(failed)
             case _:
                 raise TypeError(f"LeaseActor cannot handle {message!r}")
 
@@ -169,12 +175,17 @@ class LeaseActor(Actor):
         else:
             exc = result.error
         code, detail = _classify_launch(exc, created=self.machine is not None)
+        failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail)
         clean = code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
         if clean and self.machine is None:
-            # a clean refusal: no machine exists, the intent is closed here
-            self.ctx.ledger.record_gone(self.name, time.time(), f"create refused: {code}")
-            self.name = None
-        self.tell_parent(LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail))
+            # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
+            # without a pool thread waiting for the ledger (a region out of stock refuses many at
+            # once); if the row cannot be written it stays open for the next sweep
+            name, self.name = self.name, None
+            self._tell_self_when(self.ctx.ledger.queue_gone(name, time.time(), f"create refused: {code}"),
+                                 _RefusalRecorded(failed=failed))
+            return
+        self.tell_parent(failed)
 
     def _launched_after_release(
         self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]],
@@ -250,10 +261,10 @@ class LeaseActor(Actor):
         self._begin_delete()
 
     def _begin_delete(self) -> None:
-        assert self.name is not None and self.offer is not None
+        assert self.name is not None
+        assert self.offer is not None
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
-        assert self.offer is not None
         self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
 
     def _finish_release(self, result: outcome.Outcome[tuple[bool, str]]) -> None:
@@ -262,16 +273,20 @@ class LeaseActor(Actor):
         if confirmed and self.name is not None and not self._released.is_set():
             # `Released` once the ledger has it, without holding a thread meanwhile (a thousand
             # releases at once); stopped before that, on_stop records and answers it itself
-            ref = self.actor_ref
-
-            def recorded(_error: BaseException | None) -> None:  # on the ledger's thread
-                with contextlib.suppress(pykka.ActorDeadError):
-                    ref.tell(_GoneRecorded(at=at))
-
-            self.ctx.ledger.queue_gone(self.name, at, "deleted").when_done(recorded)
+            self._tell_self_when(self.ctx.ledger.queue_gone(self.name, at, "deleted"), _GoneRecorded(at=at))
             return
         self._done_releasing(confirmed, detail, at)
         self.stop()
+
+    def _tell_self_when(self, pending: Pending, message: Message) -> None:
+        """Tell this actor `message` once the ledger has `pending` (or could not write it)."""
+        ref = self.actor_ref
+
+        def recorded(_error: BaseException | None) -> None:  # on the ledger's thread
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(message)
+
+        pending.when_done(recorded)
 
     def _done_releasing(self, confirmed: bool, detail: str, at: float) -> None:
         if self._released.is_set():

@@ -12,6 +12,7 @@ import pykka
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
 
 from actors import Context, LeaseActor
+from actors.pool import POOL
 from protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
 from protocols.failures import Code
 from protocols.messages import (
@@ -139,6 +140,34 @@ def test_a_clean_refusal_is_lease_failed_and_closes_the_ledger_row(
         lease.stop()
     released = probe.wait_for(Released)
     assert released.confirmed
+
+
+def test_a_refusal_waits_for_its_row_on_the_ledger_not_on_a_pool_thread(
+    make_context: Callable[..., Context], probe: ProbeHandle, ledger: Ledger, reader: LedgerReader,
+    emitted: Mailbox,
+) -> None:
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0, no_capacity_rate=1.0))
+    lease = start_lease(ctx, probe)
+    blocker = sqlite3.connect(ledger.path, isolation_level=None)
+    try:
+        name = acquire(lease, ctx, SIM)
+        emitted.wait_for(LeaseRequested)
+        ledger.flush()  # the intent is durable: the create is out, its refusal comes in 0.5 s
+        blocker.execute("BEGIN IMMEDIATE")  # the row that closes the intent cannot commit meanwhile
+        time.sleep(1.0)
+        assert POOL.statistics()["blocked"] == 0  # no worker waits for the ledger
+        assert probe.box.of(LeaseFailed) == []  # the parent hears it once the row is closed
+        blocker.execute("ROLLBACK")
+        failed = probe.wait_for(LeaseFailed)
+        assert failed.failure == Code.NO_CAPACITY
+        row = reader.machine(name)
+        assert row is not None
+        assert (row.state, row.reason) == ("deleted", "create refused: no_capacity")
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+        lease.stop()
 
 
 def test_an_ambiguous_create_is_reconciled_by_name_on_release(
