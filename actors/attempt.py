@@ -253,7 +253,8 @@ class AttemptActor(Actor):
         launched_at = time.time()
         self._phase("start")
         self.ctx.emit(JobStarted(**self.head, pid=self.pid))
-        assert self.machine is not None and self.work is not None
+        assert self.machine is not None
+        assert self.work is not None
         self.ctx.ledger.record_started(self.machine.name, self.work, self.pid, launched_at)
         self.heartbeat.tell(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
 

@@ -103,19 +103,19 @@ class TransferActor(Actor):
     def handle(self, message: Any) -> Any:
         match message:
             case Upload(machine=machine, resume_dir=resume_dir):
-                ws = self.ctx.workspaces[machine]
+                ws, started = self.ctx.workspaces[machine], time.time()
                 self.spawn(self._upload, ws, resume_dir,
-                           reply=lambda r, t=time.time(): _Done(kind="upload", result=r, started=t))
+                           reply=lambda r, t=started: _Done(kind="upload", result=r, started=t))
             case FetchCheckpoint(machine=machine, work=work, path=path, line=line, into=into):
-                ws = self.ctx.workspaces.get(machine)
+                ws, started = self.ctx.workspaces.get(machine), time.time()
                 if ws is not None:
                     self.spawn(self._checkpoint, ws, work, path, line, Path(into),
-                               reply=lambda r, t=time.time(), p=path, ln=line: _Done(
+                               reply=lambda r, t=started, p=path, ln=line: _Done(
                                    kind="checkpoint", result=r, started=t, path=p, line=ln))
             case Fetch(machine=machine, work=work, into=into):
-                ws = self.ctx.workspaces[machine]
+                ws, started = self.ctx.workspaces[machine], time.time()
                 self.spawn(self._fetch, ws, work, Path(into),
-                           reply=lambda r, t=time.time(): _Done(kind="fetch", result=r, started=t))
+                           reply=lambda r, t=started: _Done(kind="fetch", result=r, started=t))
             case _Done(kind="checkpoint", result=result, path=path, line=line):
                 self._checkpoint_done(result, path, line)
             case _Done(kind=kind, result=result, started=started):
@@ -144,14 +144,14 @@ class TransferActor(Actor):
             sent += await patiently(name, lost, ws.publish_input, name, path, digest, self.tag)
             refs.append(InputRef(name=name, sha256=digest, basename=path.name))
         resume = None
-        if resume_dir is not None and Path(resume_dir).is_dir():
+        if resume_dir is not None and Path(resume_dir).is_dir():  # noqa: ASYNC240 - one stat: a thread hop costs more
             digest = await trio.to_thread.run_sync(_hash_input, self.ctx, Path(resume_dir))
             sent += await patiently("resume", lost, ws.publish_input, "resume", Path(resume_dir), digest, self.tag)
             resume = InputRef(name="resume", sha256=digest, basename="")
         return sent, code_hash, refs, resume
 
     async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
-        if into.exists():
+        if into.exists():  # noqa: ASYNC240 - one stat: a thread hop costs more
             await trio.to_thread.run_sync(shutil.rmtree, into)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
         return n

@@ -58,7 +58,9 @@ def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
         best = _reattachable(mine)
         reattach = offer = None
         if best is not None and best.owner not in live:
-            assert best.machine is not None and best.work is not None and best.pid is not None
+            assert best.machine is not None
+            assert best.work is not None
+            assert best.pid is not None
             machine = msgspec.json.decode(best.machine, type=Machine)
             reattach = Reattach(machine=machine, work=best.work, pid=best.pid,
                                 launched_at=best.launched_at or machine.created_at)

@@ -101,7 +101,7 @@ class SimHost:
         self._local = LocalHost(name)
 
     # the Host protocol's signature: the timeout is LocalHost's, applied per command
-    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:  # noqa: ASYNC109
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:
         await self._guard()
         result = await self._local.run(script, stdin=stdin, timeout=timeout)
         await self._guard()  # taken away meanwhile: a real machine would have dropped the call, not answered it

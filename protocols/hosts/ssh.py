@@ -321,7 +321,7 @@ class SSHHost:
 
     # --- the Host protocol ------------------------------------------------------------------------
 
-    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:  # noqa: ASYNC109 - the Host protocol
+    async def run(self, script: str, *, stdin: bytes = b"", timeout: float = 60.0) -> RunResult:
         try:
             return await self._channel.run(script, stdin=stdin, timeout=timeout)
         except _NotSent:  # the connection broke while idle: the command goes on a new one

@@ -169,7 +169,8 @@ def test_kill_then_resume_finishes_every_job_once(tmp_path: Path, baseline: floa
     assert sim_machines(tmp_path / "sim") == []
     status = cli("status", "--json", tmp=tmp_path)
     rows = [json.loads(x) for x in status.stdout.splitlines()]
-    assert rows and all(r["state"] == "deleted" for r in rows)
+    assert rows
+    assert all(r["state"] == "deleted" for r in rows)
     assert wait_no_processes(tmp_path / "sim") == []
     # machines that outlived the controller cost at most the resume delay each
     excess = billed_seconds(tmp_path / "sim") - baseline
@@ -188,7 +189,8 @@ def test_kill_then_sweep_leaves_no_machine(tmp_path: Path) -> None:
     assert swept.returncode == 0, swept.stderr
     assert sim_machines(tmp_path / "sim") == []
     deleted = [ln for ln in swept.stdout.splitlines() if " deleted " in ln]
-    assert deleted and all("its owner is gone" in ln for ln in deleted), swept.stdout
+    assert deleted, swept.stdout
+    assert all("its owner is gone" in ln for ln in deleted), swept.stdout
     assert wait_no_processes(tmp_path / "sim") == []
     reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
     try:
@@ -208,7 +210,8 @@ def test_two_controllers_sweep_never_takes_the_others_live_machines(tmp_path: Pa
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     ended = [json.loads(x) for x in out.splitlines() if '"JobEnded"' in x]
-    assert len(ended) == 4 and all(e["outcome"] == "succeeded" for e in ended)
+    assert len(ended) == 4
+    assert all(e["outcome"] == "succeeded" for e in ended)
     assert len(sweeps) >= 2
     for s in sweeps:
         for line in s.stdout.splitlines():
@@ -216,7 +219,8 @@ def test_two_controllers_sweep_never_takes_the_others_live_machines(tmp_path: Pa
     reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
     try:
         reasons = [m.reason or "" for m in reader.machines()]
-        assert reasons and not [r for r in reasons if r.startswith("swept")], reasons
+        assert reasons
+        assert not [r for r in reasons if r.startswith("swept")], reasons
         assert "deleted" in reasons
     finally:
         reader.close()
@@ -230,12 +234,15 @@ def test_a_delete_that_keeps_failing_stays_open_until_a_sweep(tmp_path: Path) ->
     assert run.returncode == 1
     held = sim_machines(tmp_path / "sim")
     assert len(held) == 1
-    assert held[0] in run.stderr and "by hand" in run.stderr
+    assert held[0] in run.stderr
+    assert "by hand" in run.stderr
     status = cli("status", "--json", tmp=tmp_path)
     rows = [json.loads(x) for x in status.stdout.splitlines()]
-    assert [r["state"] for r in rows] == ["alive"] and rows[0]["phase"] == "delete_failed"
+    assert [r["state"] for r in rows] == ["alive"]
+    assert rows[0]["phase"] == "delete_failed"
     still = cli("sweep", tmp=tmp_path)
-    assert still.returncode == 1 and sim_machines(tmp_path / "sim") == held
+    assert still.returncode == 1
+    assert sim_machines(tmp_path / "sim") == held
     set_fail_deletes(tmp_path / "sim", False)
     swept = cli("sweep", tmp=tmp_path)
     assert swept.returncode == 0, swept.stderr

@@ -127,4 +127,5 @@ def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
     import os
 
     back, missing = unredacted(stored, dict(os.environ))
-    assert back.env["HF_TOKEN"] == "from-env" and missing == []
+    assert back.env["HF_TOKEN"] == "from-env"
+    assert missing == []

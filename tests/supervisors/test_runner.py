@@ -221,7 +221,8 @@ def test_a_runner_that_cannot_open_leaves_nothing_running(tmp_path: Path) -> Non
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the ledger's folder should be")
     before = {t.ident for t in threading.enumerate()}
-    with pytest.raises(OSError), Runner(ledger=blocker / "ledger.sqlite", state_dir=tmp_path / "state"):
+    with (pytest.raises(OSError, match="not-a-folder"),
+          Runner(ledger=blocker / "ledger.sqlite", state_dir=tmp_path / "state")):
         pass
     # the autouse leak check also fails the test if a reactor or ledger thread outlives it
     assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("actor-run-")] == []

@@ -90,7 +90,8 @@ def test_a_batch_over_ssh_brings_outputs_back_and_sends_nothing_twice(tmp_path: 
     # two attempts on one host at once: both started before either ended
     started = [e["t"] for e in evs if e["type"] == "JobStarted"]
     exited = [e["t"] for e in evs if e["type"] == "Exited"]
-    assert len(started) == 2 and max(started) < min(exited)
+    assert len(started) == 2
+    assert max(started) < min(exited)
     # a second run on the same host sends no byte of unchanged code or inputs
     second = cli(tmp_path, "run", str(path), "--json", "--out", str(tmp_path / "out2"))
     assert second.returncode == 0, second.stderr
@@ -132,7 +133,8 @@ def test_a_killed_controller_leaves_the_watchdog_to_end_the_job(tmp_path: Path, 
             pid = e["pid"]
         if e["type"] == "Progress":
             break
-    assert pid is not None and psutil.pid_exists(pid)
+    assert pid is not None
+    assert psutil.pid_exists(pid)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     killed = time.monotonic()
@@ -147,5 +149,6 @@ def test_a_killed_controller_leaves_the_watchdog_to_end_the_job(tmp_path: Path, 
     assert not any(w.exists() for w in work), "its folder is still there"
     # the slot stays claimed until a sweep deletes the dead controller's machine
     swept = cli(tmp_path, "sweep")
-    assert swept.returncode == 0 and " deleted " in swept.stdout, swept.stdout + swept.stderr
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert " deleted " in swept.stdout, swept.stdout + swept.stderr
     assert not list((tmp_path / "root" / "slots").glob("*"))
