@@ -143,8 +143,9 @@ def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
     52 ms as multi-row statements (bench/convoy.py). So `INSERT ... VALUES (?,..)` becomes one
     INSERT of many VALUES rows, and `UPDATE t SET .. WHERE ..` one `UPDATE t SET .. FROM (VALUES
     ..) AS v WHERE ..` (each `?` read from v's columns), both with the same effect as one row after
-    the other. An UPDATE whose WHERE values repeat within the run (the same row twice) stays an
-    executemany: UPDATE FROM would apply only one of them."""
+    the other. An UPDATE stays an executemany when that could differ: its WHERE values repeat
+    within the run (UPDATE FROM would apply only one of them), or its WHERE is more than equalities
+    on columns it does not set (_parse_bulk)."""
     bulk = _bulk_form(sql)
     if bulk is None:
         conn.executemany(sql, rows)
@@ -162,6 +163,8 @@ def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
 _MAX_ROWS = 500
 _MAX_VARIABLES = 999  # SQLite's smallest default limit on `?` in one statement
 _QUOTED = re.compile(r"'[^']*'")
+_EQUALITIES = re.compile(r"\w+=(\?|'[^']*')( AND \w+=(\?|'[^']*'))*")  # a=? AND b='x' ...
+_COMPARED = re.compile(r"(\w+)=\?")  # the columns a WHERE compares with a parameter
 _BulkForm = tuple[str, str, str, int | None]
 _bulk_forms: dict[str, _BulkForm | None] = {}
 
@@ -188,6 +191,11 @@ def _parse_bulk(sql: str) -> _BulkForm | None:
     if (words[0].upper() == "UPDATE" and sql.count(" WHERE ") == 1 and " FROM " not in sql.upper()
             and sqlite3.sqlite_version_info >= (3, 33)):  # UPDATE FROM came in SQLite 3.33
         set_part, _, where = sql.partition(" WHERE ")
+        # row after row equals one UPDATE FROM only if each row's WHERE picks its rows by equalities
+        # on columns no row of the run sets: then distinct WHERE values touch distinct rows
+        assigned = {c.split("=")[0].strip() for c in set_part.partition(" SET ")[2].split(",")}
+        if not _EQUALITIES.fullmatch(where.strip()) or assigned & set(_COMPARED.findall(where)):
+            return None
         names = iter(range(1, sql.count("?") + 1))
 
         def to_columns(text: str) -> str:  # the k-th `?` of the statement reads v.columnk

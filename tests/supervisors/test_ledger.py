@@ -18,7 +18,15 @@ import pytest
 
 from protocols.failures import Code
 from protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
-from supervisors.ledger import Ledger, LedgerError, LedgerReader, OwnerRow, owner_is_alive, process_start_time
+from supervisors.ledger import (
+    Ledger,
+    LedgerError,
+    LedgerReader,
+    OwnerRow,
+    _run_many,
+    owner_is_alive,
+    process_start_time,
+)
 
 
 @pytest.fixture
@@ -327,3 +335,17 @@ def test_runs_of_one_statement_commit_as_if_row_by_row(
             expected = ("deleted", 8.0, "second", 1)
         assert rows[n] == expected, n
     assert reader.machine("m-3") is not None
+
+
+def test_a_run_that_could_differ_from_row_by_row_is_written_row_by_row() -> None:
+    """Rows that a later row's WHERE finds only after an earlier row changed them: one UPDATE FROM
+    would see the table as it was before the run, so such a run is not rewritten."""
+    results = []
+    for run in (_run_many, lambda c, sql, rows: c.executemany(sql, rows)):
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        conn.execute("CREATE TABLE m (name TEXT PRIMARY KEY, owner TEXT)")
+        conn.executemany("INSERT INTO m VALUES (?, ?)", [("a", "x"), ("b", "y")])
+        run(conn, "UPDATE m SET owner=? WHERE owner=?", [("y", "x"), ("z", "y")])  # x -> y, then y -> z
+        results.append(conn.execute("SELECT name, owner FROM m ORDER BY name").fetchall())
+        conn.close()
+    assert results[0] == results[1] == [("a", "z"), ("b", "z")]
