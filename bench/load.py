@@ -66,6 +66,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -103,6 +104,28 @@ RATE_NAMES = {
     "ambiguous": "ambiguous_rate", "boot_failure": "boot_failure_rate",
 }
 MIB = 1 << 20
+# the lifecycle events the step table times, in their order in an attempt
+STEP_KINDS = ("LeaseRequested", "Leased", "Uploaded", "JobStarted", "Exited", "Fetched", "Released",
+              "AttemptEnded")
+
+
+def file_create_us(folder: Path, n: int = 300) -> float:
+    """What this folder's file system charges to create a file (microseconds, median of `n`): the
+    controller makes a few files per attempt (its outputs, log and response; the sim's machine
+    records), and on some disks a create costs a hundred times what it costs on others (an ext4
+    without a journal skips every inode deleted in the last hours: 0.5 ms a create on this VM's
+    /tmp after a day of test runs, 4 us on tmpfs). The figure says which disk a run measured."""
+    probe = folder / "create-probe"
+    probe.mkdir()
+    times = []
+    try:
+        for i in range(n):
+            t = time.perf_counter()
+            os.close(os.open(probe / f"f{i}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+            times.append(time.perf_counter() - t)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return percentile(times, 50) * 1e6
 
 
 def parse_rates(text: str) -> dict[str, float]:
@@ -131,12 +154,19 @@ class Sampler:
         self.proc = psutil.Process()
         self.peak_rss = 0
         self.peak_threads = 0
+        self.cpu: list[tuple[float, float]] = []  # (wall clock, process CPU) per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def sample(self) -> None:
         self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
         self.peak_threads = max(self.peak_threads, threading.active_count())
+        self.cpu.append((time.time(), time.process_time()))
+
+    def cpu_between(self, t0: float, t1: float) -> float:
+        """Process CPU seconds between two wall-clock times (to the nearest samples)."""
+        inside = [c for t, c in self.cpu if t0 <= t <= t1]
+        return inside[-1] - inside[0] if len(inside) > 1 else 0.0
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -170,11 +200,22 @@ class Tally:
         self.started_jobs: set[tuple[str, int]] = set()
         self.all_started = threading.Event()
         self.expect = 0
+        self.marks: dict[str, list[float]] = {}  # per lifecycle kind, the time each attempt said it
+        self.steps: defaultdict[str, list[float]] = defaultdict(list)  # "A -> B": per attempt, seconds
+        self._last: dict[tuple[str, int, int], tuple[str, float]] = {}
 
     def __call__(self, e: Event) -> None:
         with self.lock:
             self.events += 1
-            self.kinds[type(e).__name__] += 1
+            kind = type(e).__name__
+            self.kinds[kind] += 1
+            if kind in STEP_KINDS:
+                self.marks.setdefault(kind, []).append(e.t)
+                key = (e.job, e.seed, getattr(e, "attempt", 0))
+                last = self._last.get(key)
+                if last is not None:
+                    self.steps[f"{last[0]} -> {kind}"].append(e.t - last[1])
+                self._last[key] = (kind, e.t)
             job = (e.job, e.seed)
             match e:
                 case AttemptStarted():
@@ -313,7 +354,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
             msgs0 = message_count(runner)
             submitted: dict[tuple[str, int], float] = {}
             times0 = os.times()
-            cpu0, t0 = time.process_time(), time.perf_counter()
+            cpu0, t0, wall0 = time.process_time(), time.perf_counter(), time.time()
             for job in jobs:
                 submitted[(job.name, job.seed)] = time.time()
                 runner.submit(job)
@@ -333,6 +374,15 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         events = tally.events
         kinds = dict(tally.kinds)
         ended = dict(tally.ended)
+        steps = {k: [percentile(v, 50), percentile(v, 99)] for k, v in tally.steps.items() if len(v) >= 10}
+        marks = {k: (min(v), max(v)) for k, v in tally.marks.items()}
+    last_ended = max((e.t for e in ended.values()), default=wall0)
+    bursts = {}
+    if "JobStarted" in marks and "Exited" in marks:
+        start_end, end_start = marks["JobStarted"][1], marks["Exited"][0]
+        bursts = {"start_burst_s": start_end - wall0, "start_burst_cpu_s": sampler.cpu_between(wall0, start_end),
+                  "end_burst_s": last_ended - end_start,
+                  "end_burst_cpu_s": sampler.cpu_between(end_start, last_ended)}
     if msgs0 is not None and msgs1 is not None:
         messages, source = msgs1[0] - msgs0[0], msgs1[1]
     else:
@@ -355,6 +405,8 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         "peak_rss_mib": sampler.peak_rss / MIB, "peak_threads": sampler.peak_threads,
         "overhead_p50_s": percentile(overheads, 50), "overhead_p99_s": percentile(overheads, 99),
         "overhead_max_s": max(overheads, default=0.0), "events_by_kind": kinds,
+        "steps_p50_p99_s": steps, **bursts,
+        "timeline_s": {k: [round(a - wall0, 3), round(b - wall0, 3)] for k, (a, b) in marks.items()},
     }
 
 
@@ -483,6 +535,7 @@ def render(r: dict[str, Any]) -> str:
         ("attempts (at once)", f"{r['attempts']}"),
         ("scale (production / run)", f"{r['scale']:g}"),
         ("job seconds", f"{r['job_s']:g}"),
+        ("folder / a file create there", f"{r['dir']} / {r['file_create_us']:.0f} us"),
         ("attempts run (with retries)", f"{r['attempts_run']}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))),
         ("wall / ideal", f"{r['wall_s']:.2f} s / {r['ideal_s']:.2f} s = {r['wall_over_ideal']:.3f}"),
@@ -497,6 +550,15 @@ def render(r: dict[str, Any]) -> str:
         ("RSS per attempt", f"{r['rss_per_attempt_mib']:.3f} MiB"),
         ("threads at peak", f"{r['peak_threads']}"),
     ]
+    if "start_burst_s" in r:
+        rows += [
+            ("start burst: submit -> last JobStarted",
+             f"{r['start_burst_s']:.2f} s wall, {r['start_burst_cpu_s']:.2f} s CPU"),
+            ("end burst: first Exited -> last JobEnded",
+             f"{r['end_burst_s']:.2f} s wall, {r['end_burst_cpu_s']:.2f} s CPU"),
+        ]
+    rows += [(f"  step {k} p50 / p99", f"{v[0]:.2f} / {v[1]:.2f} s") for k, v in r["steps_p50_p99_s"].items()]
+    rows += [(f"  {k} first / last", f"{v[0]:.2f} / {v[1]:.2f} s") for k, v in r.get("timeline_s", {}).items()]
     if "cancel_p50_s" in r:
         rows += [
             ("cancel: running at cancel",
@@ -522,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-job-seconds", type=float, default=600.0, help="the cancel phase's job length")
     ap.add_argument("--no-cancel", action="store_true", help="skip the cancel phase")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--dir", default=None,
+                    help="where the run's folders go (out, ledger, sim): a new temporary folder in it "
+                         "(default: the system's temporary folder)")
     args = ap.parse_args(argv)
     if args.attempts < 1 or args.scale <= 0 or args.job_seconds < 0:
         ap.error("--attempts >= 1, --scale > 0, --job-seconds >= 0")
@@ -537,10 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         f"meter {PRODUCTION_METER_PERIOD_S / f:g} s)")
 
     before = {t.ident for t in threading.enumerate()}
-    with tempfile.TemporaryDirectory(prefix="actor-run-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="actor-run-load-", dir=args.dir) as tmp:
         root = Path(tmp)
         result: dict[str, Any] = {"attempts": args.attempts, "scale": args.scale, "job_s": args.job_seconds,
-                                  "failure_rates": rates}
+                                  "failure_rates": rates, "dir": str(root.parent),
+                                  "file_create_us": file_create_us(root)}
+        say(f"folder {root.parent}: a file create costs {result['file_create_us']:.0f} us there (median)")
         result["empty_runner_rss_mib"] = empty_runner_rss(root / "empty", args.scale)
         say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
         result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates))
