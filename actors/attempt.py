@@ -86,7 +86,6 @@ class AttemptActor(Actor):
         self.head = {"job": job.name, "seed": job.seed, "attempt": attempt}
         self.setup_grace_s = setup_grace_s
         self.seed_dir = seed_dir
-        self.staging = seed_dir / ".attempts" / f"a{attempt}"
         self.began = time.time()
         self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
         self.resume_dir = resume_dir
@@ -195,7 +194,7 @@ class AttemptActor(Actor):
                 self.exit_code = code
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
-                    self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.staging)))
+                    self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.seed_dir)))
             case Fetched() as event:
                 self._phase("fetch")
                 self.ctx.emit(event)

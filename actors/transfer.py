@@ -2,7 +2,8 @@
 
 `Upload(machine)` snapshots and hashes the code folder, hashes each input (cached by path, size,
 mtime and inode), publishes what the host lacks and answers `Uploaded(code, inputs)`; `Fetch`
-brings `out/` and `response.json` back, never through a link, and answers `Fetched`. A refusal
+brings `out/` and `progress.jsonl` back into a folder (replacing the ones there), never through a
+link, and answers `Fetched`. A refusal
 answers `TransferFailed(input|guard)`; a host unreachable for `lost_after_s` answers
 `TransferFailed(unreachable)`. Hashing runs in a worker thread, never on the reactor's.
 """
@@ -73,6 +74,14 @@ async def patiently(what: str, lost_after_s: float, step: Any, *args: Any) -> An
             if now - since > lost_after_s:
                 raise
             await trio.sleep(min(2.0, max(0.1, lost_after_s / 10)))
+
+
+def _remove(paths: list[Path]) -> None:
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _settle_checkpoint(fresh: Path, into: Path, line: dict[str, Any]) -> None:
@@ -151,8 +160,11 @@ class TransferActor(Actor):
         return sent, code_hash, refs, resume
 
     async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
-        if into.exists():  # noqa: ASYNC240 - one stat: a thread hop costs more
-            await trio.to_thread.run_sync(shutil.rmtree, into)
+        """Into the seed's folder itself: no staging folder made, moved and removed per attempt (on
+        some disks a file or folder made costs half a millisecond: bench/RESULTS.md)."""
+        stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()]  # noqa: ASYNC240 - stats: a hop costs more
+        if stale:  # a run or attempt before this one fetched: what comes now replaces it whole
+            await trio.to_thread.run_sync(_remove, stale)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
         return n
 

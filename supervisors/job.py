@@ -228,7 +228,7 @@ class JobSupervisor(Actor):
             return
         self.ended = True
         self.cancel_tasks()
-        out_dir = self._collect(outcome_)
+        out_dir = self._tidy()
         self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
                          detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
@@ -236,21 +236,17 @@ class JobSupervisor(Actor):
         self.tell_parent(event)
         self.stop()
 
-    def _collect(self, outcome_: str) -> Path:
-        """The last attempt's out/ becomes the seed's out/ (a failed job's partial outputs too)."""
-        staging = self.seed_dir / ".attempts"
-        if self.history:
-            last = staging / f"a{self.history[-1]['attempt']}"
-            if (last / "out").is_dir():
-                dest = self.seed_dir / "out"
-                if dest.exists():
-                    shutil.rmtree(dest)
-                shutil.move(str(last / "out"), dest)
-            for extra in ("progress.jsonl",):
-                if (last / extra).is_file():
-                    shutil.copyfile(last / extra, self.seed_dir / extra)
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(self.seed_dir / ".checkpoint", ignore_errors=True)
+    def _tidy(self) -> Path:
+        """The seed's out/ and progress.jsonl are the last attempt's: its fetch brought them there (a
+        failed job's partial outputs too). If the last attempt never got to its fetch but an earlier
+        one did (its fetch failed: it was retried), what that one brought goes."""
+        ran = ["run" in h["phases"] for h in self.history]
+        if ran and not ran[-1] and any(ran):
+            shutil.rmtree(self.seed_dir / "out", ignore_errors=True)
+            (self.seed_dir / "progress.jsonl").unlink(missing_ok=True)
+        checkpoint = self.seed_dir / ".checkpoint"
+        if checkpoint.exists():
+            shutil.rmtree(checkpoint, ignore_errors=True)
         return self.seed_dir
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:

@@ -10,8 +10,7 @@ folder, no process: `start` records a start time and hands back a fake pid; each
 `running` and appends one progress line (`{"stage": "train", "step": k}`) and one log line until
 `virtual_job_s` has passed since the start (on trio's clock), then says `exited` with
 `virtual_exit_code`. `stop` makes a running job exit 143; a wrong pid polls `lost`, an unknown
-work folder `gone`. `fetch` writes `response.json` (once exited) and `out/result.txt` into the
-local folder. Publishing dedupes by digest per machine (the size on first sight, 0 after), like a
+work folder `gone`. `fetch` writes `out/result.txt` into the local folder. Publishing dedupes by digest per machine (the size on first sight, 0 after), like a
 real host's `code/<hash>` and `objects/<sha256>`. A call costs microseconds, so a load test can run
 thousands at once. What a virtual machine ran lives in this process only: a controller that
 restarts finds its jobs `gone`.
@@ -242,8 +241,6 @@ class VirtualWorkspace:
         if job is None:
             return 0
         files = {"out/result.txt": f"virtual result of {work}\n".encode()}
-        if job.exit_code is not None:
-            files["response.json"] = _JSON.encode({"exit_code": job.exit_code}) + b"\n"
         # on a thread, with whatever other fetches are writing (one hand-off for all: a thousand
         # jobs end at once): the reactor must not wait on the disk
         return await self._write((local_dir, files))

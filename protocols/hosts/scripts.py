@@ -172,13 +172,12 @@ def stop(work: str) -> str:
 
 
 def fetchable(work: str, names: list[str] | None = None) -> str:
-    """Which of out/, response.json and progress.jsonl (or of `names`, paths under out/) exist and
-    are not links, nor under one."""
+    """Which of out/ and progress.jsonl (or of `names`, paths under out/) exist and are not links,
+    nor under one. Not response.json: the poll read the exit code from it already."""
     if names is None:
         return (
             f"cd {q(work)} 2>/dev/null || exit 0\n"
             "[ -d out ] && [ ! -L out ] && echo out\n"
-            "[ -f response.json ] && [ ! -L response.json ] && echo response.json\n"
             "[ -f progress.jsonl ] && [ ! -L progress.jsonl ] && echo progress.jsonl\n"
             "exit 0\n"
         )

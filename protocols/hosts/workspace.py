@@ -179,7 +179,7 @@ class ShellWorkspace:
         await self._sh(scripts.stop(work), timeout=30)
 
     async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int:
-        """out/ and response.json (or the given paths under the attempt's folder), never through a link."""
+        """out/ and progress.jsonl (or the given paths under the attempt's folder), never through a link."""
         names = (await self._sh(scripts.fetchable(work, names))).split()
         if not names:
             return 0

@@ -134,10 +134,11 @@ def test_a_successful_attempt(
     assert not end.usage.at_least
     assert {"lease", "upload", "start", "run", "fetch", "release"} <= set(end.phases)
 
-    out = seed_dir / ".attempts" / "a0" / "out"
+    out = seed_dir / "out"  # fetched straight into the seed's folder
     assert (out / "result.txt").read_text() == "seed 1 attempt 0\n"
     assert (out / "copy.csv").read_text() == "a,b\n1,2\n"
-    assert '"exit_code": 0' in (seed_dir / ".attempts" / "a0" / "response.json").read_text()
+    assert not (seed_dir / "response.json").exists()  # the host's exit record stays there: the poll read it
+    assert not (seed_dir / ".attempts").exists()
     log = (seed_dir / "log.txt").read_text()
     assert log.startswith("--- attempt 0 on local this-computer")
     assert "training seed 1\n" in log
@@ -161,7 +162,7 @@ def test_a_job_exiting_non_zero_is_job_failed(
     assert (end.outcome, end.failure, end.exit_code) == ("failed", Code.JOB_FAILED, 3)
     assert "exited 3" in end.detail
     # what it wrote is fetched all the same (for a look at what went wrong)
-    assert (seed_dir / ".attempts" / "a0" / "out" / "partial.txt").read_text() == "partial\n"
+    assert (seed_dir / "out" / "partial.txt").read_text() == "partial\n"
     assert "oops" in (seed_dir / "log.txt").read_text()
     assert_no_machine(state_dir, reader, ledger)
 
@@ -310,7 +311,7 @@ def test_a_sim_sandbox_attempt_succeeds_and_cleans_up(
     attempt = run_attempt(job("echo sim > $ACTOR_RUN_OUT/where.txt"), offer=SIM, context=ctx)
     end = ended(probe, attempt)
     assert end.outcome == "succeeded", end.detail
-    assert (seed_dir / ".attempts" / "a0" / "out" / "where.txt").read_text() == "sim\n"
+    assert (seed_dir / "out" / "where.txt").read_text() == "sim\n"
     assert sim_machines(sim.dir) == []
     wait_until(lambda: processes_naming(sim.dir / "sandboxes") == [], what="no process left in the sandboxes")
 

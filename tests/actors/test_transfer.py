@@ -163,14 +163,16 @@ def test_fetch_brings_out_back_without_following_links(
         assert (Path(work) / "out" / "secret-link").is_symlink()  # the job did make its links
 
         into = tmp_path / "fetched"
-        (into / "stale").mkdir(parents=True)  # what a previous fetch left is replaced
+        (into / "out" / "stale").mkdir(parents=True)  # what a previous fetch left in out/ is replaced
+        (into / "log.txt").write_text("kept\n")  # the rest of the folder is not the fetch's
         transfer_of(job).tell(Fetch(machine=machine.name, work=work, into=str(into)))
         fetched = probe.wait_for(Fetched)
         assert fetched.bytes_received > 0
         assert (into / "out" / "ok.txt").read_text() == "ok\n"
         assert (into / "out" / "sub" / "deep.txt").read_text() == "deep\n"
-        assert '"exit_code": 0' in (into / "response.json").read_text()
-        assert not (into / "stale").exists()
+        assert not (into / "response.json").exists()  # the exit record stays on the host
+        assert not (into / "out" / "stale").exists()
+        assert (into / "log.txt").read_text() == "kept\n"
         for name in ("secret-link", "outside-dir", "sub/again"):
             p = into / "out" / name
             assert not p.exists(), f"{name} came back"
