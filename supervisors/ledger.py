@@ -117,7 +117,43 @@ def _run(conn: sqlite3.Connection, op: Op) -> None:
 
 
 def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
-    """Every op in order; a run of the same statement goes to SQLite as few statements (_run_many)."""
+    """Every op, in one transaction, as if in order. Between two function ops, the statements are
+    taken table by table (each table's in their order): a statement that writes one table and reads
+    no other commutes with those on other tables, and the transaction is seen whole or not at all.
+    So a thousand attempts' events, intents and job rows, queued interleaved, go to SQLite as a
+    few multi-row statements (_run_many) instead of one per short run: each statement costs a GIL
+    hand-off or two, up to 5 ms each on a busy process (600 statements took 200 ms there)."""
+    segment: dict[str, list[Op]] = {}
+    for op in ops:
+        table = _table_of(op)
+        if table is None:  # a function, or a statement that may read another table: a barrier
+            for group in segment.values():
+                _run_runs(conn, group)
+            segment = {}
+            _run_runs(conn, [op])
+        else:
+            segment.setdefault(table, []).append(op)
+    for group in segment.values():
+        _run_runs(conn, group)
+
+
+_WRITES_ONE_TABLE = re.compile(r"(?:INSERT(?: OR \w+)? INTO|UPDATE) (\w+) ", re.IGNORECASE)
+_tables: dict[str, str | None] = {}
+
+
+def _table_of(op: Op) -> str | None:
+    """The one table a statement writes, if it reads no other; None for a function op."""
+    if not isinstance(op, tuple):
+        return None
+    sql = op[0]
+    if sql not in _tables:
+        m = _WRITES_ONE_TABLE.match(sql)
+        _tables[sql] = m.group(1) if m and not re.search(r"\b(SELECT|FROM|JOIN)\b", sql, re.IGNORECASE) else None
+    return _tables[sql]
+
+
+def _run_runs(conn: sqlite3.Connection, ops: list[Op]) -> None:
+    """Ops in order; a run of the same statement goes to SQLite as few statements (_run_many)."""
     i, n = 0, len(ops)
     while i < n:
         op = ops[i]
