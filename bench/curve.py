@@ -35,6 +35,7 @@ FIGURES = [
     "messages", "messages_per_s",
     "peak_rss_mib", "empty_runner_rss_mib", "rss_per_attempt_mib", "peak_threads",
     "cancel_p50_s", "cancel_p99_s", "cancel_max_s", "cancel_empty_s", "cancel_peak_threads",
+    "start_burst_s", "start_burst_cpu_s", "end_burst_s", "end_burst_cpu_s", "file_create_us",
     "close_s", "leaks",
 ]
 PLOTTED = ["wall_over_ideal", "cpu_s_per_attempt", "rss_per_attempt_mib", "peak_threads", "cancel_p99_s",
@@ -144,6 +145,8 @@ def load_args(args: argparse.Namespace) -> list[str]:
         extra += ["--scale", f"{args.scale:g}"]
     if args.failure_rates:
         extra += ["--failure-rates", args.failure_rates]
+    if args.dir:
+        extra += ["--dir", args.dir]
     return extra
 
 
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-seconds", type=float, default=None)
     ap.add_argument("--scale", type=float, default=None)
     ap.add_argument("--failure-rates", default="")
+    ap.add_argument("--dir", default=None, help="load.py's --dir: where each run's folders go")
     ap.add_argument("--timeout", type=float, default=3600.0, help="per N, seconds")
     ap.add_argument("--out", default=str(BENCH / "out"))
     args = ap.parse_args(argv)
