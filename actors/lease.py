@@ -15,7 +15,6 @@ for the next sweep and says so in `Released(confirmed=False)`.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -26,6 +25,7 @@ import pykka
 import trio
 
 from actors.base import Actor, Context, Pending
+from actors.flag import Flag
 from actors.pool import blocking
 from actors.runtime import Task
 from protocols.failures import (
@@ -82,9 +82,9 @@ class LeaseActor(Actor):
         self.name: str | None = None  # set once the intent is in the ledger: from then on, delete by it
         self.offer: Offer | None = None
         self.machine: Machine | None = None
-        self._released = threading.Event()
+        self._released = Flag()
         self._releasing = False
-        self._delete_done = threading.Event()
+        self._delete_done = Flag()
         self._launching: Task | None = None
         self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pykka
+from actors.flag import Flag
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
@@ -233,7 +234,7 @@ class PooledActor(pykka.Actor):
         # actor was 7 % of the start burst at a thousand attempts): unique in the process all the same
         self.actor_urn = _next_urn()
         self.actor_inbox = self._create_actor_inbox()
-        self.actor_stopped = threading.Event()
+        self.actor_stopped = Flag()  # type: ignore[assignment]  # pykka only sets and reads it
         self._actor_ref = pykka.ActorRef(self)
 
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]

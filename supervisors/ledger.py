@@ -28,6 +28,7 @@ import psutil
 from loguru import logger
 
 from actors.base import failure_text
+from actors.flag import Flag
 from actors.pool import blocking
 from protocols.failures import ActorRunError
 from protocols.messages import Event, Machine, Offer, encode
@@ -254,7 +255,7 @@ class Waiter:
     __slots__ = ("_callbacks", "_lock", "done", "error")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = Flag()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[BaseException | None], None]] = []
