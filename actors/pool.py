@@ -30,10 +30,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pykka
-from actors.flag import Flag
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
+
+from actors.flag import Flag
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 _local = threading.local()

@@ -162,7 +162,7 @@ class TransferActor(Actor):
     async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
         """Into the seed's folder itself: no staging folder made, moved and removed per attempt (on
         some disks a file or folder made costs half a millisecond: bench/RESULTS.md)."""
-        stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()]  # noqa: ASYNC240 - stats: a hop costs more
+        stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()]
         if stale:  # a run or attempt before this one fetched: what comes now replaces it whole
             await trio.to_thread.run_sync(_remove, stale)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
