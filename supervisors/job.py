@@ -228,26 +228,13 @@ class JobSupervisor(Actor):
             return
         self.ended = True
         self.cancel_tasks()
-        out_dir = self._tidy()
+        out_dir = tidy_seed_dir(self.seed_dir, self.history)
         self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
                          detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
         self.ctx.emit(event)
         self.tell_parent(event)
         self.stop()
-
-    def _tidy(self) -> Path:
-        """The seed's out/ and progress.jsonl are the last attempt's: its fetch brought them there (a
-        failed job's partial outputs too). If the last attempt never got to its fetch but an earlier
-        one did (its fetch failed: it was retried), what that one brought goes."""
-        ran = ["run" in h["phases"] for h in self.history]
-        if ran and not ran[-1] and any(ran):
-            shutil.rmtree(self.seed_dir / "out", ignore_errors=True)
-            (self.seed_dir / "progress.jsonl").unlink(missing_ok=True)
-        checkpoint = self.seed_dir / ".checkpoint"
-        if checkpoint.exists():
-            shutil.rmtree(checkpoint, ignore_errors=True)
-        return self.seed_dir
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
         exit_code = None
@@ -273,6 +260,22 @@ class JobSupervisor(Actor):
                 self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
             except pykka.Timeout:
                 self.log.error("attempt did not stop in time")
+
+
+def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]]) -> Path:
+    """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
+    brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
+    but an earlier one did (that one's fetch failed, so it was retried), what the earlier one
+    brought goes. What a run before this job left stays unless a fetch replaced it. The resume
+    checkpoint goes."""
+    ran = ["run" in h["phases"] for h in history]
+    if ran and not ran[-1] and any(ran):
+        shutil.rmtree(seed_dir / "out", ignore_errors=True)
+        (seed_dir / "progress.jsonl").unlink(missing_ok=True)
+    checkpoint = seed_dir / ".checkpoint"
+    if checkpoint.exists():
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return seed_dir
 
 
 def _sum_phases(history: list[dict[str, Any]]) -> dict[str, float]:

@@ -25,6 +25,7 @@ from protocols.messages import (
     Stalled,
 )
 from protocols.specs import CandidateSpec
+from supervisors.job import tidy_seed_dir
 
 # a job that is silent on its first attempt (a stall) and succeeds on the next ones
 # (the later ones report a stage past setup at once, so a slow machine does not make them stall too)
@@ -227,3 +228,32 @@ def test_cancel_of_a_running_job(
     assert [e.confirmed for e in events.of(Released)] == [True]
     assert events.of(Retrying) == []
     assert [m.state for m in ledger_machines()] == ["deleted"]
+
+
+def test_a_jobs_end_keeps_the_last_attempts_outputs_and_drops_an_earlier_ones(tmp_path: Path) -> None:
+    """Fetches write straight into the seed's folder. At the end: the last attempt's out/ stays (a
+    failed job's too); an earlier attempt's, whose fetch failed before a retry that never ran,
+    goes; a previous run's outputs no fetch replaced stay; the resume checkpoint goes."""
+    def seed(name: str) -> Path:
+        d = tmp_path / name
+        (d / "out").mkdir(parents=True)
+        (d / "out" / "result.txt").write_text("r\n")
+        (d / "progress.jsonl").write_text("{}\n")
+        (d / ".checkpoint").mkdir()
+        (d / "log.txt").write_text("log\n")
+        return d
+
+    ran, refused = {"phases": {"lease": 1.0, "run": 30.0}}, {"phases": {"lease": 2.0}}
+    cases = {
+        "last-ran": ([refused, ran], True),   # a capacity miss, then the attempt that ran and fetched
+        "earlier-ran": ([ran, refused], False),  # ran, its fetch failed; the retry never got a machine
+        "none-ran": ([refused, refused], True),  # nothing fetched: what was there before stays
+        "no-attempts": ([], True),
+    }
+    for name, (history, kept) in cases.items():
+        d = seed(name)
+        assert tidy_seed_dir(d, history) == d
+        assert (d / "out" / "result.txt").exists() is kept, name
+        assert (d / "progress.jsonl").exists() is kept, name
+        assert not (d / ".checkpoint").exists(), name
+        assert (d / "log.txt").read_text() == "log\n", name
