@@ -28,6 +28,7 @@ import outcome
 import trio
 import trio_asyncio
 
+from actors.flag import Flag
 from actors.pool import blocking
 from protocols.failures import CallCancelled
 
@@ -40,38 +41,25 @@ class ReactorStatistics(msgspec.Struct, frozen=True):
     timers_started: int
 
 
-_FINISHING = threading.Lock()  # a task's end against a thread starting to wait for it (rare)
+class Task(Flag):
+    """A coroutine running on the reactor; `cancel()` is safe from any thread, at any time. Set (a
+    Flag: `wait_finished` blocks a non-reactor thread until then) once it has ended."""
 
-
-class Task:
-    """A coroutine running on the reactor; `cancel()` is safe from any thread, at any time."""
-
-    __slots__ = ("_cancelled", "_finished", "_reactor", "_scope", "done", "name")
+    __slots__ = ("_cancelled", "_reactor", "_scope", "name")
 
     def __init__(self, reactor: Reactor, name: str) -> None:
+        super().__init__()
         self._reactor = reactor
         self._scope: trio.CancelScope | None = None
         self._cancelled = False
-        self.done = False
-        self._finished: threading.Event | None = None  # made only for a thread that waits (wait_finished)
         self.name = name
 
-    def wait_finished(self, timeout: float | None = None) -> bool:
-        """Block this (non-reactor) thread until the task ended; False if `timeout` passed first."""
-        with _FINISHING:
-            if self.done:
-                return True
-            if self._finished is None:
-                self._finished = threading.Event()
-            finished = self._finished
-        return finished.wait(timeout)
+    @property
+    def done(self) -> bool:
+        return self.is_set()
 
-    def _set_done(self) -> None:
-        with _FINISHING:
-            self.done = True
-            finished = self._finished
-        if finished is not None:
-            finished.set()
+    wait_finished = Flag.wait
+    _set_done = Flag.set
 
     def cancel(self) -> None:
         self._cancelled = True
