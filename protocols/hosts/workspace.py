@@ -187,7 +187,7 @@ class ShellWorkspace:
         with tempfile.TemporaryDirectory(prefix="actor-run-fetch-") as tmp:
             tar_path = Path(tmp) / "fetch.tar"
             received = await self.host.get_tar(work, names, tar_path)
-            await trio.to_thread.run_sync(_extract, tar_path, local_dir)
+            await trio.to_thread.run_sync(_extract, tar_path, local_dir, names)
         return received
 
     async def remove(self, work: str) -> None:
@@ -197,6 +197,11 @@ class ShellWorkspace:
         await self.host.aclose()
 
 
-def _extract(tar_path: Path, dest: Path) -> None:
+def _extract(tar_path: Path, dest: Path, names: list[str]) -> None:
+    """Only what was asked for: the fetch lands in the seed's own folder, beside the controller's
+    log.txt and response.json, which a tar from the machine must not be able to replace."""
+    asked = [n.rstrip("/") for n in names]
     with tarfile.open(tar_path) as tar:
-        tar.extractall(dest, members=_safe_members(tar), filter="data")
+        members = [m for m in _safe_members(tar)
+                   if any(m.name.rstrip("/") == n or m.name.startswith(n + "/") for n in asked)]
+        tar.extractall(dest, members=members, filter="data")

@@ -23,7 +23,7 @@ from protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
 from protocols.failures import Code, DeleteUnconfirmed, LaunchRefused, Refused, SpecError, Unreachable
 from protocols.hosts.content import file_sha256, snapshot_code
 from protocols.hosts.ssh import SSHHost
-from protocols.hosts.workspace import Launch, ShellWorkspace
+from protocols.hosts.workspace import Launch, ShellWorkspace, _extract
 from protocols.messages import Offer
 from protocols.names import encode_name
 from protocols.specs import CandidateSpec
@@ -245,6 +245,29 @@ def test_fetch_never_brings_back_what_a_link_points_at(sshd: Sshd, tmp_path: Pat
     assert not (back / "out" / "leak.txt").is_symlink()
     assert not (back / "out" / "d" / "up").exists()
     assert all("SECRET" not in p.read_text() for p in back.rglob("*") if p.is_file())
+
+
+def test_a_fetched_tar_lands_only_what_was_asked_for(tmp_path: Path) -> None:
+    """A fetch lands in the seed's folder, beside the controller's own log.txt and response.json:
+    a tar with more in it than the names asked for (a machine's tar gone wrong) replaces neither."""
+    src = tmp_path / "src"
+    (src / "out" / "d").mkdir(parents=True)
+    for rel, text in {"out/d/r.txt": "ok", "log.txt": "forged", "response.json": "forged",
+                      "outside.txt": "forged", "progress.jsonl": "{}\n"}.items():
+        (src / rel).write_text(text)
+    tar_path = tmp_path / "t.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for rel in ("out", "log.txt", "response.json", "outside.txt", "progress.jsonl"):
+            tar.add(src / rel, arcname=rel)
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "log.txt").write_text("ours\n")
+    _extract(tar_path, seed, ["out", "progress.jsonl"])
+    assert (seed / "out" / "d" / "r.txt").read_text() == "ok"
+    assert (seed / "progress.jsonl").read_text() == "{}\n"
+    assert (seed / "log.txt").read_text() == "ours\n"
+    assert not (seed / "response.json").exists()
+    assert not (seed / "outside.txt").exists()
 
 
 def test_publishing_twice_sends_nothing_the_second_time(sshd: Sshd, tmp_path: Path) -> None:
