@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-_LOCK = threading.Lock()  # a set racing the first wait (rare: held for a few instructions)
+_LOCK = threading.Lock()  # two threads making the first wait's Event (rare)
 
 
 class Flag:
@@ -24,18 +24,21 @@ class Flag:
         return self._on
 
     def set(self) -> None:
-        with _LOCK:
-            self._on = True
-            event = self._event
+        # no lock: `_on` is written before `_event` is read, and `wait` publishes its Event before
+        # it reads `_on` again, so either this sees the Event or that wait sees the flag
+        self._on = True
+        event = self._event
         if event is not None:
             event.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until set; False if `timeout` seconds passed first."""
+        if self._on:
+            return True
         with _LOCK:
-            if self._on:
-                return True
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
+        if self._on:  # set before the Event was there to be set
+            return True
         return event.wait(timeout)
