@@ -4,7 +4,8 @@
 mtime and inode), publishes what the host lacks and answers `Uploaded(code, inputs)`; `Fetch`
 brings `out/` and `progress.jsonl` back into a folder (replacing the ones there), never through a
 link, and answers `Fetched`. A refusal answers `TransferFailed(input|guard)`; a host unreachable
-for `lost_after_s` answers `TransferFailed(unreachable)`. Hashing runs in a worker thread, never on the reactor's.
+for `lost_after_s` answers `TransferFailed(unreachable)`. Hashing runs in a worker thread, never
+on the reactor's.
 """
 
 from __future__ import annotations

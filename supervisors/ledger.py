@@ -139,6 +139,7 @@ def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
 
 
 _WRITES_ONE_TABLE = re.compile(r"(?:INSERT(?: OR \w+)? INTO|UPDATE) (\w+) ", re.IGNORECASE)
+_READS = re.compile(r"\b(SELECT|FROM|JOIN)\b", re.IGNORECASE)  # may read another table
 _tables: dict[str, str | None] = {}
 
 
@@ -149,7 +150,7 @@ def _table_of(op: Op) -> str | None:
     sql = op[0]
     if sql not in _tables:
         m = _WRITES_ONE_TABLE.match(sql)
-        _tables[sql] = m.group(1) if m and not re.search(r"\b(SELECT|FROM|JOIN)\b", sql, re.IGNORECASE) else None
+        _tables[sql] = m.group(1) if m and not _READS.search(sql) else None
     return _tables[sql]
 
 

@@ -12,9 +12,8 @@ folder, no process: `start` records a start time and hands back a fake pid; each
 `virtual_exit_code`. `stop` makes a running job exit 143; a wrong pid polls `lost`, an unknown
 work folder `gone`. `fetch` writes `out/result.txt` into the local folder. Publishing dedupes by
 digest per machine (the size on first sight, 0 after), like a real host's `code/<hash>` and
-`objects/<sha256>`. A call costs microseconds, so a load test can run
-thousands at once. What a virtual machine ran lives in this process only: a controller that
-restarts finds its jobs `gone`.
+`objects/<sha256>`. A call costs microseconds, so a load test can run thousands at once. What a
+virtual machine ran lives in this process only: a controller that restarts finds its jobs `gone`.
 """
 
 from __future__ import annotations
