@@ -5,8 +5,10 @@ shares (actors/ticks.py), one round trip each: write `alive` on the host, say wh
 runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
 so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
-lines are emitted as `Progress` (and told to the parent when they name a checkpoint). The parent hears `Exited`
-once the job ended, or `Stalled(failure)`:
+lines are emitted as `Progress` (and told to the parent when they name a checkpoint). Where the
+workspace can tell when the job's process ends (`wait_exit`: a pidfd on this computer, the virtual
+job's clock), a poll goes out at once then, so an exit is not left waiting for the next tick. The
+parent hears `Exited` once the job ended, or `Stalled(failure)`:
 
 - `stalled`: no progress within the window. The window is `setup_grace_s` from the launch until
   the job reports a stage outside SETUP_STAGES, then `stall_after_s` from its last sign of life
@@ -36,7 +38,7 @@ import trio
 from actors.base import Actor, Context
 from actors.ticks import tick
 from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
-from protocols.hosts.workspace import Workspace
+from protocols.hosts.workspace import PollResult, Workspace
 from protocols.messages import Exited, Message, Progress, Stalled, Watch
 
 _decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
@@ -64,48 +66,90 @@ REPORT_S = 2.0  # new progress and log are handed to the actor at most this ofte
 # writes a line per poll would otherwise cost a message per poll
 
 
+class _Watch:
+    """The reactor side's state for one job: the read offsets and what the actor has not heard."""
+
+    def __init__(self, ws: Workspace, work: str, pid: int, idle_every: int, tell: Callable[[Message], None],
+                 report_s: float) -> None:
+        self.ws, self.work, self.pid = ws, work, pid
+        self.idle_every, self.tell, self.report_s = idle_every, tell, report_s
+        self.progress_at = self.log_at = 0
+        self.state, self.quiet, self.first = "running", 0, True
+        self.lines: list[bytes] = []
+        self.log = bytearray()
+        self.mtime = 0.0
+        self.last_told = trio.current_time()
+        self.busy = False  # a step is in flight (the loop's, or the exit hint's)
+        self.again = False  # the exit hint came during a step: take another at once
+
+    async def step(self) -> None:
+        """One poll (or, after the exit, one beat); tell the actor what is new if it is due."""
+        self.busy = True
+        try:
+            if self.state == "running":
+                res = await self.ws.poll(self.work, self.pid, self.progress_at, self.log_at)
+            else:
+                await self.ws.beat(self.work)
+                res = None
+        except (HostError, OSError) as exc:
+            self.tell(_Polled(state=self.state, error=exc))
+            self.quiet = 0
+            return
+        finally:
+            self.busy = False
+        if res is not None:
+            self._take(res)
+
+    def _take(self, res: PollResult) -> None:
+        end = res.progress.rfind(b"\n") + 1  # a line still being written is read next time
+        new = res.progress[:end].splitlines()
+        self.progress_at += end
+        self.log_at += len(res.log)
+        self.lines += new
+        self.log += res.log
+        self.mtime = max(self.mtime, res.progress_mtime, res.log_mtime)
+        self.quiet += 1
+        now = trio.current_time()
+        urgent = self.first or res.state != self.state or any(b"checkpoint" in line for line in new)
+        due = (self.lines or self.log) and now - self.last_told >= self.report_s
+        if urgent or due or self.quiet >= self.idle_every:
+            self.tell(_Polled(state=res.state, exit_code=res.exit_code, lines=self.lines, log=bytes(self.log),
+                              first=self.first, mtime=self.mtime))
+            self.lines, self.log = [], bytearray()
+            self.quiet, self.first, self.last_told = 0, False, now
+        self.state = res.state
+
+    async def step_on_exit(self) -> None:
+        """Take a step as soon as the workspace says the job may have ended, not at the next tick
+        (the exit is then seen within milliseconds; the poll still decides what happened)."""
+        try:
+            await self.ws.wait_exit(self.work, self.pid)
+        except (HostError, OSError):
+            return  # the ticks' polls find out what is wrong
+        if self.busy:
+            self.again = True
+        elif self.state == "running":
+            await self.step()
+
+
 async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_every: int,
                      tell: Callable[[Message], None], report_s: float = REPORT_S) -> None:
     """The reactor side of the heartbeat: poll every `poll_s` (which writes `alive`), keep the read
     offsets, and tell the actor what is new, at most every `report_s` unless it is urgent (or,
     every `idle_every` quiet polls, that the job still runs, so it can judge its stall window).
-    After the job exited, only the heartbeat goes on."""
-    progress_at = log_at = 0
-    state, quiet, first = "running", 0, True
-    lines: list[bytes] = []
-    log = bytearray()
-    mtime = 0.0
-    last_told = trio.current_time()
-    while True:
-        try:
-            if state == "running":
-                res = await ws.poll(work, pid, progress_at, log_at)
-            else:
-                await ws.beat(work)
-                res = None
-        except (HostError, OSError) as exc:
-            tell(_Polled(state=state, error=exc))
-            quiet = 0
-        else:
-            if res is not None:
-                end = res.progress.rfind(b"\n") + 1  # a line still being written is read next time
-                new = res.progress[:end].splitlines()
-                progress_at += end
-                log_at += len(res.log)
-                lines += new
-                log += res.log
-                mtime = max(mtime, res.progress_mtime, res.log_mtime)
-                quiet += 1
-                now = trio.current_time()
-                urgent = first or res.state != state or any(b"checkpoint" in line for line in new)
-                due = (lines or log) and now - last_told >= report_s
-                if urgent or due or quiet >= idle_every:
-                    tell(_Polled(state=res.state, exit_code=res.exit_code, lines=lines, log=bytes(log), first=first,
-                                 mtime=mtime))
-                    lines, log = [], bytearray()
-                    quiet, first, last_told = 0, False, now
-                state = res.state
-        await tick(poll_s)  # one shared clock per period, not a sleep per job
+    Beside it, a task polls at once when the workspace says the job ended (`wait_exit`). After
+    the job exited, only the heartbeat goes on."""
+    watch = _Watch(ws, work, pid, idle_every, tell, report_s)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.step_on_exit)
+        while True:
+            if not watch.busy:  # busy: the exit hint's step is in flight, and counts as this tick's
+                await watch.step()
+                while watch.again:  # the hint came during that step
+                    watch.again = False
+                    if watch.state == "running":
+                        await watch.step()
+            await tick(poll_s)  # one shared clock per period, not a sleep per job
 
 
 class HeartbeatActor(Actor):

@@ -9,11 +9,12 @@ A virtual machine (`virtual = true`) only pretends to run, in memory: `VirtualWo
 folder, no process: `start` records a start time and hands back a fake pid; each `poll` says
 `running` and appends one progress line (`{"stage": "train", "step": k}`) and one log line until
 `virtual_job_s` has passed since the start (on trio's clock), then says `exited` with
-`virtual_exit_code`. `stop` makes a running job exit 143; a wrong pid polls `lost`, an unknown
-work folder `gone`. `fetch` writes `out/result.txt` into the local folder. Publishing dedupes by
-digest per machine (the size on first sight, 0 after), like a real host's `code/<hash>` and
-`objects/<sha256>`. A call costs microseconds, so a load test can run thousands at once. What a
-virtual machine ran lives in this process only: a controller that restarts finds its jobs `gone`.
+`virtual_exit_code` (`wait_exit` returns at that moment). `stop` makes a running job exit 143; a
+wrong pid polls `lost`, an unknown work folder `gone`. `fetch` writes `out/result.txt` into the
+local folder. Publishing dedupes by digest per machine (the size on first sight, 0 after), like a
+real host's `code/<hash>` and `objects/<sha256>`. A call costs microseconds, so a load test can run
+thousands at once. What a virtual machine ran lives in this process only: a controller that
+restarts finds its jobs `gone`.
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ class SimHost:
     async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
         await self._guard()
         return await self._local.get_tar(remote_dir, names, local_tar)
+
+    async def wait_exit(self, pid: int) -> None:
+        await self._guard()
+        await self._local.wait_exit(pid)
 
     async def aclose(self) -> None:
         await self._local.aclose()
@@ -228,6 +233,13 @@ class VirtualWorkspace:
 
     async def beat(self, work: str) -> None:
         await self._guard()
+
+    async def wait_exit(self, work: str, pid: int) -> None:
+        """Until the job's time is up (or at once if it ended, or is not the job named)."""
+        job = self._machine.jobs.get(work)
+        if job is None or job.pid != pid or job.exit_code is not None:
+            return
+        await trio.sleep_until(job.started + self._job_s)
 
     async def stop(self, work: str) -> None:
         await self._guard()

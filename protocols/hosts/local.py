@@ -77,6 +77,19 @@ class LocalHost:
     async def put(self, local: Path, remote: str) -> int:
         return await trio.to_thread.run_sync(_copy, local, Path(remote))
 
+    async def wait_exit(self, pid: int) -> None:
+        """Return once process `pid` has ended (a pidfd turns readable; where Linux has none, never)."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return  # ended already
+        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3: the polls see it
+            await trio.sleep_forever()
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
+
     async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
         with open(local_tar, "wb") as f:  # noqa: ASYNC230 - tar writes it, not us
             proc = await trio.run_process(

@@ -66,6 +66,12 @@ class Workspace(Protocol):
     async def start(self, launch: Launch) -> int: ...
     async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult: ...
     async def beat(self, work: str) -> None: ...
+
+    async def wait_exit(self, work: str, pid: int) -> None:
+        """Return once the job may have ended (a hint: the next poll says what happened); a
+        workspace that cannot tell waits until cancelled, and the job is seen at a poll."""
+        ...
+
     async def stop(self, work: str) -> None: ...
     async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int: ...
     async def remove(self, work: str) -> None: ...
@@ -174,6 +180,13 @@ class ShellWorkspace:
 
     async def beat(self, work: str) -> None:
         await self._sh(scripts.alive(work), timeout=30)
+
+    async def wait_exit(self, work: str, pid: int) -> None:
+        """The host's `wait_exit(pid)` where it has one (this computer's processes); else never."""
+        wait = getattr(self.host, "wait_exit", None)
+        if wait is None:
+            await trio.sleep_forever()
+        await wait(pid)
 
     async def stop(self, work: str) -> None:
         await self._sh(scripts.stop(work), timeout=30)

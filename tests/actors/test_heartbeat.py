@@ -38,9 +38,9 @@ def watch(ctx: Context, probe: ProbeHandle, log_path: Path) -> Iterator[Callable
 
     def make(machine: str, work: str, pid: int, *, context: Context | None = None,
              setup_grace_s: float = 30.0, stall_after_s: float = 30.0, timeout_s: float = 60.0,
-             launched_at: float | None = None, reattached: bool = False) -> pykka.ActorRef[Any]:
+             launched_at: float | None = None, reattached: bool = False, poll_s: float = 0.1) -> pykka.ActorRef[Any]:
         ref = HeartbeatActor.start(
-            context or ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=setup_grace_s,
+            context or ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=poll_s, setup_grace_s=setup_grace_s,
             stall_after_s=stall_after_s, lost_after_s=5.0, timeout_s=timeout_s, log_path=log_path,
         )
         started.append(ref)
@@ -90,6 +90,20 @@ def test_a_progress_line_with_nan_is_progress_all_the_same(
         [said] = emitted.of(Progress)
         assert (said.stage, said.line["step"]) == ("train", 1)
         assert math.isnan(said.line["loss"])
+
+
+def test_an_exit_is_seen_when_the_process_ends_not_at_the_next_poll(
+    machines: Machines, probe: ProbeHandle, watch: Any, log_path: Path,
+) -> None:
+    """This computer's host tells the heartbeat when the job's process ends (a pidfd): with polls
+    a minute apart, the exit is still told within moments of it."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "echo started; sleep 1; echo done; exit 4")
+        watch(machine.name, work, pid, poll_s=60.0, setup_grace_s=600.0, stall_after_s=600.0, timeout_s=600.0)
+        exited = probe.wait_for(Exited, timeout=20)
+        assert exited.exit_code == 4
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert log_path.read_text() == "started\ndone\n"  # the final poll read the log's tail too
 
 
 def test_a_job_that_exits_3_is_exited_3(machines: Machines, probe: ProbeHandle, watch: Any) -> None:

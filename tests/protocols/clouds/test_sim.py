@@ -507,6 +507,33 @@ def test_a_virtual_job_runs_to_its_exit_with_progress(tmp_path: Path) -> None:
     run(main, clock=clock)
 
 
+def test_a_virtual_job_says_when_it_may_have_exited(tmp_path: Path) -> None:
+    cloud = make(tmp_path, virtual=True, virtual_job_s=10.0)
+    clock = trio.testing.MockClock(autojump_threshold=0)  # time jumps whenever every task waits
+
+    async def main() -> None:
+        m = await cloud.launch(place(), "m-1", 0)
+        try:
+            ws = await cloud.connect(m)
+            work = ws.work_dir("j", 0, 0)
+            pid = await ws.start(job(work))
+            began = trio.current_time()
+            with trio.move_on_after(9.5):
+                await ws.wait_exit(work, pid)
+                raise AssertionError("wait_exit returned before the job's time was up")
+            with trio.fail_after(1):
+                await ws.wait_exit(work, pid)
+            assert trio.current_time() - began == pytest.approx(10.0)
+            assert (await ws.poll(work, pid, 0, 0)).state == "exited"
+            await ws.wait_exit(work, pid)  # ended already: at once
+            await ws.wait_exit(work, pid + 1)  # not the job named: at once (the poll says lost)
+            assert trio.current_time() - began == pytest.approx(10.0)
+        finally:
+            await cleanup(cloud, m.name)
+
+    run(main, clock=clock)
+
+
 def test_a_stopped_virtual_job_exits_143(tmp_path: Path) -> None:
     cloud = make(tmp_path, virtual=True, virtual_job_s=100.0, virtual_exit_code=3)
 
