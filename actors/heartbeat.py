@@ -1,6 +1,6 @@
 """HeartbeatActor: feeds the host's watchdog, watches progress, detects exit and stalls.
 
-A loop on the reactor (`watch_loop`) polls every `poll_s`, on the clock every watch of that period
+A loop on the reactor (`_Watch.run`) polls every `poll_s`, on the clock every watch of that period
 shares (actors/ticks.py), one round trip each: write `alive` on the host, say whether the job
 runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
@@ -67,7 +67,12 @@ REPORT_S = 2.0  # new progress and log are handed to the actor at most this ofte
 
 
 class _Watch:
-    """The reactor side's state for one job: the read offsets and what the actor has not heard."""
+    """The reactor side of the heartbeat, for one job: `run` polls every `poll_s` (which writes
+    `alive`), keeps the read offsets, and tells the actor what is new, at most every `report_s` unless
+    it is urgent (or, every `idle_every` quiet polls, that the job still runs, so it can judge its
+    stall window); `step_on_exit` polls at once when the workspace says the job ended. Two reactor
+    tasks (not a nursery: cancelling one of those cost three times a task's cancel), on the reactor
+    thread only. After the job exited, only the heartbeat goes on."""
 
     def __init__(self, ws: Workspace, work: str, pid: int, idle_every: int, tell: Callable[[Message], None],
                  report_s: float) -> None:
@@ -78,7 +83,7 @@ class _Watch:
         self.lines: list[bytes] = []
         self.log = bytearray()
         self.mtime = 0.0
-        self.last_told = trio.current_time()
+        self.last_told = 0.0  # trio's clock, once the first step has told (it always does)
         self.busy = False  # a step is in flight (the loop's, or the exit hint's)
         self.again = False  # the exit hint came during a step: take another at once
 
@@ -131,24 +136,15 @@ class _Watch:
         elif self.state == "running":
             await self.step()
 
-
-async def watch_loop(ws: Workspace, work: str, pid: int, poll_s: float, idle_every: int,
-                     tell: Callable[[Message], None], report_s: float = REPORT_S) -> None:
-    """The reactor side of the heartbeat: poll every `poll_s` (which writes `alive`), keep the read
-    offsets, and tell the actor what is new, at most every `report_s` unless it is urgent (or,
-    every `idle_every` quiet polls, that the job still runs, so it can judge its stall window).
-    Beside it, a task polls at once when the workspace says the job ended (`wait_exit`). After
-    the job exited, only the heartbeat goes on."""
-    watch = _Watch(ws, work, pid, idle_every, tell, report_s)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch.step_on_exit)
+    async def run(self, poll_s: float) -> None:
+        """Poll every `poll_s` (which writes `alive`) on the shared clock of that period, until cancelled."""
         while True:
-            if not watch.busy:  # busy: the exit hint's step is in flight, and counts as this tick's
-                await watch.step()
-                while watch.again:  # the hint came during that step
-                    watch.again = False
-                    if watch.state == "running":
-                        await watch.step()
+            if not self.busy:  # busy: the exit hint's step is in flight, and counts as this tick's
+                await self.step()
+                while self.again:  # the hint came during that step
+                    self.again = False
+                    if self.state == "running":
+                        await self.step()
             await tick(poll_s)  # one shared clock per period, not a sleep per job
 
 
@@ -186,8 +182,9 @@ class HeartbeatActor(Actor):
                         with contextlib.suppress(pykka.ActorDeadError):
                             ref.tell(msg)
 
-                    self.spawn(watch_loop, ws, w.work, w.pid, self.poll_s, self.idle_every, tell,
-                               reply=lambda r: _LoopEnded(result=r))
+                    watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S)
+                    self.spawn(watch.run, self.poll_s, reply=lambda r: _LoopEnded(result=r))
+                    self.spawn(watch.step_on_exit, reply=lambda r: _LoopEnded(result=r))
             case _Polled() as polled:
                 if not self.stalled:
                     self._polled(polled)
