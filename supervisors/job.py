@@ -16,6 +16,7 @@ It tells its parent `JobEnded` exactly once, and writes the seed's `response.jso
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import time
@@ -40,6 +41,7 @@ from protocols.messages import (
 )
 from protocols.specs import Job
 from supervisors.ledger import Ledger
+from supervisors.offers import OfferBook
 from supervisors.policy import Action, backoff_s, decide
 from supervisors.walk import Exhausted, NeedOffers, Walk
 
@@ -56,9 +58,10 @@ class _Launch(Message, frozen=True, kw_only=True):
 class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
-                 reattach_offer: Offer | None = None) -> None:
+                 reattach_offer: Offer | None = None, offers: OfferBook | None = None) -> None:
         super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
         self.ledger = ledger
+        self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
         self.first_attempt = first_attempt
         self.reattach = reattach
         self.reattach_offer = reattach_offer
@@ -104,9 +107,13 @@ class JobSupervisor(Actor):
         step = self.walk.next()
         match step:
             case NeedOffers(candidate=i):
-                cand = self.job.candidates[i]
-                cloud = self.ctx.clouds[cand.cloud]
-                self.spawn(cloud.offers, cand, i, reply=lambda r, i=i: _Offers(candidate=i, result=r))
+                ref = self.actor_ref
+
+                def reply(result: outcome.Outcome[list[Offer]], i: int = i) -> None:  # on the reactor thread
+                    with contextlib.suppress(pykka.ActorDeadError):  # ended meanwhile (cancelled)
+                        ref.tell(_Offers(candidate=i, result=result))
+
+                self.offers.ask(self.job.candidates[i], i, reply)
             case Exhausted():
                 last = self.history[-1] if self.history else None
                 detail = "no candidate place has stock (asked every cloud twice)"
@@ -171,7 +178,7 @@ class JobSupervisor(Actor):
         if self.child is not None and self.child.is_alive():
             self.child.tell(c)
         else:
-            self.cancel_tasks()  # a backoff timer or an offers call
+            self.cancel_tasks()  # a backoff timer (an offers answer still out finds the job ended)
             self._end("failed", c.failure, c.detail or "canceled")
 
     def _attempt_ended(self, e: AttemptEnded) -> None:

@@ -36,6 +36,7 @@ from protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer,
 from protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
 from supervisors.job import JobSupervisor
 from supervisors.ledger import Ledger, LedgerReader
+from supervisors.offers import OfferBook
 from supervisors.sweep import SweepAction, sweep
 
 OWNER_BEAT_S = 30.0
@@ -89,6 +90,7 @@ class BatchSupervisor(PooledActor):
         self.live_usd: dict[str, float] = {}
         self.done_usd = 0.0
         self.stopped: Cancel | None = None
+        self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -124,7 +126,7 @@ class BatchSupervisor(PooledActor):
             s = self.pending.popleft()
             self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                           first_attempt=s.first_attempt, reattach=s.reattach,
-                                                          reattach_offer=s.offer)
+                                                          reattach_offer=s.offer, offers=self.offers)
             self.order.append(s.job.key)
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:

@@ -1,0 +1,69 @@
+"""OfferBook: asks clouds for offers on behalf of many jobs, one call per candidate at a time.
+
+A batch of a thousand seeds starts its jobs together, and each job's walk begins by asking its
+first candidate's cloud what has stock: a thousand identical calls to a provider's API (which
+rate-limits them) and a reactor task each. The book sends one: an ask for a candidate while a call
+for the same candidate (same index, same spec) is out waits for that call's answer instead of
+making another. An ask after the answer came makes a new call, so no job gets an answer older than
+its own ask: it is what the job would have heard had it asked itself a moment earlier.
+
+`ask` is safe from any thread; `reply(outcome)` runs on the reactor thread (it must only hand the
+answer on, e.g. `ActorRef.tell`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+import msgspec
+import outcome
+
+from actors import Reactor
+from protocols.clouds import Cloud
+from protocols.messages import Offer
+from protocols.specs import CandidateSpec
+
+Reply = Callable[[outcome.Outcome[list[Offer]]], None]
+_encode = msgspec.json.Encoder().encode
+
+
+def _copy(result: outcome.Outcome[list[Offer]]) -> outcome.Outcome[list[Offer]]:
+    if isinstance(result, outcome.Value):
+        return outcome.Value(list(result.value))
+    return outcome.Error(result.error)
+
+
+class OfferBook:
+    def __init__(self, reactor: Reactor, clouds: Mapping[str, Cloud]) -> None:
+        self._reactor = reactor
+        self._clouds = clouds
+        self._lock = threading.Lock()
+        self._out: dict[tuple[int, bytes], list[Reply]] = {}  # calls out: who waits for each
+        self.calls = 0  # calls made (for tests and benches)
+
+    def ask(self, candidate: CandidateSpec, index: int, reply: Reply) -> None:
+        """Offers for `candidate` (the job's `index`-th): `reply` hears the answer of a call made
+        now, or of the one for the same candidate already out."""
+        cloud = self._clouds[candidate.cloud]  # an unknown cloud raises here, before anything is out
+        key = (index, _encode(candidate))
+        with self._lock:
+            waiting = self._out.get(key)
+            if waiting is not None:
+                waiting.append(reply)
+                return
+            self._out[key] = [reply]
+            self.calls += 1
+
+        def answered(result: outcome.Outcome[list[Offer]]) -> None:  # on the reactor thread
+            with self._lock:
+                waiters = self._out.pop(key)
+            for fn in waiters:  # an Outcome unwraps once, and a list is mutable: each asker its own
+                fn(_copy(result))
+
+        try:
+            self._reactor.spawn(cloud.offers, candidate, index, on_done=answered, name=f"offers:{candidate.cloud}")
+        except BaseException:  # the reactor has stopped: nothing is out, and the asker hears the raise
+            with self._lock:
+                self._out.pop(key, None)
+            raise
