@@ -35,7 +35,7 @@ FIGURES = [
     "messages", "messages_per_s",
     "peak_rss_mib", "empty_runner_rss_mib", "rss_per_attempt_mib", "peak_threads",
     "cancel_p50_s", "cancel_p99_s", "cancel_max_s", "cancel_empty_s", "cancel_peak_threads",
-    "start_burst_s", "start_burst_cpu_s", "end_burst_s", "end_burst_cpu_s", "file_create_us",
+    "start_burst_s", "start_burst_cpu_s", "end_burst_s", "end_burst_cpu_s", "file_create_us", "python_probe_ms",
     "close_s", "leaks",
 ]
 PLOTTED = ["wall_over_ideal", "cpu_s_per_attempt", "rss_per_attempt_mib", "peak_threads", "cancel_p99_s",

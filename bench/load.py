@@ -55,6 +55,9 @@ What is reported (a table, then as the LAST line one JSON object):
   the `runner.cancel()` call until the sim has billed it (deleted); `cancel_empty_s` until every
   one of them is; `cancel_ended_s` until every job said JobEnded; `cancel_peak_threads` while it ran.
 - `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
+- `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
+  fixed Python loop takes, both measured before phase 1: the two things outside the controller
+  that move its figures most (the disk, and the shared host's speed at the time).
 
 Only loopback: the sim cloud is files in a temporary folder. Every wait is bounded.
 """
@@ -126,6 +129,23 @@ def file_create_us(folder: Path, n: int = 300) -> float:
     finally:
         shutil.rmtree(probe, ignore_errors=True)
     return percentile(times, 50) * 1e6
+
+
+def python_probe_ms(rounds: int = 7) -> float:
+    """How fast this machine runs Python right now (milliseconds, median of `rounds` runs of a fixed
+    loop of dict, list, attribute and small-object work, like the controller's). The VM shares its
+    host: the same code measured 5.4 ms of CPU per attempt one hour and 7.5 ms the next, and
+    wall/ideal moves with it (the bursts are bound by CPU). Compare runs at a similar probe."""
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        d: dict[int, list[int]] = {}
+        for i in range(60_000):
+            d.setdefault(i & 1023, []).append(i)
+            if len(d[i & 1023]) > 8:
+                d[i & 1023] = [sum(d[i & 1023])]
+        times.append(time.perf_counter() - t)
+    return percentile(times, 50) * 1e3
 
 
 def parse_rates(text: str) -> dict[str, float]:
@@ -536,6 +556,7 @@ def render(r: dict[str, Any]) -> str:
         ("scale (production / run)", f"{r['scale']:g}"),
         ("job seconds", f"{r['job_s']:g}"),
         ("folder / a file create there", f"{r['dir']} / {r['file_create_us']:.0f} us"),
+        ("reference Python loop (machine speed)", f"{r['python_probe_ms']:.1f} ms"),
         ("attempts run (with retries)", f"{r['attempts_run']}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))),
         ("wall / ideal", f"{r['wall_s']:.2f} s / {r['ideal_s']:.2f} s = {r['wall_over_ideal']:.3f}"),
@@ -606,8 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         result: dict[str, Any] = {"attempts": args.attempts, "scale": args.scale, "job_s": args.job_seconds,
                                   "failure_rates": rates, "dir": str(root.parent),
-                                  "file_create_us": file_create_us(root)}
+                                  "file_create_us": file_create_us(root), "python_probe_ms": python_probe_ms()}
         say(f"folder {root.parent}: a file create costs {result['file_create_us']:.0f} us there (median)")
+        say(f"this machine's speed now: the reference Python loop takes {result['python_probe_ms']:.1f} ms")
         result["empty_runner_rss_mib"] = empty_runner_rss(root / "empty", args.scale)
         say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
         result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates))
