@@ -110,17 +110,22 @@ class Actor(PooledActor):
             self._log = logger.bind(actor=self.label)
         return self._log
 
-    def spawn(self, fn: Callable[..., Any], *args: Any, reply: Callable[[outcome.Outcome[Any]], Message]) -> Task:
-        """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends."""
+    def spawn(self, fn: Callable[..., Any], *args: Any,
+              reply: Callable[[outcome.Outcome[Any]], Message | None]) -> Task:
+        """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends
+        (unless it is None: nothing to hear)."""
         ref = self.actor_ref
         holder: list[Task] = []
 
         def done(result: outcome.Outcome[Any]) -> None:
             if holder:
                 self._tasks.discard(holder[0])
+            message = reply(result)
+            if message is None:
+                return
             # dead: stopped meanwhile; its on_stop cancelled or outlived this task
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(reply(result))
+                ref.tell(message)
 
         task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
         holder.append(task)

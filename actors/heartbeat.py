@@ -58,7 +58,15 @@ class _Polled(Message, frozen=True, kw_only=True):
 
 
 class _LoopEnded(Message, frozen=True, kw_only=True):
-    result: Any
+    result: Any  # outcome.Error: a loop failed
+
+
+def _only_a_failure(result: outcome.Outcome[None]) -> _LoopEnded | None:
+    """A watch task's end is news to the actor only if it failed: a hint that came, or a loop
+    cancelled because the actor stops, is not (a thousand of each in an end burst)."""
+    if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):
+        return _LoopEnded(result=result)
+    return None
 
 
 REPORT_S = 2.0  # new progress and log are handed to the actor at most this often (a line naming a
@@ -183,14 +191,13 @@ class HeartbeatActor(Actor):
                             ref.tell(msg)
 
                     watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S)
-                    self.spawn(watch.run, self.poll_s, reply=lambda r: _LoopEnded(result=r))
-                    self.spawn(watch.step_on_exit, reply=lambda r: _LoopEnded(result=r))
+                    self.spawn(watch.run, self.poll_s, reply=_only_a_failure)
+                    self.spawn(watch.step_on_exit, reply=_only_a_failure)
             case _Polled() as polled:
                 if not self.stalled:
                     self._polled(polled)
             case _LoopEnded(result=result):
-                if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):
-                    raise result.error
+                raise result.error
             case _:
                 raise TypeError(f"HeartbeatActor cannot handle {message!r}")
         return None
