@@ -1,7 +1,7 @@
 """Load test: N jobs at once through the real Runner (its actors and its reactor) in one process,
 on the `sim` cloud with virtual machines (no process, no folder per machine).
 
-    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json]
+    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json] [--gc default|cli]
                          [--failure-rates no_capacity=0.1,launch_failed=0.05,preempt=0.02]
 
 Production intervals are divided by `--scale` (default 10), so a run is short but keeps the
@@ -55,6 +55,8 @@ What is reported (a table, then as the LAST line one JSON object):
   the `runner.cancel()` call until the sim has billed it (deleted); `cancel_empty_s` until every
   one of them is; `cancel_ended_s` until every job said JobEnded; `cancel_peak_threads` while it ran.
 - `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
+- `gc`: `default` (Python's collector settings: the Runner embedded in a process that leaves them)
+  or `cli` (`--gc cli`: as the actor-run CLI sets its process, supervisors/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
   fixed Python loop takes, both measured before phase 1: the two things outside the controller
   that move its figures most (the disk, and the shared host's speed at the time).
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -89,6 +92,7 @@ from loguru import logger
 from protocols.clouds.sim import Billing, billing, sim_machines
 from protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Retrying
 from protocols.specs import CandidateSpec, Job, PolicySpec
+from supervisors.gc_tuning import tune_gc
 from supervisors.runner import Runner
 
 _bill_decoder = msgspec.json.Decoder(Billing)
@@ -557,6 +561,7 @@ def render(r: dict[str, Any]) -> str:
         ("job seconds", f"{r['job_s']:g}"),
         ("folder / a file create there", f"{r['dir']} / {r['file_create_us']:.0f} us"),
         ("reference Python loop (machine speed)", f"{r['python_probe_ms']:.1f} ms"),
+        ("garbage collector", "as the actor-run CLI sets it" if r["gc"] == "cli" else "Python defaults"),
         ("attempts run (with retries)", f"{r['attempts_run']}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))),
         ("wall / ideal", f"{r['wall_s']:.2f} s / {r['ideal_s']:.2f} s = {r['wall_over_ideal']:.3f}"),
@@ -605,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-job-seconds", type=float, default=600.0, help="the cancel phase's job length")
     ap.add_argument("--no-cancel", action="store_true", help="skip the cancel phase")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--gc", choices=("default", "cli"), default="default",
+                    help="the garbage collector: Python's defaults (the Runner embedded in a process that "
+                         "leaves them), or as the actor-run CLI sets it (supervisors/gc_tuning.py)")
     ap.add_argument("--dir", default=None,
                     help="where the run's folders go (out, ledger, sim): a new temporary folder in it "
                          "(default: the system's temporary folder)")
@@ -631,6 +639,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"folder {root.parent}: a file create costs {result['file_create_us']:.0f} us there (median)")
         say(f"this machine's speed now: the reference Python loop takes {result['python_probe_ms']:.1f} ms")
         result["empty_runner_rss_mib"] = empty_runner_rss(root / "empty", args.scale)
+        if args.gc == "cli":
+            tune_gc()
+        result["gc"] = args.gc
+        say(f"garbage collector: {'as the actor-run CLI sets it' if args.gc == 'cli' else 'Python defaults'}"
+            f" (thresholds {gc.get_threshold()}, {gc.get_freeze_count()} objects frozen)")
         say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
         result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates))
         grown = result["peak_rss_mib"] - result["empty_runner_rss_mib"]

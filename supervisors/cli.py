@@ -25,6 +25,7 @@ from protocols.clouds import known_clouds
 from protocols.failures import SpecError
 from protocols.messages import Event, JobEnded, Released
 from protocols.specs import job_key, load_batch
+from supervisors.gc_tuning import tune_gc
 from supervisors.ledger import LedgerReader
 from supervisors.runner import Runner, default_ledger_path, default_state_dir
 from supervisors.view import View
@@ -227,5 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    """The `actor-run` console script: this process is ours, so the collector is set for batches
+    of thousands of attempts (gc_tuning.py) before the command runs."""
+    tune_gc()
     sys.exit(main())
 
