@@ -85,6 +85,7 @@ class LocalHost:
             return  # ended already
         except (AttributeError, OSError):  # not Linux, or a kernel before 5.3: the polls see it
             await trio.sleep_forever()
+            return
         try:
             await trio.lowlevel.wait_readable(fd)
         finally:

@@ -184,9 +184,10 @@ class ShellWorkspace:
     async def wait_exit(self, work: str, pid: int) -> None:
         """The host's `wait_exit(pid)` where it has one (this computer's processes); else never."""
         wait = getattr(self.host, "wait_exit", None)
-        if wait is None:
+        if wait is not None:
+            await wait(pid)
+        else:
             await trio.sleep_forever()
-        await wait(pid)
 
     async def stop(self, work: str) -> None:
         await self._sh(scripts.stop(work), timeout=30)
