@@ -135,11 +135,15 @@ class LeaseActor(Actor):
                     machine = await cloud.launch(offer, name, deadline)
                     scope.deadline = trio.current_time() + timeout
                     return machine, await cloud.connect(machine), None
+            except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
+                if machine is None:
+                    raise LaunchAmbiguous(f"the create timed out: {exc}") from exc
+                return machine, None, exc
             except (ActorRunError, OSError) as exc:
                 if machine is None:
                     raise
                 return machine, None, exc  # it exists: the release deletes it by id
-            # the scope's deadline passed
+            # this scope's deadline passed
             if machine is None:
                 raise LaunchAmbiguous(f"no answer to the create within {timeout:.0f} s")
             return machine, None, trio.TooSlowError(f"no connection within {timeout:.0f} s")

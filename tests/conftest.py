@@ -24,6 +24,8 @@ if str(TESTS) not in sys.path:
 
 from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
 
+from actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
+
 
 def _machines(state_dir: Path) -> list[str]:
     found = [p.name for p in (state_dir / "local").glob("*.json")] if (state_dir / "local").is_dir() else []
@@ -71,6 +73,16 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def reactor() -> Iterator[Reactor]:
+    """A running reactor (actors/runtime.py), stopped afterwards."""
+    r = Reactor(name="test-reactor").start()
+    try:
+        yield r
+    finally:
+        r.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Fixtures for the actor tests: a running reactor, a ledger on tmp_path, a Context built as the
-Runner builds it (local and sim clouds over `state_dir`), a probe actor that records what it is
-told, and real machines to point the actors at (actor_kit.py has the helpers)."""
+"""Fixtures for the actor tests (the reactor is the root conftest's): a ledger on tmp_path, a Context
+built as the Runner builds it (local and sim clouds over `state_dir`), a probe actor that records
+what it is told, and real machines to point the actors at (actor_kit.py has the helpers)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,6 @@ from actors import Context, Reactor
 from protocols.clouds.local import LocalCloud, LocalSettings
 from protocols.clouds.sim import SimCloud, SimSettings
 from supervisors.ledger import Ledger, LedgerReader
-
-
-@pytest.fixture
-def reactor() -> Iterator[Reactor]:
-    r = Reactor(name="test-reactor").start()
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
 from typing import Any
 
 import outcome
@@ -37,15 +36,6 @@ class HeldCloud:
         if self.error is not None:
             raise self.error
         return [Offer(cloud="held", region=f"r{self.calls}", gpu=candidate.gpu, hourly_usd=1.0, candidate=index)]
-
-
-@pytest.fixture
-def reactor() -> Iterator[Reactor]:
-    r = Reactor(name="test-reactor").start()
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 def open_gate(reactor: Reactor, cloud: HeldCloud, calls: int) -> None:
