@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pykka
+import trio
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
 
 from actors import Context, LeaseActor
@@ -188,6 +189,45 @@ def test_an_ambiguous_create_is_reconciled_by_name_on_release(
         released = probe.wait_for(Released)
         assert (released.machine, released.confirmed) == (name, True)
         assert sim_machines(sim_dir(ctx)) == []
+        row = reader.machine(name)
+        assert row is not None
+        assert row.state == "deleted"
+    finally:
+        lease.stop()
+
+
+class CreateThenOwnTimeout:
+    """A provider whose create makes the machine, then answers with a timeout of its own (an HTTP
+    client's read timeout): the sim cloud for everything else."""
+
+    def __init__(self, sim: SimCloud) -> None:
+        self.sim = sim
+        self.name = sim.name
+
+    async def launch(self, offer: Offer, name: str, deadline: float) -> Any:
+        await self.sim.launch(offer, name, deadline)
+        raise trio.TooSlowError("read timed out")
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.sim, attr)
+
+
+def test_a_providers_own_timeout_in_the_create_is_ambiguous_and_the_machine_deleted(
+    make_context: Callable[..., Context], probe: ProbeHandle, reader: LedgerReader,
+) -> None:
+    ctx = make_context()
+    folder = sim_dir(ctx)
+    ctx.clouds["sim"] = CreateThenOwnTimeout(ctx.clouds["sim"])  # type: ignore[arg-type]
+    lease = start_lease(ctx, probe)
+    try:
+        name = acquire(lease, ctx, SIM)
+        failed = probe.wait_for(LeaseFailed)
+        assert failed.failure == Code.AMBIGUOUS_CREATE  # not a clean refusal: a machine may exist
+        assert sim_machines(folder) == [name]
+        lease.tell(Release())
+        released = probe.wait_for(Released)
+        assert (released.machine, released.confirmed) == (name, True)
+        assert sim_machines(folder) == []
         row = reader.machine(name)
         assert row is not None
         assert row.state == "deleted"
