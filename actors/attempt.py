@@ -35,6 +35,7 @@ from protocols.messages import (
     Acquire,
     Adopt,
     AttemptEnded,
+    AttemptHead,
     AttemptStarted,
     Cancel,
     ChildFailed,
@@ -83,7 +84,7 @@ class AttemptActor(Actor):
                  reattach: Reattach | None = None) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
-        self.head = {"job": job.name, "seed": job.seed, "attempt": attempt}
+        self.head: AttemptHead = {"job": job.name, "seed": job.seed, "attempt": attempt}
         self.setup_grace_s = setup_grace_s
         self.seed_dir = seed_dir
         self.began = time.time()

@@ -39,7 +39,7 @@ from actors.base import Actor, Context
 from actors.ticks import tick
 from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from protocols.hosts.workspace import PollResult, Workspace
-from protocols.messages import Exited, Message, Progress, Stalled, Watch
+from protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
 
 _decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})
@@ -161,7 +161,7 @@ class HeartbeatActor(Actor):
                  poll_s: float, setup_grace_s: float, stall_after_s: float, lost_after_s: float,
                  timeout_s: float, log_path: Path, log_header: str = "") -> None:
         super().__init__(ctx, parent, f"heartbeat:{job}/{seed}/a{attempt}")
-        self.head = {"job": job, "seed": seed, "attempt": attempt}
+        self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.poll_s, self.setup_grace_s, self.stall_after_s = poll_s, setup_grace_s, stall_after_s
         self.lost_after_s, self.timeout_s = lost_after_s, timeout_s
         self.log_path = log_path

@@ -16,7 +16,7 @@ from typing import Any
 import pykka
 
 from actors.base import Actor, Context
-from protocols.messages import Machine, Message, Metered, StartMeter, StopMeter, Usage
+from protocols.messages import AttemptHead, Machine, Message, Metered, StartMeter, StopMeter, Usage
 
 
 class _Beat(Message, frozen=True, kw_only=True):
@@ -36,7 +36,7 @@ def usage_between(machine: Machine, start: float, end: float, *, confirmed: bool
 class CostMeterActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int) -> None:
         super().__init__(ctx, parent, f"meter:{job}/{seed}/a{attempt}")
-        self.head = {"job": job, "seed": seed, "attempt": attempt}
+        self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.machine: Machine | None = None
         self.started = 0.0
         self.final: Usage | None = None

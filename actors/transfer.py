@@ -28,6 +28,7 @@ from protocols.failures import Code, MachineGone, Refused, Unreachable
 from protocols.hosts.content import input_sha256, snapshot_code
 from protocols.hosts.workspace import RESUME_LINE, Workspace
 from protocols.messages import (
+    AttemptHead,
     CheckpointSaved,
     Fetch,
     FetchCheckpoint,
@@ -187,7 +188,7 @@ class TransferActor(Actor):
 
     def _done(self, kind: str, result: outcome.Outcome[Any], started: float) -> None:
         seconds = time.time() - started
-        head = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
+        head: AttemptHead = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
         if isinstance(result, outcome.Value):
             if kind == "upload":
                 sent, code, refs, resume = result.value

@@ -9,7 +9,7 @@ failed step carries its failure code as the plain string field `failure` (`"job_
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -18,6 +18,19 @@ from protocols.failures import Code
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Base of every message."""
+
+
+class JobHead(TypedDict):
+    """The fields that name a job, spread into an event's constructor: `Retrying(**head, ...)`."""
+
+    job: str
+    seed: int
+
+
+class AttemptHead(JobHead):
+    """The fields that name an attempt, spread into an event's constructor: `Exited(**head, ...)`."""
+
+    attempt: int
 
 
 # --- data carried by messages -------------------------------------------------------------------

@@ -35,6 +35,7 @@ from protocols.messages import (
     Cancel,
     ChildFailed,
     JobEnded,
+    JobHead,
     Message,
     Offer,
     Retrying,
@@ -66,7 +67,7 @@ class JobSupervisor(Actor):
         self.reattach = reattach
         self.reattach_offer = reattach_offer
         self.job = job
-        self.head = {"job": job.name, "seed": job.seed}
+        self.head: JobHead = {"job": job.name, "seed": job.seed}
         self.seed_dir = ctx.out_root / job.name / f"seed-{job.seed}"
         self.walk = Walk(len(job.candidates))
         self.attempt_no = first_attempt
