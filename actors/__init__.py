@@ -5,7 +5,7 @@ from actors.base import Actor, Context, LedgerPort
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
 from actors.meter import CostMeterActor, usage_between
-from actors.runtime import Reactor, ReactorStatistics, Task
+from actors.runtime import Reactor, ReactorStatistics, Result, Task
 from actors.transfer import TransferActor
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Reactor",
     "ReactorStatistics",
     "Reattach",
+    "Result",
     "Task",
     "TransferActor",
     "usage_between",

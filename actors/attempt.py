@@ -28,6 +28,7 @@ from actors.base import Actor, Context, error_text, failure_text
 from actors.heartbeat import HeartbeatActor
 from actors.lease import LeaseActor
 from actors.meter import CostMeterActor, usage_between
+from actors.runtime import Result
 from actors.transfer import TransferActor
 from protocols.failures import Code
 from protocols.hosts.workspace import Launch
@@ -66,7 +67,7 @@ from protocols.specs import Job
 
 
 class _Started(Message, frozen=True, kw_only=True):
-    result: Any  # outcome.Outcome[int]
+    result: Any  # Result[int]
 
 
 class Reattach(msgspec.Struct, frozen=True, kw_only=True):
@@ -243,7 +244,7 @@ class AttemptActor(Actor):
         )
         self.spawn(ws.start, launch, reply=lambda r: _Started(result=r))
 
-    def _started(self, result: outcome.Outcome[int]) -> None:
+    def _started(self, result: Result[int]) -> None:
         if isinstance(result, outcome.Error):
             exc = result.error
             code = getattr(exc, "code", Code.LAUNCH_FAILED)

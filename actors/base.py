@@ -21,13 +21,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-import outcome
 import pykka
 from loguru import logger
 from pykka.messages import _ActorStop
 
 from actors.pool import PooledActor
-from actors.runtime import Reactor, Task
+from actors.runtime import Reactor, Result, Task
 from actors.ticks import tick
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
@@ -111,13 +110,13 @@ class Actor(PooledActor):
         return self._log
 
     def spawn(self, fn: Callable[..., Any], *args: Any,
-              reply: Callable[[outcome.Outcome[Any]], Message | None]) -> Task:
+              reply: Callable[[Result[Any]], Message | None]) -> Task:
         """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends
         (unless it is None: nothing to hear)."""
         ref = self.actor_ref
         holder: list[Task] = []
 
-        def done(result: outcome.Outcome[Any]) -> None:
+        def done(result: Result[Any]) -> None:
             if holder:
                 self._tasks.discard(holder[0])
             message = reply(result)

@@ -36,6 +36,7 @@ import pykka
 import trio
 
 from actors.base import Actor, Context
+from actors.runtime import Result
 from actors.ticks import tick
 from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from protocols.hosts.workspace import PollResult, Workspace
@@ -61,7 +62,7 @@ class _LoopEnded(Message, frozen=True, kw_only=True):
     result: Any  # outcome.Error: a loop failed
 
 
-def _only_a_failure(result: outcome.Outcome[None]) -> _LoopEnded | None:
+def _only_a_failure(result: Result[None]) -> _LoopEnded | None:
     """A watch task's end is news to the actor only if it failed: a hint that came, or a loop
     cancelled because the actor stops, is not (a thousand of each in an end burst)."""
     if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):

@@ -27,7 +27,7 @@ import trio
 from actors.base import Actor, Context, Pending
 from actors.flag import Flag
 from actors.pool import blocking
-from actors.runtime import Task
+from actors.runtime import Result, Task
 from protocols.failures import (
     ActorRunError,
     CallCancelled,
@@ -58,11 +58,11 @@ INTENT_WAIT_S = 60.0  # the bound Waiter.wait puts on any waited ledger write
 
 
 class _Launched(Message, frozen=True, kw_only=True):
-    result: Any  # outcome.Outcome[tuple[Machine, Workspace]]
+    result: Any  # Result[tuple[Machine, Workspace]]
 
 
 class _Deleted(Message, frozen=True, kw_only=True):
-    result: Any  # outcome.Outcome[tuple[bool, str]]
+    result: Any  # Result[tuple[bool, str]]
 
 
 class _GoneRecorded(Message, frozen=True, kw_only=True):
@@ -166,7 +166,7 @@ class LeaseActor(Actor):
 
         self._launching = self.spawn(connect, reply=lambda r: _Launched(result=r))
 
-    def _launched(self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
+    def _launched(self, result: Result[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
         assert self.name is not None
         self._launching = None
         exc: BaseException
@@ -199,7 +199,7 @@ class LeaseActor(Actor):
         self.tell_parent(failed)
 
     def _launched_after_release(
-        self, result: outcome.Outcome[tuple[Machine, Workspace | None, BaseException | None]],
+        self, result: Result[tuple[Machine, Workspace | None, BaseException | None]],
     ) -> None:
         """A Release came while the create was out: now that its answer is in (cancelled or not),
         delete whatever it made. Deleting earlier could miss a machine made a moment later."""
@@ -282,7 +282,7 @@ class LeaseActor(Actor):
         machine_id = self.machine.id if self.machine else ""
         self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
 
-    def _finish_release(self, result: outcome.Outcome[tuple[bool, str]]) -> None:
+    def _finish_release(self, result: Result[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
         at = time.time()
         if confirmed and self.name is not None and not self._released.is_set():

@@ -21,7 +21,7 @@ import contextvars
 import itertools
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 import msgspec
 import outcome
@@ -33,6 +33,8 @@ from actors.pool import blocking
 from protocols.failures import CallCancelled
 
 T = TypeVar("T")
+# what a reactor task ended with, as outcome.acapture makes it (a union, so isinstance narrows both ways)
+Result = Union[outcome.Value[T], outcome.Error]  # noqa: UP007  (a generic alias: `X | Y` of a subscripted class is not one)
 
 
 class ReactorStatistics(msgspec.Struct, frozen=True):
@@ -172,7 +174,7 @@ class Reactor:
         self,
         fn: Callable[..., Awaitable[T]],
         *args: Any,
-        on_done: Callable[[outcome.Outcome[T]], None] | None = None,
+        on_done: Callable[[Result[T]], None] | None = None,
         name: str = "",
     ) -> Task:
         """Run `fn(*args)` on the reactor; `on_done(outcome)` runs on the reactor thread when it ends.
@@ -192,10 +194,10 @@ class Reactor:
 
     async def _wrap(
         self, task: Task, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
-        on_done: Callable[[outcome.Outcome[T]], None] | None,
+        on_done: Callable[[Result[T]], None] | None,
     ) -> None:
         self._running += 1
-        result: outcome.Outcome[T]
+        result: Result[T]
         try:
             with trio.CancelScope() as scope:
                 task._scope = scope
@@ -210,7 +212,7 @@ class Reactor:
         self._finish(task, on_done, result)
 
     @staticmethod
-    def _finish(task: Task, on_done: Callable[[outcome.Outcome[T]], None] | None, result: outcome.Outcome[T]) -> None:
+    def _finish(task: Task, on_done: Callable[[Result[T]], None] | None, result: Result[T]) -> None:
         task._set_done()
         if on_done is not None:
             on_done(result)
@@ -222,7 +224,7 @@ class Reactor:
         async def sleep() -> None:
             await trio.sleep(max(0.0, delay))
 
-        def fire(result: outcome.Outcome[None]) -> None:
+        def fire(result: Result[None]) -> None:
             if isinstance(result, outcome.Value):
                 callback()
 
@@ -235,7 +237,7 @@ class Reactor:
             raise RuntimeError("Reactor.call from the reactor thread would deadlock")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
-        def done(result: outcome.Outcome[T]) -> None:
+        def done(result: Result[T]) -> None:
             if isinstance(result, outcome.Value):
                 future.set_result(result.value)
             else:

@@ -24,6 +24,7 @@ import pykka
 import trio
 
 from actors.base import Actor, Context
+from actors.runtime import Result
 from protocols.failures import Code, MachineGone, Refused, Unreachable
 from protocols.hosts.content import input_sha256, snapshot_code
 from protocols.hosts.workspace import RESUME_LINE, Workspace
@@ -178,7 +179,7 @@ class TransferActor(Actor):
         await trio.to_thread.run_sync(_settle_checkpoint, fresh, into, line)
         return got
 
-    def _checkpoint_done(self, result: outcome.Outcome[int], path: str, line: dict[str, Any]) -> None:
+    def _checkpoint_done(self, result: Result[int], path: str, line: dict[str, Any]) -> None:
         if isinstance(result, outcome.Value):
             event = CheckpointSaved(job=self.job.name, seed=self.job.seed, attempt=self.attempt, path=path,
                                     line=line, bytes_received=result.value)
@@ -186,7 +187,7 @@ class TransferActor(Actor):
         else:
             self.log.warning("checkpoint {} not fetched: {}", path, result.error)
 
-    def _done(self, kind: str, result: outcome.Outcome[Any], started: float) -> None:
+    def _done(self, kind: str, result: Result[Any], started: float) -> None:
         seconds = time.time() - started
         head: AttemptHead = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
         if isinstance(result, outcome.Value):

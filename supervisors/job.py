@@ -27,7 +27,7 @@ import msgspec
 import outcome
 import pykka
 
-from actors import Actor, AttemptActor, Context, Reattach
+from actors import Actor, AttemptActor, Context, Reattach, Result
 from protocols.failures import Code
 from protocols.hosts.workspace import RESUME_LINE
 from protocols.messages import (
@@ -110,7 +110,7 @@ class JobSupervisor(Actor):
             case NeedOffers(candidate=i):
                 ref = self.actor_ref
 
-                def reply(result: outcome.Outcome[list[Offer]], i: int = i) -> None:  # on the reactor thread
+                def reply(result: Result[list[Offer]], i: int = i) -> None:  # on the reactor thread
                     with contextlib.suppress(pykka.ActorDeadError):  # ended meanwhile (cancelled)
                         ref.tell(_Offers(candidate=i, result=result))
 
@@ -135,7 +135,7 @@ class JobSupervisor(Actor):
             return p.capacity_wait_s
         return self.job.timeout_s if any(c.cloud == "ssh" for c in self.job.candidates) else 0.0
 
-    def _offers(self, candidate: int, result: outcome.Outcome[list[Offer]]) -> None:
+    def _offers(self, candidate: int, result: Result[list[Offer]]) -> None:
         if isinstance(result, outcome.Error):
             self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
             self.walk.set_offers(candidate, [])

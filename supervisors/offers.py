@@ -19,16 +19,16 @@ from collections.abc import Callable, Mapping
 import msgspec
 import outcome
 
-from actors import Reactor
+from actors import Reactor, Result
 from protocols.clouds import Cloud
 from protocols.messages import Offer
 from protocols.specs import CandidateSpec
 
-Reply = Callable[[outcome.Outcome[list[Offer]]], None]
+Reply = Callable[[Result[list[Offer]]], None]
 _encode = msgspec.json.Encoder().encode
 
 
-def _copy(result: outcome.Outcome[list[Offer]]) -> outcome.Outcome[list[Offer]]:
+def _copy(result: Result[list[Offer]]) -> Result[list[Offer]]:
     if isinstance(result, outcome.Value):
         return outcome.Value(list(result.value))
     return outcome.Error(result.error)
@@ -55,7 +55,7 @@ class OfferBook:
             self._out[key] = [reply]
             self.calls += 1
 
-        def answered(result: outcome.Outcome[list[Offer]]) -> None:  # on the reactor thread
+        def answered(result: Result[list[Offer]]) -> None:  # on the reactor thread
             with self._lock:
                 waiters = self._out.pop(key)
             for fn in waiters:  # an Outcome unwraps once, and a list is mutable: each asker its own
