@@ -133,7 +133,7 @@ class AttemptActor(Actor):
         return (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
                 + f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.began))}) ---\n")
 
-    def _start_watchers(self) -> None:
+    def _start_watchers(self) -> tuple[pykka.ActorRef[Any], pykka.ActorRef[Any], pykka.ActorRef[Any]]:
         """On `Leased`: the meter, the transfer and the heartbeat (which opens log.txt with the header)."""
         p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
         self.meter = CostMeterActor.start(ctx, parent, **self.head)
@@ -146,6 +146,7 @@ class AttemptActor(Actor):
             log_path=self.seed_dir / "log.txt", log_header=self._header(),
         )
         self.children.append(self.heartbeat)
+        return self.meter, self.transfer, self.heartbeat
 
     def _phase(self, name: str) -> None:
         now = time.time()
@@ -158,23 +159,23 @@ class AttemptActor(Actor):
         match message:
             case Leased(machine=machine) as event:
                 self.machine = machine
-                self._start_watchers()
+                meter, transfer, heartbeat = self._start_watchers()
                 self._phase("lease")
                 self.ctx.emit(event)
                 if self.reattach is not None:
                     # billed since it was made; the job runs already: watch it, anchored at its launch
                     self.metered_from = machine.created_at or time.time()
-                    self.meter.tell(StartMeter(machine=machine, at=self.metered_from))
+                    meter.tell(StartMeter(machine=machine, at=self.metered_from))
                     r = self.reattach
                     self.work, self.pid = r.work, r.pid
-                    self.heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
-                                              reattached=True))
+                    heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
+                                         reattached=True))
                     return None
                 self.metered_from = time.time()
-                self.meter.tell(StartMeter(machine=machine, at=self.metered_from))
+                meter.tell(StartMeter(machine=machine, at=self.metered_from))
                 if self.finishing is None:
                     resume = str(self.resume_dir) if self.resume_dir is not None else None
-                    self.transfer.tell(Upload(machine=machine.name, resume_dir=resume))
+                    transfer.tell(Upload(machine=machine.name, resume_dir=resume))
             case LeaseFailed(failure=failure, detail=detail) as event:
                 self._phase("lease")
                 self.ctx.emit(event)
@@ -196,6 +197,7 @@ class AttemptActor(Actor):
                 self.exit_code = code
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
+                    assert self.transfer is not None  # started on Leased, before any job could exit
                     self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.seed_dir)))
             case Fetched() as event:
                 self._phase("fetch")
@@ -229,6 +231,7 @@ class AttemptActor(Actor):
         if not path.startswith("out/"):
             path = "out/" + path.lstrip("/")
         self.checkpoints.add(path)
+        assert self.transfer is not None  # started on Leased
         self.transfer.tell(FetchCheckpoint(machine=self.machine.name, work=self.work, path=path, line=line,
                                            into=str(self.seed_dir / ".checkpoint")))
 
@@ -256,6 +259,7 @@ class AttemptActor(Actor):
         self.ctx.emit(JobStarted(**self.head, pid=self.pid))
         assert self.machine is not None
         assert self.work is not None
+        assert self.heartbeat is not None  # started on Leased
         self.ctx.ledger.record_started(self.machine.name, self.work, self.pid, launched_at)
         self.heartbeat.tell(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
 
@@ -314,9 +318,9 @@ class AttemptActor(Actor):
         self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
         usage = Usage()
         for child in reversed(self.children):
-            if child is self.meter and child.is_alive():
+            if self.meter is not None and child == self.meter and child.is_alive():
                 with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
-                    usage = child.ask(StopMeter(at=time.time(), confirmed=True), timeout=30)
+                    usage = child.ask(StopMeter(at=time.time(), confirmed=True), timeout=30, block=True)
             try:
                 child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
             except (pykka.Timeout, pykka.ActorDeadError):

@@ -77,7 +77,7 @@ def connect(path: Path) -> sqlite3.Connection:
 
 def process_start_time(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).create_time()
+        return float(psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 

@@ -183,7 +183,7 @@ class SimStore:
         out: list[LaunchError | StatKey] = []
         try:
             with self.locked():
-                held, made = self._held_locked(), set()
+                held, made = self._held_locked(), set[str]()
                 refusals = [self._admit(rec, stock, fate, held, made) for rec, stock, fate in items]
                 if made:
                     self._save_held(held)

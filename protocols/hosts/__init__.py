@@ -2,6 +2,7 @@
 
 from protocols.hosts.base import Host, RunResult
 from protocols.hosts.local import LocalHost
-from protocols.hosts.workspace import InputRef, Launch, PollResult, ShellWorkspace, Workspace
+from protocols.hosts.workspace import Launch, PollResult, ShellWorkspace, Workspace
+from protocols.messages import InputRef
 
 __all__ = ["Host", "InputRef", "Launch", "LocalHost", "PollResult", "RunResult", "ShellWorkspace", "Workspace"]
