@@ -317,10 +317,11 @@ class AttemptActor(Actor):
         self.cancel_tasks()
         self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
         usage = Usage()
+        meter = self.meter
         for child in reversed(self.children):
-            if self.meter is not None and child == self.meter and child.is_alive():
+            if child is meter and meter is not None and meter.is_alive():
                 with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
-                    usage = child.ask(StopMeter(at=time.time(), confirmed=True), timeout=30, block=True)
+                    usage = meter.ask(StopMeter(at=time.time(), confirmed=True), timeout=30, block=True)
             try:
                 child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
             except (pykka.Timeout, pykka.ActorDeadError):

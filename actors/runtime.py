@@ -21,7 +21,7 @@ import contextvars
 import itertools
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import msgspec
 import outcome
@@ -34,7 +34,7 @@ from protocols.failures import CallCancelled
 
 T = TypeVar("T")
 # what a reactor task ended with, as outcome.acapture makes it (a union, so isinstance narrows both ways)
-Result = Union[outcome.Value[T], outcome.Error]  # noqa: UP007  (a generic alias: `X | Y` of a subscripted class is not one)
+Result = outcome.Value[T] | outcome.Error
 
 
 class ReactorStatistics(msgspec.Struct, frozen=True):
