@@ -82,12 +82,14 @@ class Reattach(msgspec.Struct, frozen=True, kw_only=True):
 class AttemptActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
                  setup_grace_s: float, seed_dir: Path, resume_dir: Path | None = None,
-                 reattach: Reattach | None = None) -> None:
+                 reattach: Reattach | None = None, seed_dir_clean: bool = False) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
         self.head: AttemptHead = {"job": job.name, "seed": job.seed, "attempt": attempt}
         self.setup_grace_s = setup_grace_s
         self.seed_dir = seed_dir
+        # the parent made seed_dir and nothing was fetched into it yet: the fetch has nothing to replace
+        self.seed_dir_clean = seed_dir_clean
         self.began = time.time()
         self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
         self.resume_dir = resume_dir
@@ -120,7 +122,8 @@ class AttemptActor(Actor):
         """Actor thread, before the first message: start the lease, ask for a machine. The other
         children start once there is a machine (`_start_watchers`): a thousand attempts starting at
         once get their create calls out first."""
-        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        if not self.seed_dir_clean:
+            self.seed_dir.mkdir(parents=True, exist_ok=True)
         self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
         self.children.append(self.lease)
         self.ctx.emit(AttemptStarted(**self.head, offer=self.offer))
@@ -198,7 +201,8 @@ class AttemptActor(Actor):
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
                     assert self.transfer is not None  # started on Leased, before any job could exit
-                    self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.seed_dir)))
+                    self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.seed_dir),
+                                             replace=not self.seed_dir_clean))
             case Fetched() as event:
                 self._phase("fetch")
                 self.ctx.emit(event)

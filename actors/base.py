@@ -91,6 +91,29 @@ class Context:
         self.hash_lock = threading.Lock()
 
 
+class _Reply:
+    """A reactor task's on_done for `Actor.spawn`: tell the actor what `reply` makes of the end
+    (one object where a closure, its cells and a holder list were five for the collector to walk)."""
+
+    __slots__ = ("actor", "reply", "task")
+
+    def __init__(self, actor: Actor, reply: Callable[[Result[Any]], Message | None]) -> None:
+        self.actor = actor
+        self.reply = reply
+        self.task: Task | None = None
+
+    def __call__(self, result: Result[Any]) -> None:  # on the reactor thread
+        actor = self.actor
+        if self.task is not None:
+            actor._tasks.discard(self.task)
+        message = self.reply(result)
+        if message is None:
+            return
+        # dead: stopped meanwhile; its on_stop cancelled or outlived this task
+        with contextlib.suppress(pykka.ActorDeadError):
+            actor.actor_ref.tell(message)
+
+
 class Actor(PooledActor):
     """A pykka actor whose waiting happens on the reactor; results come back as messages."""
 
@@ -113,22 +136,12 @@ class Actor(PooledActor):
               reply: Callable[[Result[Any]], Message | None]) -> Task:
         """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends
         (unless it is None: nothing to hear)."""
-        ref = self.actor_ref
-        holder: list[Task] = []
-
-        def done(result: Result[Any]) -> None:
-            if holder:
-                self._tasks.discard(holder[0])
-            message = reply(result)
-            if message is None:
-                return
-            # dead: stopped meanwhile; its on_stop cancelled or outlived this task
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(message)
-
+        done = _Reply(self, reply)
         task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
-        holder.append(task)
+        done.task = task
         self._tasks.add(task)
+        if task.done:  # it ended before `done.task` was set: not discarded there
+            self._tasks.discard(task)
         return task
 
     def later(self, delay: float, message: Message) -> Task:

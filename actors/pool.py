@@ -38,12 +38,13 @@ from actors.flag import Flag
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 _local = threading.local()
-_URN_BASE = uuid.uuid4().int  # random per process; actors count up from it
+# a UUID's text whose last group counts up: random per process, unique in it, one format per actor
+_URN_PREFIX = uuid.uuid4().urn[:-12]
 _urns = itertools.count()
 
 
 def _next_urn() -> str:
-    return uuid.UUID(int=(_URN_BASE + next(_urns)) % (1 << 128)).urn
+    return f"{_URN_PREFIX}{next(_urns) % (1 << 48):012x}"
 
 
 class ActorPool:

@@ -203,7 +203,11 @@ class Reactor:
                 task._scope = scope
                 if task._cancelled:
                     scope.cancel()
-                result = await outcome.acapture(fn, *args)
+                # outcome.acapture's work, without its coroutine (one less object per running task)
+                try:
+                    result = outcome.Value(await fn(*args))
+                except BaseException as exc:  # handed to on_done, as acapture would
+                    result = outcome.Error(exc)
             cancelled = isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled)
             if scope.cancelled_caught or cancelled:
                 result = outcome.Error(CallCancelled(f"{task.name} was cancelled"))

@@ -123,9 +123,9 @@ class TransferActor(Actor):
                     self.spawn(self._checkpoint, ws, work, path, line, Path(into),
                                reply=lambda r, t=started, p=path, ln=line: _Done(
                                    kind="checkpoint", result=r, started=t, path=p, line=ln))
-            case Fetch(machine=machine, work=work, into=into):
+            case Fetch(machine=machine, work=work, into=into, replace=replace):
                 ws, started = self.ctx.workspaces[machine], time.time()
-                self.spawn(self._fetch, ws, work, Path(into),
+                self.spawn(self._fetch, ws, work, Path(into), replace,
                            reply=lambda r, t=started: _Done(kind="fetch", result=r, started=t))
             case _Done(kind="checkpoint", result=result, path=path, line=line):
                 self._checkpoint_done(result, path, line)
@@ -161,10 +161,11 @@ class TransferActor(Actor):
             resume = InputRef(name="resume", sha256=digest, basename="")
         return sent, code_hash, refs, resume
 
-    async def _fetch(self, ws: Workspace, work: str, into: Path) -> int:
+    async def _fetch(self, ws: Workspace, work: str, into: Path, replace: bool) -> int:
         """Into the seed's folder itself: no staging folder made, moved and removed per attempt (on
-        some disks a file or folder made costs half a millisecond: bench/RESULTS.md)."""
-        stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()]
+        some disks a file or folder made costs half a millisecond: bench/RESULTS.md). `replace`: an
+        earlier fetch may have been there (two system calls on the reactor, skipped for a clean folder)."""
+        stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()] if replace else []
         if stale:  # a run or attempt before this one fetched: what comes now replaces it whole
             await trio.to_thread.run_sync(_remove, stale)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)

@@ -226,6 +226,7 @@ class Fetch(Message, frozen=True, kw_only=True):
     machine: str
     work: str
     into: str  # local folder
+    replace: bool = True  # an earlier fetch may have brought out/ and progress.jsonl there: remove them first
 
 
 class Release(Message, frozen=True, kw_only=True):

@@ -79,12 +79,24 @@ class JobSupervisor(Actor):
         self.cancel: Cancel | None = None
         self.ended = False
         self.usd_done = 0.0
-        self.rng = random.Random(rng_seed)
+        self.rng_seed = rng_seed
+        self._rng: random.Random | None = None  # made at the first backoff: seeding one costs a read of urandom
+        self.fresh = False  # this job made its seed folder: nothing an earlier run fetched is in it
         self.started = time.time()
         self.capacity_since = time.monotonic()
 
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(self.rng_seed)
+        return self._rng
+
     def on_start(self) -> None:
-        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.seed_dir.mkdir(parents=True)
+            self.fresh = True
+        except FileExistsError:
+            self.fresh = False
         if self.reattach is not None:
             offer = self.reattach_offer or Offer(cloud=self.reattach.machine.cloud, region=self.reattach.machine.region,
                                                  gpu=self.reattach.machine.gpu,
@@ -150,8 +162,11 @@ class JobSupervisor(Actor):
     def _launch(self, offer: Offer) -> None:
         checkpoint = self.seed_dir / ".checkpoint"
         resume = checkpoint if self.attempt_no > 0 and (checkpoint / RESUME_LINE).is_file() else None
+        # nothing to replace at the fetch: a folder this job made, that no attempt of it ran in (and so fetched into)
+        clean = self.fresh and not any("run" in h["phases"] for h in self.history)
         self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
-                                        setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume)
+                                        setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume,
+                                        seed_dir_clean=clean)
 
     # --- messages ------------------------------------------------------------------------------
 

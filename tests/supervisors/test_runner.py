@@ -88,6 +88,24 @@ def test_outputs_land_in_the_seed_folder(
     assert sim_machines(sim_dir) == []
 
 
+def test_a_second_run_replaces_what_the_first_fetched(
+    open_runner: Callable[..., Any], local_job: Any, tmp_path: Path
+) -> None:
+    """The seed's out/ and progress.jsonl are the last fetch's, whole: a rerun over the same out_dir
+    leaves nothing of the first run's outputs (a job that made its seed folder skips that check)."""
+    first = "sh -c 'echo {\\\"stage\\\": \\\"one\\\"} >> $ACTOR_RUN_PROGRESS; echo 1 > $ACTOR_RUN_OUT/first.txt'"
+    second = "sh -c 'echo 2 > $ACTOR_RUN_OUT/second.txt'"
+    seed_dir = tmp_path / "out" / "again" / "seed-1"
+    with open_runner() as r:
+        assert r.submit(local_job("again", first)).result(60).outcome == "succeeded"
+    assert (seed_dir / "out" / "first.txt").read_text() == "1\n"
+    assert (seed_dir / "progress.jsonl").exists()
+    with open_runner() as r:
+        assert r.submit(local_job("again", second)).result(60).outcome == "succeeded"
+    assert sorted(p.name for p in (seed_dir / "out").iterdir()) == ["second.txt"]
+    assert not (seed_dir / "progress.jsonl").exists() or "one" not in (seed_dir / "progress.jsonl").read_text()
+
+
 def test_close_with_a_running_job_cancels_it_and_deletes_every_machine(
     open_runner: Callable[..., Any],
     events: Any,
