@@ -14,6 +14,7 @@ Hooks (pykka's rules, restated):
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import traceback as traceback_module
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from pykka.messages import _ActorStop
 
 from actors.pool import PooledActor
 from actors.runtime import Reactor, Result, Task
-from actors.ticks import tick
+from actors.ticks import Subscription, subscribe
 from protocols.clouds import Cloud
 from protocols.hosts.workspace import Workspace
 from protocols.messages import ChildFailed, Event, Machine, Message, Offer
@@ -114,6 +115,23 @@ class _Reply:
             actor.actor_ref.tell(message)
 
 
+class _Tell:
+    """A clock's beat for `Actor.every`: tell the actor; False once it is dead (the clock drops it)."""
+
+    __slots__ = ("message", "ref")
+
+    def __init__(self, ref: pykka.ActorRef[Any], message: Message) -> None:
+        self.ref = ref
+        self.message = message
+
+    def __call__(self) -> bool:
+        try:
+            self.ref.tell(self.message)
+        except pykka.ActorDeadError:
+            return False
+        return True
+
+
 class Actor(PooledActor):
     """A pykka actor whose waiting happens on the reactor; results come back as messages."""
 
@@ -122,7 +140,7 @@ class Actor(PooledActor):
         self.ctx = ctx
         self.parent = parent
         self.label = label
-        self._tasks: set[Task] = set()
+        self._tasks: set[Task | Subscription] = set()  # cancelled when the actor stops
         self._log: Any = None
 
     @property
@@ -160,22 +178,14 @@ class Actor(PooledActor):
         self._tasks.add(task)
         return task
 
-    def every(self, period: float, message: Message) -> Task:
+    def every(self, period: float, message: Message) -> Subscription:
         """Tell this actor `message` on every beat of the reactor's shared clock of `period` seconds
-        (actors/ticks.py: the first within `period`), until the task is cancelled or the actor stops."""
-        ref = self.actor_ref
-
-        async def beats() -> None:
-            while True:
-                await tick(period)
-                try:
-                    ref.tell(message)
-                except pykka.ActorDeadError:
-                    return
-
-        task = self.ctx.reactor.spawn(beats, name=f"{self.label}:every")
-        self._tasks.add(task)
-        return task
+        (actors/ticks.py: the first within `period`), until cancelled or the actor stops. No
+        reactor task of its own: the clock tells it."""
+        sub = Subscription(_Tell(self.actor_ref, message))
+        self.ctx.reactor.soon(functools.partial(subscribe, period, sub))
+        self._tasks.add(sub)
+        return sub
 
     def stop_soon(self, child: pykka.ActorRef[Any]) -> None:
         """Stop `child` after what is already in its inbox, without waiting (nor making the future

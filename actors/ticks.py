@@ -7,33 +7,65 @@ the reactor's time at load (bench/RESULTS.md). Parked on one clock, the same loo
 per period and a cheap wake-up each. A loop's first wait is shorter than `period` (until the next
 beat); after that it runs once per period. A clock whose beat finds nobody waiting stops, so an
 idle reactor has no ticking task.
+
+`subscribe(period, beat)` is the same clock for what needs no task of its own: `beat()` is called on
+the reactor thread at every beat (a meter's tell), until it returns False or the subscription is
+cancelled (from any thread). A thousand meters cost no thousand tasks to start, wake and cancel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
+from loguru import logger
 
 _CLOCKS: trio.lowlevel.RunVar[dict[float, _Clock]] = trio.lowlevel.RunVar("actor_run_clocks")
 
 
+class Subscription:
+    """A `beat` called at every beat of one clock until it returns False or `cancel()` is called."""
+
+    __slots__ = ("beat", "cancelled")
+
+    def __init__(self, beat: Callable[[], bool]) -> None:
+        self.beat = beat
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """From any thread: no beat after the one that may be running now."""
+        self.cancelled = True
+
+    def _keep(self) -> bool:
+        if self.cancelled:
+            return False
+        try:
+            return self.beat()
+        except Exception as exc:  # one bad subscriber must not stop the clock for the others
+            logger.error("a clock subscriber failed and was dropped: {}", exc)
+            return False
+
+
 class _Clock:
-    __slots__ = ("lot", "period")
+    __slots__ = ("lot", "period", "subs")
 
     def __init__(self, period: float) -> None:
         self.period = period
         self.lot = trio.lowlevel.ParkingLot()
+        self.subs: list[Subscription] = []
 
     async def run(self, clocks: dict[float, _Clock]) -> None:
         while True:
             await trio.sleep(self.period)
-            if not self.lot:  # nobody waits: stop (a later tick() starts a new clock)
+            if self.subs:
+                self.subs = [sub for sub in self.subs if sub._keep()]
+            if not self.lot and not self.subs:  # nobody waits: stop (a later tick() starts a new clock)
                 del clocks[self.period]
                 return
             self.lot.unpark_all()
 
 
-async def tick(period: float) -> None:
-    """Wait for the next beat of the shared clock of `period` seconds (cancellable)."""
+def _clock(period: float) -> _Clock:
     try:
         clocks = _CLOCKS.get()
     except LookupError:
@@ -43,4 +75,15 @@ async def tick(period: float) -> None:
     if clock is None:
         clock = clocks[period] = _Clock(period)
         trio.lowlevel.spawn_system_task(clock.run, clocks, name=f"actor-run clock {period:g} s")
-    await clock.lot.park()
+    return clock
+
+
+async def tick(period: float) -> None:
+    """Wait for the next beat of the shared clock of `period` seconds (cancellable)."""
+    await _clock(period).lot.park()
+
+
+def subscribe(period: float, sub: Subscription) -> None:
+    """On the reactor thread (inside its trio run): call `sub.beat()` at every beat of `period`."""
+    if not sub.cancelled:
+        _clock(period).subs.append(sub)

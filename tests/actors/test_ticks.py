@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from actors.ticks import _CLOCKS, tick
+from actors.ticks import _CLOCKS, Subscription, subscribe, tick
 
 
 def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:
@@ -55,3 +55,37 @@ async def _cancelled_wait() -> None:
             await tick(10.0)
         clock = _CLOCKS.get()[10.0]
         assert len(clock.lot) == 0
+
+
+def test_subscribers_beat_on_the_clock_until_cancelled_or_they_decline() -> None:
+    trio.run(_subscribers)
+
+
+async def _subscribers() -> None:
+    beats: dict[str, list[float]] = {"kept": [], "cancelled": [], "declines": []}
+
+    def beat(name: str, keep: bool = True) -> Subscription:
+        def fn() -> bool:
+            beats[name].append(trio.current_time())
+            return keep
+
+        return Subscription(fn)
+
+    kept, cancelled, declines = beat("kept"), beat("cancelled"), beat("declines", keep=False)
+    with trio.fail_after(5):
+        for sub in (kept, cancelled, declines):
+            subscribe(0.05, sub)
+        assert len(_CLOCKS.get()[0.05].subs) == 3  # one clock, no task per subscriber
+        await trio.sleep(0.075)  # the first beat: within a period
+        cancelled.cancel()
+        await trio.sleep(0.15)
+        assert len(beats["kept"]) >= 3
+        assert len(beats["cancelled"]) == 1
+        assert len(beats["declines"]) == 1  # it said False at its first beat: dropped
+        gaps = [b - a for a, b in zip(beats["kept"], beats["kept"][1:], strict=False)]
+        assert all(g >= 0.05 - 1e-6 for g in gaps)
+        kept.cancel()
+        await trio.sleep(0.15)  # no subscriber, nobody parked: the clock stops
+        assert _CLOCKS.get() == {}
+        subscribe(0.05, cancelled)  # cancelled before it was subscribed: never added, no clock started
+        assert _CLOCKS.get() == {}

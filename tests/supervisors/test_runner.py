@@ -106,6 +106,18 @@ def test_a_second_run_replaces_what_the_first_fetched(
     assert not (seed_dir / "progress.jsonl").exists() or "one" not in (seed_dir / "progress.jsonl").read_text()
 
 
+def test_wait_returns_every_end_in_submit_order_or_times_out(
+    open_runner: Callable[..., Any], local_job: Any
+) -> None:
+    with open_runner() as r:
+        quick = [r.submit(local_job("quick", "true", seed=s)) for s in (3, 1, 2)]
+        assert [e.seed for e in r.wait(timeout=60)] == [3, 1, 2]
+        assert all(h.done() for h in quick)
+        r.submit(local_job("slow", "sleep 60"))
+        with pytest.raises(TimeoutError, match="1 of 4 jobs still running"):
+            r.wait(timeout=0.5)
+
+
 def test_close_with_a_running_job_cancels_it_and_deletes_every_machine(
     open_runner: Callable[..., Any],
     events: Any,
