@@ -268,3 +268,24 @@ def test_an_unknown_message_fails_the_heartbeat_and_tells_the_parent(
         assert hb.actor_stopped.wait(10)
     finally:
         hb.stop()
+
+
+def test_a_stopped_heartbeat_polls_no_more_and_its_loop_ends(
+    machines: Machines, probe: ProbeHandle, watch: Any, ctx: Context,
+) -> None:
+    """Stopping ends the poll loop at its next beat (no trio cancel for a loop parked on the clock),
+    and no poll writes `alive` after the stop."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        before = ctx.reactor.statistics().tasks_running
+        ref = watch(machine.name, work, pid, poll_s=0.1)
+        alive = Path(work) / "alive"  # the job's start wrote it; every poll writes it again
+        wait_until(lambda: ctx.reactor.statistics().tasks_running == before + 2, 10)  # the loop, the exit hint
+        first = alive.stat().st_mtime_ns
+        wait_until(lambda: alive.stat().st_mtime_ns != first, 10, "a poll")
+        ref.stop()
+        wait_until(lambda: ctx.reactor.statistics().tasks_running == before, 5)
+        written = alive.stat().st_mtime_ns
+        time.sleep(0.5)  # five poll periods
+        assert alive.stat().st_mtime_ns == written
+        assert not probe.box.of(Stalled)
