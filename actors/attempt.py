@@ -1,8 +1,8 @@
 """AttemptActor: conducts one attempt: lease -> upload -> start -> watch -> fetch -> release.
 
-Children, started in this order and stopped in the reverse: LeaseActor, then once it has a
-machine CostMeterActor, TransferActor, HeartbeatActor. Every step is a message; nothing here
-waits on the network.
+Children, started in this order and stopped in the reverse: LeaseActor, then (once the pool is
+idle while the create is out, or on `Leased`) CostMeterActor, TransferActor, HeartbeatActor.
+Every step is a message; nothing here waits on the network.
 
 The end (`_finish`) is the same for every outcome: stop the heartbeat and the transfer, tell the
 lease `Release` (deleting the machine ends the job on it), and on `Released` close the meter
@@ -70,6 +70,10 @@ class _Started(Message, frozen=True, kw_only=True):
     result: Any  # Result[int]
 
 
+class _StartWatchers(Message, frozen=True, kw_only=True):
+    pass
+
+
 class Reattach(msgspec.Struct, frozen=True, kw_only=True):
     """A machine whose job an earlier controller started and that still runs it (resume)."""
 
@@ -120,8 +124,9 @@ class AttemptActor(Actor):
 
     def on_start(self) -> None:
         """Actor thread, before the first message: start the lease, ask for a machine. The other
-        children start once there is a machine (`_start_watchers`): a thousand attempts starting at
-        once get their create calls out first."""
+        children start when the pool has nothing else to do, or on `Leased` (`_start_watchers`): a
+        thousand attempts starting at once get their create calls out first, and start their
+        watchers while the creates are out."""
         if not self.seed_dir_clean:
             self.seed_dir.mkdir(parents=True, exist_ok=True)
         self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
@@ -131,13 +136,17 @@ class AttemptActor(Actor):
             self.lease.tell(Adopt(machine=self.reattach.machine))
         else:
             self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
+        self.when_idle(_StartWatchers())  # while the create is out, when no other turn waits
 
     def _header(self) -> str:
         return (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
                 + f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.began))}) ---\n")
 
     def _start_watchers(self) -> tuple[pykka.ActorRef[Any], pykka.ActorRef[Any], pykka.ActorRef[Any]]:
-        """On `Leased`: the meter, the transfer and the heartbeat (which opens log.txt with the header)."""
+        """The meter, the transfer and the heartbeat (which opens log.txt with the header), once: when
+        the pool is idle while the create is out, else on `Leased`."""
+        if self.meter is not None and self.transfer is not None and self.heartbeat is not None:
+            return self.meter, self.transfer, self.heartbeat
         p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
         self.meter = CostMeterActor.start(ctx, parent, **self.head)
         self.children.append(self.meter)
@@ -159,7 +168,12 @@ class AttemptActor(Actor):
     # --- the lifecycle -------------------------------------------------------------------------
 
     def handle(self, message: Any) -> Any:
+        if self._ended:  # AttemptEnded is told; its stop comes when the pool is idle
+            return None
         match message:
+            case _StartWatchers():
+                if self.finishing is None and self.meter is None:
+                    self._start_watchers()
             case Leased(machine=machine) as event:
                 self.machine = machine
                 meter, transfer, heartbeat = self._start_watchers()
@@ -302,16 +316,18 @@ class AttemptActor(Actor):
         outcome_, failure, detail = self.finishing
         if self.meter is not None:
             self.stop_soon(self.meter)
-        if self.heartbeat is None:  # never had a machine: the log says so (no heartbeat wrote to it)
+        if self.machine is None:  # never had a machine: the log says so (the heartbeat, if it
+            # started, wrote the header when it did, long before this: the lease's answer came since)
+            header = "" if self.heartbeat is not None else self._header()
             with open(self.seed_dir / "log.txt", "a") as f:
-                f.write(f"{self._header()}no machine: {failure or outcome_}: {detail}\n")
+                f.write(f"{header}no machine: {failure or outcome_}: {detail}\n")
         if not event.confirmed:
             unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
             detail = (detail + "; " if detail else "") + unconfirmed
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
                                       phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
         self._ended = True
-        self.stop()
+        self.stop_when_idle()  # told, and the machine is gone: what is left of this actor is bookkeeping
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:

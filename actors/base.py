@@ -187,6 +187,16 @@ class Actor(PooledActor):
         self._tasks.add(sub)
         return sub
 
+    def when_idle(self, message: Message) -> None:
+        """Tell this actor `message` once the pool has no turn waiting (actors/pool.py): work nobody
+        waits on, out of a burst's way."""
+        self.pool.when_idle(self.actor_ref, message)
+
+    def stop_when_idle(self) -> None:
+        """Stop once the pool has no turn waiting: for an actor that has told its end and holds
+        nothing (its stop is bookkeeping: a thousand of them in an end burst)."""
+        self.pool.when_idle(self.actor_ref, _ActorStop())
+
     def stop_soon(self, child: pykka.ActorRef[Any]) -> None:
         """Stop `child` after what is already in its inbox, without waiting (nor making the future
         `ActorRef.stop` makes for an answer nobody reads)."""

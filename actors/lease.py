@@ -103,7 +103,7 @@ class LeaseActor(Actor):
                 self._finish_release(result)
             case _GoneRecorded(at=at):
                 self._announce_released(True, "", at)
-                self.stop()
+                self.stop_when_idle()  # the machine is gone and the ledger has it: nothing left to hold
             case _RefusalRecorded(failed=failed):
                 self.tell_parent(failed)
             case _:

@@ -171,6 +171,8 @@ class JobSupervisor(Actor):
     # --- messages ------------------------------------------------------------------------------
 
     def handle(self, message: Any) -> Any:
+        if self.ended:  # JobEnded is told; its stop comes when the pool is idle
+            return None
         match message:
             case _Offers(candidate=i, result=result):
                 self._offers(i, result)
@@ -257,7 +259,7 @@ class JobSupervisor(Actor):
                          detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
         self.ctx.emit(event)
         self.tell_parent(event)
-        self.stop()
+        self.stop_when_idle()  # told and written: what is left of this actor is bookkeeping
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
         exit_code = None

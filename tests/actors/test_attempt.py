@@ -268,7 +268,7 @@ def test_an_exception_in_the_attempt_still_reports_what_the_machine_cost(
 
 def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
     make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox,
-    reader: LedgerReader,
+    reader: LedgerReader, seed_dir: Path,
 ) -> None:
     ctx = make_context(sim=fast_sim(launch_failure_rate=1.0))
     sim = ctx.clouds["sim"]
@@ -281,6 +281,27 @@ def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
     assert end.usage.usd == 0.0
     [row] = reader.machines()
     assert (row.state, row.reason) == ("deleted", "create refused: launch_failed")
+    # the log says so once, under one header (whether or not the watchers had started)
+    lines = (seed_dir / "log.txt").read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("--- attempt 0 on sim")
+    assert lines[1].startswith("no machine: launch_failed: ")
+
+
+def test_a_refused_create_with_the_watchers_started_logs_one_header(
+    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, seed_dir: Path,
+) -> None:
+    """The watchers start while the create is out (the pool is idle): the heartbeat writes the
+    header then, and the attempt adds only the line saying there was no machine."""
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0, no_capacity_rate=1.0))
+    attempt = run_attempt(job("true"), offer=SIM, context=ctx)
+    wait_until(lambda: (seed_dir / "log.txt").exists(), 5, "the heartbeat's header")  # before the answer
+    end = ended(probe, attempt)
+    assert (end.outcome, end.failure) == ("failed", Code.NO_CAPACITY)
+    lines = (seed_dir / "log.txt").read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("--- attempt 0 on sim")
+    assert lines[1].startswith("no machine: no_capacity: ")
 
 
 def test_a_priced_attempt_is_metered_and_billed(
