@@ -266,6 +266,14 @@ def test_an_exception_in_the_attempt_still_reports_what_the_machine_cost(
     assert end.usage.usd >= metered.usd
 
 
+def assert_logged_no_machine(seed_dir: Path, failure: Code) -> None:
+    """The log says there was no machine once, under one header (whoever wrote the header)."""
+    lines = (seed_dir / "log.txt").read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("--- attempt 0 on sim")
+    assert lines[1].startswith(f"no machine: {failure}: ")
+
+
 def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
     make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox,
     reader: LedgerReader, seed_dir: Path,
@@ -281,11 +289,7 @@ def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
     assert end.usage.usd == 0.0
     [row] = reader.machines()
     assert (row.state, row.reason) == ("deleted", "create refused: launch_failed")
-    # the log says so once, under one header (whether or not the watchers had started)
-    lines = (seed_dir / "log.txt").read_text().splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("--- attempt 0 on sim")
-    assert lines[1].startswith("no machine: launch_failed: ")
+    assert_logged_no_machine(seed_dir, Code.LAUNCH_FAILED)
 
 
 def test_a_refused_create_with_the_watchers_started_logs_one_header(
@@ -298,10 +302,7 @@ def test_a_refused_create_with_the_watchers_started_logs_one_header(
     wait_until(lambda: (seed_dir / "log.txt").exists(), 5, "the heartbeat's header")  # before the answer
     end = ended(probe, attempt)
     assert (end.outcome, end.failure) == ("failed", Code.NO_CAPACITY)
-    lines = (seed_dir / "log.txt").read_text().splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("--- attempt 0 on sim")
-    assert lines[1].startswith("no machine: no_capacity: ")
+    assert_logged_no_machine(seed_dir, Code.NO_CAPACITY)
 
 
 def test_a_priced_attempt_is_metered_and_billed(
