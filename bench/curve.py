@@ -182,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     (out / "curve.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "curve.md").write_text(markdown(results, args))
-    plot(results, out / "curve.png")
+    try:
+        plot(results, out / "curve.png")
+    except ImportError:
+        print(f"wrote {out / 'curve.json'}, {out / 'curve.md'}; no plot: matplotlib is not installed "
+              "(pip install -e '.[bench]')", file=sys.stderr)
+        return 1
     print(f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'}")
     return 1 if any("error" in r for r in results) else 0
 
