@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+import outcome
 import pykka
 from loguru import logger
 from pykka.messages import _ActorStop
@@ -92,6 +93,9 @@ class Context:
         self.hash_lock = threading.Lock()
 
 
+_FIRED: Result[None] = outcome.Value(None)  # what a timer hands its _Reply
+
+
 class _Reply:
     """A reactor task's on_done for `Actor.spawn`: tell the actor what `reply` makes of the end
     (one object where a closure, its cells and a holder list were five for the collector to walk)."""
@@ -156,26 +160,20 @@ class Actor(PooledActor):
         (unless it is None: nothing to hear)."""
         done = _Reply(self, reply)
         task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
+        return self._track(task, done)
+
+    def later(self, delay: float, message: Message) -> Task:
+        """Tell this actor `message` after `delay` seconds (cancel the task to call it off)."""
+        done = _Reply(self, lambda _fired: message)
+        task = self.ctx.reactor.call_later(delay, functools.partial(done, _FIRED), name=f"{self.label}:timer")
+        return self._track(task, done)
+
+    def _track(self, task: Task, done: _Reply) -> Task:
+        """Keep `task` until it ends (`done` lets go of it then) or the actor stops (cancelled)."""
         done.task = task
         self._tasks.add(task)
         if task.done:  # it ended before `done.task` was set: not discarded there
             self._tasks.discard(task)
-        return task
-
-    def later(self, delay: float, message: Message) -> Task:
-        """Tell this actor `message` after `delay` seconds (cancel the task to call it off)."""
-        ref = self.actor_ref
-        holder: list[Task] = []
-
-        def fire() -> None:
-            if holder:
-                self._tasks.discard(holder[0])
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(message)
-
-        task = self.ctx.reactor.call_later(delay, fire, name=f"{self.label}:timer")
-        holder.append(task)
-        self._tasks.add(task)
         return task
 
     def every(self, period: float, message: Message) -> Subscription:

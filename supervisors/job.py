@@ -94,9 +94,10 @@ class JobSupervisor(Actor):
     def on_start(self) -> None:
         try:
             self.seed_dir.mkdir(parents=True)
-            self.fresh = True
         except FileExistsError:
-            self.fresh = False
+            pass  # a run before this one may have left outputs here: `fresh` stays False
+        else:
+            self.fresh = True
         if self.reattach is not None:
             offer = self.reattach_offer or Offer(cloud=self.reattach.machine.cloud, region=self.reattach.machine.region,
                                                  gpu=self.reattach.machine.gpu,
