@@ -1,12 +1,12 @@
 """The five actors of an attempt and the runtime they stand on (pykka base, the trio reactor)."""
 
-from actors.attempt import AttemptActor, Reattach
-from actors.base import Actor, Context, LedgerPort
-from actors.heartbeat import HeartbeatActor
-from actors.lease import LeaseActor
-from actors.meter import CostMeterActor, usage_between
-from actors.runtime import Reactor, ReactorStatistics, Result, Task
-from actors.transfer import TransferActor
+from actor_run.actors.attempt import AttemptActor, Reattach
+from actor_run.actors.base import Actor, Context, LedgerPort
+from actor_run.actors.heartbeat import HeartbeatActor
+from actor_run.actors.lease import LeaseActor
+from actor_run.actors.meter import CostMeterActor, usage_between
+from actor_run.actors.runtime import Reactor, ReactorStatistics, Result, Task
+from actor_run.actors.transfer import TransferActor
 
 __all__ = [
     "Actor",

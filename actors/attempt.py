@@ -24,15 +24,15 @@ import msgspec
 import outcome
 import pykka
 
-from actors.base import Actor, Context, error_text, failure_text
-from actors.heartbeat import HeartbeatActor
-from actors.lease import LeaseActor
-from actors.meter import CostMeterActor, usage_between
-from actors.runtime import Result
-from actors.transfer import TransferActor
-from protocols.failures import Code
-from protocols.hosts.workspace import Launch
-from protocols.messages import (
+from actor_run.actors.base import Actor, Context, error_text, failure_text
+from actor_run.actors.heartbeat import HeartbeatActor
+from actor_run.actors.lease import LeaseActor
+from actor_run.actors.meter import CostMeterActor, usage_between
+from actor_run.actors.runtime import Result
+from actor_run.actors.transfer import TransferActor
+from actor_run.protocols.failures import Code
+from actor_run.protocols.hosts.workspace import Launch
+from actor_run.protocols.messages import (
     Acquire,
     Adopt,
     AttemptEnded,
@@ -62,8 +62,8 @@ from protocols.messages import (
     Usage,
     Watch,
 )
-from protocols.names import encode_name
-from protocols.specs import Job
+from actor_run.protocols.names import encode_name
+from actor_run.protocols.specs import Job
 
 
 class _Started(Message, frozen=True, kw_only=True):

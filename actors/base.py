@@ -27,12 +27,12 @@ import pykka
 from loguru import logger
 from pykka.messages import _ActorStop
 
-from actors.pool import PooledActor
-from actors.runtime import Reactor, Result, Task
-from actors.ticks import Subscription, subscribe
-from protocols.clouds import Cloud
-from protocols.hosts.workspace import Workspace
-from protocols.messages import ChildFailed, Event, Machine, Message, Offer
+from actor_run.actors.pool import PooledActor
+from actor_run.actors.runtime import Reactor, Result, Task
+from actor_run.actors.ticks import Subscription, subscribe
+from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.hosts.workspace import Workspace
+from actor_run.protocols.messages import ChildFailed, Event, Machine, Message, Offer
 
 
 def error_text(exception_type: type[BaseException] | None, exception_value: BaseException | None) -> str:

@@ -35,12 +35,12 @@ import outcome
 import pykka
 import trio
 
-from actors.base import Actor, Context
-from actors.runtime import Result, Task
-from actors.ticks import tick
-from protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
-from protocols.hosts.workspace import PollResult, Workspace
-from protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
+from actor_run.actors.base import Actor, Context
+from actor_run.actors.runtime import Result, Task
+from actor_run.actors.ticks import tick
+from actor_run.protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
+from actor_run.protocols.hosts.workspace import PollResult, Workspace
+from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
 
 _decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})

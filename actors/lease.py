@@ -24,11 +24,11 @@ import outcome
 import pykka
 import trio
 
-from actors.base import Actor, Context, Pending
-from actors.flag import Flag
-from actors.pool import blocking
-from actors.runtime import Result, Task
-from protocols.failures import (
+from actor_run.actors.base import Actor, Context, Pending
+from actor_run.actors.flag import Flag
+from actor_run.actors.pool import blocking
+from actor_run.actors.runtime import Result, Task
+from actor_run.protocols.failures import (
     ActorRunError,
     CallCancelled,
     Code,
@@ -39,8 +39,8 @@ from protocols.failures import (
     LaunchRefused,
     Refused,
 )
-from protocols.hosts.workspace import Workspace
-from protocols.messages import (
+from actor_run.protocols.hosts.workspace import Workspace
+from actor_run.protocols.messages import (
     Acquire,
     Adopt,
     Leased,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pykka
 
-from actors.base import Actor, Context
-from protocols.messages import AttemptHead, Machine, Message, Metered, StartMeter, StopMeter, Usage
+from actor_run.actors.base import Actor, Context
+from actor_run.protocols.messages import AttemptHead, Machine, Message, Metered, StartMeter, StopMeter, Usage
 
 
 class _Beat(Message, frozen=True, kw_only=True):

@@ -34,7 +34,7 @@ from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
 
-from actors.flag import Flag
+from actor_run.actors.flag import Flag
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 LATER_EVERY = 64  # a tell put off until idle goes out after at most this many turns all the same

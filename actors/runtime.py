@@ -28,9 +28,9 @@ import outcome
 import trio
 import trio_asyncio
 
-from actors.flag import Flag
-from actors.pool import blocking
-from protocols.failures import CallCancelled
+from actor_run.actors.flag import Flag
+from actor_run.actors.pool import blocking
+from actor_run.protocols.failures import CallCancelled
 
 T = TypeVar("T")
 # what a reactor task ended with, as outcome.acapture makes it (a union, so isinstance narrows both ways)

@@ -23,12 +23,12 @@ import outcome
 import pykka
 import trio
 
-from actors.base import Actor, Context
-from actors.runtime import Result
-from protocols.failures import Code, MachineGone, Refused, Unreachable
-from protocols.hosts.content import input_sha256, snapshot_code
-from protocols.hosts.workspace import RESUME_LINE, Workspace
-from protocols.messages import (
+from actor_run.actors.base import Actor, Context
+from actor_run.actors.runtime import Result
+from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
+from actor_run.protocols.hosts.content import input_sha256, snapshot_code
+from actor_run.protocols.hosts.workspace import RESUME_LINE, Workspace
+from actor_run.protocols.messages import (
     AttemptHead,
     CheckpointSaved,
     Fetch,
@@ -40,7 +40,7 @@ from protocols.messages import (
     Upload,
     Uploaded,
 )
-from protocols.specs import Job
+from actor_run.protocols.specs import Job
 
 
 class _Done(Message, frozen=True, kw_only=True):

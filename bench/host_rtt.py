@@ -27,7 +27,7 @@ import trio
 import trio_asyncio
 from loguru import logger
 
-from protocols.hosts.ssh import SSHHost
+from actor_run.protocols.hosts.ssh import SSHHost
 from tests.sshd import Sshd
 
 

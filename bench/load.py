@@ -89,11 +89,11 @@ import psutil
 import pykka
 from loguru import logger
 
-from protocols.clouds.sim import Billing, billing, sim_machines
-from protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Retrying
-from protocols.specs import CandidateSpec, Job, PolicySpec
-from supervisors.gc_tuning import tune_gc
-from supervisors.runner import Runner
+from actor_run.protocols.clouds.sim import Billing, billing, sim_machines
+from actor_run.protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Retrying
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.runner import Runner
 
 _bill_decoder = msgspec.json.Decoder(Billing)
 
@@ -342,7 +342,7 @@ def ideal_per_job(tally: Tally, sim_dir: Path, job_s: float, launch_s: float,
 def pool_statistics() -> dict[str, int] | None:
     """The shared actor pool's counters (actors/pool.py), if actors run on one."""
     try:
-        from actors.pool import POOL
+        from actor_run.actors.pool import POOL
     except ImportError:
         return None
     stats: dict[str, int] = POOL.statistics()

@@ -31,9 +31,9 @@ import trio
 import trio_asyncio
 from loguru import logger
 
-from protocols.hosts.content import file_sha256
-from protocols.hosts.ssh import SSHHost
-from protocols.hosts.workspace import ShellWorkspace
+from actor_run.protocols.hosts.content import file_sha256
+from actor_run.protocols.hosts.ssh import SSHHost
+from actor_run.protocols.hosts.workspace import ShellWorkspace
 from tests.sshd import Sshd
 
 

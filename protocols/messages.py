@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from protocols.failures import Code
+from actor_run.protocols.failures import Code
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from protocols.failures import SpecError
+from actor_run.protocols.failures import SpecError
 
 NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
 

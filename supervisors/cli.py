@@ -21,14 +21,14 @@ from typing import Any
 import msgspec
 from loguru import logger
 
-from protocols.clouds import known_clouds
-from protocols.failures import SpecError
-from protocols.messages import Event, JobEnded, Released
-from protocols.specs import job_key, load_batch
-from supervisors.gc_tuning import tune_gc
-from supervisors.ledger import LedgerReader
-from supervisors.runner import Runner, default_ledger_path, default_state_dir
-from supervisors.view import View
+from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Event, JobEnded, Released
+from actor_run.protocols.specs import job_key, load_batch
+from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.runner import Runner, default_ledger_path, default_state_dir
+from actor_run.supervisors.view import View
 
 
 class Exit(enum.IntEnum):
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweep":
         return cmd_sweep(args)
     if args.command == "resume":
-        from supervisors.resume import cmd_resume
+        from actor_run.supervisors.resume import cmd_resume
 
         return cmd_resume(args)
     return Exit.USAGE

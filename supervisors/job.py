@@ -27,10 +27,10 @@ import msgspec
 import outcome
 import pykka
 
-from actors import Actor, AttemptActor, Context, Reattach, Result
-from protocols.failures import Code
-from protocols.hosts.workspace import RESUME_LINE
-from protocols.messages import (
+from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
+from actor_run.protocols.failures import Code
+from actor_run.protocols.hosts.workspace import RESUME_LINE
+from actor_run.protocols.messages import (
     AttemptEnded,
     Cancel,
     ChildFailed,
@@ -40,11 +40,11 @@ from protocols.messages import (
     Offer,
     Retrying,
 )
-from protocols.specs import Job
-from supervisors.ledger import Ledger
-from supervisors.offers import OfferBook
-from supervisors.policy import Action, backoff_s, decide
-from supervisors.walk import Exhausted, NeedOffers, Walk
+from actor_run.protocols.specs import Job
+from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.policy import Action, backoff_s, decide
+from actor_run.supervisors.walk import Exhausted, NeedOffers, Walk
 
 
 class _Offers(Message, frozen=True, kw_only=True):

@@ -27,12 +27,12 @@ import msgspec
 import psutil
 from loguru import logger
 
-from actors.base import failure_text
-from actors.flag import Flag
-from actors.pool import blocking
-from protocols.failures import ActorRunError
-from protocols.messages import Event, Machine, Offer, encode
-from protocols.specs import job_key
+from actor_run.actors.base import failure_text
+from actor_run.actors.flag import Flag
+from actor_run.actors.pool import blocking
+from actor_run.protocols.failures import ActorRunError
+from actor_run.protocols.messages import Event, Machine, Offer, encode
+from actor_run.protocols.specs import job_key
 
 T = TypeVar("T")
 

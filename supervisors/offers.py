@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 import msgspec
 import outcome
 
-from actors import Reactor, Result
-from protocols.clouds import Cloud
-from protocols.messages import Offer
-from protocols.specs import CandidateSpec
+from actor_run.actors import Reactor, Result
+from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.specs import CandidateSpec
 
 Reply = Callable[[Result[list[Offer]]], None]
 _encode = msgspec.json.Encoder().encode

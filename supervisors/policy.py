@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from protocols.failures import Code, Next, policy_for
-from protocols.specs import PolicySpec
-from supervisors.supervisor import restart_allowed
+from actor_run.protocols.failures import Code, Next, policy_for
+from actor_run.protocols.specs import PolicySpec
+from actor_run.supervisors.supervisor import restart_allowed
 
 
 class Action(enum.StrEnum):

@@ -22,11 +22,11 @@ import sys
 import msgspec
 from loguru import logger
 
-from actors import Reattach
-from protocols.failures import SpecError
-from protocols.messages import Event, Machine, Offer
-from protocols.specs import Job, unredacted
-from supervisors.ledger import LedgerReader, MachineRow
+from actor_run.actors import Reattach
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Event, Machine, Offer
+from actor_run.protocols.specs import Job, unredacted
+from actor_run.supervisors.ledger import LedgerReader, MachineRow
 
 
 class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,8 +72,8 @@ def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from supervisors.cli import Exit, _Interrupts, _watch
-    from supervisors.runner import Runner
+    from actor_run.supervisors.cli import Exit, _Interrupts, _watch
+    from actor_run.supervisors.runner import Runner
 
     events: queue.Queue[Event] = queue.Queue()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)

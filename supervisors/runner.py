@@ -27,16 +27,16 @@ import platformdirs
 import pykka
 from loguru import logger
 
-from actors import Context, Reactor, Reattach, Task
-from actors.pool import POOL, PooledActor, blocking
-from protocols.clouds import Cloud, known_clouds, make_cloud
-from protocols.failures import Code, SpecError
-from protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
-from protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
-from supervisors.job import JobSupervisor
-from supervisors.ledger import Ledger, LedgerReader
-from supervisors.offers import OfferBook
-from supervisors.sweep import SweepAction, sweep
+from actor_run.actors import Context, Reactor, Reattach, Task
+from actor_run.actors.pool import POOL, PooledActor, blocking
+from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
+from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
+from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
+from actor_run.supervisors.job import JobSupervisor
+from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.sweep import SweepAction, sweep
 
 OWNER_BEAT_S = 30.0
 
@@ -408,7 +408,7 @@ class Runner:
 
     def resume(self) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py), then sweep what is left."""
-        from supervisors.resume import ResumeItem, plan_resume
+        from actor_run.supervisors.resume import ResumeItem, plan_resume
 
         reader = LedgerReader(self.ledger_path)
         try:

@@ -26,8 +26,8 @@ import msgspec
 import pykka
 from loguru import logger
 
-from actors.pool import PooledActor
-from protocols.messages import ChildFailed, Message
+from actor_run.actors.pool import PooledActor
+from actor_run.protocols.messages import ChildFailed, Message
 
 
 class Strategy(enum.StrEnum):

@@ -18,11 +18,11 @@ import time
 import msgspec
 import trio
 
-from protocols.clouds import Cloud
-from protocols.failures import ActorRunError, DeleteUnconfirmed
-from protocols.messages import Machine
-from protocols.names import PREFIX, parse_name
-from supervisors.ledger import Ledger, LedgerReader, MachineRow
+from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.failures import ActorRunError, DeleteUnconfirmed
+from actor_run.protocols.messages import Machine
+from actor_run.protocols.names import PREFIX, parse_name
+from actor_run.supervisors.ledger import Ledger, LedgerReader, MachineRow
 
 
 class SweepAction(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from protocols.messages import (
+from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
     Event,
@@ -32,7 +32,7 @@ from protocols.messages import (
     Uploaded,
     encode,
 )
-from protocols.specs import job_key
+from actor_run.protocols.specs import job_key
 
 
 class JobLine(msgspec.Struct, kw_only=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocols.messages import Offer
+from actor_run.protocols.messages import Offer
 
 
 class NeedOffers(msgspec.Struct, frozen=True):

@@ -24,7 +24,7 @@ if str(TESTS) not in sys.path:
 
 from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
 
-from actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
+from actor_run.actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
 
 
 def _machines(state_dir: Path) -> list[str]:

@@ -11,21 +11,27 @@ LAYERS = ("protocols", "actors", "supervisors")
 FORBIDDEN = {"protocols": {"actors", "supervisors"}, "actors": {"supervisors"}, "supervisors": set()}
 
 
+def _layer(dotted: str) -> str:
+    """The project layer a dotted name is in: `actor_run.actors.base` and `actors.base` are both `actors`."""
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == "actor_run" and len(parts) > 1 else parts[0]
+
+
 def imported_packages(source: str, module: str) -> set[str]:
-    """The top-level project packages a module's source imports (at any depth, relative ones resolved)."""
+    """The project layers a module's source imports (at any depth, relative ones resolved)."""
     found: set[str] = set()
     package = module.split(".")[:-1]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(_layer(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
                 target = [*base, *(node.module.split(".") if node.module else [])]
                 if target:
-                    found.add(target[0])
+                    found.add(_layer(".".join(target)))
             elif node.module:
-                found.add(node.module.split(".")[0])
+                found.add(_layer(node.module))
     return found & set(LAYERS)
 
 
@@ -53,8 +59,8 @@ def test_the_checker_sees_wrong_way_arrows(tmp_path: Path) -> None:
     for layer in LAYERS:
         (tmp_path / layer).mkdir()
     (tmp_path / "protocols" / "ok.py").write_text("import msgspec\nfrom protocols.failures import Code\n")
-    (tmp_path / "protocols" / "bad.py").write_text("def f():\n    from actors.base import Actor\n")
-    (tmp_path / "actors" / "bad.py").write_text("import supervisors.ledger\n")
+    (tmp_path / "protocols" / "bad.py").write_text("def f():\n    from actor_run.actors.base import Actor\n")
+    (tmp_path / "actors" / "bad.py").write_text("import actor_run.supervisors.ledger\n")
     (tmp_path / "actors" / "rel.py").write_text("from . import base\nfrom ..supervisors import job\n")
     (tmp_path / "supervisors" / "ok.py").write_text("from actors import Actor\nimport protocols\n")
     assert sorted(wrong_way_arrows(tmp_path)) == [

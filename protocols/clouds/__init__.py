@@ -8,15 +8,15 @@ from typing import Any
 
 import msgspec
 
-from protocols.clouds.base import Cloud
-from protocols.failures import SpecError
-from protocols.specs import spec_error
+from actor_run.protocols.clouds.base import Cloud
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.specs import spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
-    "local": ("protocols.clouds.local", "LocalSettings", "LocalCloud"),
-    "sim": ("protocols.clouds.sim", "SimSettings", "SimCloud"),
-    "ssh": ("protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
+    "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
+    "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
+    "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
 }
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from protocols.hosts.workspace import Workspace
-from protocols.messages import Machine, Offer
-from protocols.specs import CandidateSpec
+from actor_run.protocols.hosts.workspace import Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
 
 
 class Cloud(Protocol):

@@ -17,11 +17,11 @@ import msgspec
 import psutil
 import trio
 
-from protocols.failures import DeleteUnconfirmed, LaunchRefused
-from protocols.hosts.local import LocalHost
-from protocols.hosts.workspace import ShellWorkspace, Workspace
-from protocols.messages import Machine, Offer
-from protocols.specs import CandidateSpec
+from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
+from actor_run.protocols.hosts.local import LocalHost
+from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
 
 
 class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

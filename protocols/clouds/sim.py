@@ -56,8 +56,8 @@ from pathlib import Path
 import msgspec
 import trio
 
-from protocols.clouds.batch import Batch
-from protocols.clouds.simstore import (
+from actor_run.protocols.clouds.batch import Batch
+from actor_run.protocols.clouds.simstore import (
     SAFE_NAME,
     Billing,
     Fate,
@@ -71,8 +71,8 @@ from protocols.clouds.simstore import (
     set_fail_deletes,
     sim_machines,
 )
-from protocols.clouds.virtual import MachineGuard, SimHost, VirtualMachine, VirtualWorkspace, write_files
-from protocols.failures import (
+from actor_run.protocols.clouds.virtual import MachineGuard, SimHost, VirtualMachine, VirtualWorkspace, write_files
+from actor_run.protocols.failures import (
     Code,
     LaunchAmbiguous,
     LaunchError,
@@ -81,9 +81,9 @@ from protocols.failures import (
     SpecError,
     Unreachable,
 )
-from protocols.hosts.workspace import ShellWorkspace, Workspace
-from protocols.messages import Machine, Offer
-from protocols.specs import CandidateSpec
+from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
 
 _ids = random.Random()  # machine ids: seeded once from the OS; uuid4 made a system call per launch
 _RATES = ("no_capacity_rate", "launch_failure_rate", "ambiguous_rate", "boot_failure_rate", "preempt_rate")

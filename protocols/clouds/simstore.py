@@ -17,9 +17,9 @@ from pathlib import Path
 
 import msgspec
 
-from protocols.clouds.local import remove_tree, stop_processes_under
-from protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchError, LaunchRefused
-from protocols.messages import Machine
+from actor_run.protocols.clouds.local import remove_tree, stop_processes_under
+from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchError, LaunchRefused
+from actor_run.protocols.messages import Machine
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 

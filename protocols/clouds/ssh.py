@@ -24,7 +24,7 @@ import msgspec
 import trio
 from loguru import logger
 
-from protocols.failures import (
+from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
     LaunchAmbiguous,
@@ -33,12 +33,12 @@ from protocols.failures import (
     SpecError,
     Unreachable,
 )
-from protocols.hosts import scripts
-from protocols.hosts.ssh import SSHHost
-from protocols.hosts.workspace import ShellWorkspace, Workspace
-from protocols.messages import Machine, Offer
-from protocols.names import parse_name
-from protocols.specs import CandidateSpec
+from actor_run.protocols.hosts import scripts
+from actor_run.protocols.hosts.ssh import SSHHost
+from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.names import parse_name
+from actor_run.protocols.specs import CandidateSpec
 
 q = scripts.q
 

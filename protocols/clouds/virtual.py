@@ -29,10 +29,10 @@ from typing import Protocol
 import msgspec
 import trio
 
-from protocols.failures import MachineGone
-from protocols.hosts.base import RunResult
-from protocols.hosts.local import LocalHost
-from protocols.hosts.workspace import Launch, PollResult
+from actor_run.protocols.failures import MachineGone
+from actor_run.protocols.hosts.base import RunResult
+from actor_run.protocols.hosts.local import LocalHost
+from actor_run.protocols.hosts.workspace import Launch, PollResult
 
 
 class Held(Protocol):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import trio
 
-from protocols.failures import Unreachable
-from protocols.hosts.base import RunResult
-from protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+from actor_run.protocols.failures import Unreachable
+from actor_run.protocols.hosts.base import RunResult
+from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
 
 
 class _ProcessStreams:

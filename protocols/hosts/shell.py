@@ -18,8 +18,8 @@ from typing import Protocol
 
 import trio
 
-from protocols.failures import Unreachable
-from protocols.hosts.base import RunResult
+from actor_run.protocols.failures import Unreachable
+from actor_run.protocols.hosts.base import RunResult
 
 # `base64 -d` on Linux and recent macOS, `-D` on older macOS. A hangup or TERM exits through the
 # EXIT trap, so the temporary folder goes with the shell. Loop variables are `_ar_*` and the

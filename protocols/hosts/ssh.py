@@ -41,10 +41,10 @@ import trio
 import trio_asyncio
 from loguru import logger
 
-from protocols.failures import Code, Refused, Unreachable
-from protocols.hosts.base import RunResult
-from protocols.hosts.content import tree_size
-from protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+from actor_run.protocols.failures import Code, Refused, Unreachable
+from actor_run.protocols.hosts.base import RunResult
+from actor_run.protocols.hosts.content import tree_size
+from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
 
 T = TypeVar("T")
 

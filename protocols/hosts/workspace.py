@@ -22,10 +22,10 @@ from typing import Protocol
 import msgspec
 import trio
 
-from protocols.failures import Code, Refused, Unreachable
-from protocols.hosts import scripts
-from protocols.hosts.base import Host
-from protocols.messages import InputRef
+from actor_run.protocols.failures import Code, Refused, Unreachable
+from actor_run.protocols.hosts import scripts
+from actor_run.protocols.hosts.base import Host
+from actor_run.protocols.messages import InputRef
 
 KEEP_S = 24 * 3600
 RESUME_LINE = "progress.json"  # in a checkpoint folder: the progress line that named it

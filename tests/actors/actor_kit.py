@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import pykka
 
-from actors import Context
-from protocols.clouds.sim import SimSettings
-from protocols.hosts.workspace import Launch, PollResult, Workspace
-from protocols.messages import Machine, Offer
-from protocols.names import encode_name
+from actor_run.actors import Context
+from actor_run.protocols.clouds.sim import SimSettings
+from actor_run.protocols.hosts.workspace import Launch, PollResult, Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.names import encode_name
 
 M = TypeVar("M")
 

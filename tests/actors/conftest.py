@@ -13,10 +13,10 @@ import pykka
 import pytest
 from actor_kit import Machines, Mailbox, Probe, ProbeHandle, fast_sim, wait_actors_stopped
 
-from actors import Context, Reactor
-from protocols.clouds.local import LocalCloud, LocalSettings
-from protocols.clouds.sim import SimCloud, SimSettings
-from supervisors.ledger import Ledger, LedgerReader
+from actor_run.actors import Context, Reactor
+from actor_run.protocols.clouds.local import LocalCloud, LocalSettings
+from actor_run.protocols.clouds.sim import SimCloud, SimSettings
+from actor_run.supervisors.ledger import Ledger, LedgerReader
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import pykka
 import pytest
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, wait_actors_stopped, wait_until
 
-from actors import AttemptActor, Context, HeartbeatActor, LeaseActor, TransferActor
-from protocols.clouds.sim import SimCloud, SimSettings, billing, sim_machines
-from protocols.failures import Code
-from protocols.messages import (
+from actor_run.actors import AttemptActor, Context, HeartbeatActor, LeaseActor, TransferActor
+from actor_run.protocols.clouds.sim import SimCloud, SimSettings, billing, sim_machines
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
     Cancel,
@@ -32,8 +32,8 @@ from protocols.messages import (
     Released,
     Uploaded,
 )
-from protocols.specs import Job, PolicySpec
-from supervisors.ledger import Ledger, LedgerReader
+from actor_run.protocols.specs import Job, PolicySpec
+from actor_run.supervisors.ledger import Ledger, LedgerReader
 
 POLICY = PolicySpec(poll_s=0.1, stall_after_s=30.0, lost_after_s=5.0, deadline_margin_s=60.0)
 

@@ -6,7 +6,7 @@ import sys
 
 from loguru import logger
 
-from actors.base import failure_text
+from actor_run.actors.base import failure_text
 
 
 def _fail_holding_a_secret() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from actors.flag import Flag
+from actor_run.actors.flag import Flag
 
 
 def test_a_flag_set_before_a_wait_answers_at_once() -> None:

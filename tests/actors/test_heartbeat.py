@@ -15,10 +15,10 @@ import pykka
 import pytest
 from actor_kit import SIM, Machines, Mailbox, ProbeHandle, fast_sim, wait_until
 
-from actors import Context, HeartbeatActor
-from protocols.clouds.sim import SimCloud, preempt_machine
-from protocols.failures import Code
-from protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
+from actor_run.actors import Context, HeartbeatActor
+from actor_run.protocols.clouds.sim import SimCloud, preempt_machine
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
 
 
 def progress(**line: Any) -> str:

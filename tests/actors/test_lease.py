@@ -12,11 +12,11 @@ import pykka
 import trio
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
 
-from actors import Context, LeaseActor
-from actors.pool import POOL
-from protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
-from protocols.failures import Code
-from protocols.messages import (
+from actor_run.actors import Context, LeaseActor
+from actor_run.actors.pool import POOL
+from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
     Acquire,
     ChildFailed,
     Leased,
@@ -26,7 +26,7 @@ from protocols.messages import (
     Release,
     Released,
 )
-from supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.ledger import Ledger, LedgerReader
 
 
 def start_lease(ctx: Context, probe: ProbeHandle, launch_timeout_s: float = 10.0) -> pykka.ActorRef[Any]:

@@ -12,8 +12,8 @@ from actor_kit import Mailbox, ProbeHandle
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import Context, CostMeterActor, usage_between
-from protocols.messages import ChildFailed, Machine, Metered, StartMeter, StopMeter, Usage
+from actor_run.actors import Context, CostMeterActor, usage_between
+from actor_run.protocols.messages import ChildFailed, Machine, Metered, StartMeter, StopMeter, Usage
 
 T0 = 1_700_000_000.0
 prices = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)

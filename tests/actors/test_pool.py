@@ -7,8 +7,8 @@ from typing import Any
 
 import pykka
 
-from actors.flag import Flag
-from actors.pool import LATER_EVERY, POOL, PooledActor
+from actor_run.actors.flag import Flag
+from actor_run.actors.pool import LATER_EVERY, POOL, PooledActor
 
 
 class Player(PooledActor):

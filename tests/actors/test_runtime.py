@@ -15,8 +15,8 @@ import trio
 import trio.lowlevel
 import trio_asyncio
 
-from actors import Reactor, ReactorStatistics
-from protocols.failures import CallCancelled
+from actor_run.actors import Reactor, ReactorStatistics
+from actor_run.protocols.failures import CallCancelled
 
 
 class Done:

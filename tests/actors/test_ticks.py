@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from actors.ticks import _CLOCKS, Subscription, subscribe, tick
+from actor_run.actors.ticks import _CLOCKS, Subscription, subscribe, tick
 
 
 def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:

@@ -13,11 +13,11 @@ import pykka
 import pytest
 from actor_kit import Machines, ProbeHandle
 
-from actors import Context, TransferActor
-from protocols.failures import Code
-from protocols.hosts.content import file_sha256, tree_sha256
-from protocols.messages import ChildFailed, Fetch, Fetched, InputRef, TransferFailed, Upload, Uploaded
-from protocols.specs import Job, PolicySpec
+from actor_run.actors import Context, TransferActor
+from actor_run.protocols.failures import Code
+from actor_run.protocols.hosts.content import file_sha256, tree_sha256
+from actor_run.protocols.messages import ChildFailed, Fetch, Fetched, InputRef, TransferFailed, Upload, Uploaded
+from actor_run.protocols.specs import Job, PolicySpec
 
 POLICY = PolicySpec(poll_s=0.1, lost_after_s=5.0)
 

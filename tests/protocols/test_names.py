@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.names import PREFIX, MachineName, encode_name, parse_name
+from actor_run.protocols.names import PREFIX, MachineName, encode_name, parse_name
 
 jobs = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=40)
 owners = st.text(alphabet="0123456789abcdef", min_size=8, max_size=32)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from protocols.clouds import known_clouds
-from protocols.failures import SpecError
-from protocols.messages import JobEnded, Leased
-from protocols.specs import CandidateSpec, Job, PolicySpec, load_batch
+from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import JobEnded, Leased
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec, load_batch
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
@@ -69,7 +69,7 @@ def test_without_candidates_a_job_runs_on_local(tmp_path: Path) -> None:
 
 
 def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) -> None:
-    from supervisors.runner import Runner  # a test may cross layers; the source may not
+    from actor_run.supervisors.runner import Runner  # a test may cross layers; the source may not
 
     spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace("[1, 2]", "[1]")
     jobs = load_batch(write(tmp_path, spec + "[policy]\npoll_s = 0.1\n"), known_clouds()).jobs()

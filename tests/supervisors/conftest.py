@@ -13,11 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from protocols.clouds.sim import SimGpu, SimRegion
-from protocols.messages import Event
-from protocols.specs import CandidateSpec, Job, PolicySpec
-from supervisors.ledger import LedgerReader, MachineRow
-from supervisors.runner import Runner
+from actor_run.protocols.clouds.sim import SimGpu, SimRegion
+from actor_run.protocols.messages import Event
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.ledger import LedgerReader, MachineRow
+from actor_run.supervisors.runner import Runner
 
 FAST = PolicySpec(
     poll_s=0.1,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from protocols.clouds.sim import billed_seconds, set_fail_deletes, sim_machines
-from supervisors.ledger import LedgerReader
+from actor_run.protocols.clouds.sim import billed_seconds, set_fail_deletes, sim_machines
+from actor_run.supervisors.ledger import LedgerReader
 
-CLI = [sys.executable, "-c", "from supervisors.cli import entry; entry()"]
+CLI = [sys.executable, "-m", "actor_run"]
 
 # The job: holds an exclusive lock per seed while it runs (a second copy of the same seed running
 # at the same time would fail to take it and say OVERLAP), reports progress, writes its output.

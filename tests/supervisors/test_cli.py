@@ -21,11 +21,11 @@ import psutil
 import pytest
 from process_kit import sleeping
 
-from protocols.clouds.sim import sim_machines
-from supervisors.ledger import LedgerReader
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.supervisors.ledger import LedgerReader
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CLI = [sys.executable, "-c", "from supervisors.cli import entry; entry()"]
+CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import gc, json
-from supervisors.gc_tuning import THRESHOLDS, tune_gc
+from actor_run.supervisors.gc_tuning import THRESHOLDS, tune_gc
 before = gc.get_freeze_count()
 tune_gc()
 cycle = []

@@ -11,9 +11,9 @@ from typing import Any
 
 from process_kit import sleeping
 
-from protocols.clouds.sim import preempt_machine, sim_machines
-from protocols.failures import Code
-from protocols.messages import (
+from actor_run.protocols.clouds.sim import preempt_machine, sim_machines
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
     JobEnded,
@@ -24,8 +24,8 @@ from protocols.messages import (
     Retrying,
     Stalled,
 )
-from protocols.specs import CandidateSpec
-from supervisors.job import tidy_seed_dir
+from actor_run.protocols.specs import CandidateSpec
+from actor_run.supervisors.job import tidy_seed_dir
 
 # a job that is silent on its first attempt (a stall) and succeeds on the next ones
 # (the later ones report a stage past setup at once, so a slow machine does not make them stall too)

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from protocols.failures import Code
-from protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
-from supervisors.ledger import (
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
+from actor_run.supervisors.ledger import (
     Ledger,
     LedgerError,
     LedgerReader,

@@ -9,10 +9,10 @@ import outcome
 import pytest
 import trio
 
-from actors import Reactor
-from protocols.messages import Offer
-from protocols.specs import CandidateSpec
-from supervisors.offers import OfferBook
+from actor_run.actors import Reactor
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.specs import CandidateSpec
+from actor_run.supervisors.offers import OfferBook
 
 
 class HeldCloud:

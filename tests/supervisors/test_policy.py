@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.failures import POLICIES, Code
-from protocols.specs import PolicySpec
-from supervisors.policy import Action, Decision, backoff_s, decide
+from actor_run.protocols.failures import POLICIES, Code
+from actor_run.protocols.specs import PolicySpec
+from actor_run.supervisors.policy import Action, Decision, backoff_s, decide
 
 POLICY = PolicySpec(max_attempts=5, thrash_max=5, thrash_window_s=300.0)
 

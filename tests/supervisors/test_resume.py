@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from protocols.clouds.sim import preempt_machine, sim_machines
-from protocols.failures import Code
-from protocols.messages import CheckpointSaved, Event, Leased
-from protocols.specs import CandidateSpec, Job, PolicySpec
-from supervisors.ledger import Ledger, LedgerReader
-from supervisors.runner import Runner
+from actor_run.protocols.clouds.sim import preempt_machine, sim_machines
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import CheckpointSaved, Event, Leased
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.runner import Runner
 
 # attempt 0 writes a checkpoint, says so, and waits to be preempted; attempt 1 must start from it
 RESUMABLE = r'''
@@ -117,7 +117,7 @@ def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
     try:
         import msgspec
 
-        from protocols.specs import unredacted
+        from actor_run.protocols.specs import unredacted
 
         stored = msgspec.json.decode(reader.jobs()[0]["spec"], type=Job)
     finally:

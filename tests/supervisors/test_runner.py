@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from protocols.clouds.sim import sim_machines
-from protocols.failures import Code, SpecError
-from protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Metered, Released
-from protocols.specs import CandidateSpec, Job
-from supervisors.ledger import LedgerReader
-from supervisors.runner import Runner
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Metered, Released
+from actor_run.protocols.specs import CandidateSpec, Job
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.runner import Runner
 
 WRITE_OUT = (
     'sh -c \'echo hello from $ACTOR_RUN_SEED; echo {\\"stage\\": \\"train\\"} >> $ACTOR_RUN_PROGRESS; '

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 from sshd import Sshd
 
-CLI = [sys.executable, "-c", "from supervisors.cli import entry; entry()"]
+CLI = [sys.executable, "-m", "actor_run"]
 
 JOB = r'''
 import json, os, sys, time

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.messages import ChildFailed
-from supervisors.supervisor import (
+from actor_run.protocols.messages import ChildFailed
+from actor_run.supervisors.supervisor import (
     ChildExited,
     ChildSpec,
     GaveUp,

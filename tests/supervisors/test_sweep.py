@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 import trio
 
-from protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
-from protocols.messages import Offer
-from protocols.names import encode_name
-from supervisors.ledger import Ledger, LedgerReader
-from supervisors.runner import Runner
-from supervisors.sweep import SweepAction
+from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.names import encode_name
+from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.sweep import SweepAction
 
 SIM = {"launch_latency_s": 0.0, "delete_latency_s": 0.0}
-CLI = [sys.executable, "-c", "from supervisors.cli import entry; entry()"]
+CLI = [sys.executable, "-m", "actor_run"]
 
 
 def _dead_pid() -> int:

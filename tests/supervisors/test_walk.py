@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocols.messages import Offer
-from supervisors.walk import Exhausted, NeedOffers, Walk
+from actor_run.protocols.messages import Offer
+from actor_run.supervisors.walk import Exhausted, NeedOffers, Walk
 
 
 def offer(candidate: int, region: str, gpu: str = "A100", usd: float = 1.0) -> Offer:

@@ -9,7 +9,7 @@ import time
 import pytest
 import trio
 
-from protocols.clouds.batch import Batch
+from actor_run.protocols.clouds.batch import Batch
 
 
 class Recorder:

@@ -17,8 +17,8 @@ import pytest
 import trio
 import trio.testing
 
-from protocols.clouds import parse_settings
-from protocols.clouds.sim import (
+from actor_run.protocols.clouds import parse_settings
+from actor_run.protocols.clouds.sim import (
     SimCloud,
     SimGpu,
     SimRegion,
@@ -29,7 +29,7 @@ from protocols.clouds.sim import (
     set_fail_deletes,
     sim_machines,
 )
-from protocols.failures import (
+from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
     LaunchAmbiguous,
@@ -38,9 +38,9 @@ from protocols.failures import (
     SpecError,
     Unreachable,
 )
-from protocols.hosts.workspace import Launch, Workspace
-from protocols.messages import Machine, Offer
-from protocols.specs import CandidateSpec
+from actor_run.protocols.hosts.workspace import Launch, Workspace
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
 
 FAST = {"launch_latency_s": 0.0, "delete_latency_s": 0.0}
 TINY = [SimRegion(name="r", gpus={"A100": SimGpu(stock=1, hourly_usd=1.0)})]
@@ -340,8 +340,8 @@ def test_another_process_shares_the_cloud(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import trio
         from pathlib import Path
-        from protocols.clouds.sim import SimCloud, SimSettings
-        from protocols.messages import Offer
+        from actor_run.protocols.clouds.sim import SimCloud, SimSettings
+        from actor_run.protocols.messages import Offer
         cloud = SimCloud(SimSettings(virtual=True, launch_latency_s=0), Path({str(tmp_path)!r}))
         trio.run(cloud.launch, Offer(cloud="sim", region="eu-west", gpu="H100"), "m-other", 0.0)
     """)

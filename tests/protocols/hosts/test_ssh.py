@@ -18,15 +18,15 @@ import pytest
 import trio
 import trio_asyncio
 
-from protocols.clouds import parse_settings
-from protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
-from protocols.failures import Code, DeleteUnconfirmed, LaunchRefused, Refused, SpecError, Unreachable
-from protocols.hosts.content import file_sha256, snapshot_code
-from protocols.hosts.ssh import SSHHost
-from protocols.hosts.workspace import Launch, ShellWorkspace, _extract
-from protocols.messages import Offer
-from protocols.names import encode_name
-from protocols.specs import CandidateSpec
+from actor_run.protocols.clouds import parse_settings
+from actor_run.protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
+from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchRefused, Refused, SpecError, Unreachable
+from actor_run.protocols.hosts.content import file_sha256, snapshot_code
+from actor_run.protocols.hosts.ssh import SSHHost
+from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace, _extract
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.names import encode_name
+from actor_run.protocols.specs import CandidateSpec
 from tests.sshd import Sshd
 
 T = TypeVar("T")
