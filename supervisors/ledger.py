@@ -19,7 +19,8 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -33,49 +34,9 @@ from actor_run.actors.pool import blocking
 from actor_run.protocols.failures import ActorRunError
 from actor_run.protocols.messages import Event, Machine, Offer, encode
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.ledger_db import Conn, open_backend, run_many
 
 T = TypeVar("T")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS owners (
-  id TEXT PRIMARY KEY, pid INTEGER, started REAL, host TEXT, beat REAL, closed INTEGER DEFAULT 0);
-CREATE TABLE IF NOT EXISTS jobs (
-  key TEXT PRIMARY KEY, name TEXT, seed INTEGER, owner TEXT, spec BLOB, state TEXT, failure TEXT,
-  detail TEXT, attempts INTEGER DEFAULT 0, usd REAL DEFAULT 0, out_dir TEXT, updated REAL);
-CREATE TABLE IF NOT EXISTS attempts (
-  job TEXT, attempt INTEGER, owner TEXT, machine TEXT, cloud TEXT, region TEXT, state TEXT, failure TEXT,
-  detail TEXT, started REAL, ended REAL, usd REAL, PRIMARY KEY (job, attempt));
-CREATE TABLE IF NOT EXISTS machines (
-  name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, deadline REAL,
-  state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL, created REAL, gone REAL,
-  reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0,
-  machine TEXT, offer TEXT);
-CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
-CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY, t REAL, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, type TEXT, body TEXT);
-"""
-
-
-# columns added after a table was first made: a ledger from an older version gains them on open
-ADDED = {"machines": {"machine": "TEXT", "offer": "TEXT", "resumable": "INTEGER DEFAULT 0"}}
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=30000")
-    conn.executescript(SCHEMA)
-    for table, columns in ADDED.items():
-        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        for column, kind in columns.items():
-            if column not in have:
-                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-    return conn
-
 
 def process_start_time(pid: int) -> float | None:
     try:
@@ -91,6 +52,7 @@ class OwnerRow(msgspec.Struct, frozen=True):
     host: str
     beat: float
     closed: int
+    lease_until: float | None = None
 
 
 def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -> bool:
@@ -107,19 +69,19 @@ def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -
     return now - row.beat < stale_after_s
 
 
-# a write: (sql, parameters) (consecutive ones of the same sql go to SQLite together: _run_many),
+# a write: (sql, parameters) (consecutive ones of the same sql go to the database together: _run_many),
 # or a function of the connection for what needs more (a compare-and-set that reads its rowcount)
-Op = tuple[str, Any] | Callable[[sqlite3.Connection], Any]
+Op = tuple[str, Any] | Callable[[Conn], Any]
 
 
-def _run(conn: sqlite3.Connection, op: Op) -> None:
+def _run(conn: Conn, op: Op) -> None:
     if isinstance(op, tuple):
         conn.execute(*op)
     else:
         op(conn)
 
 
-def _run_all(conn: sqlite3.Connection, ops: list[Op]) -> None:
+def _run_all(conn: Conn, ops: list[Op]) -> None:
     """Every op, in one transaction, as if in order. Between two function ops, the statements are
     taken table by table (each table's in their order): a statement that writes one table and reads
     no other commutes with those on other tables, and the transaction is seen whole or not at all.
@@ -156,7 +118,7 @@ def _table_of(op: Op) -> str | None:
     return _tables[sql]
 
 
-def _run_runs(conn: sqlite3.Connection, ops: list[Op]) -> None:
+def _run_runs(conn: Conn, ops: list[Op]) -> None:
     """Ops in order; a run of the same statement goes to SQLite as few statements (_run_many)."""
     i, n = 0, len(ops)
     while i < n:
@@ -171,11 +133,11 @@ def _run_runs(conn: sqlite3.Connection, ops: list[Op]) -> None:
         if j == i + 1:
             conn.execute(sql, op[1])
         else:
-            _run_many(conn, sql, [o[1] for o in ops[i:j]])  # type: ignore[index]
+            run_many(conn, sql, [o[1] for o in ops[i:j]], _run_many)  # type: ignore[index]
         i = j
 
 
-def _run_many(conn: sqlite3.Connection, sql: str, rows: list[Any]) -> None:
+def _run_many(conn: sqlite3.Connection, sql: str, rows: Sequence[Any]) -> None:
     """`executemany(sql, rows)`, as a few statements of many rows each.
 
     sqlite3 lets go of the GIL for every row it steps, and on a busy process each time costs up to
@@ -320,17 +282,46 @@ class _WriteQueue(Generic[T]):
             self._wake.acquire()
 
 
-class Ledger:
-    """The write side: one thread, one connection, batched transactions."""
+class StaleClaim(LedgerError):
+    """This controller no longer holds the job (its lease expired, another controller claimed it):
+    the write was not made, and the job is no longer this controller's to touch."""
 
-    def __init__(self, path: Path, owner: str) -> None:
-        self.path = path
+
+# what the writer thread queues: a write, who waits for it, and the job whose claim fences it
+_Item = tuple[Op, "Waiter | None", "str | None"]
+
+
+_RECORD_JOB = ("INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated, token)"
+               " VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET owner=excluded.owner,"
+               " state=excluded.state, updated=excluded.updated,"
+               " token=excluded.token")
+
+
+class Ledger:
+    """The write side: one thread, one connection, batched transactions.
+
+    On a fenced backend (PostgreSQL) each transaction first reads, under a share lock, this owner's
+    lease and the fencing token of every job its writes are about: writes of a job whose token is
+    no longer the one this controller claimed it with, or of any job once this owner's lease has
+    expired, are not made; their waiters get StaleClaim and `on_stale(keys)` is told once per job
+    (on the writer thread: it must only hand the news on)."""
+
+    def __init__(self, path: str | Path, owner: str, *, lease_s: float = 60.0) -> None:
+        self.backend = open_backend(path)
+        self.path = self.backend.location
         self.owner = owner
-        self._conn = connect(path)
-        self._queue: _WriteQueue[tuple[Op, Waiter | None] | None] = _WriteQueue()
+        self.lease_s = lease_s
+        self.tokens: dict[str, str] = {}  # job key -> the fencing token this controller claimed it with
+        self.stale: set[str] = set()  # job keys this controller lost
+        self.lease_lost = False
+        self.on_stale: Callable[[set[str]], None] | None = None
+        self._machine_jobs: dict[str, str] = {}  # machine name -> job key (fences the machine's writes)
+        self._conn = self.backend.connect()
+        self._queue: _WriteQueue[_Item | None] = _WriteQueue()
         self._thread = threading.Thread(target=self._write_loop, name="actor-run-ledger", daemon=True)
         self._closed = False
         self.writes = 0
+        self.commits = 0
         self._thread.start()
 
     # --- the writer thread -----------------------------------------------------------------------
@@ -338,7 +329,7 @@ class Ledger:
     def _write_loop(self) -> None:
         while True:
             items = self._queue.take(1000)
-            batch: list[tuple[Op, Waiter | None]] = []
+            batch: list[_Item] = []
             for item in items:
                 if item is None:  # close(): what came before it is committed, nothing after it is queued
                     if batch:
@@ -347,79 +338,132 @@ class Ledger:
                 batch.append(item)
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[Op, Waiter | None]]) -> None:
+    def _commit(self, batch: list[_Item]) -> None:
         """One transaction for the batch. If an op fails, the batch is done again with a savepoint
         per op, so only that one is rolled back and its waiter gets the error (savepoints cost
         three statements per op: only when needed). The writer thread never dies of one bad write."""
-        conn = self._conn
+        conn, errors = self._conn, self.backend.errors
+        refused: list[_Item] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self.backend.begin_sql())
+            if self.backend.fenced:
+                batch, refused = self._fence(batch)
             try:
-                _run_all(conn, [op for op, _ in batch])
-            except sqlite3.Error:  # an op failed: redo the batch so that only that one fails
+                _run_all(conn, [op for op, _, _ in batch])
+            except errors:  # an op failed: redo the batch so that only that one fails
                 conn.execute("ROLLBACK")
-                self._commit_one_by_one(batch)
+                self._commit_one_by_one(batch + refused)
                 return
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:  # BEGIN or COMMIT itself (disk full, locked for 30 s)
+            self.commits += 1
+        except errors as exc:  # BEGIN or COMMIT itself (disk full, locked for 30 s, the server gone)
             self._failed(batch, exc)
-        self._finish(batch)
+        self._finish(batch + refused)
 
-    def _commit_one_by_one(self, batch: list[tuple[Op, Waiter | None]]) -> None:
-        conn = self._conn
+    def _fence(self, batch: list[_Item]) -> tuple[list[_Item], list[_Item]]:
+        """Split the batch into the writes this controller may still make and those it may not
+        (inside the transaction, whose share locks keep a claim from moving until it commits)."""
+        claimed_here = {op[1][0] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
+        keys = {fence for _, _, fence in batch if fence is not None} - self.stale - claimed_here
+        lost: set[str] = set()
+        if keys or not self.lease_lost:
+            row = self._conn.execute(
+                f"SELECT lease_until > {self.backend.now_sql} FROM owners WHERE id=? FOR SHARE",
+                (self.owner,)).fetchone()
+            if row is not None and row[0] is False:
+                self.lease_lost = True
+        if keys:
+            if self.lease_lost:
+                lost = keys
+            else:
+                held = {k: self.tokens[k] for k in keys if k in self.tokens}
+                rows = self._conn.execute("SELECT key, token FROM jobs WHERE key = ANY(?) FOR SHARE",
+                                          (list(held),)).fetchall() if held else []
+                now = dict(rows)
+                lost = {k for k, token in held.items() if now.get(k) != token}
+        if lost:
+            self.stale |= lost
+            if self.on_stale is not None:
+                try:
+                    self.on_stale(lost)
+                except Exception:  # the writer thread must live on
+                    logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
+        if not self.stale:
+            return batch, []
+        kept, refused = [], []
+        for item in batch:
+            if item[2] is not None and item[2] in self.stale:
+                refused.append(item)
+                if item[1] is not None:
+                    item[1].error = StaleClaim(f"{item[2]} is no longer this controller's job")
+            else:
+                kept.append(item)
+        return kept, refused
+
+    def _commit_one_by_one(self, batch: list[_Item]) -> None:
+        conn, errors = self._conn, self.backend.errors
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for op, waiter in batch:
+            conn.execute(self.backend.begin_sql())
+            if self.backend.fenced:
+                batch, refused = self._fence(batch)
+                self._finish(refused)
+            for op, waiter, _ in batch:
                 conn.execute("SAVEPOINT op")
                 try:
                     _run(conn, op)
                     conn.execute("RELEASE op")
-                except sqlite3.Error as exc:
+                except errors as exc:
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     logger.error("ledger write failed: {}", exc)
                     if waiter is not None:
                         waiter.error = exc
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+            self.commits += 1
+        except errors as exc:
             self._failed(batch, exc)
         finally:
             self._finish(batch)
 
-    def _failed(self, batch: list[tuple[Op, Waiter | None]], exc: sqlite3.Error) -> None:
+    def _failed(self, batch: list[_Item], exc: Exception) -> None:
         logger.error("ledger commit failed: {}", exc)
-        for _, waiter in batch:
+        for _, waiter, _ in batch:
             if waiter is not None and waiter.error is None:
                 waiter.error = exc
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
+        if self.backend.in_transaction(self._conn):
+            with contextlib.suppress(*self.backend.errors):
+                self._conn.execute("ROLLBACK")
 
-    def _finish(self, batch: list[tuple[Op, Waiter | None]]) -> None:
+    def _finish(self, batch: list[_Item]) -> None:
         self.writes += len(batch)
-        for _, waiter in batch:
+        for _, waiter, _ in batch:
             if waiter is not None:
                 waiter.finish()
 
-    def _submit(self, op: Op, *, wait: bool = False) -> None:
+    def _submit(self, op: Op, *, wait: bool = False, fence: str | None = None) -> None:
         """Queue a write; with `wait`, return only once it is committed (or raise LedgerError)."""
-        waiter = self._queue_op(op, tracked=wait)
+        waiter = self._queue_op(op, tracked=wait, fence=fence)
         if waiter is not None:
             waiter.wait()
 
-    def _track(self, op: Op) -> Waiter:
+    def _track(self, op: Op, fence: str | None = None) -> Waiter:
         """Queue a write; its Waiter says when it is durable."""
-        waiter = self._queue_op(op, tracked=True)
+        waiter = self._queue_op(op, tracked=True, fence=fence)
         assert waiter is not None
         return waiter
 
-    def _queue_op(self, op: Op, *, tracked: bool) -> Waiter | None:
+    def _queue_op(self, op: Op, *, tracked: bool, fence: str | None = None) -> Waiter | None:
         """Queue a write without waiting; `tracked` returns the Waiter that says when it is durable.
-        Writes commit in the order they were queued."""
+        Writes commit in the order they were queued. `fence`: the job key whose claim this write
+        needs (on a fenced backend it is not made once the claim is lost)."""
         if self._closed:
             raise LedgerError("the ledger is closed")
         waiter = Waiter() if tracked else None
-        self._queue.put((op, waiter))
+        self._queue.put((op, waiter, fence if fence in self.tokens else None))
         return waiter
+
+    def _machine_fence(self, name: str) -> str | None:
+        return self._machine_jobs.get(name)
 
     def flush(self) -> None:
         self._submit(lambda c: None, wait=True)
@@ -435,16 +479,28 @@ class Ledger:
     # --- owners ---------------------------------------------------------------------------------
 
     def register_owner(self) -> None:
+        """This controller is alive; on a fenced backend, with a lease of `lease_s` from now (by the
+        database's clock) that `beat_owner` renews."""
         pid = os.getpid()
         started = process_start_time(pid) or time.time()
         host, now, owner = socket.gethostname(), time.time(), self.owner
+        lease = self.lease_s
         self._submit((
-            "INSERT OR REPLACE INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
-            (owner, pid, started, host, now)), wait=True)
+            f"INSERT OR REPLACE INTO owners (id, pid, started, host, beat, closed, lease_until)"
+            f" VALUES (?,?,?,?,?,0,{self.backend.now_sql} + ?)",
+            (owner, pid, started, host, now, lease)), wait=True)
 
-    def beat_owner(self) -> None:
-        now, owner = time.time(), self.owner
-        self._submit(("UPDATE owners SET beat=? WHERE id=?", (now, owner)))
+    def beat_owner(self) -> bool:
+        """Renew the lease (queued; the Waiter-free write commits with the next batch). Returns False
+        once this owner's lease is known to have expired: it is dead for everyone then."""
+        now, owner, lease = time.time(), self.owner, self.lease_s
+        if self.lease_lost:
+            return False
+        # an expired lease is never renewed: another controller may have taken its jobs already
+        self._submit((f"UPDATE owners SET beat=?, lease_until={self.backend.now_sql} + ?"
+                      f" WHERE id=? AND closed=0 AND (lease_until IS NULL OR lease_until > {self.backend.now_sql})",
+                      (now, lease, owner)))
+        return True
 
     def close_owner(self) -> None:
         owner = self.owner
@@ -463,38 +519,50 @@ class Ledger:
         """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
         row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
+        key = job_key(job, seed)
+        if key in self.tokens:
+            self._machine_jobs[name] = key
         return self._track((
             "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
-            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row))
+            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), key)
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
         self._submit((
-            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row))
+            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row),
+            fence=self._machine_fence(machine.name))
 
     def claim_job(self, key: str, from_owner: str) -> bool:
-        """Take a dead owner's unfinished job (compare-and-set: one resumer wins)."""
+        """Take a dead owner's unfinished job (compare-and-set: one resumer wins), with a fresh
+        fencing token."""
         won: list[bool] = []
-        owner, now = self.owner, time.time()
+        owner, now, token = self.owner, time.time(), uuid.uuid4().hex
 
-        def op(c: sqlite3.Connection) -> None:
-            cur = c.execute("UPDATE jobs SET owner=?, updated=? WHERE key=? AND owner=? AND state='running'",
-                            (owner, now, key, from_owner))
+        def op(c: Conn) -> None:
+            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE key=? AND owner=? AND state='running'",
+                            (owner, now, token, key, from_owner))
             won.append(cur.rowcount == 1)
 
         self._submit(op, wait=True)
-        return bool(won and won[-1])  # the last run of the op is the one committed (_commit may redo a batch)
+        if won and won[-1]:  # the last run of the op is the one committed (_commit may redo a batch)
+            self.tokens[key] = token
+            self.stale.discard(key)
+            return True
+        return False
 
-    def adopt_machine(self, name: str) -> None:
+    def adopt_machine(self, name: str, key: str | None = None) -> None:
         """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
+        if key is not None and key in self.tokens:
+            self._machine_jobs[name] = key
         row = (self.owner, name)
         self._submit(("UPDATE machines SET owner=?, resumable=1 WHERE name=? AND state='alive'",
-                                         row), wait=True)
+                      row), wait=True, fence=self._machine_fence(name))
 
     def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None:
         row = (work, pid, launched_at, name)
         self._submit((
-            "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row))
+            "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row),
+            fence=self._machine_fence(name))
 
     def record_gone(self, name: str, at: float, reason: str) -> None:
         """Durable before it returns."""
@@ -505,12 +573,19 @@ class Ledger:
         row = (at, reason, name)
         return self._track((
             "UPDATE machines SET state='deleted', phase='deleted', gone=?, reason=?, detail=NULL, resumable=0"
-            " WHERE name=?", row))
+            " WHERE name=?", row), self._machine_fence(name))
 
     def record_delete_failed(self, name: str, detail: str) -> None:
         row = (detail[:500], name)
         self._submit((
-            "UPDATE machines SET phase='delete_failed', detail=? WHERE name=? AND state='alive'", row), wait=True)
+            "UPDATE machines SET phase='delete_failed', detail=? WHERE name=? AND state='alive'", row), wait=True,
+            fence=self._machine_fence(name))
+
+    def still_holds(self, name: str) -> bool:
+        """False once the job of the machine `name` is known to be another controller's: its
+        machine is then the adopter's to keep or delete, not this controller's."""
+        key = self._machine_jobs.get(name)
+        return key is None or key not in self.stale
 
     def record_cloud(self, name: str, settings: dict[str, Any]) -> None:
         """A cloud this ledger's machines may be on, with its settings (never secrets), for sweeps."""
@@ -520,31 +595,33 @@ class Ledger:
     # --- jobs, attempts, events ------------------------------------------------------------------
 
     def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
-        row = (key, name, seed, self.owner, spec, state, out_dir, time.time())
-        self._submit((
-            "INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?)"
-            " ON CONFLICT(key) DO UPDATE SET owner=excluded.owner, state=excluded.state, updated=excluded.updated",
-            row))  # no wait: the queue is FIFO, so the intent of any machine for it commits after it
+        """The job, this controller's from now on, with a fresh fencing token."""
+        token = uuid.uuid4().hex
+        self.tokens[key] = token
+        self.stale.discard(key)
+        row = (key, name, seed, self.owner, spec, state, out_dir, time.time(), token)
+        # no wait: the queue is FIFO, so the intent of any machine for it commits after it
+        self._submit((_RECORD_JOB, row))
 
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
         row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
         return self._track((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row))
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row), key)
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
         row = (job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000], started, ended, usd)
         self._submit((
             "INSERT OR REPLACE INTO attempts (job, attempt, owner, machine, cloud, region, state, failure, detail,"
-            " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
+            " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row), fence=job)
 
     def record_event(self, event: Event) -> None:
         key = job_key(event.job, event.seed)
         row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
         self._submit((
-            "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row))
+            "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row), fence=key)
 
 
 class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -573,19 +650,25 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LedgerReader:
-    """A read connection of its own (status, sweep, resume)."""
+    """A read side of its own (status, sweep, resume): a connection of its own on SQLite, one
+    borrowed from the process's pool per query on PostgreSQL."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._conn = connect(path)
+    def __init__(self, path: str | Path) -> None:
+        self.backend = open_backend(path)
+        self.path = self.backend.location
+        if not self.backend.fenced:
+            with self.backend.reading():  # the file and its schema, as before
+                pass
 
     def close(self) -> None:
-        self._conn.close()
+        self.backend.close()
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[dict[str, Any]]:
-        cur = self._conn.execute(sql, args)
-        cols = [d[0] for d in cur.description]
-        for r in cur.fetchall():
+        with self.backend.reading() as conn:
+            cur = conn.execute(sql, args)
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        for r in rows:
             yield dict(zip(cols, r, strict=True))
 
     def machines(self, *, alive_only: bool = False) -> list[MachineRow]:
@@ -600,6 +683,12 @@ class LedgerReader:
         return [msgspec.convert(r, OwnerRow) for r in self._rows("SELECT * FROM owners")]
 
     def live_owners(self) -> set[str]:
+        """Owners alive now: on PostgreSQL those whose lease has not expired by the database's clock
+        (the same answer on every host); on SQLite by pid and start time (owner_is_alive)."""
+        if self.backend.fenced:
+            rows = self._rows(f"SELECT id, lease_until IS NULL OR lease_until > {self.backend.now_sql} AS live"
+                              " FROM owners WHERE closed=0")
+            return {r["id"] for r in rows if r["live"]}
         now = time.time()
         return {o.id for o in self.owners() if owner_is_alive(o, now=now)}
 
