@@ -69,6 +69,11 @@ class LedgerPort(Protocol):
     def queue_gone(self, name: str, at: float, reason: str) -> Pending: ...
     def record_delete_failed(self, name: str, detail: str) -> None: ...
 
+    def still_holds(self, name: str) -> bool:
+        """False once another controller has taken over the job of the machine `name` (a shared
+        ledger's fencing): the machine is then that controller's to keep or delete, not ours."""
+        ...
+
 
 class Context:
     """What an attempt's actors share: the reactor, the clouds, the ledger and where events go.

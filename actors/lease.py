@@ -275,9 +275,20 @@ class LeaseActor(Actor):
             return
         self._begin_delete()
 
+    def _let_go(self) -> bool:
+        """The job was taken over by another controller (the ledger's fencing said so): its machine
+        is the adopter's now, so it is left as it is and nothing more is written about it."""
+        if self.name is None or self.ctx.ledger.still_holds(self.name):
+            return False
+        self._announce_released(False, "left to the controller that took over its job", time.time())
+        return True
+
     def _begin_delete(self) -> None:
         assert self.name is not None
         assert self.offer is not None
+        if self._let_go():
+            self.stop()
+            return
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
         self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
@@ -325,7 +336,7 @@ class LeaseActor(Actor):
 
     def _release_blocking(self) -> None:
         """On the actor's thread: make sure the machine is gone before this actor is."""
-        if self._released.is_set():
+        if self._released.is_set() or self._let_go():
             return
         if self._releasing:
             # the reactor is already deleting it: its answer cannot reach a stopped actor, so wait here

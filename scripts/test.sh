@@ -1,6 +1,7 @@
 #!/bin/sh
-# The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server and
-# rsync through apt when missing; the package and its test extras in .venv), then runs pytest.
+# The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
+# rsync and PostgreSQL through apt when missing; the package and its test extras in .venv), then runs
+# pytest. The tests start their own sshd and their own throwaway PostgreSQL cluster (tests/pg.py).
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -8,6 +9,8 @@ need=""
 command -v rsync >/dev/null 2>&1 || need="$need rsync"
 command -v ssh >/dev/null 2>&1 || need="$need openssh-client"
 command -v ps >/dev/null 2>&1 || need="$need procps"
+# Debian keeps initdb and pg_ctl in /usr/lib/postgresql/<version>/bin, off PATH (tests/pg.py looks there)
+command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
 if [ -n "$need" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null

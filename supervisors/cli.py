@@ -4,6 +4,7 @@
     actor-run status [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--ledger PATH]
     actor-run resume [--json] [--ledger PATH] [--out DIR]
+    actor-run worker --ledger postgresql://... [--concurrency N]   (cmd_worker.py)
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.specs import job_key, load_batch
+from actor_run.supervisors.cmd_worker import add_timing, add_worker_parser, cmd_follow, cmd_run_shared, cmd_worker
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.ledger import LedgerReader
-from actor_run.supervisors.runner import Runner, default_ledger_path, default_state_dir
+from actor_run.supervisors.ledger_db import is_url
+from actor_run.supervisors.ledger_db import resolve as resolve_ledger
+from actor_run.supervisors.runner import Runner, default_state_dir
 from actor_run.supervisors.view import View
 
 
@@ -54,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--ledger")
     run.add_argument("--out", default="actor-run-out")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
+    run.add_argument("--submit-only", action="store_true", help="shared ledger: queue the jobs for workers, run none")
+    add_timing(run)
+    add_worker_parser(sub)
     for name in ("status", "sweep", "resume"):
         s = sub.add_parser(name)
         s.add_argument("--json", action="store_true")
@@ -65,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="seconds past a deadline before any owner's machine goes")
         if name == "resume":
             s.add_argument("--out", default="actor-run-out")
+        if name == "status":
+            s.add_argument("--follow", action="store_true", help="print job state changes until every job ended")
+            s.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -154,9 +164,7 @@ def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_
 
 
 def _reader(args: argparse.Namespace) -> LedgerReader:
-    path = Path(args.ledger).expanduser() if args.ledger else (
-        Path(args.state_dir) / "ledger.sqlite" if args.state_dir else default_ledger_path())
-    return LedgerReader(path)
+    return LedgerReader(resolve_ledger(args.ledger, Path(args.state_dir) if args.state_dir else default_state_dir()))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -215,9 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_dir is None:
         args.state_dir = str(default_state_dir())
     if args.command == "run":
-        return cmd_run(args)
+        shared = is_url(resolve_ledger(args.ledger, Path(args.state_dir)))
+        return cmd_run_shared(args) if shared else cmd_run(args)
+    if args.command == "worker":
+        return cmd_worker(args)
     if args.command == "status":
-        return cmd_status(args)
+        return cmd_follow(args) if args.follow else cmd_status(args)
     if args.command == "sweep":
         return cmd_sweep(args)
     if args.command == "resume":

@@ -212,6 +212,11 @@ class LedgerError(ActorRunError):
     """The ledger could not record something (the disk, a lock held too long)."""
 
 
+class StaleClaim(LedgerError):
+    """This controller no longer holds the job (its lease expired, another controller claimed it):
+    the write was not made, and the job is no longer this controller's to touch."""
+
+
 class Waiter:
     """One queued write: `done` is set once it is committed (or failed: `error`). `when_done(fn)`
     calls `fn(error)` then, on the writer thread (at once, on the caller's, if it already is): `fn`
@@ -238,6 +243,8 @@ class Waiter:
             committed = self.done.wait(timeout)
         if not committed:
             raise LedgerError(f"the ledger did not commit within {timeout:g} s")
+        if isinstance(self.error, StaleClaim):
+            raise StaleClaim(str(self.error))
         if self.error is not None:
             raise LedgerError(f"the ledger could not record it: {self.error}") from self.error
 
@@ -280,11 +287,6 @@ class _WriteQueue(Generic[T]):
                     return [items.popleft() for _ in range(n)]
                 self._sleeping = True
             self._wake.acquire()
-
-
-class StaleClaim(LedgerError):
-    """This controller no longer holds the job (its lease expired, another controller claimed it):
-    the write was not made, and the job is no longer this controller's to touch."""
 
 
 # what the writer thread queues: a write, who waits for it, and the job whose claim fences it
@@ -549,6 +551,30 @@ class Ledger:
             self.stale.discard(key)
             return True
         return False
+
+    def claim_queued(self, most: int) -> list[tuple[str, bytes]]:
+        """Claim up to `most` queued jobs, oldest first, each with a fresh fencing token; returns
+        their (key, spec). On PostgreSQL, controllers claiming at once skip each other's rows
+        (FOR UPDATE SKIP LOCKED); SQLite has one writer at a time."""
+        if most < 1:
+            return []
+        got: list[list[tuple[str, bytes, str]]] = []
+        owner, now, prefix = self.owner, time.time(), uuid.uuid4().hex
+        lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
+
+        def op(c: Conn) -> None:
+            rows = c.execute(
+                "UPDATE jobs SET owner=?, state='running', updated=?, token=? || key WHERE key IN ("
+                f"SELECT key FROM jobs WHERE state='queued' ORDER BY updated, key LIMIT ?{lock})"
+                " RETURNING key, spec, token", (owner, now, prefix, most)).fetchall()
+            got.append([(r[0], bytes(r[1]), r[2]) for r in rows])
+
+        self._submit(op, wait=True)
+        claimed = got[-1] if got else []  # the last run of the op is the one committed
+        for key, _, token in claimed:
+            self.tokens[key] = token
+            self.stale.discard(key)
+        return [(key, spec) for key, spec, _ in claimed]
 
     def adopt_machine(self, name: str, key: str | None = None) -> None:
         """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
