@@ -70,7 +70,7 @@ def _ledger_states(runner: Runner) -> dict[str, str]:
         reader.close()
 
 
-def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -> None:
+def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -> bool:
     """Claim, run and adopt until interrupted, or (with `until`) until those jobs have ended in the
     ledger, or (with --until-idle) until nothing is queued or running anywhere."""
     stop = threading.Event()
@@ -84,6 +84,10 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -
     signal.signal(signal.SIGTERM, interrupted)
     handles: list[JobHandle] = []
     while not stop.is_set():
+        if runner.ledger.lease_lost:
+            sys.stderr.write("actor-run: this worker's lease in the ledger expired (it was frozen or cut off); its "
+                             "jobs went to other workers; exiting without touching them\n")
+            return False
         running = [h for h in handles if not h.done()]
         handles = running
         handles += runner.claim(args.concurrency - len(running))
@@ -97,6 +101,7 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -
         stop.wait(args.poll)
     if stop.is_set():
         runner.cancel(detail="interrupted")
+    return True
 
 
 def _printer(json_mode: bool) -> object:
@@ -121,8 +126,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return USAGE
     with runner:
         runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-        serve(runner, args, until=None)
-    return OK
+        kept = serve(runner, args, until=None)
+    return OK if kept else FAILED
 
 
 def cmd_run_shared(args: argparse.Namespace) -> int:

@@ -344,6 +344,8 @@ class Ledger:
         """One transaction for the batch. If an op fails, the batch is done again with a savepoint
         per op, so only that one is rolled back and its waiter gets the error (savepoints cost
         three statements per op: only when needed). The writer thread never dies of one bad write."""
+        if self.backend.fenced and getattr(self._conn, "closed", False):
+            self._reconnect()
         conn, errors = self._conn, self.backend.errors
         refused: list[_Item] = []
         try:
@@ -364,23 +366,26 @@ class Ledger:
 
     def _fence(self, batch: list[_Item]) -> tuple[list[_Item], list[_Item]]:
         """Split the batch into the writes this controller may still make and those it may not
-        (inside the transaction, whose share locks keep a claim from moving until it commits)."""
-        claimed_here = {op[1][0] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
-        keys = {fence for _, _, fence in batch if fence is not None} - self.stale - claimed_here
+        (inside the transaction, whose share locks keep a claim from moving until it commits).
+        Once this owner's lease has expired it may make none: it is dead for everyone."""
         lost: set[str] = set()
-        if keys or not self.lease_lost:
+        if not self.lease_lost:
             row = self._conn.execute(
                 f"SELECT lease_until > {self.backend.now_sql} FROM owners WHERE id=? FOR SHARE",
                 (self.owner,)).fetchone()
             if row is not None and row[0] is False:
                 self.lease_lost = True
-        if keys:
-            if self.lease_lost:
-                lost = keys
-            else:
-                held = {k: self.tokens[k] for k in keys if k in self.tokens}
+                lost = set(self.tokens) - self.stale
+                logger.error("this controller's lease in the ledger expired: it writes nothing more and lets "
+                             "its jobs go to the controllers that adopt them")
+        if not self.lease_lost:
+            claimed_here = {op[1][0] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
+            held = {fence: self.tokens[fence] for _, _, fence in batch
+                    if fence is not None and fence in self.tokens and fence not in self.stale
+                    and fence not in claimed_here}
+            if held:
                 rows = self._conn.execute("SELECT key, token FROM jobs WHERE key = ANY(?) FOR SHARE",
-                                          (list(held),)).fetchall() if held else []
+                                          (list(held),)).fetchall()
                 now = dict(rows)
                 lost = {k for k, token in held.items() if now.get(k) != token}
         if lost:
@@ -390,17 +395,26 @@ class Ledger:
                     self.on_stale(lost)
                 except Exception:  # the writer thread must live on
                     logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
-        if not self.stale:
+        if not self.stale and not self.lease_lost:
             return batch, []
         kept, refused = [], []
         for item in batch:
-            if item[2] is not None and item[2] in self.stale:
+            if self.lease_lost or (item[2] is not None and item[2] in self.stale):
                 refused.append(item)
                 if item[1] is not None:
-                    item[1].error = StaleClaim(f"{item[2]} is no longer this controller's job")
+                    item[1].error = StaleClaim(f"{item[2] or 'this write'} is no longer this controller's to make"
+                                               + (" (its lease expired)" if self.lease_lost else ""))
             else:
                 kept.append(item)
         return kept, refused
+
+    def _reconnect(self) -> None:
+        """The server ended the session (a restart, a cut, a transaction left idle too long while
+        this process was frozen): a new connection; the fencing check on it decides what may go on."""
+        try:
+            self._conn = self.backend.connect()
+        except self.backend.errors as exc:
+            logger.error("could not reconnect to the ledger {}: {}", self.backend.describe(), exc)
 
     def _commit_one_by_one(self, batch: list[_Item]) -> None:
         conn, errors = self._conn, self.backend.errors
@@ -505,6 +519,8 @@ class Ledger:
         return True
 
     def close_owner(self) -> None:
+        if self.lease_lost:
+            return  # dead for everyone already, and it writes nothing more
         owner = self.owner
         self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
 
@@ -545,7 +561,10 @@ class Ledger:
                             (owner, now, token, key, from_owner))
             won.append(cur.rowcount == 1)
 
-        self._submit(op, wait=True)
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return False
         if won and won[-1]:  # the last run of the op is the one committed (_commit may redo a batch)
             self.tokens[key] = token
             self.stale.discard(key)
@@ -569,7 +588,10 @@ class Ledger:
                 " RETURNING key, spec, token", (owner, now, prefix, most)).fetchall()
             got.append([(r[0], bytes(r[1]), r[2]) for r in rows])
 
-        self._submit(op, wait=True)
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return []  # this controller's lease expired meanwhile: it claims nothing
         claimed = got[-1] if got else []  # the last run of the op is the one committed
         for key, _, token in claimed:
             self.tokens[key] = token
@@ -609,9 +631,23 @@ class Ledger:
 
     def still_holds(self, name: str) -> bool:
         """False once the job of the machine `name` is known to be another controller's: its
-        machine is then the adopter's to keep or delete, not this controller's."""
+        machine is then the adopter's to keep or delete, not this controller's. On a fenced
+        backend the claim is checked in the database before the answer (a round trip: asked once,
+        before a machine is deleted)."""
         key = self._machine_jobs.get(name)
-        return key is None or key not in self.stale
+        if key is None:
+            return True
+        if key in self.stale or self.lease_lost:
+            return False
+        if not self.backend.fenced:
+            return True
+        try:
+            self._submit(lambda c: None, wait=True, fence=key)
+        except StaleClaim:
+            return False
+        except LedgerError:
+            return True  # the ledger cannot tell: the machine is deleted, as it would be without a shared ledger
+        return True
 
     def record_cloud(self, name: str, settings: dict[str, Any]) -> None:
         """A cloud this ledger's machines may be on, with its settings (never secrets), for sweeps."""

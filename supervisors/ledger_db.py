@@ -324,6 +324,10 @@ class _PgConn:
         return cur
 
     @property
+    def closed(self) -> bool:
+        return bool(self.raw.closed or self.raw.broken)
+
+    @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 

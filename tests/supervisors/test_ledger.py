@@ -512,9 +512,12 @@ def test_an_owner_whose_lease_expired_is_dead_for_everyone_and_is_never_renewed(
         assert {a.owner, b.owner} <= reader.live_owners()
         _wait(lambda: a.owner not in reader.live_owners())  # the database's clock passed a's lease
         assert b.owner in reader.live_owners()
+        lease = [o.lease_until for o in reader.owners() if o.id == a.owner]
         assert a.beat_owner()  # the renewal is queued, and refused: an expired lease stays expired
-        a.flush()
+        with pytest.raises(StaleClaim, match="lease expired"):
+            a.flush()  # and from now on this controller writes nothing at all
         assert a.lease_lost
+        assert [o.lease_until for o in reader.owners() if o.id == a.owner] == lease
         assert not a.beat_owner()
         assert a.owner not in reader.live_owners()
     finally:

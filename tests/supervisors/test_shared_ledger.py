@@ -1,0 +1,183 @@
+"""Many controllers, one PostgreSQL ledger (supervisors/cmd_worker.py): real `actor-run` processes
+on a real PostgreSQL server (tests/pg.py) share one batch on the sim cloud and one state folder.
+
+The job holds an exclusive lock per seed while it runs: a second copy of a seed running at the
+same time fails to take it and writes OVERLAP to the trace (test_chaos.py's job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_chaos import trace_lines, wait_no_processes, write_batch
+
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger_db import close_pools
+
+CLI = [sys.executable, "-m", "actor_run"]
+LEASE_S, POLL_S = 6.0, 0.5  # adoption bound: the lease plus one poll
+
+
+@pytest.fixture
+def url(postgres: Any) -> Iterator[str]:
+    yield postgres.create_database()
+    close_pools()
+
+
+class Controller:
+    """One `actor-run worker` process; its JSON events are read on a thread of the test's own."""
+
+    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [*CLI, "worker", "--ledger", url, "--concurrency", str(concurrency), "--json", "--until-idle",
+             "--lease", str(LEASE_S), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
+             str(tmp / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+        self.events: list[dict[str, Any]] = []
+        self.changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.changed:
+                self.events.append(json.loads(line))
+                self.changed.notify_all()
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 60) -> None:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: sum(e["type"] == kind for e in self.events) >= count, timeout)
+        assert ok, f"{self.name}: no {count} {kind} within {timeout} s"
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+        self.proc.stderr.close()
+        return code
+
+
+def cli(tmp: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp)
+
+
+def jobs(url: str) -> dict[str, dict[str, Any]]:
+    reader = LedgerReader(url)
+    try:
+        return {j["key"]: j for j in reader.jobs()}
+    finally:
+        reader.close()
+
+
+def owner_of_running(url: str, controller: Controller) -> str:
+    """The owner id of a controller: the owner of a job it started and the ledger has as running."""
+    started = {f"{e['job']}/seed-{e['seed']}" for e in controller.events if e["type"] == "JobStarted"}
+    rows = jobs(url)
+    owners = {rows[k]["owner"] for k in started if rows[k]["state"] == "running"}
+    assert len(owners) == 1, owners
+    return owners.pop()
+
+
+def wait_until_adopted(url: str, dead: str, timeout: float) -> float:
+    """Seconds until no running job is the dead owner's any more."""
+    start = time.monotonic()
+    while any(j["owner"] == dead and j["state"] == "running" for j in jobs(url).values()):
+        assert time.monotonic() - start < timeout, "the dead owner's jobs were not adopted in time"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def check_every_job_ended_once(tmp: Path, url: str, seeds: int) -> None:
+    rows = jobs(url)
+    assert sorted(rows) == sorted(f"chaos/seed-{s}" for s in range(1, seeds + 1))
+    assert {j["state"] for j in rows.values()} == {"succeeded"}, rows
+    reader = LedgerReader(url)
+    try:
+        ended = [e["job"] for e in reader.events() if e["type"] == "JobEnded"]
+        assert sorted(ended) == sorted(rows), ended  # each job's end recorded exactly once
+        assert all(m.state == "deleted" for m in reader.machines())
+    finally:
+        reader.close()
+    for s in range(1, seeds + 1):
+        assert (tmp / "out" / "chaos" / f"seed-{s}" / "out" / "done.txt").read_text() == str(s)
+    lines = trace_lines(tmp)
+    assert not [ln for ln in lines if ln.startswith("OVERLAP")], lines  # never two copies at once
+    assert sorted({ln.split()[1] for ln in lines if ln.startswith("end")}) == sorted(str(s) for s in
+                                                                                     range(1, seeds + 1))
+    assert sim_machines(tmp / "sim") == []
+    assert wait_no_processes(tmp / "sim") == []
+
+
+def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_path: Path, url: str) -> None:
+    seeds = 9
+    batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only")
+    assert queued.returncode == 0, queued.stderr
+    assert f"queued {seeds} job(s)" in queued.stdout
+    assert {j["state"] for j in jobs(url).values()} == {"queued"}
+    controllers = [Controller(tmp_path, url, name) for name in ("a", "b", "c")]
+    victim = controllers[1]
+    victim.wait_for("JobStarted", 2)
+    dead = owner_of_running(url, victim)
+    victim.proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    victim.finish()
+    waited = wait_until_adopted(url, dead, timeout=LEASE_S + POLL_S + 30)
+    # measured from the kill: the lease ran out at most LEASE_S after its last renewal, and the
+    # others look once a poll (plus what a poll's own claim and sweep take on a loaded machine)
+    assert time.monotonic() - killed >= waited
+    print(f"adopted {waited:.2f} s after the kill (bound {LEASE_S + POLL_S:.1f} s)")
+    assert waited <= LEASE_S + POLL_S + 5.0, waited
+    for c in (controllers[0], controllers[2]):
+        assert c.finish() == 0, c.stderr
+    check_every_job_ended_once(tmp_path, url, seeds)
+    follow = cli(tmp_path, "status", "--follow", "--ledger", url)
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout.count("succeeded") == seeds
+
+
+def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_under_the_adopter(
+    tmp_path: Path, url: str,
+) -> None:
+    seeds = 4
+    batch = write_batch(tmp_path, seeds=seeds, latency=0.2)
+    assert cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only").returncode == 0
+    frozen = Controller(tmp_path, url, "frozen", concurrency=2)
+    frozen.wait_for("JobStarted", 2)
+    adopter = Controller(tmp_path, url, "adopter", concurrency=2)
+    owner = owner_of_running(url, frozen)
+    frozen.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until_adopted(url, owner, timeout=LEASE_S + 60)
+
+        def written() -> tuple[int, ...]:
+            reader = LedgerReader(url)
+            try:
+                events = sum(e["owner"] == owner for e in reader.events())
+                machines = sorted((m.name, m.state, m.phase, m.owner) for m in reader.machines() if m.owner == owner)
+                return events, len(machines), hash(tuple(machines))
+            finally:
+                reader.close()
+
+        before = written()
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    assert frozen.finish() == 1  # it found its lease expired and let its jobs go
+    assert "lease in the ledger expired" in frozen.stderr
+    assert adopter.finish() == 0, adopter.stderr
+    assert written() == before  # nothing from the frozen controller after its token went stale
+    check_every_job_ended_once(tmp_path, url, seeds)
+    _ = os
