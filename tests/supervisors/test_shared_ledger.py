@@ -181,3 +181,60 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     assert written() == before  # nothing from the frozen controller after its token went stale
     check_every_job_ended_once(tmp_path, url, seeds)
     _ = os
+
+
+SECRET_JOB = """
+[job]
+name = "secret"
+command = "sh -c 'echo $API_TOKEN > $ACTOR_RUN_OUT/token.txt'"
+seeds = [1]
+timeout_s = 60
+env = { API_TOKEN = "from-the-batch" }
+
+[policy]
+poll_s = 0.2
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.05
+delete_latency_s = 0.0
+state_dir = "SIM"
+"""
+
+
+def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_holds_them(
+    tmp_path: Path, url: str,
+) -> None:
+    batch = tmp_path / "batch.toml"
+    batch.write_text(SECRET_JOB.replace("SIM", str(tmp_path / "sim")))
+    assert cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only").returncode == 0
+    worker = subprocess.run(
+        [*CLI, "worker", "--ledger", url, "--until-idle", "--poll", "0.2", "--out", str(tmp_path / "out"),
+         "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "API_TOKEN": "from-the-worker"})
+    assert worker.returncode == 0, worker.stderr
+    assert (tmp_path / "out" / "secret" / "seed-1" / "out" / "token.txt").read_text().strip() == "from-the-worker"
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        for table in ("jobs", "events", "machines", "clouds", "attempts", "owners"):
+            text = str(conn.execute(f"SELECT * FROM {table}").fetchall())
+            assert "from-the-batch" not in text, table
+            assert "from-the-worker" not in text, table
+    assert sim_machines(tmp_path / "sim") == []
+
+
+def test_bad_shared_ledger_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, field in ((["worker", "--ledger", "mysql://x/y"], "--ledger"),
+                        (["worker", "--ledger", "postgresql://x/y", "--concurrency", "0"], "--concurrency"),
+                        (["worker", "--ledger", "postgresql://x/y", "--lease", "0"], "--lease")):
+        done = cli(tmp_path, *args)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert field in lines[0]
+    helped = subprocess.run([*CLI, "worker", "--help"], capture_output=True, text=True, timeout=60)
+    assert "example: actor-run worker --ledger postgresql://" in helped.stdout
