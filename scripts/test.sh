@@ -1,7 +1,8 @@
 #!/bin/sh
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
 # rsync and PostgreSQL through apt when missing; the package and its test extras in .venv), then runs
-# pytest. The tests start their own sshd and their own throwaway PostgreSQL cluster (tests/pg.py).
+# ruff, mypy and pytest. The tests start their own sshd and their own throwaway PostgreSQL cluster
+# (tests/pg.py).
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -26,4 +27,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[test]'
+# lint and types first (the test extra brings ruff, mypy and stubs): CI fails on either
+.venv/bin/ruff check .
+.venv/bin/mypy
 PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/python -m pytest -q "$@"

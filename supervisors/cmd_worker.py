@@ -29,11 +29,23 @@ from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.protocols.specs import load_batch
 from actor_run.supervisors.ledger import LedgerReader
-from actor_run.supervisors.ledger_db import resolve
+from actor_run.supervisors.ledger_db import is_url, resolve
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 ENDED = ("succeeded", "failed")
+
+
+def add_run_arguments(run: argparse.ArgumentParser) -> None:
+    """What `actor-run run` takes for a shared ledger."""
+    run.add_argument("--submit-only", action="store_true",
+                     help="shared ledger: queue the jobs for workers and run none here")
+    add_timing(run)
+
+
+def shared(args: argparse.Namespace) -> bool:
+    """Whether the command's ledger is a shared (PostgreSQL) one."""
+    return is_url(resolve(args.ledger, _state_dir(args)))
 
 
 def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -42,7 +54,8 @@ def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
         epilog="example: actor-run worker --ledger postgresql://team@db.example/actor_run --concurrency 8")
     w.add_argument("--ledger", help="the shared ledger: a postgresql:// URL (or $ACTOR_RUN_LEDGER)")
     w.add_argument("--concurrency", type=int, default=4, help="jobs run at once here (default 4)")
-    w.add_argument("--out", default="actor-run-out")
+    w.add_argument("--out", default="actor-run-out",
+                   help="only for jobs whose run recorded no output folder (results go where the run said)")
     w.add_argument("--json", action="store_true", help="one event per line (JSON)")
     add_timing(w)
     w.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -62,17 +75,21 @@ def _check(args: argparse.Namespace) -> None:
         raise SpecError("--lease" if args.lease <= 0 else "--poll", "expected a number of seconds > 0")
 
 
-def _ledger_states(runner: Runner) -> dict[str, str]:
+def _ledger_states(runner: Runner, run: str | None = None) -> dict[str, str]:
+    """Job key -> state, of `run` or (keyed run/key) of every run."""
     reader = LedgerReader(runner.ledger_path)
     try:
-        return {j["key"]: j["state"] for j in reader.jobs()}
+        if run is not None:
+            return {j["key"]: j["state"] for j in reader.jobs(run)}
+        return {f"{j['run']}/{j['key']}": j["state"] for j in reader.jobs()}
     finally:
         reader.close()
 
 
-def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -> bool:
-    """Claim, run and adopt until interrupted, or (with `until`) until those jobs have ended in the
-    ledger, or (with --until-idle) until nothing is queued or running anywhere."""
+def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None) -> bool:
+    """Claim, run and adopt until interrupted, or (with `until`) until those jobs of `run` have
+    ended in the ledger, or (with --until-idle) until nothing is queued or running anywhere.
+    False if this controller's lease expired meanwhile (it let its jobs go)."""
     stop = threading.Event()
 
     def interrupted(signum: int, frame: FrameType | None) -> None:
@@ -93,7 +110,7 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None) -
         handles += runner.claim(args.concurrency - len(running))
         handles += runner.resume(sweep_after=False)
         if until is not None or getattr(args, "until_idle", False):
-            states = _ledger_states(runner)
+            states = _ledger_states(runner, run if until is not None else None)
             if until is not None and all(states.get(k) in ENDED for k in until):
                 break
             if until is None and not any(s in ("queued", "running") for s in states.values()) and not handles:
@@ -142,20 +159,24 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
-                    lease_s=args.lease, sweep_on_start=False)
+                    lease_s=args.lease, sweep_on_start=False, batch=str(Path(args.batch).resolve()))
     try:
         with runner:
             for job in jobs:
                 runner.check(job)  # every job checked before any is queued
+            run = runner.start_run()
             for job in jobs:
                 runner.enqueue(job)
             runner.ledger.flush()
             if args.submit_only:
-                print(f"queued {len(jobs)} job(s); follow them with: actor-run status --follow")
+                print(f"run {run}: queued {len(jobs)} job(s) for workers; follow them with: "
+                      f"actor-run status --run {run} --follow")
                 return OK
+            print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker",
+                  file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-            serve(runner, args, until={j.key for j in jobs})
-            states = _ledger_states(runner)
+            serve(runner, args, until={j.key for j in jobs}, run=run)
+            states = _ledger_states(runner, run)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
@@ -166,13 +187,24 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    """`actor-run status --follow`: one line per job whose state changes, until none is queued or
-    running; the exit code says whether every job succeeded."""
+    """`actor-run status [--run ID] --follow`: one line per job of the run (default: the latest)
+    whose state changes, whoever runs it, until none is queued or running; the exit code says
+    whether every job succeeded."""
     reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
     seen: dict[str, str] = {}
     try:
+        run = args.run
+        if run is None:
+            runs = reader.runs()
+            if not runs:
+                print("no run in the ledger")
+                return OK
+            run = runs[-1].id
+        elif reader.run(run) is None:
+            sys.stderr.write(f"actor-run: --run: no run {run!r} in this ledger (see `actor-run runs`)\n")
+            return USAGE
         while True:
-            jobs = reader.jobs()
+            jobs = reader.jobs(run)
             for j in jobs:
                 if seen.get(j["key"]) != j["state"]:
                     seen[j["key"]] = j["state"]

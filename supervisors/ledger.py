@@ -31,10 +31,9 @@ from loguru import logger
 from actor_run.actors.base import failure_text
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
-from actor_run.protocols.failures import ActorRunError
 from actor_run.protocols.messages import Event, Machine, Offer, encode
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.ledger_db import Conn, open_backend, run_many
+from actor_run.supervisors.ledger_db import Conn, LedgerError, open_backend, run_many
 
 T = TypeVar("T")
 
@@ -208,8 +207,15 @@ def _parse_bulk(sql: str) -> _BulkForm | None:
     return None
 
 
-class LedgerError(ActorRunError):
-    """The ledger could not record something (the disk, a lock held too long)."""
+class Claimed(msgspec.Struct, frozen=True, kw_only=True):
+    """A queued job this controller claimed: its run, key, spec (secrets redacted), fencing token
+    and the seed folder its run said its results go to."""
+
+    run: str
+    key: str
+    spec: bytes
+    token: str
+    out_dir: str | None
 
 
 class StaleClaim(LedgerError):
@@ -293,10 +299,9 @@ class _WriteQueue(Generic[T]):
 _Item = tuple[Op, "Waiter | None", "str | None"]
 
 
-_RECORD_JOB = ("INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated, token)"
-               " VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET owner=excluded.owner,"
-               " state=excluded.state, updated=excluded.updated,"
-               " token=excluded.token")
+_RECORD_JOB = ("INSERT INTO jobs (run, key, name, seed, owner, spec, state, out_dir, updated, token)"
+               " VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run, key) DO UPDATE SET owner=excluded.owner,"
+               " state=excluded.state, updated=excluded.updated, token=excluded.token")
 
 
 class Ledger:
@@ -308,10 +313,12 @@ class Ledger:
     expired, are not made; their waiters get StaleClaim and `on_stale(keys)` is told once per job
     (on the writer thread: it must only hand the news on)."""
 
-    def __init__(self, path: str | Path, owner: str, *, lease_s: float = 60.0) -> None:
+    def __init__(self, path: str | Path, owner: str, run: str = "", *, lease_s: float = 60.0) -> None:
         self.backend = open_backend(path)
         self.path = self.backend.location
         self.owner = owner
+        self.run = run  # the run a job goes to unless record_job names another (the Runner's own)
+        self._run_of: dict[str, str] = {}  # job key -> its run, for the rows written about that job
         self.lease_s = lease_s
         self.tokens: dict[str, str] = {}  # job key -> the fencing token this controller claimed it with
         self.stale: set[str] = set()  # job keys this controller lost
@@ -379,14 +386,14 @@ class Ledger:
                 logger.error("this controller's lease in the ledger expired: it writes nothing more and lets "
                              "its jobs go to the controllers that adopt them")
         if not self.lease_lost:
-            claimed_here = {op[1][0] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
+            claimed_here = {op[1][1] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
             held = {fence: self.tokens[fence] for _, _, fence in batch
                     if fence is not None and fence in self.tokens and fence not in self.stale
                     and fence not in claimed_here}
             if held:
-                rows = self._conn.execute("SELECT key, token FROM jobs WHERE key = ANY(?) FOR SHARE",
+                rows = self._conn.execute("SELECT run, key, token FROM jobs WHERE key = ANY(?) FOR SHARE",
                                           (list(held),)).fetchall()
-                now = dict(rows)
+                now = {key: token for run, key, token in rows if run == self.run_of(key)}
                 lost = {k for k, token in held.items() if now.get(k) != token}
         if lost:
             self.stale |= lost
@@ -524,6 +531,35 @@ class Ledger:
         owner = self.owner
         self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
 
+    # --- runs -------------------------------------------------------------------------------------
+
+    def run_of(self, key: str) -> str:
+        """The run the job `key` belongs to in this controller (record_job or take_job said so)."""
+        return self._run_of.get(key, self.run)
+
+    def start_run(self, run: str, *, batch: str, out_dir: str) -> bool:
+        """Record a new run owned by this controller; False if that id is taken (pick another)."""
+        made: list[bool] = []
+        row = (run, self.owner, batch, out_dir, time.time())
+
+        def op(c: Conn) -> None:
+            cur = c.execute("INSERT OR IGNORE INTO runs (id, owner, batch, out_dir, started, state)"
+                            " VALUES (?,?,?,?,?,'running')", row)
+            made.append(cur.rowcount == 1)
+
+        self._submit(op, wait=True)
+        return bool(made and made[-1])
+
+    def take_run(self, run: str) -> None:
+        """This controller drives the run now (resume); it is running again until end_run."""
+        row = (self.owner, run)
+        self._submit(("UPDATE runs SET owner=?, ended=NULL, state='running' WHERE id=?", row), wait=True)
+
+    def end_run(self, run: str) -> None:
+        """The controller let go of the run (its jobs ended, or it was closed): durable before it returns."""
+        row = (time.time(), run, self.owner)
+        self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
+
     # --- machines (the LedgerPort the lease uses) ------------------------------------------------
 
     def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
@@ -536,13 +572,15 @@ class Ledger:
                      offer: Offer | None = None) -> Waiter:
         """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
-        row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
         key = job_key(job, seed)
+        run = self.run_of(key)
+        row = (name, cloud, self.owner, run, job, seed, attempt, deadline, "alive", "requested", time.time(),
+               offer_json)
         if key in self.tokens:
             self._machine_jobs[name] = key
         return self._track((
-            "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
-            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row), key)
+            "INSERT OR REPLACE INTO machines (name, cloud, owner, run, job, seed, attempt, deadline, state, phase,"
+            " created, offer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row), key)
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
@@ -550,15 +588,15 @@ class Ledger:
             "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row),
             fence=self._machine_fence(machine.name))
 
-    def claim_job(self, key: str, from_owner: str) -> bool:
-        """Take a dead owner's unfinished job (compare-and-set: one resumer wins), with a fresh
-        fencing token."""
+    def claim_job(self, key: str, from_owner: str, run: str | None = None) -> bool:
+        """Take a dead owner's unfinished job of `run` (compare-and-set: one resumer wins), with a
+        fresh fencing token; the job's later rows go to that run."""
         won: list[bool] = []
-        owner, now, token = self.owner, time.time(), uuid.uuid4().hex
+        owner, now, run, token = self.owner, time.time(), self.run if run is None else run, uuid.uuid4().hex
 
         def op(c: Conn) -> None:
-            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE key=? AND owner=? AND state='running'",
-                            (owner, now, token, key, from_owner))
+            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=? AND owner=?"
+                            " AND state='running'", (owner, now, token, run, key, from_owner))
             won.append(cur.rowcount == 1)
 
         try:
@@ -566,37 +604,40 @@ class Ledger:
         except StaleClaim:
             return False
         if won and won[-1]:  # the last run of the op is the one committed (_commit may redo a batch)
+            self._run_of[key] = run
             self.tokens[key] = token
             self.stale.discard(key)
             return True
         return False
 
-    def claim_queued(self, most: int) -> list[tuple[str, bytes]]:
-        """Claim up to `most` queued jobs, oldest first, each with a fresh fencing token; returns
-        their (key, spec). On PostgreSQL, controllers claiming at once skip each other's rows
-        (FOR UPDATE SKIP LOCKED); SQLite has one writer at a time."""
+    def claim_queued(self, most: int) -> list[Claimed]:
+        """Claim up to `most` queued jobs of any run, oldest first, each with a fresh fencing token.
+        On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE SKIP LOCKED);
+        SQLite has one writer at a time."""
         if most < 1:
             return []
-        got: list[list[tuple[str, bytes, str]]] = []
+        got: list[list[Claimed]] = []
         owner, now, prefix = self.owner, time.time(), uuid.uuid4().hex
         lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
 
         def op(c: Conn) -> None:
             rows = c.execute(
-                "UPDATE jobs SET owner=?, state='running', updated=?, token=? || key WHERE key IN ("
-                f"SELECT key FROM jobs WHERE state='queued' ORDER BY updated, key LIMIT ?{lock})"
-                " RETURNING key, spec, token", (owner, now, prefix, most)).fetchall()
-            got.append([(r[0], bytes(r[1]), r[2]) for r in rows])
+                "UPDATE jobs SET owner=?, state='running', updated=?, token=? || run || '/' || key"
+                " WHERE (run, key) IN ("
+                f"SELECT run, key FROM jobs WHERE state='queued' ORDER BY updated, run, key LIMIT ?{lock})"
+                " RETURNING run, key, spec, token, out_dir", (owner, now, prefix, most)).fetchall()
+            got.append([Claimed(run=r[0], key=r[1], spec=bytes(r[2]), token=r[3], out_dir=r[4]) for r in rows])
 
         try:
             self._submit(op, wait=True)
         except StaleClaim:
             return []  # this controller's lease expired meanwhile: it claims nothing
         claimed = got[-1] if got else []  # the last run of the op is the one committed
-        for key, _, token in claimed:
-            self.tokens[key] = token
-            self.stale.discard(key)
-        return [(key, spec) for key, spec, _ in claimed]
+        for c in claimed:
+            self._run_of[c.key] = c.run
+            self.tokens[c.key] = c.token
+            self.stale.discard(c.key)
+        return claimed
 
     def adopt_machine(self, name: str, key: str | None = None) -> None:
         """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
@@ -656,34 +697,42 @@ class Ledger:
 
     # --- jobs, attempts, events ------------------------------------------------------------------
 
-    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
-        """The job, this controller's from now on, with a fresh fencing token."""
+    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str,
+                   run: str | None = None) -> None:
+        """The job, in `run` (default: this ledger's run), this controller's from now on with a
+        fresh fencing token; its later rows go to that run."""
+        run = self.run if run is None else run
+        self._run_of[key] = run
         token = uuid.uuid4().hex
         self.tokens[key] = token
         self.stale.discard(key)
-        row = (key, name, seed, self.owner, spec, state, out_dir, time.time(), token)
+        row = (run, key, name, seed, self.owner, spec, state, out_dir, time.time(), token)
         # no wait: the queue is FIFO, so the intent of any machine for it commits after it
         self._submit((_RECORD_JOB, row))
 
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
-        row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
+        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
         return self._track((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row), key)
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row),
+            key)
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
-        row = (job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000], started, ended, usd)
+        row = (self.run_of(job), job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000],
+               started, ended, usd)
         self._submit((
-            "INSERT OR REPLACE INTO attempts (job, attempt, owner, machine, cloud, region, state, failure, detail,"
-            " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row), fence=job)
+            "INSERT OR REPLACE INTO attempts (run, job, attempt, owner, machine, cloud, region, state, failure,"
+            " detail, started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row), fence=job)
 
     def record_event(self, event: Event) -> None:
         key = job_key(event.job, event.seed)
-        row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
+        row = (event.t, self.run_of(key), self.owner, key, event.seed, event.attempt, type(event).__name__,
+               encode(event).decode())
         self._submit((
-            "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row), fence=key)
+            "INSERT INTO events (t, run, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?,?)", row),
+            fence=key)
 
 
 class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -709,6 +758,7 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     resumable: int
     machine: str | None = None
     offer: str | None = None
+    run: str | None = None
 
 
 class LedgerReader:
@@ -757,11 +807,56 @@ class LedgerReader:
     def clouds(self) -> list[tuple[str, dict[str, Any]]]:
         return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return list(self._rows("SELECT key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec"
-                               " FROM jobs ORDER BY name, seed"))
+    def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Jobs of every run, or of `run`."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"
+        if run is None:
+            return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
+        return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
 
-    def events(self, job: str | None = None) -> list[dict[str, Any]]:
-        if job is None:
-            return list(self._rows("SELECT * FROM events ORDER BY id"))
-        return list(self._rows("SELECT * FROM events WHERE job=? ORDER BY id", (job,)))
+    def attempts(self, run: str | None = None) -> list[dict[str, Any]]:
+        if run is None:
+            return list(self._rows("SELECT * FROM attempts ORDER BY run, job, attempt"))
+        return list(self._rows("SELECT * FROM attempts WHERE run=? ORDER BY job, attempt", (run,)))
+
+    def events(self, job: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+        where, args = [], []
+        for column, value in (("job", job), ("run", run)):
+            if value is not None:
+                where.append(f"{column}=?")
+                args.append(value)
+        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        return list(self._rows(sql, tuple(args)))
+
+    def runs(self) -> list[RunRow]:
+        """Every run, oldest first, with its jobs counted by state and their cost."""
+        sql = (
+            "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
+            " count(j.key) AS jobs, coalesce(sum(CASE WHEN j.state='succeeded' THEN 1 ELSE 0 END), 0) AS succeeded,"
+            " coalesce(sum(CASE WHEN j.state='failed' THEN 1 ELSE 0 END), 0) AS failed,"
+            " coalesce(sum(CASE WHEN j.state IN ('running', 'queued') THEN 1 ELSE 0 END), 0) AS unfinished,"
+            " coalesce(sum(j.usd), 0.0) AS usd"
+            " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
+        return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
+
+    def run(self, run: str) -> RunRow | None:
+        found = [r for r in self.runs() if r.id == run]
+        return found[0] if found else None
+
+
+class RunRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A run as `actor-run runs` lists it: `state` is what its controller last wrote (running |
+    ended); whether it is finished or was abandoned is `unfinished` against its owner's liveness."""
+
+    id: str
+    owner: str | None
+    batch: str | None
+    out_dir: str | None
+    started: float | None
+    ended: float | None
+    state: str | None
+    jobs: int
+    succeeded: int
+    failed: int
+    unfinished: int
+    usd: float

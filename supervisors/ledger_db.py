@@ -7,10 +7,9 @@ other column (those the statement names from it, the rest to their default: what
 and insert leaves), and the types of a `CREATE TABLE` or `ADD COLUMN` their PostgreSQL names.
 Everything else is the SQL both engines share.
 
-Schema changes are numbered migrations (`MIGRATIONS`), applied in order to either engine by
-`migrate`: the number reached is kept in the table `schema_version`, and a migration runs under a
-lock (SQLite's write lock; a PostgreSQL advisory lock), so two controllers opening one ledger at
-once apply each step once.
+Schema changes are schema.py's numbered migrations, applied in order to either engine when a
+connection opens (under SQLite's write lock; under a PostgreSQL advisory lock), so two controllers
+opening one ledger at once apply each step once.
 
 A PostgreSQL URL may hold a password: `describe()` is what goes into logs and messages, never the
 URL itself.
@@ -18,6 +17,7 @@ URL itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -27,9 +27,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from actor_run.protocols.failures import SpecError
+from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.supervisors.schema import SchemaError, migrate
 
 ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
+
+
+class LedgerError(ActorRunError):
+    """The ledger could not record something (the disk, a lock held too long, the server gone)."""
 
 
 class Cursor(Protocol):
@@ -73,45 +78,6 @@ def describe(location: str | Path) -> str:
     return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", str(location))
 
 
-# --- migrations ------------------------------------------------------------------------------------
-
-# Each step is a list of statements in SQLite's dialect (translated for PostgreSQL). Step 1 is the
-# schema as it stood when versions began: on a ledger made before then its CREATE ... IF NOT EXISTS
-# finds the tables there, and ADD COLUMN steps add what an older file lacks (ensure_columns).
-MIGRATIONS: list[list[str]] = [
-    [
-        "CREATE TABLE IF NOT EXISTS owners (id TEXT PRIMARY KEY, pid INTEGER, started REAL, host TEXT,"
-        " beat REAL, closed INTEGER DEFAULT 0)",
-        "CREATE TABLE IF NOT EXISTS jobs (key TEXT PRIMARY KEY, name TEXT, seed INTEGER, owner TEXT, spec BLOB,"
-        " state TEXT, failure TEXT, detail TEXT, attempts INTEGER DEFAULT 0, usd REAL DEFAULT 0, out_dir TEXT,"
-        " updated REAL)",
-        "CREATE TABLE IF NOT EXISTS attempts (job TEXT, attempt INTEGER, owner TEXT, machine TEXT, cloud TEXT,"
-        " region TEXT, state TEXT, failure TEXT, detail TEXT, started REAL, ended REAL, usd REAL,"
-        " PRIMARY KEY (job, attempt))",
-        "CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER,"
-        " attempt INTEGER, deadline REAL, state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL,"
-        " created REAL, gone REAL, reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL,"
-        " resumable INTEGER DEFAULT 0, machine TEXT, offer TEXT)",
-        "CREATE INDEX IF NOT EXISTS machines_state ON machines (state)",
-        "CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings))",
-        "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, t REAL, owner TEXT, job TEXT, seed INTEGER,"
-        " attempt INTEGER, type TEXT, body TEXT)",
-        "ADD COLUMN machines.machine TEXT",
-        "ADD COLUMN machines.offer TEXT",
-        "ADD COLUMN machines.resumable INTEGER DEFAULT 0",
-    ],
-    [
-        # owners across machines: a lease (seconds since the epoch, by the database's clock) that the
-        # owner renews; a job claim's fencing token
-        "ADD COLUMN owners.lease_until REAL",
-        "ADD COLUMN jobs.token TEXT",
-        "CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state)",
-    ],
-]
-
-_ADD_COLUMN = re.compile(r"ADD COLUMN (\w+)\.(\w+) (.+)")
-
-
 # --- backends --------------------------------------------------------------------------------------
 
 
@@ -150,32 +116,16 @@ class Backend:
     def close(self) -> None:
         """Let go of what this backend holds (a reader's connection)."""
 
-    def migrate(self, conn: Any) -> int:
-        """Apply every migration not applied yet; return the version reached."""
-        conn.execute(self.begin_sql())
+    def migrate(self, conn: Any) -> None:
+        """Bring the schema up to date (schema.py's numbered steps); LedgerError if it cannot be."""
         try:
-            self._lock_for_migration(conn)
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
-            row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-            have = int(row[0]) if row and row[0] is not None else 0
-            for number, step in enumerate(MIGRATIONS, start=1):
-                if number <= have:
-                    continue
-                for statement in step:
-                    self._apply(conn, statement)
-                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (number,))
-            conn.execute("COMMIT")
-        except BaseException:
-            if self.in_transaction(conn):
-                conn.execute("ROLLBACK")
-            raise
-        return len(MIGRATIONS)
-
-    def _lock_for_migration(self, conn: Any) -> None:
-        pass
-
-    def _apply(self, conn: Any, statement: str) -> None:
-        raise NotImplementedError
+            migrate(conn)
+        except SchemaError as exc:
+            conn.close()
+            raise LedgerError(f"{self.describe()}: {exc}") from exc
+        except self.errors as exc:
+            conn.close()
+            raise LedgerError(f"{self.describe()}: could not bring the ledger up to date: {exc}") from exc
 
 
 class SqliteBackend(Backend):
@@ -214,14 +164,6 @@ class SqliteBackend(Backend):
             self._reader.close()
             self._reader = None
 
-    def _apply(self, conn: Any, statement: str) -> None:
-        m = _ADD_COLUMN.fullmatch(statement)
-        if m is None:
-            conn.execute(statement)
-            return
-        table, column, kind = m.groups()
-        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 class PostgresBackend(Backend):
@@ -249,6 +191,9 @@ class PostgresBackend(Backend):
         # a controller frozen inside a transaction (SIGSTOP, a cut network) must not hold its row
         # locks forever: the server ends such a session, and its transaction with it
         raw.execute("SET idle_in_transaction_session_timeout = '10s'")
+        # where schema.py keeps the version; two controllers making it at once: one wins
+        with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            raw.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         conn = _PgConn(raw, self)
         self.migrate(conn)
         self._load_tables(conn)
@@ -269,15 +214,6 @@ class PostgresBackend(Backend):
                 self._load_tables(conn)
             yield conn
 
-    def _lock_for_migration(self, conn: Any) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(7346115)")  # one migrator at a time, per database
-
-    def _apply(self, conn: Any, statement: str) -> None:
-        m = _ADD_COLUMN.fullmatch(statement)
-        if m is not None:
-            table, column, kind = m.groups()
-            statement = f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}"
-        conn.execute(_ddl(statement))
 
     def _load_tables(self, conn: _PgConn) -> None:
         rows = conn.raw.execute(
@@ -397,6 +333,7 @@ def _marks(text: str) -> str:
 
 
 def _translate(text: str, tables: dict[str, tuple[list[str], list[str]]]) -> str:
+    text = _ddl(text)
     m = _INSERT.fullmatch(text.strip())
     if m is not None:
         verb, table, columns, rest = m.groups()

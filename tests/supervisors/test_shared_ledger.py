@@ -63,6 +63,8 @@ class Controller:
     def finish(self, timeout: float = 120) -> int:
         code = self.proc.wait(timeout)
         self._reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
         assert self.proc.stderr is not None
         self.stderr = self.proc.stderr.read()
         self.proc.stderr.close()
@@ -124,7 +126,7 @@ def check_every_job_ended_once(tmp: Path, url: str, seeds: int) -> None:
 def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_path: Path, url: str) -> None:
     seeds = 9
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
-    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only")
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
     assert f"queued {seeds} job(s)" in queued.stdout
     assert {j["state"] for j in jobs(url).values()} == {"queued"}
@@ -154,7 +156,8 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
 ) -> None:
     seeds = 4
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2)
-    assert cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only").returncode == 0
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
+    assert queued.returncode == 0, queued.stderr
     frozen = Controller(tmp_path, url, "frozen", concurrency=2)
     frozen.wait_for("JobStarted", 2)
     adopter = Controller(tmp_path, url, "adopter", concurrency=2)
@@ -210,7 +213,8 @@ def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_ho
 ) -> None:
     batch = tmp_path / "batch.toml"
     batch.write_text(SECRET_JOB.replace("SIM", str(tmp_path / "sim")))
-    assert cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only").returncode == 0
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
+    assert queued.returncode == 0, queued.stderr
     worker = subprocess.run(
         [*CLI, "worker", "--ledger", url, "--until-idle", "--poll", "0.2", "--out", str(tmp_path / "out"),
          "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
