@@ -20,6 +20,11 @@ sim folder), as `actor-run worker` does. Intervals are load.py's at --scale 10: 
   `xact_per_s`: every transaction the database counted (pg_stat_database), reads included.
 - `postgres_cpu_s`: the CPU time of the PostgreSQL server's processes over the wall (psutil),
   and `postgres_cpu_share`: that over the wall (1.0 is one core busy all the time).
+
+Part 3, the baseline, in the same run (unless --no-baseline): the same path with ONE worker of
+`--attempts` attempts, on PostgreSQL (`one_postgresql_*`) and on an SQLite file (`one_sqlite_*`):
+what the shared ledger costs one controller, and what three controllers on one computer cost
+each other (they share its cores: on a 2-core machine, three busy controllers are CPU-bound).
 Only loopback: the database listens on a unix socket in a temporary folder. Every wait is bounded.
 """
 
@@ -106,9 +111,12 @@ def child(url: str, concurrency: int, root: Path) -> int:
     return 0
 
 
-def shared(url: str, server_pid: int, k: int, n: int, job_s: float, root: Path) -> dict[str, Any]:
+def shared(url: str, server_pid: int | None, k: int, n: int, job_s: float, root: Path) -> dict[str, Any]:
+    """k workers x n attempts each on the ledger `url` (a postgresql:// URL, or an SQLite file's
+    path: then `server_pid` is None and the server's figures are not measured)."""
     from actor_run.supervisors.runner import Runner
 
+    root.mkdir(parents=True, exist_ok=True)
     sim_dir = root / "sim"
     procs = [subprocess.Popen([sys.executable, __file__, "--child", url, "--concurrency", str(n), "--dir",
                                str(root / f"w{i}")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -121,11 +129,12 @@ def shared(url: str, server_pid: int, k: int, n: int, job_s: float, root: Path) 
             for job in make_jobs(k * n, job_s, sim_dir):
                 submitter.enqueue(job)
             submitter.ledger.flush()
-        server = psutil.Process(server_pid)
-
         def pg_cpu() -> float:
             """The server's CPU: the postmaster's, its live backends', and (in the postmaster's
             children_* counters) that of every backend it has reaped."""
+            if server_pid is None:
+                return 0.0
+            server = psutil.Process(server_pid)
             t = server.cpu_times()
             total = t.user + t.system + t.children_user + t.children_system
             for p in server.children(recursive=True):
@@ -137,6 +146,8 @@ def shared(url: str, server_pid: int, k: int, n: int, job_s: float, root: Path) 
             return total
 
         def xacts() -> int:
+            if server_pid is None:
+                return 0
             import psycopg
 
             with psycopg.connect(url, autocommit=True) as c:
@@ -184,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controllers", type=int, default=3)
     ap.add_argument("--job-seconds", type=float, default=30.0)
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the one-controller runs")
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
@@ -207,7 +219,15 @@ def main(argv: list[str] | None = None) -> int:
             "postgresql_events_per_s": events_per_s(server.create_database(), args.events),
         }
         result.update(shared(server.create_database(), server.pid(), args.controllers, args.attempts,
-                             args.job_seconds, root))
+                             args.job_seconds, root / "shared"))
+        if not args.no_baseline:
+            # the same path, one controller: on PostgreSQL, and on SQLite (the default ledger)
+            for name, location, pid in (("one_postgresql", server.create_database(), server.pid()),
+                                        ("one_sqlite", str(root / "one-sqlite" / "ledger.sqlite"), None)):
+                one = shared(location, pid, 1, args.attempts, args.job_seconds, root / name)
+                result.update({f"{name}_{k}": one[k] for k in ("wall_over_ideal", "commits_per_s", "job_states")})
+                if pid is not None:
+                    result[f"{name}_postgres_cpu_s"] = one["postgres_cpu_s"]
         close_pools()
     finally:
         server.stop()
@@ -221,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['wall_over_ideal']:.3f} ({result['wall_s']:.1f} s / {result['ideal_s']:.1f} s), "
               f"ledger commits/s {result['commits_per_s']:.1f}, PostgreSQL CPU {result['postgres_cpu_s']:.1f} s "
               f"({result['postgres_cpu_share']:.2f} of a core), jobs {result['job_states']}")
+        if not args.no_baseline:
+            pg, lite = result["one_postgresql_wall_over_ideal"], result["one_sqlite_wall_over_ideal"]
+            print(f"1 controller x {args.attempts} attempts: wall / ideal on PostgreSQL {pg:.3f}, on SQLite {lite:.3f}")
     print(json.dumps(result))
-    return 0 if set(result["job_states"]) == {"succeeded"} else 1
+    states = [v for k, v in result.items() if k.endswith("job_states")]
+    return 0 if all(set(v) == {"succeeded"} for v in states) else 1
 
 
 if __name__ == "__main__":

@@ -27,4 +27,8 @@ def test_a_small_ledger_bench_runs_both_backends_and_three_controllers(tmp_path:
     assert result["wall_over_ideal"] >= 1.0
     assert result["commits"] > 0
     assert result["postgres_cpu_s"] > 0
+    # the baseline, the same path with one controller: on PostgreSQL and on SQLite
+    assert result["one_postgresql_job_states"] == result["one_sqlite_job_states"] == {"succeeded": 5}
+    assert result["one_postgresql_wall_over_ideal"] >= 1.0
+    assert result["one_sqlite_wall_over_ideal"] >= 1.0
     assert list(tmp_path.iterdir()) == []

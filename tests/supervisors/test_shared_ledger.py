@@ -35,12 +35,14 @@ def url(postgres: Any) -> Iterator[str]:
 
 
 class Controller:
-    """One `actor-run worker` process; its JSON events are read on a thread of the test's own."""
+    """One `actor-run worker` process (or, with `run`, the `actor-run run BATCH` that queued the
+    batch and works on it too); its JSON events are read on a thread of the test's own."""
 
-    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2) -> None:
+    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2, run: Path | None = None) -> None:
         self.name = name
+        command = ["run", str(run)] if run is not None else ["worker", "--until-idle"]
         self.proc = subprocess.Popen(
-            [*CLI, "worker", "--ledger", url, "--concurrency", str(concurrency), "--json", "--until-idle",
+            [*CLI, *command, "--ledger", url, "--concurrency", str(concurrency), "--json",
              "--lease", str(LEASE_S), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
              str(tmp / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
         self.events: list[dict[str, Any]] = []
@@ -124,13 +126,13 @@ def check_every_job_ended_once(tmp: Path, url: str, seeds: int) -> None:
 
 
 def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_path: Path, url: str) -> None:
+    """`actor-run run` queues the batch and works on it with two workers; one worker is killed -9
+    mid-batch, the others adopt its jobs within the lease plus one poll."""
     seeds = 9
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
-    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
-    assert queued.returncode == 0, queued.stderr
-    assert f"queued {seeds} job(s)" in queued.stdout
-    assert {j["state"] for j in jobs(url).values()} == {"queued"}
-    controllers = [Controller(tmp_path, url, name) for name in ("a", "b", "c")]
+    first = Controller(tmp_path, url, "run", run=batch)
+    first.wait_for("JobStarted")
+    controllers = [first, *(Controller(tmp_path, url, name) for name in ("b", "c"))]
     victim = controllers[1]
     victim.wait_for("JobStarted", 2)
     dead = owner_of_running(url, victim)
