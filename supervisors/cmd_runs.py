@@ -41,10 +41,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def run_state(run: RunRow, live: set[str]) -> str:
-    """running (its controller is alive), abandoned (unfinished, its controller gone: `actor-run
-    resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
+    """running (its controller is alive, or on a shared ledger a live worker holds a job of it),
+    queued (on a shared ledger: jobs wait for a worker), abandoned (unfinished, its controller
+    gone: `actor-run resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
     if run.unfinished:
-        return "running" if run.owner in live and run.state == "running" else "abandoned"
+        if (run.owner in live and run.state == "running") or run.held:
+            return "running"
+        return "queued" if run.queued else "abandoned"
     if run.jobs == 0:
         return "running" if run.owner in live and run.state == "running" else "empty"
     return "failed" if run.failed else "succeeded"

@@ -108,7 +108,7 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
         running = [h for h in handles if not h.done()]
         handles = running
         handles += runner.claim(args.concurrency - len(running))
-        handles += runner.resume(sweep_after=False)
+        handles += runner.resume(sweep_after=False, take_runs=False)
         if until is not None or getattr(args, "until_idle", False):
             states = _ledger_states(runner, run if until is not None else None)
             if until is not None and all(states.get(k) in ENDED for k in until):

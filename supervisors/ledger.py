@@ -829,13 +829,19 @@ class LedgerReader:
         return list(self._rows(sql, tuple(args)))
 
     def runs(self) -> list[RunRow]:
-        """Every run, oldest first, with its jobs counted by state and their cost."""
+        """Every run, oldest first, with its jobs counted by state and their cost; on a shared
+        ledger also its running jobs held by a live owner (`held`: workers run it, whoever
+        started it)."""
+        held = "0" if not self.backend.fenced else (
+            "coalesce(sum(CASE WHEN j.state='running' AND EXISTS (SELECT 1 FROM owners o WHERE o.id = j.owner"
+            f" AND o.closed = 0 AND o.lease_until > {self.backend.now_sql}) THEN 1 ELSE 0 END), 0)")
         sql = (
             "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
             " count(j.key) AS jobs, coalesce(sum(CASE WHEN j.state='succeeded' THEN 1 ELSE 0 END), 0) AS succeeded,"
             " coalesce(sum(CASE WHEN j.state='failed' THEN 1 ELSE 0 END), 0) AS failed,"
             " coalesce(sum(CASE WHEN j.state IN ('running', 'queued') THEN 1 ELSE 0 END), 0) AS unfinished,"
-            " coalesce(sum(j.usd), 0.0) AS usd"
+            " coalesce(sum(CASE WHEN j.state='queued' THEN 1 ELSE 0 END), 0) AS queued,"
+            f" {held} AS held, coalesce(sum(j.usd), 0.0) AS usd"
             " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
         return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
 
@@ -860,3 +866,5 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     failed: int
     unfinished: int
     usd: float
+    queued: int = 0  # waiting for a worker (a shared ledger)
+    held: int = 0  # running under a live owner's lease (a shared ledger)

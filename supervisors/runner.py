@@ -517,12 +517,13 @@ class Runner:
             # does not wait for the commit meanwhile
             durable.when_done(lambda _error: h._resolve(e))
 
-    def resume(self, run: str | None = None, *, sweep_after: bool = True) -> list[JobHandle]:
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
         Each job keeps its run: its rows go there and its results to the folder that run recorded.
         Jobs of another run with the key of one taken here are left for a later call. Then the
         dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
-        a worker's adoption check, every poll)."""
+        a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner, run=run)
@@ -537,7 +538,7 @@ class Runner:
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
             if not self.ledger.claim_job(job.key, item.from_owner, item.run):
                 continue  # another resumer took it
-            if item.run not in runs:
+            if take_runs and item.run not in runs:
                 runs.add(item.run)
                 self.ledger.take_run(item.run)
                 self._driven.add(item.run)

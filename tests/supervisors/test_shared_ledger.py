@@ -130,6 +130,7 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     mid-batch, the others adopt its jobs within the lease plus one poll."""
     seeds = 9
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
     first = Controller(tmp_path, url, "run", run=batch)
     first.wait_for("JobStarted")
     controllers = [first, *(Controller(tmp_path, url, name) for name in ("b", "c"))]
@@ -140,6 +141,8 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     killed = time.monotonic()
     victim.finish()
     waited = wait_until_adopted(url, dead, timeout=LEASE_S + POLL_S + 30)
+    listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
+    assert [(r["state"], r["jobs"]) for r in listed] == [("running", seeds)]  # one view, from any controller
     # measured from the kill: the lease ran out at most LEASE_S after its last renewal, and the
     # others look once a poll (plus what a poll's own claim and sweep take on a loaded machine)
     assert time.monotonic() - killed >= waited
@@ -148,6 +151,8 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     for c in (controllers[0], controllers[2]):
         assert c.finish() == 0, c.stderr
     check_every_job_ended_once(tmp_path, url, seeds)
+    listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
+    assert [(r["state"], r["succeeded"]) for r in listed] == [("succeeded", seeds)]
     follow = cli(tmp_path, "status", "--follow", "--ledger", url)
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout.count("succeeded") == seeds
