@@ -26,12 +26,10 @@ from actor_run.supervisors.ledger import (
     LedgerReader,
     OwnerRow,
     StaleClaim,
-    _run,
-    _run_all,
-    _run_many,
     owner_is_alive,
     process_start_time,
 )
+from actor_run.supervisors.ledger_batch import _run, _run_all, _run_many
 
 
 class Db:
