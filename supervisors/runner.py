@@ -6,6 +6,10 @@ the tree; `submit(job)` returns a `JobHandle`; `subscribe(fn)` receives every ev
         handle = runner.submit(job)
         ended = handle.result()          # a JobEnded event
 
+What a Runner submits is one *run* (`runner.run`, a short id): the ledger keeps its jobs, attempts
+and events under it, with its output folder, recorded when the first job is submitted; `resume`
+takes over jobs of other (dead) runs and keeps each in its own run and folder.
+
 Threads: `subscribe` callbacks run on whichever actor thread emitted the event: keep them quick
 (put the event on a queue). Everything else may be called from any thread.
 """
@@ -397,6 +401,8 @@ class Runner:
         calls it. Returns the run's id (a new one if the chosen id was already in the ledger)."""
         if not self._open:
             raise RuntimeError("the Runner is not open (use it as a context manager)")
+        if self._run_started:
+            return self.run
         with self._lock:
             if not self._run_started:
                 for _ in range(20):

@@ -41,7 +41,7 @@ from actor_run.protocols.names import PREFIX, parse_name
 from actor_run.supervisors.ledger import Ledger, LedgerReader, MachineRow, owner_is_alive
 
 DEFAULT_LOST_AFTER_S = 120.0  # PolicySpec's default: for a stamp written without its window beside it
-BEAT_READ_S = 30.0  # how long a machine's host has to answer the stamp read
+BEAT_READ_S = 15.0  # how long a machine's host has to answer the stamp read (a sweep waits for the slowest)
 
 
 class SweepAction(msgspec.Struct, frozen=True, kw_only=True):
