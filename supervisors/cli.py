@@ -40,6 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 RUN_EXAMPLE = """example:
   actor-run run examples/seeds.toml --out results/
+  actor-run run examples/sim.toml --ledger postgresql://team@db.example/actor_run --submit-only
 """
 
 

@@ -175,7 +175,8 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
             print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker",
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-            serve(runner, args, until={j.key for j in jobs}, run=run)
+            if not serve(runner, args, until={j.key for j in jobs}, run=run):
+                return FAILED  # its lease expired: the other workers finish the batch
             states = _ledger_states(runner, run)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")

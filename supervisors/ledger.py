@@ -419,7 +419,10 @@ class Ledger:
         self._submit(("UPDATE runs SET owner=?, ended=NULL, state='running' WHERE id=?", row), wait=True)
 
     def end_run(self, run: str) -> None:
-        """The controller let go of the run (its jobs ended, or it was closed): durable before it returns."""
+        """The controller let go of the run (its jobs ended, or it was closed): durable before it
+        returns. Not once this owner's lease has expired: it writes nothing more."""
+        if self.lease_lost:
+            return
         row = (time.time(), run, self.owner)
         self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
 

@@ -187,6 +187,7 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
         frozen.proc.send_signal(signal.SIGCONT)
     assert frozen.finish() == 1  # it found its lease expired and let its jobs go
     assert "lease in the ledger expired" in frozen.stderr
+    assert "Traceback" not in frozen.stderr
     assert adopter.finish() == 0, adopter.stderr
     assert written() == before  # nothing from the frozen controller after its token went stale
     check_every_job_ended_once(tmp_path, url, seeds)
