@@ -377,10 +377,14 @@ def test_a_run_that_could_differ_from_row_by_row_is_written_row_by_row() -> None
     assert results[0] == results[1] == [("a", "z"), ("b", "z")]
 
 
-def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_effect() -> None:
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_effect(
+    engine: str, request: pytest.FixtureRequest,
+) -> None:
     """A batch of writes to three tables, interleaved (as a thousand attempts queue them): taken
-    table by table between function ops, as a few multi-row statements, it leaves what one write
-    after the other leaves; a function op still sees every write queued before it."""
+    table by table between function ops, as a few multi-row statements (SQLite) or pipelined runs
+    (PostgreSQL), it leaves what one write after the other leaves; a function op still sees every
+    write queued before it."""
     ops: list[Any] = []
     seen: list[int] = []
     for i in range(300):
@@ -390,29 +394,49 @@ def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_ef
             ops.append(lambda c: seen.append(c.execute("SELECT count(*) FROM events").fetchone()[0]))
         ops.append(("UPDATE jobs SET state=? WHERE key=?", (f"u{i}", f"j{i}")))
 
-    def fresh() -> sqlite3.Connection:
-        conn = sqlite3.connect(":memory:", isolation_level=None)
+    made: list[Any] = []
+
+    def fresh() -> Any:
+        if engine == "sqlite":
+            conn: Any = sqlite3.connect(":memory:", isolation_level=None)
+        else:  # a connection that takes the ledger's SQL, as the writer's does (ledger_db.py)
+            import psycopg
+
+            from actor_run.supervisors.ledger_db import PostgresBackend, _PgConn
+
+            url = request.getfixturevalue("postgres").create_database()
+            backend = PostgresBackend(url)
+            conn = _PgConn(psycopg.connect(url, autocommit=True), backend)
+        made.append(conn)
         conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, t REAL, body TEXT)")
         conn.execute("CREATE TABLE jobs (key TEXT PRIMARY KEY, state TEXT)")
         conn.execute("CREATE TABLE machines (name TEXT PRIMARY KEY, state TEXT)")
         conn.executemany("INSERT INTO jobs VALUES (?, '')", [(f"j{i}",) for i in range(300)])
+        if engine != "sqlite":
+            backend._load_tables(conn)  # the primary keys INSERT OR REPLACE becomes an upsert on
         return conn
 
-    def state(conn: sqlite3.Connection) -> list[list[Any]]:
-        return [conn.execute(sql).fetchall() for sql in ("SELECT t, body FROM events ORDER BY id",
-                                                         "SELECT name, state FROM machines ORDER BY name",
-                                                         "SELECT key, state FROM jobs ORDER BY key")]
+    def state(conn: Any) -> list[list[Any]]:
+        return [[tuple(r) for r in conn.execute(sql).fetchall()]
+                for sql in ("SELECT t, body FROM events ORDER BY id", "SELECT name, state FROM machines ORDER BY name",
+                            "SELECT key, state FROM jobs ORDER BY key")]
 
-    one_by_one = fresh()
-    for op in ops:
-        _run(one_by_one, op)
-    grouped, statements = fresh(), []
-    grouped.set_trace_callback(statements.append)
-    _run_all(grouped, ops)
-    grouped.set_trace_callback(None)
-    assert state(grouped) == state(one_by_one)
-    assert seen == [151, 151]  # both ways, the function saw the 151 events queued before it
-    assert len(statements) <= 12, statements[:20]
+    try:
+        one_by_one = fresh()
+        for op in ops:
+            _run(one_by_one, op)
+        grouped, statements = fresh(), []
+        if engine == "sqlite":
+            grouped.set_trace_callback(statements.append)
+        _run_all(grouped, ops)
+        if engine == "sqlite":
+            grouped.set_trace_callback(None)
+            assert len(statements) <= 12, statements[:20]
+        assert state(grouped) == state(one_by_one)
+        assert seen == [151, 151]  # both ways, the function saw the 151 events queued before it
+    finally:
+        for conn in made:
+            conn.close()
 
 
 # --- migrations --------------------------------------------------------------------------------------

@@ -73,9 +73,10 @@ class Controller:
         return code
 
 
-def cli(tmp: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(tmp: Path, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp)
+                          timeout=timeout, cwd=tmp, env={**os.environ, **(env or {})})
 
 
 def jobs(url: str) -> dict[str, dict[str, Any]]:
@@ -153,7 +154,7 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     check_every_job_ended_once(tmp_path, url, seeds)
     listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
     assert [(r["state"], r["succeeded"]) for r in listed] == [("succeeded", seeds)]
-    follow = cli(tmp_path, "status", "--follow", "--ledger", url)
+    follow = cli(tmp_path, "status", "--follow", env={"ACTOR_RUN_LEDGER": url})  # the ledger named by the env
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout.count("succeeded") == seeds
 
@@ -191,7 +192,6 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     assert adopter.finish() == 0, adopter.stderr
     assert written() == before  # nothing from the frozen controller after its token went stale
     check_every_job_ended_once(tmp_path, url, seeds)
-    _ = os
 
 
 SECRET_JOB = """
