@@ -537,24 +537,20 @@ class Ledger:
             fence=self._machine_fence(name))
 
     def still_holds(self, name: str) -> bool:
-        """False once the job of the machine `name` is known to be another controller's: its
-        machine is then the adopter's to keep or delete, not this controller's. On a fenced
-        backend the claim is checked in the database before the answer (a round trip: asked once,
-        before a machine is deleted)."""
+        """False once the job of the machine `name` is known to be another controller's (or this
+        owner's lease expired): its machine is then the adopter's to keep or delete, not this
+        controller's. What this process knows now; `check_hold` asks the database."""
         key = self._machine_jobs.get(name)
-        if key is None:
-            return True
-        if key in self.stale or self.lease_lost:
-            return False
-        if not self.backend.fenced:
-            return True
-        try:
-            self._submit(lambda c: None, wait=True, fence=key)
-        except StaleClaim:
-            return False
-        except LedgerError:
-            return True  # the ledger cannot tell: the machine is deleted, as it would be without a shared ledger
-        return True
+        return key is None or (key not in self.stale and not self.lease_lost)
+
+    def check_hold(self, name: str) -> Waiter | None:
+        """On a fenced backend, a no-op write fenced by the machine's job: once it is done (made, or
+        refused as stale), `still_holds` says what the database said. None when there is nothing
+        to ask: an SQLite ledger, a machine of no claimed job, a job already known lost."""
+        key = self._machine_jobs.get(name)
+        if not self.backend.fenced or key is None or key in self.stale or self.lease_lost or self._closed:
+            return None
+        return self._track(lambda c: None, key)
 
     def record_cloud(self, name: str, settings: dict[str, Any]) -> None:
         """A cloud this ledger's machines may be on, with its settings (never secrets), for sweeps."""

@@ -164,6 +164,7 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
 ) -> None:
     seeds = 4
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2)
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
     queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
     frozen = Controller(tmp_path, url, "frozen", concurrency=2)
@@ -189,6 +190,9 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     assert frozen.finish() == 1  # it found its lease expired and let its jobs go
     assert "lease in the ledger expired" in frozen.stderr
     assert "Traceback" not in frozen.stderr
+    let_go = [e for e in frozen.events if e["type"] == "Released" and not e["confirmed"]]
+    assert len(let_go) == 2, frozen.events  # its two machines, left to the adopter, not deleted
+    assert all("left to the controller that took over its job" in e["detail"] for e in let_go)
     assert adopter.finish() == 0, adopter.stderr
     assert written() == before  # nothing from the frozen controller after its token went stale
     check_every_job_ended_once(tmp_path, url, seeds)
