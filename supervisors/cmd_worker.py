@@ -86,6 +86,14 @@ def _ledger_states(runner: Runner, run: str | None = None) -> dict[str, str]:
         reader.close()
 
 
+def _has_orphans(runner: Runner) -> bool:
+    reader = LedgerReader(runner.ledger_path)
+    try:
+        return reader.has_orphans(me=runner.owner)
+    finally:
+        reader.close()
+
+
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None) -> bool:
     """Claim, run and adopt until interrupted, or (with `until`) until those jobs of `run` have
     ended in the ledger, or (with --until-idle) until nothing is queued or running anywhere.
@@ -108,7 +116,8 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
         running = [h for h in handles if not h.done()]
         handles = running
         handles += runner.claim(args.concurrency - len(running))
-        handles += runner.resume(sweep_after=False, take_runs=False)
+        if _has_orphans(runner):
+            handles += runner.resume(sweep_after=False, take_runs=False)
         if until is not None or getattr(args, "until_idle", False):
             states = _ledger_states(runner, run if until is not None else None)
             if until is not None and all(states.get(k) in ENDED for k in until):

@@ -669,6 +669,18 @@ class LedgerReader:
     def clouds(self) -> list[tuple[str, dict[str, Any]]]:
         return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
 
+    def has_orphans(self, *, me: str) -> bool:
+        """Whether some running job's owner is dead (a resume would take it): one small query on a
+        shared ledger, where a worker asks it every poll before it plans an adoption."""
+        if self.backend.fenced:
+            rows = self._rows(
+                "SELECT 1 AS x FROM jobs j WHERE j.state='running' AND j.owner <> ? AND NOT EXISTS (SELECT 1 FROM"
+                f" owners o WHERE o.id = j.owner AND o.closed = 0 AND (o.lease_until IS NULL OR o.lease_until >"
+                f" {self.backend.now_sql})) LIMIT 1", (me,))
+            return any(True for _ in rows)
+        live = self.live_owners() | {me}
+        return any(r["owner"] not in live for r in self._rows("SELECT DISTINCT owner FROM jobs WHERE state='running'"))
+
     def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
         """Jobs of every run, or of `run`."""
         cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"

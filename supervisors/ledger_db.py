@@ -209,10 +209,7 @@ class PostgresBackend(Backend):
     def reading(self) -> Iterator[_PgConn]:
         pool = _pool(self.url)
         with pool.connection() as raw:
-            conn = _PgConn(raw, self)
-            if not self._tables:
-                self._load_tables(conn)
-            yield conn
+            yield _PgConn(raw, self)  # (readers write nothing: no catalog for INSERT OR REPLACE needed)
 
 
     def _load_tables(self, conn: _PgConn) -> None:

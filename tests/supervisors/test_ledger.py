@@ -580,3 +580,17 @@ def test_two_runs_of_one_job_keep_their_own_rows(ledgers: Callable[..., Ledger],
     runs = reader.runs()
     assert [(r.id, r.owner, r.state, r.jobs, r.failed, r.usd) for r in runs] == [
         ("run00001", first.owner, "ended", 1, 1, 0.5), ("run00002", second.owner, "ended", 1, 1, 0.5)]
+
+
+def test_a_running_job_of_a_dead_owner_is_an_orphan(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    a, b = ledgers(), ledgers()
+    a.register_owner()
+    b.register_owner()
+    a.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/o")
+    b.record_job(key="k/seed-1", name="k", seed=1, spec=b"{}", state="queued", out_dir="/o")
+    a.flush()
+    b.flush()
+    assert not reader.has_orphans(me=b.owner)  # its owner lives; a queued job is nobody's yet
+    a.close_owner()
+    assert reader.has_orphans(me=b.owner)
+    assert not reader.has_orphans(me=a.owner)  # one's own jobs are not orphans to oneself
