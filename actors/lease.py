@@ -186,7 +186,8 @@ class LeaseActor(Actor):
         else:
             exc = result.error
         code, detail = _classify_launch(exc, created=self.machine is not None)
-        failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail)
+        failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
+                             machine=self.machine)
         clean = code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,

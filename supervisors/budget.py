@@ -6,6 +6,9 @@ actual charge when the machine is gone. Pure arithmetic under a lock; no actors,
     budget.charge(r.holder, 0.12)          # live spend (a meter tick); False once it would cross
     budget.release(r.holder, 0.95)         # the machine is gone: 0.95 spent, the rest is free again
 
+`reserve` and `release` answer the change they made (a `BudgetChange`, with its `seq` and the
+totals after it), which the job supervisor records in the ledger and shows in its events.
+
 The rule it keeps: `spent + reserved <= limit` at every moment, where `reserved` is the sum of the
 live reservations and `spent` what released attempts cost. A reservation is refused when it would
 break the rule; a live charge never counts beyond its reservation (the runtime guard stops the
@@ -35,12 +38,6 @@ def to_micro(usd: float) -> int:
     return max(0, math.ceil(round(usd * MICRO, 3)))
 
 
-class Reservation(msgspec.Struct, frozen=True, kw_only=True):
-    holder: Holder
-    usd: float
-    seq: int
-
-
 class BudgetChange(msgspec.Struct, frozen=True, kw_only=True):
     """One change, as the ledger records it: `kind` is reserve | release; `usd` is the amount
     reserved, or the actual charge that replaced the reservation; the totals are after it."""
@@ -52,6 +49,7 @@ class BudgetChange(msgspec.Struct, frozen=True, kw_only=True):
     reserved_usd: float
     spent_usd: float
     limit_usd: float | None
+    replaced_usd: float = 0.0  # a release: the reservation the charge replaced
 
 
 class BudgetStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,22 +79,21 @@ class Budget:
 
     # --- the three changes -----------------------------------------------------------------------
 
-    def reserve(self, holder: Holder, usd: float) -> Reservation | None:
+    def reserve(self, holder: Holder, usd: float) -> BudgetChange | None:
         """Reserve `usd` for `holder`; None if the budget cannot hold it (nothing changes then).
-        A holder that already holds a reservation gets it back unchanged (a resume adopts one)."""
+        A holder that already holds a reservation gets it back unchanged (a resume adopts one),
+        with seq 0: no change was made."""
         amount = to_micro(usd)
         with self._lock:
             if holder in self._reserved:
-                return Reservation(holder=holder, usd=self._reserved[holder] / MICRO, seq=self._seq)
+                return self._change("reserve", holder, self._reserved[holder], seq=0)
             if self._limit is not None and self._spent + self._reserved_total + amount > self._limit:
                 self._refused += 1
                 return None
             self._reserved[holder] = amount
             self._live[holder] = 0
             self._reserved_total += amount
-            self._seq += 1
-            self._changed("reserve", holder, amount)
-            return Reservation(holder=holder, usd=amount / MICRO, seq=self._seq)
+            return self._changed("reserve", holder, amount)
 
     def adopt(self, holder: Holder, usd: float) -> None:
         """Hold a reservation the ledger already has (a resume): counted, not recorded again, and
@@ -119,25 +116,41 @@ class Budget:
             self._live[holder] = min(amount, cap)
             return amount <= cap
 
-    def release(self, holder: Holder, actual_usd: float) -> float:
-        """The machine is gone: the reservation is replaced by the actual charge. Returns the
-        reservation it replaced (0 if `holder` held none: the charge is still spent)."""
+    def release(self, holder: Holder, actual_usd: float) -> BudgetChange:
+        """The machine is gone: the reservation is replaced by the actual charge. The change says
+        which reservation it replaced (`replaced_usd`, 0 if `holder` held none: the charge is
+        still spent)."""
         amount = to_micro(actual_usd)
         with self._lock:
             held = self._reserved.pop(holder, 0)
             self._live.pop(holder, None)
             self._reserved_total -= held
             self._spent += amount
-            self._seq += 1
-            self._changed("release", holder, amount)
-            return held / MICRO
+            return self._changed("release", holder, amount, replaced=held)
 
-    def _changed(self, kind: str, holder: Holder, amount: int) -> None:
+    def spend(self, usd: float) -> None:
+        """Money spent outside any reservation held here (a resume: what the run spent before)."""
+        with self._lock:
+            self._spent += to_micro(usd)
+
+    def set_limit(self, limit_usd: float) -> None:
+        """Set the limit of a budget made without one (a resume learns it from the jobs)."""
+        with self._lock:
+            if self._limit is None:
+                self._limit = math.floor(round(limit_usd * MICRO, 3))
+
+    def _changed(self, kind: str, holder: Holder, amount: int, replaced: int = 0) -> BudgetChange:
+        self._seq += 1
+        change = self._change(kind, holder, amount, seq=self._seq, replaced=replaced)
         if self._record is not None:
-            self._record(BudgetChange(
-                kind=kind, holder=holder, usd=amount / MICRO, seq=self._seq,
-                reserved_usd=self._reserved_total / MICRO, spent_usd=self._spent / MICRO,
-                limit_usd=None if self._limit is None else self._limit / MICRO))
+            self._record(change)
+        return change
+
+    def _change(self, kind: str, holder: Holder, amount: int, *, seq: int, replaced: int = 0) -> BudgetChange:
+        return BudgetChange(kind=kind, holder=holder, usd=amount / MICRO, seq=seq,
+                            reserved_usd=self._reserved_total / MICRO, spent_usd=self._spent / MICRO,
+                            limit_usd=None if self._limit is None else self._limit / MICRO,
+                            replaced_usd=replaced / MICRO)
 
     # --- reading -----------------------------------------------------------------------------------
 

@@ -52,6 +52,11 @@ CREATE TABLE IF NOT EXISTS machines (
   machine TEXT, offer TEXT);
 CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
 CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
+CREATE TABLE IF NOT EXISTS reservations (
+  job TEXT, attempt INTEGER, owner TEXT, cloud TEXT, account TEXT, region TEXT, gpu TEXT, hourly_usd REAL,
+  hold_s REAL, usd REAL, state TEXT, charged REAL, at_least INTEGER DEFAULT 0, seq INTEGER, released_seq INTEGER,
+  reserved_at REAL, released_at REAL, limit_usd REAL, seconds REAL, outcome TEXT, failure TEXT,
+  PRIMARY KEY (job, attempt));
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY, t REAL, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, type TEXT, body TEXT);
 """
@@ -517,6 +522,38 @@ class Ledger:
         row = (name, msgspec.json.encode(settings).decode())
         self._submit(("INSERT OR IGNORE INTO clouds (name, settings) VALUES (?,?)", row), wait=True)
 
+    # --- reservations (supervisors/budget.py) ---------------------------------------------------------
+
+    def record_reserved(self, *, job: str, attempt: int, offer: Offer, hold_s: float, usd: float, seq: int,
+                        limit_usd: float | None) -> None:
+        """Queued, not waited for: the attempt's intent is queued after it, and commits after it."""
+        row = (job, attempt, self.owner, offer.cloud, offer.account, offer.region, offer.gpu, offer.hourly_usd,
+               hold_s, usd, "live", seq, time.time(), limit_usd)
+        self._submit((
+            "INSERT OR REPLACE INTO reservations (job, attempt, owner, cloud, account, region, gpu, hourly_usd,"
+            " hold_s, usd, state, seq, reserved_at, limit_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row))
+
+    def record_charged(self, *, job: str, attempt: int, usd: float, at_least: bool, seq: int, seconds: float,
+                       outcome: str, failure: str | None) -> None:
+        """The reservation is replaced by what the attempt cost (its machine's seconds, its outcome)."""
+        row = (usd, int(at_least), seq, time.time(), seconds, outcome, failure, job, attempt)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, at_least=?, released_seq=?, released_at=?,"
+            " seconds=?, outcome=?, failure=? WHERE job=? AND attempt=?", row))
+
+    def adopt_reservation(self, job: str, attempt: int) -> None:
+        """A resumed attempt's reservation is this controller's now (its release closes it)."""
+        row = (self.owner, job, attempt)
+        self._submit(("UPDATE reservations SET owner=? WHERE job=? AND attempt=? AND state='live'", row), wait=True)
+
+    def record_swept_charge(self, *, job: str, attempt: int, usd: float, seconds: float) -> None:
+        """A dead controller's machine is gone: its live reservation is replaced by what the machine
+        cost (reservations.py's reckoning: price x from its creation to its deletion)."""
+        row = (usd, seconds, time.time(), job, attempt)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, seconds=?, outcome='failed', failure='canceled',"
+            " released_at=? WHERE job=? AND attempt=? AND state='live'", row))
+
     # --- jobs, attempts, events ------------------------------------------------------------------
 
     def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
@@ -609,6 +646,9 @@ class LedgerReader:
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._rows("SELECT key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec"
                                " FROM jobs ORDER BY name, seed"))
+
+    def reservations(self) -> list[dict[str, Any]]:
+        return list(self._rows("SELECT * FROM reservations ORDER BY reserved_at, job, attempt"))
 
     def events(self, job: str | None = None) -> list[dict[str, Any]]:
         if job is None:

@@ -33,9 +33,11 @@ from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
 from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
+from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.reservations import settle_reservations
 from actor_run.supervisors.sweep import SweepAction, sweep
 
 OWNER_BEAT_S = 30.0
@@ -54,6 +56,7 @@ class _Submit(Message, frozen=True, kw_only=True):
     first_attempt: int = 0
     reattach: Reattach | None = None
     offer: Offer | None = None
+    spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
 
 
 class _Spent(Message, frozen=True, kw_only=True):
@@ -74,13 +77,16 @@ class BatchSupervisor(PooledActor):
 
     Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
     business), started in submission order as slots free up, stopped in reverse start order.
-    Budget: finished jobs' cost plus running attempts' live cost; at the ceiling every running job
-    is cancelled with `budget` and every pending one ends `budget` without starting."""
+    Budget: each job reserves money before each lease (`budget`, shared by the jobs: budget.py),
+    so reservations and spend together never pass the ceiling. As a backstop, finished jobs' cost
+    plus running attempts' live cost is watched too: at the ceiling every running job is cancelled
+    with `budget` and every pending one ends `budget` without starting."""
 
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
-                 on_end: Callable[[JobEnded], None]) -> None:
+                 on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
         super().__init__()
         self.ctx, self.ledger = ctx, ledger
+        self.budget = budget if budget is not None else Budget(budget_usd)
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
         self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
@@ -125,7 +131,8 @@ class BatchSupervisor(PooledActor):
             s = self.pending.popleft()
             self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                           first_attempt=s.first_attempt, reattach=s.reattach,
-                                                          reattach_offer=s.offer, offers=self.offers)
+                                                          reattach_offer=s.offer, offers=self.offers,
+                                                          budget=self.budget, spent_before_usd=s.spent_before_usd)
             self.order.append(s.job.key)
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
@@ -220,6 +227,7 @@ class Runner:
         self.delete_timeout_s = delete_timeout_s
         self.meter_period_s = meter_period_s
         self.owner = uuid.uuid4().hex
+        self.budget = Budget(budget_usd)  # reservations before leases (budget.py); figures kept even without a limit
         self.reactor = Reactor()
         self.clouds: dict[str, Cloud] = {}
         self.handles: dict[str, JobHandle] = {}
@@ -259,7 +267,7 @@ class Runner:
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
                            delete_timeout_s=self.delete_timeout_s)
         self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
-                                            budget_usd=self.budget_usd, on_end=self._job_ended)
+                                            budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
         self._beat()
         if self.sweep_on_start:
@@ -358,6 +366,11 @@ class Runner:
                                 reactor_tasks=r.tasks_started, reactor_timers=r.timers_started,
                                 ledger_writes=self.ledger.writes)
 
+    def budget_statistics(self) -> BudgetStatistics:
+        """The batch's money now: its limit, live reservations, what ended attempts cost, what the
+        running ones cost so far (the `Reserved` / `Charged` events carry the same totals)."""
+        return self.budget.statistics()
+
     def spent_usd(self) -> float:
         assert self._batch is not None
         value: float = self._batch.ask("spent", timeout=10)
@@ -428,12 +441,45 @@ class Runner:
             handle.reattached = item.reattach is not None
             self.handles[job.key] = handle
             taken.append((item, handle))
-        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes
+        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
+        self.ledger.flush()
+        reader = LedgerReader(self.ledger_path)
+        try:
+            reservations = reader.reservations()
+        finally:
+            reader.close()
+        spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
         for item, _ in taken:
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
-                                     offer=item.offer))
+                                     offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0)))
         handles = [h for _, h in taken]
         return handles
+
+    def _adopt_budget(self, *, items: list[Any], reservations: list[dict[str, Any]]) -> dict[str, float]:
+        """A resume takes over the money of the jobs it took: what their batch spent counts against
+        the budget, and the reservation of an attempt it reattaches to is held again (the others'
+        machines were swept, and charged then). Answers what each taken seed spent."""
+        taken = {i.job.key for i in items}
+        names = {i.job.name for i in items}
+        limits = [i.job.policy.budget_usd for i in items if i.job.policy.budget_usd is not None]
+        if limits and self.budget_usd is None:
+            self.budget.set_limit(min(limits))
+        reattached = {(i.job.key, i.first_attempt) for i in items if i.reattach is not None}
+        per_seed: dict[str, float] = {}
+        for r in reservations:
+            if r["job"].rsplit("/seed-", 1)[0] not in names:
+                continue
+            holder = (r["job"], r["attempt"])
+            if r["state"] == "live" and holder in reattached:
+                self.ledger.adopt_reservation(r["job"], r["attempt"])
+                self.budget.adopt(holder, r["usd"])
+            elif r["state"] == "live" and r["job"] in taken:
+                self.budget.adopt(holder, r["usd"])  # its machine could not be deleted yet: still held
+            elif r["state"] == "released":
+                self.budget.spend(r["charged"] or 0.0)
+                if r["job"] in taken:
+                    per_seed[r["job"]] = per_seed.get(r["job"], 0.0) + (r["charged"] or 0.0)
+        return per_seed
 
     # --- sweeping ------------------------------------------------------------------------------------
 
@@ -452,6 +498,10 @@ class Runner:
                 clouds["local"] = self._cloud("local", {})
             run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
                                     grace_s=self.sweep_grace_s, keep_owner=self.owner)
-            return self.reactor.call(run, timeout=600)
+            actions: list[SweepAction] = self.reactor.call(run, timeout=600)
+            if not dry_run:
+                self.ledger.flush()
+                settle_reservations(reader, self.ledger, keep_owner=self.owner)
+            return actions
         finally:
             reader.close()

@@ -46,7 +46,7 @@ def test_reserved_plus_spent_never_passes_the_limit(limit_cents: int, ops: list[
         else:
             cap = held.pop(holder, None)
             actual = (cap or 0.0) * part  # the guard kept it within the reservation
-            assert b.release(holder, actual) == (cap or 0.0)
+            assert b.release(holder, actual).replaced_usd == (cap or 0.0)
             spent += to_micro(actual) / MICRO
         s = b.statistics()
         assert round((s.spent_usd + s.reserved_usd) * MICRO) <= round(limit * MICRO)
