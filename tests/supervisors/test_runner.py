@@ -12,7 +12,7 @@ import pytest
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Metered, Released
+from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Released
 from actor_run.protocols.specs import CandidateSpec, Job
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner
