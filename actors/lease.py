@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import outcome
 import pykka
 import trio
@@ -28,6 +29,7 @@ from actor_run.actors.base import Actor, Context, Pending
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
+from actor_run.protocols.clouds import cloud_key
 from actor_run.protocols.failures import (
     ActorRunError,
     CallCancelled,
@@ -112,15 +114,16 @@ class LeaseActor(Actor):
     # --- acquire ---------------------------------------------------------------------------------
 
     def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
-        cloud = self.ctx.clouds[offer.cloud]
+        key = cloud_key(offer.cloud, offer.account)
+        cloud = self.ctx.clouds[key]
         # queued, not waited for here: the launch below waits for it on the reactor before the create
         # goes out, so a thousand leases starting at once hold no thread while the ledger commits
-        intent = self.ctx.ledger.queue_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
+        intent = self.ctx.ledger.queue_intent(name=name, cloud=key, job=self.job, seed=self.seed,
                                               attempt=self.attempt, deadline=deadline, offer=offer)
         soon = self.ctx.reactor.soon
         self.name, self.offer = name, offer
         self.ctx.emit(LeaseRequested(job=self.job, seed=self.seed, attempt=self.attempt, name=name,
-                                     cloud=offer.cloud, deadline=deadline))
+                                     cloud=key, deadline=deadline))
 
         timeout = self.launch_timeout_s
 
@@ -133,6 +136,8 @@ class LeaseActor(Actor):
             try:
                 with scope:
                     machine = await cloud.launch(offer, name, deadline)
+                    if machine.account != offer.account:  # the account it bills, whichever cloud made it
+                        machine = msgspec.structs.replace(machine, account=offer.account)
                     scope.deadline = trio.current_time() + timeout
                     return machine, await cloud.connect(machine), None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
@@ -152,9 +157,10 @@ class LeaseActor(Actor):
 
     def _adopt(self, machine: Machine) -> None:
         """A machine an earlier controller leased: connect to it; deleting it is ours now."""
-        cloud = self.ctx.clouds[machine.cloud]
+        cloud = self.ctx.clouds[cloud_key(machine.cloud, machine.account)]
         self.name, self.machine = machine.name, machine
-        self.offer = Offer(cloud=machine.cloud, region=machine.region, gpu=machine.gpu, hourly_usd=machine.hourly_usd)
+        self.offer = Offer(cloud=machine.cloud, region=machine.region, gpu=machine.gpu, hourly_usd=machine.hourly_usd,
+                           account=machine.account)
         timeout = self.launch_timeout_s
 
         async def connect() -> tuple[Machine, Workspace | None, BaseException | None]:
@@ -188,7 +194,7 @@ class LeaseActor(Actor):
         code, detail = _classify_launch(exc, created=self.machine is not None)
         failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
                              machine=self.machine)
-        clean = code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
+        clean = code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
             # without a pool thread waiting for the ledger (a region out of stock refuses many at
@@ -220,6 +226,10 @@ class LeaseActor(Actor):
         self._begin_delete()
 
     # --- release ---------------------------------------------------------------------------------
+
+    def _cloud_key(self) -> str:
+        assert self.offer is not None
+        return cloud_key(self.offer.cloud, self.offer.account)
 
     async def _delete(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
         """Close the workspace, then delete until the provider confirms (bounded tries)."""
@@ -281,7 +291,7 @@ class LeaseActor(Actor):
         assert self.offer is not None
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
-        self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
+        self.spawn(self._delete_recorded, self.name, machine_id, self._cloud_key(), reply=lambda r: _Deleted(result=r))
 
     def _finish_release(self, result: Result[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
@@ -347,7 +357,7 @@ class LeaseActor(Actor):
         assert self.offer is not None
         try:
             confirmed, detail = self.ctx.reactor.call(
-                self._delete, self.name, self.machine.id if self.machine else "", self.offer.cloud,
+                self._delete, self.name, self.machine.id if self.machine else "", self._cloud_key(),
                 timeout=self.ctx.delete_timeout_s + 30,
             )
         except CallCancelled as exc:

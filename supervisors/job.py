@@ -82,6 +82,7 @@ class JobSupervisor(Actor):
         self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs
         # the seed's own ceiling, counting what its attempts cost before a resume
         self.seed_budget = Budget(job.max_usd, spent_usd=spent_before_usd) if job.max_usd is not None else None
+        self.account_at: dict[int, int] = {}  # candidate -> which of its accounts the walk is on
         self.short_of_money: list[str] = []  # offers this walk passed over for want of budget
         self.reserved: float | None = None  # the running attempt's reservation
         self.attempt_no = first_attempt
@@ -151,7 +152,7 @@ class JobSupervisor(Actor):
                     with contextlib.suppress(pykka.ActorDeadError):  # ended meanwhile (cancelled)
                         ref.tell(_Offers(candidate=i, result=result))
 
-                self.offers.ask(self.job.candidates[i], i, reply)
+                self.offers.ask(self.job.candidates[i], i, reply, account=self._account(i))
             case Exhausted():
                 last = self.history[-1] if self.history else None
                 detail = "no candidate place has stock (asked every cloud twice)"
@@ -173,6 +174,24 @@ class JobSupervisor(Actor):
                     return
                 self.offer = offer
                 self._launch(offer, reserved)
+
+    def _account(self, candidate: int) -> str:
+        """The account candidate `candidate` is walked on now ("" when it names none)."""
+        accounts = self.job.candidates[candidate].accounts
+        return accounts[self.account_at.get(candidate, 0)] if accounts else ""
+
+    def _next_account(self, offer: Offer) -> bool:
+        """`offer`'s account is out of quota or balance: walk to the same place on the candidate's
+        next account (True), or, after its last, past the candidate (False)."""
+        i = offer.candidate
+        accounts = self.job.candidates[i].accounts
+        at = self.account_at.get(i, 0)
+        if at + 1 < len(accounts):
+            self.account_at[i] = at + 1
+            self.walk.switch_account(offer, accounts[at + 1])
+            return True
+        self.walk.skip_candidate(i)
+        return False
 
     def _capacity_wait(self) -> float:
         p = self.job.policy
@@ -302,7 +321,10 @@ class JobSupervisor(Actor):
         if self.cancel is not None:
             self._end("failed", self.cancel.failure, self.cancel.detail or e.detail)
             return
-        if code is not Code.NO_CAPACITY:
+        if code is Code.QUOTA and self.cancel is None and self.offer is not None and self._next_account(self.offer):
+            self._next()  # no machine was made: at once, not counted
+            return
+        if code not in (Code.NO_CAPACITY, Code.QUOTA):
             self.counted += 1
             self.capacity_since = time.monotonic()
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,

@@ -29,7 +29,7 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Reattach, Task
 from actor_run.actors.pool import POOL, PooledActor, blocking
-from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
+from actor_run.protocols.clouds import MAIN, Cloud, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
 from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
@@ -330,8 +330,22 @@ class Runner:
         check_job(job, Path("/"))
         check_policy(job.policy)
         check_candidates(job.candidates, known_clouds())
-        for c in job.candidates:
-            self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+        for i, c in enumerate(job.candidates):
+            raw = job.clouds.get(c.cloud, {})
+            known = accounts_of(raw)
+            for account in c.accounts:
+                if account != MAIN and account not in known:
+                    listed = ", ".join([MAIN, *known[1:]])
+                    raise SpecError(f"candidates[{i}].accounts",
+                                    f"{c.cloud} has no account {account!r} (known: {listed})")
+            used = {a if a != MAIN else "" for a in c.accounts} or {""}
+            for account in known:  # every account, used or not, so that sweeps list them all
+                try:
+                    self._cloud(cloud_key(c.cloud, account), raw)
+                except SpecError:
+                    if account in used:
+                        raise  # one this job walks: it cannot run without it
+                    logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
         with self._lock:
@@ -436,7 +450,10 @@ class Runner:
             if item.reattach is not None:
                 self.ledger.adopt_machine(item.reattach.machine.name)
             for c in job.candidates:
-                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                raw = job.clouds.get(c.cloud, {})
+                for account in accounts_of(raw):
+                    with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
+                        self._cloud(cloud_key(c.cloud, account), raw)
             handle = JobHandle(self, job)
             handle.reattached = item.reattach is not None
             self.handles[job.key] = handle
