@@ -118,6 +118,7 @@ class AttemptActor(Actor):
         self.heartbeat: pykka.ActorRef[Any] | None = None
         self.machine: Machine | None = None
         self.metered_from = 0.0  # when the meter's clock started (StartMeter)
+        self.taken_at: float | None = None  # the provider took the machine away (preempted): its bill stopped
         self.leased = False  # Leased came: a machine that answered (a made one that did not is still billed)
         self._ended = False  # AttemptEnded told: the machine is gone
         self.work: str | None = None
@@ -235,6 +236,8 @@ class AttemptActor(Actor):
                 else:
                     self._finish("failed", Code.JOB_FAILED, f"the job exited {self.exit_code}")
             case Stalled(failure=failure, detail=detail) as event:
+                if failure is Code.PREEMPTED:
+                    self.taken_at = event.t
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
             case Cancel(failure=failure, detail=detail):
@@ -320,7 +323,10 @@ class AttemptActor(Actor):
     def _released(self, event: Released) -> None:
         self._phase("release")
         # the meter's own arithmetic, here: asking it would hold a pool thread per ending attempt
-        usage = (usage_between(self.machine, self.metered_from, event.t, confirmed=event.confirmed)
+        # a preempted machine stops billing when the provider takes it (we heard of it a poll later
+        # at most), not when the delete that follows is confirmed
+        end = event.t if self.taken_at is None or not event.confirmed else min(event.t, self.taken_at)
+        usage = (usage_between(self.machine, self.metered_from, end, confirmed=event.confirmed)
                  if self.machine is not None else Usage())
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing

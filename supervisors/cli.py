@@ -4,6 +4,7 @@
     actor-run status [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--ledger PATH]
     actor-run resume [--json] [--ledger PATH] [--out DIR]
+    actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.specs import job_key, load_batch
+from actor_run.supervisors import cmd_cost
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner, default_ledger_path, default_state_dir
@@ -65,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="seconds past a deadline before any owner's machine goes")
         if name == "resume":
             s.add_argument("--out", default="actor-run-out")
+    cmd_cost.add_parser(sub)
     return p
 
 
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args)
     if args.command == "sweep":
         return cmd_sweep(args)
+    if args.command == "cost":
+        return cmd_cost.cmd_cost(args, _reader(args))
     if args.command == "resume":
         from actor_run.supervisors.resume import cmd_resume
 
