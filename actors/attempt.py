@@ -202,9 +202,10 @@ class AttemptActor(Actor):
                 if self.finishing is None:
                     resume = str(self.resume_dir) if self.resume_dir is not None else None
                     transfer.tell(Upload(machine=machine.name, resume_dir=resume))
-            case LeaseFailed(failure=failure, detail=detail, machine=made) as event:
+            case LeaseFailed(failure=failure, detail=detail, machine=made, taken_at=taken_at) as event:
                 if made is not None:  # it was made and never answered: it bills until the release deletes it
                     self.machine, self.metered_from = made, _billed_from(made)
+                    self.taken_at = taken_at
                 self._phase("lease")
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
@@ -213,7 +214,9 @@ class AttemptActor(Actor):
                 self.ctx.emit(event)
                 if self.finishing is None:
                     self._start_job(event)
-            case TransferFailed(failure=failure, detail=detail) as event:
+            case TransferFailed(failure=failure, detail=detail, taken_at=taken_at) as event:
+                if failure is Code.PREEMPTED:
+                    self.taken_at = taken_at if taken_at is not None else event.t
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
             case _Started(result=result):
@@ -235,9 +238,9 @@ class AttemptActor(Actor):
                     self._finish("succeeded", None, "")
                 else:
                     self._finish("failed", Code.JOB_FAILED, f"the job exited {self.exit_code}")
-            case Stalled(failure=failure, detail=detail) as event:
+            case Stalled(failure=failure, detail=detail, taken_at=taken_at) as event:
                 if failure is Code.PREEMPTED:
-                    self.taken_at = event.t
+                    self.taken_at = taken_at if taken_at is not None else event.t
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
             case Cancel(failure=failure, detail=detail):

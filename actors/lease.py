@@ -39,6 +39,7 @@ from actor_run.protocols.failures import (
     LaunchAmbiguous,
     LaunchError,
     LaunchRefused,
+    MachineGone,
     Refused,
 )
 from actor_run.protocols.hosts.workspace import Workspace
@@ -90,6 +91,7 @@ class LeaseActor(Actor):
         self._launching: Task | None = None
         self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
+        self._delete_asked_at: float | None = None  # when the delete that the provider confirmed went out
 
     def handle(self, message: Any) -> Any:
         match message:
@@ -193,7 +195,7 @@ class LeaseActor(Actor):
             exc = result.error
         code, detail = _classify_launch(exc, created=self.machine is not None)
         failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
-                             machine=self.machine)
+                             machine=self.machine, taken_at=exc.at if isinstance(exc, MachineGone) else None)
         clean = code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
@@ -247,7 +249,10 @@ class LeaseActor(Actor):
                 # one scope a try, its deadline the try's or the whole's (a thousand deletes at once:
                 # each cancel scope costs the reactor tens of microseconds)
                 with trio.fail_at(min(end, trio.current_time() + per_try)):
+                    asked = time.time()
                     await cloud.delete(name, machine_id)
+                # the provider stops billing when it gets the delete that worked, not when we hear back
+                self._delete_asked_at = asked
                 return True, ""
             except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
                 detail = str(exc) or type(exc).__name__
@@ -295,7 +300,7 @@ class LeaseActor(Actor):
 
     def _finish_release(self, result: Result[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
-        at = time.time()
+        at = self._gone_at()
         if confirmed and self.name is not None and not self._released.is_set():
             # `Released` once the ledger has it, without holding a thread meanwhile (a thousand
             # releases at once); stopped before that, on_stop records and answers it itself
@@ -303,6 +308,10 @@ class LeaseActor(Actor):
             return
         self._done_releasing(confirmed, detail, at)
         self.stop()
+
+    def _gone_at(self) -> float:
+        """When the machine stopped billing: the confirmed delete's call, else now."""
+        return self._delete_asked_at if self._delete_asked_at is not None else time.time()
 
     def _tell_self_when(self, pending: Pending, message: Message) -> None:
         """Tell this actor `message` once the ledger has `pending` (or could not write it)."""
@@ -343,7 +352,7 @@ class LeaseActor(Actor):
             with blocking():
                 finished = self._delete_done.wait(self.ctx.delete_timeout_s + 10)
             if finished and self._delete_result is not None:
-                self._done_releasing(*self._delete_result, time.time())
+                self._done_releasing(*self._delete_result, self._gone_at())
                 return
         launching = self._launching
         self.cancel_tasks()
@@ -362,7 +371,7 @@ class LeaseActor(Actor):
             )
         except CallCancelled as exc:
             confirmed, detail = False, str(exc)
-        self._done_releasing(confirmed, detail, time.time())
+        self._done_releasing(confirmed, detail, self._gone_at())
 
     def on_stop(self) -> None:
         """Actor thread, after stop(): delete the machine (waiting for the provider to confirm)."""

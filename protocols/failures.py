@@ -107,7 +107,12 @@ class Refused(HostError):
 
 
 class MachineGone(HostError):
-    """The provider took the machine away (a preemption)."""
+    """The provider took the machine away (a preemption); `at`: when, if the provider says (its
+    bill stops there)."""
+
+    def __init__(self, detail: str, at: float | None = None) -> None:
+        super().__init__(detail)
+        self.at = at
 
 
 class LaunchError(ActorRunError):

@@ -62,6 +62,7 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     address: str = ""
     root: str = ""  # the private folder on the machine everything goes into
     account: str = ""  # the cloud account it is billed to ("" is the cloud's own settings)
+    taken_at: float = 0.0  # in a provider's listing: when it took the machine away (preempted); 0: it did not
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +115,7 @@ class LeaseFailed(Event, frozen=True, kw_only=True):
     failure: Code
     detail: str = ""
     machine: Machine | None = None  # made, then it failed (it never answered): it bills until deleted
+    taken_at: float | None = None  # the provider took it away meanwhile (preempted): its bill stopped then
 
 
 class Uploaded(Event, frozen=True, kw_only=True):
@@ -135,6 +137,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 class TransferFailed(Event, frozen=True, kw_only=True):
     failure: Code
     detail: str = ""
+    taken_at: float | None = None  # preempted: when the provider took the machine, if it says
 
 
 class JobStarted(Event, frozen=True, kw_only=True):
@@ -153,6 +156,7 @@ class Exited(Event, frozen=True, kw_only=True):
 class Stalled(Event, frozen=True, kw_only=True):
     failure: Code = Code.STALLED
     detail: str = ""
+    taken_at: float | None = None  # preempted: when the provider took the machine, if it says (its bill stops there)
 
 
 class Fetched(Event, frozen=True, kw_only=True):

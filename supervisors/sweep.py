@@ -8,7 +8,8 @@ A machine goes when (a) its owner is dead and the ledger does not mark it resuma
 past its deadline + grace, whoever owns it, or (c) the ledger never heard of it, its name says it
 is ours, and its owner is dead. Ledger rows of machines the provider no longer lists (an
 ambiguous create that made nothing, a deletion confirmed elsewhere) are closed when their owner
-is dead.
+is dead. A deleted machine's live reservation (budget.py) is charged what the provider's listing
+says it cost: its price from its creation to now.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from actor_run.protocols.clouds import Cloud
 from actor_run.protocols.failures import ActorRunError, DeleteUnconfirmed
 from actor_run.protocols.messages import Machine
 from actor_run.protocols.names import PREFIX, parse_name
+from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import Ledger, LedgerReader, MachineRow
 
 
@@ -104,6 +106,7 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
     results: dict[str, SweepAction] = {}
 
     async def delete(cloud: Cloud, m: Machine, action: SweepAction) -> None:
+        asked = time.time()  # the provider's bill stops when it gets the delete
         try:
             with trio.fail_after(120):
                 await cloud.delete(m.name, m.id)
@@ -114,7 +117,14 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
             return
         results[m.name] = msgspec.structs.replace(action, action="deleted")
         if ledger is not None:
-            await trio.to_thread.run_sync(ledger.record_gone, m.name, time.time(), f"swept: {action.reason}")
+            await trio.to_thread.run_sync(ledger.record_gone, m.name, asked, f"swept: {action.reason}")
+            parsed = parse_name(m.name)
+            if parsed is not None and m.created_at > 0:  # its reservation, if one is live, is charged now
+                end = min(asked, m.taken_at) if m.taken_at > 0 else asked  # a preempted one's bill stopped then
+                end = min(end, m.deadline) if m.deadline > 0 else end
+                seconds = max(0.0, end - m.created_at)
+                ledger.record_swept_charge(job=job_key(parsed.job, parsed.seed), attempt=parsed.attempt,
+                                           usd=seconds * m.hourly_usd / 3600.0, seconds=seconds)
 
     by_name = {a.machine: a for a in actions}
     async with trio.open_nursery() as nursery:

@@ -8,7 +8,7 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     launch_failure_rate = 0.0   # the launch is refused cleanly: `launch_failed`, no machine
     ambiguous_rate = 0.0        # the machine is made, then the launch raises `LaunchAmbiguous`
     boot_failure_rate = 0.0     # the launch returns a machine that never answers: `connect` raises
-                                # `Unreachable` (it holds stock and bills until deleted)
+                                # `Unreachable` (it holds stock and bills until deleted; never preempted)
     preempt_rate = 0.0          # the machine is preempted at a random moment within preempt_within_s
     preempt_within_s = 30.0
     launch_latency_s = 0.2
@@ -147,8 +147,12 @@ class SimSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 raise SpecError(f"clouds.sim.{field}", f"expected number >= 0, got {value}")
 
 
-def _machine(rec: SimRecord) -> Machine:
-    return Machine(**{f: getattr(rec, f) for f in Machine.__struct_fields__})
+def _machine(rec: SimRecord, now: float | None = None) -> Machine:
+    """The Machine a caller sees; with `now` (a listing), preempted ones say when they were taken."""
+    m = Machine(**{f: getattr(rec, f) for f in Machine.__struct_fields__})
+    if now is not None and rec.preempt_at is not None and (rec.state == "preempted" or rec.preempt_at <= now):
+        m = msgspec.structs.replace(m, taken_at=min(rec.preempt_at, now))
+    return m
 
 
 class SimCloud:
@@ -185,7 +189,9 @@ class SimCloud:
         return Fate(
             no_capacity=u[0] < s.no_capacity_rate, failed=u[1] < s.launch_failure_rate,
             ambiguous=u[2] < s.ambiguous_rate, broken=u[3] < s.boot_failure_rate,
-            preempt_in=u[5] * s.preempt_within_s if u[4] < s.preempt_rate else None,
+            # a machine that never came up is never preempted: nothing would tell its controller when
+            # its bill stopped (a broken machine is billed until it is deleted)
+            preempt_in=u[5] * s.preempt_within_s if u[4] < s.preempt_rate and not u[3] < s.boot_failure_rate else None,
         )
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
@@ -271,7 +277,8 @@ class SimCloud:
 
     async def list_ours(self, prefix: str) -> list[Machine]:
         listed = await trio.to_thread.run_sync(self._store.listing, prefix)
-        return [_machine(r) for r in listed if r.account == self.account]  # an account sees its own
+        now = time.time()
+        return [_machine(r, now) for r in listed if r.account == self.account]  # an account sees its own
 
     async def aclose(self) -> None:
         self._store.close()
