@@ -14,13 +14,14 @@ from actor_run.protocols.clouds.sim import billing, sim_machines
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import AttemptStarted, LeaseFailed, Reserved
 from actor_run.protocols.specs import CandidateSpec
+from actor_run.supervisors.cmd_cost import cost_rows
 from actor_run.supervisors.ledger import LedgerReader
 
 
 def two_accounts(regions: Any) -> dict[str, Any]:
     # main is out of quota; team-b, the same provider with its own key, is not
     return {
-        "regions": regions(("cheap", "A100", 4, 1.0), ("dear", "A100", 4, 2.0)), "virtual": True,
+        "regions": regions(("cheap", "A100", 4, 360.0), ("dear", "A100", 4, 720.0)), "virtual": True,
         "virtual_job_s": 0.2, "quota_exceeded": True,
         "accounts": {"team-b": {"api_key_env": "SIM_TEAM_B_KEY", "quota_exceeded": False}},
     }
@@ -33,7 +34,7 @@ def test_quota_on_the_first_account_moves_to_the_same_place_on_the_next(
     monkeypatch.setenv("SIM_TEAM_B_KEY", "not-a-real-key")
     job = sim_job("acct", "train", sim=two_accounts(regions),
                   candidates=[CandidateSpec(cloud="sim", gpu="A100", accounts=["main", "team-b"])])
-    with open_runner(concurrency=1, budget_usd=50.0) as r:
+    with open_runner(concurrency=1, budget_usd=1000.0) as r:
         ended = r.submit(job).result(60)
         assert {"sim", "sim@team-b"} <= set(r.clouds)  # every account is a cloud the sweep lists
         swept = r.sweep(dry_run=True)
@@ -57,6 +58,12 @@ def test_quota_on_the_first_account_moves_to_the_same_place_on_the_next(
     assert (machine.cloud, machine.state) == ("sim@team-b", "deleted")
     assert [(r["account"], r["state"], r["charged"] > 0) for r in rows] == [("main", "released", False),
                                                                            ("team-b", "released", True)]
+    # the cost report splits the spend by account, and team-b's is what the provider billed it
+    groups, total, _ = cost_rows(rows, [refused_row, machine], by="account")
+    assert [(g.group, g.attempts) for g in groups] == [("sim/main", 1), ("sim/team-b", 1)]
+    assert groups[0].spent_usd == 0
+    assert abs(groups[1].spent_usd - bill.usd) < 0.005
+    assert total.spent_usd == groups[1].spent_usd
 
 
 def test_quota_on_the_last_account_walks_to_the_next_candidate(
