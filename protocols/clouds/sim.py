@@ -40,10 +40,10 @@ behind exactly as at a real provider, and two controllers share one sim cloud::
 A machine holds stock from its launch to its deletion, preempted or not. Preemption is noticed by
 the next call to the machine (a host call, a virtual workspace call): its processes are stopped,
 its state becomes `preempted` and the call raises `MachineGone`; until deleted it is still listed.
-Billing runs from the launch to the deletion, or to the preemption if that came first, per
-machine and per second (of float time: the bill is as fine as the clock), to the machine's account.
-Accounts share the provider's stock and folder; each lists only its own machines. `seed`
-makes fates independent of the order of launches: a retry has a new name, hence a new fate. A
+Billing runs from the launch to the delete request (the one that worked), or to the preemption if
+that came first, per machine and per second (of float time: the bill is as fine as the clock), to
+the machine's account. Accounts share the provider's stock and folder; each lists only its own
+machines. `seed` makes fates independent of the order of launches: a retry has a new name, hence a new fate. A
 machine's deadline is recorded, not enforced (no self-destruct): a sweep finds it past its deadline.
 `list_ours` also counts held.json again from the machine files (a crash between the two writes).
 
@@ -268,8 +268,9 @@ class SimCloud:
         return ws
 
     async def delete(self, name: str, machine_id: str = "") -> None:
+        asked = time.time()  # the bill stops at the request; the latency is the wait for its confirmation
         await trio.sleep(self.settings.delete_latency_s)
-        unconfirmed = await self._deletes((name, time.time()))
+        unconfirmed = await self._deletes((name, asked))
         if unconfirmed is not None:
             raise unconfirmed
         self._virtual.pop(name, None)
