@@ -1,11 +1,12 @@
 """`actor-run cost [RUN] [--json] [--by job|cloud|gpu|account]`: what the machines cost, read from
 the ledger.
 
-    actor-run cost                      # every batch in the ledger, one row per job
-    actor-run cost train --by account   # the batch `train`, split by cloud account
-    actor-run cost --json --by gpu      # one JSON object per group, then the total
+    actor-run cost                          # the latest run, one row per job
+    actor-run cost 3f2a9c1d --by account    # that run (`actor-run runs` lists them), split by account
+    actor-run cost --all --json --by gpu    # every run: one JSON object per group, then the total
 
-Each attempt that reserved money has a row in the ledger's `reservations` (job.py writes it before
+A run is one `actor-run run` (or one resumed part of it: a resume keeps the run). Each attempt
+that reserved money has a row in the ledger's `reservations` (job.py writes it before
 the lease, and replaces the reservation by the charge when the machine is gone; a sweep or a
 resume charges those of a controller that died). A group's figures: dollars spent and
 machine-hours, what was reserved for them (and what is still held by attempts not ended), and the
@@ -25,7 +26,8 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
-from actor_run.supervisors.ledger import LedgerReader, MachineRow
+from actor_run.supervisors.console import Exit, open_reader, usage_error
+from actor_run.supervisors.ledger import MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account")
 
@@ -61,8 +63,10 @@ def add_parser(sub: Any) -> None:
         "cost", help="what the machines cost: per job, cloud, GPU or account",
         description="Dollars and machine-hours from the ledger, reserved vs spent, and what retries and failures "
                     "cost.",
-        epilog="example: actor-run cost train --by account", formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", nargs="?", help="a batch (its job name); default: everything in the ledger")
+        epilog="example:\n  actor-run cost\n  actor-run cost 3f2a9c1d --by account\n  actor-run cost --all --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", help="a run id (see `actor-run runs`); default: the latest run")
+    p.add_argument("--all", action="store_true", help="every run in the ledger")
     p.add_argument("--json", action="store_true", help="one JSON object per group, then the total")
     p.add_argument("--by", default="job", help="job | cloud | gpu | account (default: job)")
     p.add_argument("--ledger")
@@ -81,15 +85,11 @@ def _group_of(r: dict[str, Any], by: str) -> str:
             return f"{r['cloud']}/{r['account'] or 'main'}"
 
 
-def _batch(job_key: str) -> str:
-    return job_key.rsplit("/seed-", 1)[0]
-
-
 def at_least_rows(machines: Iterable[MachineRow], run: str | None) -> list[AtLeast]:
     """Machines still alive in the ledger whose deletion failed: billed to their deadline."""
     out = []
     for m in machines:
-        if m.state != "alive" or m.phase != "delete_failed" or (run is not None and m.job != run) or not m.machine:
+        if m.state != "alive" or m.phase != "delete_failed" or (run is not None and m.run != run) or not m.machine:
             continue
         made = msgspec.json.decode(m.machine, type=Machine)
         usd = max(0.0, made.deadline - made.created_at) * made.hourly_usd / 3600.0
@@ -103,7 +103,7 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
     """The groups (sorted), the total, and the "at least" machines."""
     if by not in GROUPS:
         raise SpecError("--by", f"expected one of {', '.join(GROUPS)}, got {by!r}")
-    rows = [r for r in reservations if run is None or _batch(r["job"]) == run]
+    rows = [r for r in reservations if run is None or r["run"] == run]
     unconfirmed = {(m.job, m.attempt) for m in at_least_rows(machines, run)}
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -153,21 +153,31 @@ def render(groups: list[CostRow], total: CostRow, at_least: list[AtLeast], by: s
     return "\n".join(lines)
 
 
-def cmd_cost(args: argparse.Namespace, reader: LedgerReader) -> int:
+def cmd_cost(args: argparse.Namespace) -> int:
     """The command: 0, or 2 for bad input (one line naming the field)."""
+    reader = open_reader(args)
     try:
-        try:
-            groups, total, at_least = cost_rows(reader.reservations(), reader.machines(), run=args.run, by=args.by)
-        finally:
-            reader.close()
-        if args.run is not None and total.attempts == 0:
-            raise SpecError("RUN", f"no batch named {args.run!r} in the ledger")
+        runs = reader.runs()
+        if args.all:
+            run = None
+        elif args.run is not None:
+            if not any(r.id == args.run for r in runs):
+                return usage_error(f"RUN: no run {args.run!r} in this ledger (see `actor-run runs`)")
+            run = args.run
+        elif runs:
+            run = max(runs, key=lambda r: (r.started or 0.0)).id
+        else:
+            return usage_error("RUN: no run in this ledger yet")
+        groups, total, at_least = cost_rows(reader.reservations(), reader.machines(), run=run, by=args.by)
     except SpecError as exc:
-        sys.stderr.write(f"actor-run: {exc}\n")
-        return 2
+        return usage_error(str(exc))
+    finally:
+        reader.close()
     if args.json:
         for row in [*groups, total, *at_least]:
             sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
     else:
+        if run is not None:
+            print(f"run {run}")
         print(render(groups, total, at_least, args.by))
-    return 0
+    return Exit.OK

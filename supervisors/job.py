@@ -68,7 +68,8 @@ class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
-                 budget: Budget | None = None, spent_before_usd: float = 0.0) -> None:
+                 seed_dir: Path | None = None, budget: Budget | None = None,
+                 spent_before_usd: float = 0.0) -> None:
         super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
         self.ledger = ledger
         self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
@@ -77,7 +78,8 @@ class JobSupervisor(Actor):
         self.reattach_offer = reattach_offer
         self.job = job
         self.head: JobHead = {"job": job.name, "seed": job.seed}
-        self.seed_dir = ctx.out_root / job.name / f"seed-{job.seed}"
+        # where the run said at its start (a resume passes the folder the ledger recorded)
+        self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
         self.walk = Walk(len(job.candidates))
         self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs
         # the seed's own ceiling, counting what its attempts cost before a resume

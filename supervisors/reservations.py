@@ -29,16 +29,16 @@ def machine_cost(row: MachineRow) -> tuple[float, float] | None:
 def settle_reservations(reader: LedgerReader, ledger: Ledger, *, keep_owner: str) -> int:
     """Charge the live reservations of dead owners whose machines are gone; answers how many."""
     live = reader.live_owners() | {keep_owner}
-    machines = {(job_key(r.job, r.seed), r.attempt): r for r in reader.machines()}
+    machines = {(r.run, job_key(r.job, r.seed), r.attempt): r for r in reader.machines()}
     settled = 0
     for r in reader.reservations():
         if r["state"] != "live" or r["owner"] in live:
             continue
-        row = machines.get((r["job"], r["attempt"]))
+        row = machines.get((r["run"], r["job"], r["attempt"]))
         cost = (0.0, 0.0) if row is None else machine_cost(row)
         if cost is None:
             continue
-        ledger.record_swept_charge(job=r["job"], attempt=r["attempt"], usd=cost[0], seconds=cost[1])
+        ledger.record_swept_charge(job=r["job"], attempt=r["attempt"], usd=cost[0], seconds=cost[1], run=r["run"])
         settled += 1
     ledger.flush()
     return settled

@@ -270,9 +270,7 @@ class SimCloud:
     async def delete(self, name: str, machine_id: str = "") -> None:
         asked = time.time()  # the bill stops at the request; the latency is the wait for its confirmation
         await trio.sleep(self.settings.delete_latency_s)
-        unconfirmed = await self._deletes((name, asked))
-        if unconfirmed is not None:
-            raise unconfirmed
+        await self._deletes((name, asked))  # raises the DeleteUnconfirmed delete_many answered
         self._virtual.pop(name, None)
         self._fresh.pop(name, None)
 

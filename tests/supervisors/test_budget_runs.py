@@ -115,3 +115,22 @@ def test_the_seeds_max_usd_bounds_its_attempts(
     assert "max_usd" in ended.detail
     assert ended.attempts == 0
     assert billing(sim_dir) == []
+
+
+def test_an_older_ledger_gains_the_reservations_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    from actor_run.supervisors.schema import version_of
+
+    path = tmp_path / "ledger.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript((Path(__file__).parent / "data" / "ledger_schema_2e5f0be.sql").read_text())
+    old.close()
+    reader = LedgerReader(path)
+    try:
+        assert version_of(reader._conn) == 3
+        assert reader.reservations() == []
+        columns = {row[1] for row in reader._conn.execute("PRAGMA table_info(reservations)")}
+        assert {"run", "job", "attempt", "account", "usd", "charged", "seq", "released_seq"} <= columns
+    finally:
+        reader.close()

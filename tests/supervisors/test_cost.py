@@ -109,13 +109,18 @@ def test_the_cost_report_equals_the_providers_bill_to_the_cent(tmp_path: Path) -
     assert not total["at_least"]
     seeds = [r for r in rows if r["group"].startswith("bill/seed-")]
     assert sum(r["spent_usd"] for r in seeds) == pytest.approx(total["spent_usd"], abs=1e-5)
-    text = cli("cost", "bill", "--by", "gpu", tmp=tmp_path)
+    runs = [json.loads(x) for x in cli("runs", "--json", tmp=tmp_path).stdout.splitlines()]
+    assert len(runs) == 1  # the resume finished the run the killed controller started
+    text = cli("cost", runs[0]["id"], "--by", "gpu", tmp=tmp_path)
     assert text.returncode == 0
     assert "A100" in text.stdout
     assert f"${total['spent_usd']:,.2f}" in text.stdout
 
 
-def test_cost_of_an_unknown_batch_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_cost_of_an_unknown_run_or_grouping_is_one_line_and_exit_2(tmp_path: Path) -> None:
     r = cli("cost", "nope", tmp=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip() == "actor-run: RUN: no batch named 'nope' in the ledger"
+    assert r.stderr.strip() == "actor-run: RUN: no run 'nope' in this ledger (see `actor-run runs`)"
+    r = cli("cost", "--all", "--by", "seed", tmp=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "actor-run: --by: expected one of job, cloud, gpu, account, got 'seed'"
