@@ -313,7 +313,8 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        for child in (self.heartbeat, self.transfer):
+        # the meter too: the charge ends when the delete goes out, and no live figure may pass it
+        for child in (self.heartbeat, self.transfer, self.meter):
             if child is not None:
                 self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
         if self._early_release is not None:
