@@ -124,3 +124,42 @@ def test_cost_of_an_unknown_run_or_grouping_is_one_line_and_exit_2(tmp_path: Pat
     r = cli("cost", "--all", "--by", "seed", tmp=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip() == "actor-run: --by: expected one of job, cloud, gpu, account, got 'seed'"
+
+
+def test_groups_failures_and_unconfirmed_deletions(tmp_path: Path) -> None:
+    from actor_run.protocols.messages import Machine
+    from actor_run.supervisors.cmd_cost import cost_rows, render
+    from actor_run.supervisors.ledger import MachineRow
+
+    def res(job: str, attempt: int, *, account: str, gpu: str, usd: float, charged: float | None, outcome: str,
+            seconds: float = 0.0, at_least: int = 0) -> dict[str, object]:
+        return {"run": "r1", "job": job, "attempt": attempt, "cloud": "sim", "account": account, "gpu": gpu,
+                "usd": usd, "state": "live" if charged is None else "released", "charged": charged,
+                "seconds": seconds, "outcome": outcome, "at_least": at_least}
+
+    rows = [
+        res("t/seed-1", 0, account="", gpu="A100", usd=3.0, charged=0.5, outcome="failed", seconds=1000),
+        res("t/seed-1", 1, account="", gpu="A100", usd=3.0, charged=1.5, outcome="succeeded", seconds=3000),
+        res("t/seed-2", 0, account="team-b", gpu="H100", usd=6.0, charged=2.0, outcome="failed", seconds=720,
+            at_least=1),
+        res("t/seed-3", 0, account="team-b", gpu="H100", usd=6.0, charged=None, outcome=""),
+        {**res("t/seed-4", 0, account="", gpu="A100", usd=9.0, charged=9.0, outcome="succeeded"), "run": "r2"},
+    ]
+    made = Machine(cloud="sim", id="x", name="ar-t-2-a0-aaaaaaaa-d100", hourly_usd=36.0, created_at=0.0,
+                   deadline=200.0)
+    stuck = MachineRow(name=made.name, cloud="sim@team-b", owner="o", job="t", seed=2, attempt=0, deadline=200.0,
+                       state="alive", phase="delete_failed", machine_id="x", region="r", hourly_usd=36.0, created=0.0,
+                       gone=None, reason=None, detail="refused", work=None, pid=None, launched_at=None, resumable=0,
+                       machine=json.dumps({"cloud": "sim", "id": "x", "name": made.name, "hourly_usd": 36.0,
+                                           "created_at": 0.0, "deadline": 200.0}), run="r1")
+    by_account, total, at_least = cost_rows(rows, [stuck], run="r1", by="account")
+    assert [(g.group, g.attempts, g.spent_usd, g.reserved_usd, g.held_usd, g.failed_usd, g.at_least)
+            for g in by_account] == [("sim/main", 2, 2.0, 6.0, 0.0, 0.5, False),
+                                     ("sim/team-b", 2, 2.0, 12.0, 6.0, 2.0, True)]
+    assert (total.spent_usd, total.failed_usd, total.failed_attempts, total.machine_hours) == (4.0, 2.5, 2, 1.311111)
+    assert [(a.job, a.usd) for a in at_least] == [("t/seed-2", 2.0)]  # 200 s at $36 an hour, to its deadline
+    by_gpu, _, _ = cost_rows(rows, [], run=None, by="gpu")
+    assert [(g.group, g.spent_usd) for g in by_gpu] == [("A100", 11.0), ("H100", 2.0)]
+    text = render(by_account, total, at_least, "account")
+    assert ">=$2.00" in text  # the unconfirmed deletion's group is "at least"
+    assert "at least $2.00: ar-t-2-a0-aaaaaaaa-d100 on sim@team-b" in text
