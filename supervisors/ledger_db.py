@@ -17,7 +17,6 @@ URL itself.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sqlite3
@@ -191,9 +190,13 @@ class PostgresBackend(Backend):
         # a controller frozen inside a transaction (SIGSTOP, a cut network) must not hold its row
         # locks forever: the server ends such a session, and its transaction with it
         raw.execute("SET idle_in_transaction_session_timeout = '10s'")
-        # where schema.py keeps the version; two controllers making it at once: one wins
-        with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        # where schema.py keeps the version, made by one controller at a time (IF NOT EXISTS alone
+        # is not safe against a second one creating it at the same moment)
+        raw.execute("SELECT pg_advisory_lock(7346115)")
+        try:
             raw.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        finally:
+            raw.execute("SELECT pg_advisory_unlock(7346115)")
         conn = _PgConn(raw, self)
         self.migrate(conn)
         self._load_tables(conn)

@@ -128,9 +128,10 @@ def test_an_older_ledger_gains_the_reservations_table(tmp_path: Path) -> None:
     old.close()
     reader = LedgerReader(path)
     try:
-        assert version_of(reader._conn) == 3
+        with reader.backend.reading() as conn:
+            assert version_of(conn) >= 3
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(reservations)")}
         assert reader.reservations() == []
-        columns = {row[1] for row in reader._conn.execute("PRAGMA table_info(reservations)")}
         assert {"run", "job", "attempt", "account", "usd", "charged", "seq", "released_seq"} <= columns
     finally:
         reader.close()

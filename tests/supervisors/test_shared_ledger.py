@@ -154,6 +154,10 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     check_every_job_ended_once(tmp_path, url, seeds)
     listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
     assert [(r["state"], r["succeeded"]) for r in listed] == [("succeeded", seeds)]
+    cost = [json.loads(x) for x in cli(tmp_path, "cost", "--json", "--ledger", url).stdout.splitlines()]
+    total = next(c for c in cost if c.get("group") == "total")
+    assert total["attempts"] >= seeds  # every controller's attempts, in one bill
+    assert total["spent_usd"] > 0
     follow = cli(tmp_path, "status", "--follow", env={"ACTOR_RUN_LEDGER": url})  # the ledger named by the env
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout.count("succeeded") == seeds
