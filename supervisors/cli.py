@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import enum
-import queue
 import signal
 import sys
 import time
@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return Exit.USAGE
     jobs = batch.jobs()
     concurrency = args.concurrency or batch.spec.policy.concurrency
-    events: queue.Queue[Event] = queue.Queue()
+    events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
                     budget_usd=batch.spec.policy.budget_usd)
     interrupts = _Interrupts(runner)
@@ -111,11 +111,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         with runner:
             for job in jobs:
                 runner.check(job)  # every job checked before any starts
-            runner.subscribe(events.put)
+            runner.subscribe(events.append)
             previous = signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             ended = _watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
-                           unconfirmed=unconfirmed)
+                           unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
         signal.signal(signal.SIGINT, previous)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
@@ -127,23 +127,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
 
 
-def _watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_mode: bool,
-           unconfirmed: list[Released] | None = None) -> list[JobEnded]:
+def _watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, json_mode: bool,
+           unconfirmed: list[Released] | None = None, budget_usd: float | None = None) -> list[JobEnded]:
     ended: dict[str, JobEnded] = {}
     unconfirmed = [] if unconfirmed is None else unconfirmed
-    with View(keys, json_mode=json_mode) as view:
-        while len(ended) < len(keys):
-            try:
-                e = events.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            view.event(e)
-            if isinstance(e, JobEnded):
-                ended[job_key(e.job, e.seed)] = e
-            if isinstance(e, Released) and not e.confirmed:
-                unconfirmed.append(e)
-        while not events.empty():
-            view.event(events.get_nowait())
+
+    def until(e: Event) -> bool:
+        if isinstance(e, JobEnded):
+            ended[job_key(e.job, e.seed)] = e
+        if isinstance(e, Released) and not e.confirmed:
+            unconfirmed.append(e)
+        return len(ended) >= len(keys)
+
+    with View(keys, json_mode=json_mode, budget_usd=budget_usd) as view:
+        view.follow(events, until)
     view.summary()
     for r in unconfirmed:
         sys.stderr.write(

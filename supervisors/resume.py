@@ -14,8 +14,8 @@ Every job then ends exactly once, through the same JobSupervisor as a fresh run.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
-import queue
 import signal
 import sys
 
@@ -75,12 +75,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from actor_run.supervisors.cli import Exit, _Interrupts, _watch
     from actor_run.supervisors.runner import Runner
 
-    events: queue.Queue[Event] = queue.Queue()
+    events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)
     interrupts = _Interrupts(runner)
     try:
         with runner:
-            runner.subscribe(events.put)
+            runner.subscribe(events.append)
             signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             handles = runner.resume()
