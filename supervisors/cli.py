@@ -28,7 +28,7 @@ from actor_run.protocols.specs import job_key, load_batch
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner, default_ledger_path, default_state_dir
-from actor_run.supervisors.view import View
+from actor_run.supervisors.view import View, budget_of
 
 
 class Exit(enum.IntEnum):
@@ -139,7 +139,7 @@ def _watch(runner: Runner, keys: list[str], events: collections.deque[Event], *,
             unconfirmed.append(e)
         return len(ended) >= len(keys)
 
-    with View(keys, json_mode=json_mode, budget_usd=budget_usd) as view:
+    with View(keys, json_mode=json_mode, budget_usd=budget_usd, budget=budget_of(runner)) as view:
         view.follow(events, until)
     view.summary()
     for r in unconfirmed:

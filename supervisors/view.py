@@ -72,6 +72,20 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
     reserved_usd: float = 0.0
 
 
+def budget_of(runner: Any) -> Callable[[], Budget | None]:
+    """The header's budget figures from a Runner that keeps a budget with reservations (its
+    `budget.statistics()`: `limit_usd`, `reserved_usd`), read at each redraw; None without one."""
+
+    def figures() -> Budget | None:
+        statistics = getattr(getattr(runner, "budget", None), "statistics", None)
+        if statistics is None:
+            return None
+        s = statistics()
+        return Budget(limit_usd=getattr(s, "limit_usd", None), reserved_usd=getattr(s, "reserved_usd", 0.0))
+
+    return figures
+
+
 class JobLine(msgspec.Struct, kw_only=True):
     key: str
     state: str = "queued"
