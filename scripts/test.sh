@@ -1,7 +1,7 @@
 #!/bin/sh
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
 # rsync and Chromium, for the report's page, through apt when missing; the package and its test
-# extras in .venv), then runs pytest.
+# extras in .venv), then runs ruff, mypy and pytest.
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -25,4 +25,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[test]'
+# lint and types first (the test extra brings ruff, mypy and stubs): CI fails on either
+.venv/bin/ruff check .
+.venv/bin/mypy
 PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/python -m pytest -q "$@"

@@ -2,7 +2,7 @@
 `<state>/runs/<run>/controller.log`, rotated by loguru (at ROTATE_AT, keeping KEEP old files).
 
 Every line names the job and the attempt it is about (`-` when none): actors bind them from their
-label (actors/base.py), and `log_event`, a Runner subscriber, writes the run's lifecycle events
+label (actors/base.py), and `event_logger`'s Runner subscriber writes the run's lifecycle events
 (what the ledger records, one line each, progress and meter beats left out) with them bound. The
 CLI configures this (STYLE: loguru is configured once, by the caller); the Runner, a library,
 leaves logging to its embedder. `actor-run runs` shows each run's file.
@@ -10,6 +10,7 @@ leaves logging to its embedder. `actor-run runs` shows each run's file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,18 @@ def _format(record: Any) -> str:
 
 
 def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
-    """Send the controller's log lines to the run's file from now on; returns loguru's handler id
-    (`logger.remove(id)` stops it). No variable values in tracebacks: a job's environment may hold
-    a secret."""
+    """Send the controller's log lines to the run's file from now on: those bound to this run (by
+    `event_logger`) and those bound to none (a controller resuming two runs writes each run's lines
+    to its own file); returns loguru's handler id (`logger.remove(id)` stops it). No variable
+    values in tracebacks: a job's environment may hold a secret."""
     path = run_log_path(state_dir, run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return logger.add(path, level=level, format=_format, rotation=ROTATE_AT, retention=KEEP, backtrace=False,
-                      diagnose=False, encoding="utf-8")
+
+    def ours(record: Any) -> bool:
+        return bool(record["extra"].get("run", run) == run)
+
+    return logger.add(path, level=level, format=_format, filter=ours, rotation=ROTATE_AT, retention=KEEP,
+                      backtrace=False, diagnose=False, encoding="utf-8")
 
 
 def describe(e: Event) -> str | None:
@@ -102,9 +108,15 @@ def describe(e: Event) -> str | None:
             return type(e).__name__
 
 
-def log_event(e: Event) -> None:
-    """A Runner subscriber: the event as one INFO line with its job and attempt bound."""
-    text = describe(e)
-    if text is not None:
-        failed = getattr(e, "failure", None) is not None and not isinstance(e, Retrying)
-        logger.bind(job=job_key(e.job, e.seed), attempt=f"a{e.attempt}").log("WARNING" if failed else "INFO", text)
+def event_logger(run_of: Callable[[str], str]) -> Callable[[Event], None]:
+    """A Runner subscriber (`runner.subscribe(event_logger(runner.run_of))`): each event as one line
+    (a failure as a WARNING) with its job, attempt and run bound."""
+
+    def log_event(e: Event) -> None:
+        text = describe(e)
+        if text is not None:
+            key = job_key(e.job, e.seed)
+            failed = getattr(e, "failure", None) is not None and not isinstance(e, Retrying)
+            logger.bind(job=key, attempt=f"a{e.attempt}", run=run_of(key)).log("WARNING" if failed else "INFO", text)
+
+    return log_event

@@ -57,6 +57,7 @@ from actor_run.protocols.messages import (
     Uploaded,
     encode,
 )
+from actor_run.protocols.specs import job_key
 
 MAX_REDRAWS_PER_S = 4
 FRAME_S = 1.0 / MAX_REDRAWS_PER_S  # how often the loop takes the events that came and maybe redraws
@@ -220,8 +221,10 @@ class _Screen:
 
 class View:
     def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
-                 budget_usd: float | None = None, budget: Callable[[], Budget | None] | None = None) -> None:
+                 budget_usd: float | None = None, budget: Callable[[], Budget | None] | None = None,
+                 run_of: Callable[[str], str] | None = None) -> None:
         self.json_mode = json_mode
+        self.run_of = run_of  # job key -> its run: every --json line carries `"run": ...`
         self.out = out or sys.stdout
         self.tty = self.out.isatty()
         self.lines = {k: JobLine(key=k) for k in keys}
@@ -264,7 +267,10 @@ class View:
     def event(self, e: Event) -> None:
         self.events += 1
         if self.json_mode:
-            self.out.write(encode(e).decode() + "\n")
+            body = encode(e).decode()
+            if self.run_of is not None:  # an event is a JSON object: the run goes first
+                body = '{"run":' + msgspec.json.encode(self.run_of(job_key(e.job, e.seed))).decode() + "," + body[1:]
+            self.out.write(body + "\n")
             self.out.flush()
             return
         line = self.heads.get((e.job, e.seed))
