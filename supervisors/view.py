@@ -270,8 +270,7 @@ class View:
             body = encode(e).decode()
             if self.run_of is not None:  # an event is a JSON object: the run goes first
                 body = '{"run":' + msgspec.json.encode(self.run_of(job_key(e.job, e.seed))).decode() + "," + body[1:]
-            self.out.write(body + "\n")
-            self.out.flush()
+            self.out.write(body + "\n")  # flushed by follow() after each batch of events
             return
         line = self.heads.get((e.job, e.seed))
         if line is None:
@@ -307,7 +306,7 @@ class View:
             self.recent.pop(line.key, None)
         self.dirty = True
         if self.live is None and line.state != before:
-            self.console.print(self._plain(line), markup=False)
+            self.out.write(self._plain(line) + "\n")  # flushed by follow() after each batch of events
 
     def _take(self, line: JobLine, e: Event) -> None:
         match e:
@@ -538,5 +537,7 @@ class View:
                 e = take()
                 event(e)
                 done = until(e) or done
-            if not done:
+            if self.live is None:
+                self.out.flush()
+            elif not done:
                 self.draw()
