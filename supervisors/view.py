@@ -107,7 +107,7 @@ class JobLine(msgspec.Struct, kw_only=True):
     total: float | None = None
     fields: dict[str, float] = msgspec.field(default_factory=dict)
     waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
-    pending: Progress | None = None  # the latest progress line, not read yet (read at the next redraw)
+    pending: dict[str, Any] | None = None  # progress lines not read yet, merged (read at the next redraw)
 
     def live_usd(self, now: float) -> float:
         """Dollars so far: ended attempts, plus this attempt's machine up to now (at least the meter's)."""
@@ -279,7 +279,9 @@ class View:
             if line.ended is None:
                 if line.pending is None:
                     self.pending.append(line)
-                line.pending = e
+                    line.pending = dict(e.line)
+                else:
+                    line.pending.update(e.line)  # each key as its last line had it: as if read one by one
                 recent = self.recent
                 if line.key in recent:
                     del recent[line.key]
@@ -346,15 +348,16 @@ class View:
                 pass
 
     def _progress(self, line: JobLine) -> None:
-        """The job's latest progress line (those before it are passed over: a screen shows the last):
-        its stage, step and total, and its other numbers (e.g. loss)."""
-        e, line.pending = line.pending, None
-        if e is None or line.ended is not None:
+        """The job's progress lines since the last redraw, merged (each key as the last line that had
+        it said): its stage, step and total, and its other numbers (e.g. loss)."""
+        merged, line.pending = line.pending, None
+        if merged is None or line.ended is not None:
             return
         before = _fraction(line)
-        if e.stage:
-            line.stage = e.stage
-        for k, v in e.line.items():
+        stage = merged.get("stage")
+        if stage:
+            line.stage = str(stage)
+        for k, v in merged.items():
             if isinstance(v, bool) or not isinstance(v, int | float):
                 continue
             if k == "step":

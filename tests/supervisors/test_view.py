@@ -183,7 +183,8 @@ def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest(
     view = View([f"t/seed-{i}" for i in range(100)], json_mode=False, out=io.StringIO())
     for e in _events_of_a_batch(60, t):
         view.event(e)
-    view.event(Progress(job="t", seed=7, stage="train", line={"step": 5, "total": 20, "loss": 0.25}, t=t + 1))
+    view.event(Progress(job="t", seed=7, stage="train", line={"stage": "train", "step": 5, "total": 20}, t=t + 1))
+    view.event(Progress(job="t", seed=7, stage="eval", line={"stage": "eval", "loss": 0.25}, t=t + 1))  # no step
     view.event(AttemptEnded(job="t", seed=3, outcome="failed", failure=Code.PREEMPTED, t=t + 2,
                             usage=Usage(usd=0.01)))
     view.event(JobEnded(job="t", seed=3, outcome="failed", failure=Code.JOB_FAILED, detail="exit 1", t=t + 2))
@@ -203,7 +204,8 @@ def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest(
     assert rows[0].startswith("t/seed-9 ")  # the latest change first: its lease found no capacity
     assert "no capacity" in rows[0]
     assert rows[1].startswith("t/seed-7 ")
-    assert "5/20" in rows[1]
+    assert " eval " in rows[1]
+    assert "5/20" in rows[1]  # the step of the line before, read at the same redraw
     assert "loss=0.25" in rows[1]
     more = [s for s in screen if s.startswith("... and ")]
     assert more == [f"... and {58 - len(rows)} more running (most recently changed shown)"]
