@@ -1,6 +1,6 @@
 """What `actor-run run` shows while a batch runs, and the summary at its end.
 
-On a terminal (rich): a header for the batch (succeeded / failed / running / waiting for capacity
+On a terminal: a header for the batch (succeeded / failed / running / waiting for capacity
 / queued, dollars spent and reserved against the budget, elapsed, an estimate of the time left),
 then one row per running job (state, attempt, place, stage, a progress bar from the `step` and
 `total` of its progress lines, the latest numeric fields it reported, time in this attempt,
@@ -11,11 +11,15 @@ the header's counts.
 Not on a terminal: one plain line per job whose state changed. With `--json`: every event as one
 JSON line (nothing else).
 
-Cost: `event()` only updates one row (a few attribute writes); the screen is built at most
-`MAX_REDRAWS_PER_S` times a second (`due()`/`draw()`, from the loop that reads the events), as
-pre-cut lines of segments (rich's layout engine would cost more than all the rest), and only
-when something changed or a clock on it moved. Dollars accrue between the meter's beats: a
-running machine's cost is its hourly price times the time since it was leased (the meter's own
+Cost (bench/load.py --view measures it: about 4 % of the controller's CPU at a thousand jobs):
+events come through a deque the Runner's subscriber appends to, and `follow` takes them every
+FRAME_S in one go (a wake-up per event cost more than everything else). `event()` updates one
+row and the header's running figures (counts by state, dollars, the sum of progress), so a redraw
+costs the same at any N; a progress line is only merged into the job's pending one, read at the
+next redraw. The screen is drawn at most MAX_REDRAWS_PER_S times a second, when something changed
+or (every CLOCK_REDRAW_S) a clock on it moved, as one write of pre-cut lines (`_Screen`; rich
+renders the styles for the terminal once). Dollars accrue between the meter's beats: a running
+machine's cost is its hourly price times the time since it was leased (the meter's own
 arithmetic, `usage_between`), so the view needs no extra event to show money moving.
 """
 
@@ -105,7 +109,7 @@ class JobLine(msgspec.Struct, kw_only=True):
     stage: str = ""
     step: float | None = None
     total: float | None = None
-    fields: dict[str, float] = msgspec.field(default_factory=dict)
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)  # the progress lines' keys, as last said
     waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
     pending: dict[str, Any] | None = None  # progress lines not read yet, merged (read at the next redraw)
 
@@ -120,6 +124,10 @@ class JobLine(msgspec.Struct, kw_only=True):
         if self.step is None or not self.total:
             return None
         return max(0.0, min(1.0, self.step / self.total))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _head(key: str) -> tuple[str, int]:
@@ -349,30 +357,33 @@ class View:
 
     def _progress(self, line: JobLine) -> None:
         """The job's progress lines since the last redraw, merged (each key as the last line that had
-        it said): its stage, step and total, and its other numbers (e.g. loss)."""
+        it said): its stage, step and total, and the rest kept for its row (its numbers, e.g. loss,
+        are picked out only for a row on screen). Called for every job that reported, before each
+        redraw: kept to a few dictionary operations."""
         merged, line.pending = line.pending, None
         if merged is None or line.ended is not None:
             return
-        before = _fraction(line)
         stage = merged.get("stage")
         if stage:
             line.stage = str(stage)
-        for k, v in merged.items():
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                continue
-            if k == "step":
-                line.step = v
-            elif k == "total":
-                line.total = v
-            elif k not in NOT_FIELDS:
-                line.fields[k] = v
+        line.fields.update(merged)
+        step, total = merged.get("step"), merged.get("total")
+        if total is None and line.total is None:  # no bar (nor a share of the time left) without a total
+            if step is not None and _number(step):
+                line.step = step
+            return
+        before = _fraction(line)
+        if _number(step):
+            line.step = step
+        if _number(total):
+            line.total = total
         self.progress += _fraction(line) - before
 
     def _take_pending(self) -> None:
         pending, self.pending = self.pending, []
+        progress = self._progress
         for line in pending:
-            if line.pending is not None:
-                self._progress(line)
+            progress(line)
 
     def _machine_gone(self, line: JobLine) -> None:
         """The attempt's machine stops accruing here (its cost comes with AttemptEnded)."""
@@ -476,7 +487,8 @@ class View:
             filled = round(f * BAR)
             step = f"{line.step:g}/{line.total:g}"
             pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7}", None)]
-        reported = " ".join(f"{k}={v:.4g}" for k, v in list(line.fields.items())[:3])
+        numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
+        reported = " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
         pieces.append((f" {_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
                        f"${line.live_usd(now):>8.4f}  {reported}", None))
         return pieces
