@@ -273,7 +273,8 @@ class View:
     # --- events --------------------------------------------------------------------------------
 
     def event(self, e: Event) -> None:
-        self.events += 1
+        """Take one event, on the thread that shows them (follow() calls it; statistics() counts what
+        follow() took)."""
         if self.json_mode:
             body = encode(e).decode()
             if self.run_of is not None:  # an event is a JSON object: the run goes first
@@ -284,17 +285,7 @@ class View:
         if line is None:
             return
         if isinstance(e, Progress):  # most events at a thousand jobs: kept, read at the next redraw
-            if line.ended is None:
-                if line.pending is None:
-                    self.pending.append(line)
-                    line.pending = dict(e.line)
-                else:
-                    line.pending.update(e.line)  # each key as its last line had it: as if read one by one
-                recent = self.recent
-                if line.key in recent:
-                    del recent[line.key]
-                    recent[line.key] = line
-                self.dirty = True
+            self._pend(line, e)
             return
         if isinstance(e, Metered):
             line.metered = e.usd
@@ -354,6 +345,21 @@ class View:
                     self.failed_order.append(line.key)
             case _:
                 pass
+
+    def _pend(self, line: JobLine, e: Progress) -> None:
+        """A progress line, merged into the job's pending ones (each key as its last line had it: as
+        if read one by one at the next redraw)."""
+        if line.ended is None:
+            if line.pending is None:  # its first since the last redraw: the row changed now
+                self.pending.append(line)
+                line.pending = dict(e.line)
+                recent = self.recent
+                if line.key in recent:
+                    del recent[line.key]
+                    recent[line.key] = line
+            else:
+                line.pending.update(e.line)
+            self.dirty = True
 
     def _progress(self, line: JobLine) -> None:
         """The job's progress lines since the last redraw, merged (each key as the last line that had
@@ -532,8 +538,8 @@ class View:
     def follow(self, events: collections.deque[Event], until: Callable[[Event], bool]) -> None:
         """Show the events appended to `events` (subscribe `events.append`: a deque's append takes no
         lock and wakes nobody, so the emitting actor threads pay almost nothing) until `until(event)`
-        says the batch is over, redrawing when due. Its thread's CPU time meanwhile is
-        `statistics().cpu_s`."""
+        says the batch is over, redrawing when due. `until` is asked of every event but progress
+        lines. Its thread's CPU time meanwhile is `statistics().cpu_s`."""
         t0 = time.thread_time()
         try:
             self._follow(events, until)
@@ -543,15 +549,24 @@ class View:
     def _follow(self, events: collections.deque[Event], until: Callable[[Event], bool]) -> None:
         # wakes every FRAME_S and takes what came meanwhile in one go: a wake-up per event (a
         # blocking get) cost more than the view's own work at a thousand jobs (a thread switch and
-        # the GIL's hand-off each time)
-        take, event = events.popleft, self.event
+        # the GIL's hand-off each time). Progress lines, most of the events, take the short way here.
+        take, event, pend, heads = events.popleft, self.event, self._pend, self.heads
+        short = not self.json_mode
         done = False
         while not done:
             time.sleep(FRAME_S)
+            n = 0
             while events:
                 e = take()
+                n += 1
+                if short and type(e) is Progress:
+                    line = heads.get((e.job, e.seed))
+                    if line is not None:
+                        pend(line, e)
+                    continue
                 event(e)
                 done = until(e) or done
+            self.events += n
             if self.live is None:
                 self.out.flush()
             elif not done:
