@@ -258,7 +258,7 @@ class View:
         self.cpu_s = 0.0
 
     def __enter__(self) -> View:
-        if not self.json_mode and self.tty:
+        if not self.json_mode and self.tty and not self.console.is_dumb_terminal:  # TERM=dumb: plain lines
             self.live = _Screen(self.console)
         return self
 
