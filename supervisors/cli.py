@@ -7,6 +7,7 @@ console.py.
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
     actor-run resume [RUN] [--json] [--ledger PATH]
+    actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
 """
@@ -27,7 +28,7 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors import cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
+from actor_run.supervisors import cmd_cost, cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
 from actor_run.supervisors.console import Exit, Interrupts, configure_logging, watch
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.runlog import event_logger, open_run_log
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
     cmd_resume.add_parser(sub)
+    cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
     return p
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run, "runs": cmd_runs.cmd_runs, "status": cmd_runs.cmd_status, "sweep": cmd_sweep.cmd_sweep,
-        "resume": cmd_resume.cmd_resume, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
+        "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs,
+        "report": cmd_report.cmd_report,
     }
     return commands[args.command](args)
 

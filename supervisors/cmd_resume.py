@@ -63,7 +63,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
                         for a in runner.swept:
                             if a.action in ("deleted", "failed", "closed"):
                                 print(f"swept {a.machine}: {a.action} ({a.reason})")
-                    if handles or first:
+                    if not handles and first and args.run is not None:
+                        print(f"run {args.run} has no unfinished job of a controller that died")
+                    elif handles or first:
                         runs = sorted({h.run for h in handles})
                         print(f"resuming {len(handles)} job(s)" + (f" of run {', '.join(runs)}" if runs else "")
                               + (": " if handles else "") + ", ".join(

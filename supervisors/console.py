@@ -17,7 +17,7 @@ from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner, default_ledger_path
-from actor_run.supervisors.view import View, budget_of
+from actor_run.supervisors.view import View
 
 
 class Exit(enum.IntEnum):
@@ -67,7 +67,7 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
         return len(ended) >= len(keys)
 
     with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
-              budget=budget_of(runner)) as view:
+              budget=runner.budget.statistics) as view:
         view.follow(events, until)
     view.summary()
     for r in unconfirmed:

@@ -62,33 +62,13 @@ from actor_run.protocols.messages import (
     encode,
 )
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.budget import BudgetStatistics
 
 MAX_REDRAWS_PER_S = 4
 FRAME_S = 1.0 / MAX_REDRAWS_PER_S  # how often the loop takes the events that came and maybe redraws
 CLOCK_REDRAW_S = 1.0  # with nothing new, the clocks on screen (elapsed, time in attempt, dollars) move this often
 NOT_FIELDS = frozenset({"stage", "step", "total", "checkpoint", "t", "time", "epoch_total"})
 BAR = 12
-
-
-class Budget(msgspec.Struct, frozen=True, kw_only=True):
-    """The budget's figures, when the Runner keeps them: `reserved` for machines not yet billed."""
-
-    limit_usd: float | None = None
-    reserved_usd: float = 0.0
-
-
-def budget_of(runner: Any) -> Callable[[], Budget | None]:
-    """The header's budget figures from a Runner that keeps a budget with reservations (its
-    `budget.statistics()`: `limit_usd`, `reserved_usd`), read at each redraw; None without one."""
-
-    def figures() -> Budget | None:
-        statistics = getattr(getattr(runner, "budget", None), "statistics", None)
-        if statistics is None:
-            return None
-        s = statistics()
-        return Budget(limit_usd=getattr(s, "limit_usd", None), reserved_usd=getattr(s, "reserved_usd", 0.0))
-
-    return figures
 
 
 class JobLine(msgspec.Struct, kw_only=True):
@@ -229,7 +209,7 @@ class _Screen:
 
 class View:
     def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
-                 budget_usd: float | None = None, budget: Callable[[], Budget | None] | None = None,
+                 budget_usd: float | None = None, budget: Callable[[], BudgetStatistics] | None = None,
                  run_of: Callable[[str], str] | None = None) -> None:
         self.json_mode = json_mode
         self.run_of = run_of  # job key -> its run: every --json line carries `"run": ...`
@@ -436,13 +416,13 @@ class View:
         come (counts by category, money, the sum of progress), so this costs the same at any N."""
         c = self.count
         n = len(self.lines)
-        money = f"${self.spent_usd(now):.4f}"
-        b = self.budget() if self.budget is not None else None
+        b = self.budget() if self.budget is not None else None  # the batch's reservations (budget.py)
         limit = b.limit_usd if b is not None and b.limit_usd is not None else self.budget_usd
-        if b is not None and b.reserved_usd:
-            money += f" + ${b.reserved_usd:.4f} reserved"
+        money = f"${self.spent_usd(now):.4f} spent"
+        if b is not None:
+            money += f", ${b.reserved_usd:.4f} reserved"
         if limit is not None:
-            money += f" of ${limit:.2f}"
+            money += f", budget ${limit:.2f}"
         elapsed = now - self.began
         done = c["succeeded"] + c["failed"]
         fraction = done + self.progress

@@ -45,6 +45,7 @@ class Billing(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     usd: float
     preempted: bool = False
+    account: str = ""
 
 
 class Fate(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +75,7 @@ def _bill(rec: SimRecord, now: float) -> Billing:
     return Billing(
         name=rec.name, id=rec.id, region=rec.region, gpu=rec.gpu, created_at=rec.created_at,
         deleted_at=now, seconds=seconds, usd=seconds * rec.hourly_usd / 3600, preempted=end < now,
+        account=rec.account,
     )
 
 
@@ -235,7 +237,11 @@ class SimStore:
                 # fewer per machine; each lets go of the GIL, and a thousand deletes come at once)
                 sandbox = None if rec is not None and rec.virtual else self.sandboxes / name
                 if sandbox is not None and sandbox.exists():
-                    stop_processes_under(sandbox)
+                    try:
+                        stop_processes_under(sandbox)
+                    except DeleteUnconfirmed as exc:  # a process outlived SIGKILL: try again later
+                        out.append(exc)
+                        continue
                     remove_tree(sandbox)
                 if rec is not None:
                     self.path(name).unlink()  # under the lock: gone once this returns

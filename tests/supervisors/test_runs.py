@@ -83,14 +83,22 @@ def test_resume_from_another_folder_writes_where_the_run_said(tmp_path: Path) ->
     kill_when(proc, "JobStarted*2", random.Random(3))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    resume = cli("resume", "--state-dir", str(tmp_path / "state"), cwd=elsewhere)
+    common = ["--state-dir", str(tmp_path / "state")]
+    [run] = lines(cli("runs", "--json", *common, cwd=elsewhere).stdout)
+    assert (run["state"], run["unfinished"], run["out_dir"]) == ("abandoned", 4, str(tmp_path / "out"))
+    unknown = cli("resume", "nosuchrun", *common, cwd=elsewhere)
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        2, "actor-run: run: no run 'nosuchrun' in this ledger (see `actor-run runs`)")
+    resume = cli("resume", run["id"], *common, cwd=elsewhere)
     assert resume.returncode == 0, resume.stdout + resume.stderr
-    assert "resuming 4 job(s) of run " in resume.stdout, resume.stdout
+    assert f"resuming 4 job(s) of run {run['id']}: " in resume.stdout, resume.stdout
     for seed in range(1, 5):
         seed_dir = tmp_path / "out" / "chaos" / f"seed-{seed}"
         assert (seed_dir / "out" / "done.txt").read_text() == str(seed)
         assert json.loads((seed_dir / "response.json").read_text())["outcome"] == "succeeded"
         assert (seed_dir / "log.txt").is_file()
     assert list(elsewhere.iterdir()) == []  # nothing landed where resume was started
+    [after] = lines(cli("runs", "--json", *common, cwd=elsewhere).stdout)
+    assert (after["id"], after["state"], after["succeeded"]) == (run["id"], "succeeded", 4)
     assert sim_machines(tmp_path / "sim") == []
     assert wait_no_processes(tmp_path / "sim") == []

@@ -65,7 +65,8 @@ delete_latency_s = 0.2
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 HEADER = re.compile(r"(?<![\d.])(\d+)/(\d+) done: (\d+) succeeded, (\d+) failed, (\d+) running, "
-                    r"(\d+) waiting for capacity, (\d+) queued \| \$([0-9.]+)(?: \+ \$[0-9.]+ reserved)? of \$50\.00")
+                    r"(\d+) waiting for capacity, (\d+) queued \| "
+                    r"\$([0-9.]+) spent, \$[0-9.]+ reserved, budget \$50\.00")
 ROW = re.compile(r"(t/seed-\d)\s+running\s+\d+ sim \S+ H100\s+train\s+━+\s*(\d+)/400\s+\d+:\d\d \$\s*([0-9.]+)")
 
 
@@ -198,7 +199,7 @@ def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest(
     header = screen[0]
     assert "2/100 done: 1 succeeded, 1 failed, 57 running, 1 waiting for capacity, 40 queued" in header
     # 57 machines for 10 s at $3.6/h, and two that ended ($0.01 each, as their AttemptEnded said)
-    spent = float(re.search(r"\| \$([0-9.]+) \|", header).group(1))  # type: ignore[union-attr]
+    spent = float(re.search(r"\| \$([0-9.]+) spent \|", header).group(1))  # type: ignore[union-attr]
     assert spent == pytest.approx(0.02 + 57 * 0.01, abs=1e-4)
     rows = [s for s in screen if s.startswith("t/seed-")]
     assert rows[0].startswith("t/seed-9 ")  # the latest change first: its lease found no capacity
