@@ -374,7 +374,7 @@ class Screen:
     view's CPU is the CPU time of its thread: every event it takes and every redraw (the deque's
     append on the emitting actor threads, a few tens of nanoseconds, is not in it)."""
 
-    def __init__(self, keys: list[str], rows: int = 50, cols: int = 200) -> None:
+    def __init__(self, keys: list[str], runner: Runner, rows: int = 50, cols: int = 200) -> None:
         import fcntl
         import pty
         import struct
@@ -386,7 +386,7 @@ class Screen:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.tty = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115 (closed in close())
         self.events: collections.deque[Event] = collections.deque()
-        self.view = View(keys, json_mode=False, out=self.tty)
+        self.view = View(keys, json_mode=False, out=self.tty, budget=runner.budget.statistics)  # as `run` has it
         self.n = len(keys)
         self.ended = 0
         self.cpu_s = 0.0
@@ -434,7 +434,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
     runner = open_runner(root, n, scale)
     tally = Tally()
     runner.subscribe(tally)
-    screen = Screen([j.key for j in jobs]) if view else None
+    screen = Screen([j.key for j in jobs], runner) if view else None
     if screen is not None:
         runner.subscribe(screen.events.append)
         screen.start()
