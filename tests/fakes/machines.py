@@ -41,12 +41,21 @@ class Box(Sshd):
             f.write(f"SetEnv {pairs}\n")
 
 
+def _runs_in(proc: psutil.Process, marker: str) -> bool:
+    if any(marker in part for part in proc.info["cmdline"] or []):
+        return True
+    try:  # a job started there: its folder is its cwd, or its environment names it (HOME)
+        return (proc.cwd() or "").startswith(marker) or proc.environ().get("HOME", "").startswith(marker)
+    except (psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def _kill_under(path: Path) -> None:
-    """Every process whose command line names a file under `path` (what the machine left running)."""
+    """Every process the machine left running: its command line, cwd or HOME is under `path`."""
     marker = str(path)
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
+            if proc.pid != os.getpid() and _runs_in(proc, marker):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.kill()

@@ -26,6 +26,7 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
+from actor_run.protocols.clouds.gpus import vendor_ids
 from fakes.machines import Boxes
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
@@ -151,6 +152,13 @@ class FakeRunPod(OpenAPIFake):
         """The host failed: the pod is gone without anyone deleting it (its sshd too)."""
         with self.lock:
             self._gone(pod_id)
+
+    def no_stock(self, gpu: str) -> None:
+        """None of our GPU `gpu` anywhere (its catalog entry says NONE)."""
+        with self.lock:
+            for key in self.stock:
+                if key[0] in vendor_ids(gpu, "runpod"):
+                    self.stock[key] = 0
 
     def alive(self) -> list[str]:
         with self.lock:
