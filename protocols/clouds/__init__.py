@@ -25,6 +25,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
+    "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
 }
 
 

@@ -23,6 +23,7 @@ Rules kept here for all of them:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -68,6 +69,33 @@ class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     listing_lag_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0  # how long a new machine may be missing from reads
     delete_wait_s: Positive = 120.0  # delete to gone, before DeleteUnconfirmed (the lease retries)
     connect_timeout_s: Positive = 20.0
+
+
+class VMSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A rented VM (Lambda, Hyperstack): a login user, port 22 on its own IP, and an OS shutdown
+    at its deadline (the provider has no means of its own; the sweep is the other backstop)."""
+
+    user: str = "ubuntu"
+    ssh_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 22
+    shutdown_command: str = "sudo -n shutdown -h now"
+
+
+def shutdown_script(deadline: float, command: str) -> str:
+    """POSIX sh that waits for the deadline, then runs `command` (the OS shutdown)."""
+    return (
+        "#!/bin/sh\n# actor-run: this machine shuts down at its deadline\n"
+        f"now=$(date +%s); [ {int(deadline)} -gt \"$now\" ] && sleep $(({int(deadline)} - now))\n"
+        f"{command}\n"
+    )
+
+
+def vendor_name(name: str, limit: int) -> str:
+    """`name` as a vendor whose names are at most `limit` long takes it: unchanged when it fits,
+    else cut and ended with 8 hex digits of its hash (still unique; the full name rides in a tag)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9]}-{digest}"
 
 
 class Seen(msgspec.Struct, frozen=True, kw_only=True):
@@ -324,4 +352,7 @@ def _detached(root: str, script: str) -> str:
     )
 
 
-__all__ = ["RentedCloud", "RentedSettings", "Seen", "WatchedHost", "api_key", "public_key"]
+__all__ = [
+    "RentedCloud", "RentedSettings", "Seen", "VMSettings", "WatchedHost", "api_key", "public_key",
+    "shutdown_script", "vendor_name",
+]

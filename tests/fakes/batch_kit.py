@@ -27,13 +27,14 @@ open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.e
 
 
 def write_batch(tmp: Path, cloud: str, url: str, *, gpus: list[str], seeds: list[int], steps: int = 3,
-                step_s: float = 0.1, attempts: int = 3, extra: str = "") -> Path:
+                step_s: float = 0.1, attempts: int = 3, settings: dict[str, Any] | None = None) -> Path:
     code = tmp / "code"
     code.mkdir(exist_ok=True)
     (code / "job.py").write_text(JOB)
     (tmp / "data.txt").write_text("payload")
     key = client_key(tmp / "keys")
     candidates = "".join(f'\n[[candidates]]\ncloud = "{cloud}"\ngpu = "{g}"\n' for g in gpus)
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (settings or {}).items())
     path = tmp / f"{cloud}.toml"
     path.write_text(f"""
 [job]

@@ -25,16 +25,19 @@ from sshd import Sshd
 class Box(Sshd):
     """One machine: an sshd whose sessions live in `home` with the vendor's environment."""
 
-    def __init__(self, dir: Path, public_key: str, env: dict[str, str]) -> None:
+    def __init__(self, dir: Path, public_key: str, env: dict[str, str], *, address: str = "127.0.0.1",
+                 port: int | None = None) -> None:
         self.env = dict(env)
+        self._address = address
         self.home = Path(dir) / "home"
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.env["HOME"] = str(self.home)
         self._public_key = public_key
-        super().__init__(dir)
+        super().__init__(dir, port=port)
         self.authorized_keys.write_text(public_key.strip() + "\n")
 
     def _write_config(self) -> None:
+        self.address = self._address
         super()._write_config()
         pairs = " ".join(f'"{k}={v}"' for k, v in self.env.items())
         with self.config.open("a") as f:
@@ -72,8 +75,11 @@ class Boxes:
         self.boxes: dict[str, Box] = {}
         self._lock = threading.Lock()
 
-    def start(self, machine_id: str, public_key: str, env: dict[str, str] | None = None) -> Box:
-        box = Box(self.dir / machine_id, public_key, env or {})
+    def start(self, machine_id: str, public_key: str, env: dict[str, str] | None = None, *,
+              address: str = "127.0.0.1", port: int | None = None) -> Box:
+        """A machine; `address` and `port` for a vendor whose machines each have an IP of their own
+        and answer on one port (many loopback addresses, one port); by default a port of its own."""
+        box = Box(self.dir / machine_id, public_key, env or {}, address=address, port=port)
         with self._lock:
             self.boxes[machine_id] = box
         return box

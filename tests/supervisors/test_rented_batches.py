@@ -11,18 +11,12 @@ from typing import Any
 
 import pytest
 from fakes.batch_kit import cli, events, kill9, read_until, start_run, write_batch
-from fakes.runpod import FakeRunPod
-
-KEY_VARS = {"runpod": "RUNPOD_API_KEY"}
-FAKES: dict[str, Any] = {"runpod": FakeRunPod}
-# two candidates per cloud: the first one out of stock (the walk moves on), the second in stock
-GPUS = {"runpod": ["H100", "A100-80G"]}
+from fakes.providers import FAKES
 
 
 @pytest.fixture(params=sorted(FAKES))
 def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     fake = FAKES[request.param](tmp_path / "fake").start()
-    fake.cloud = request.param
     try:
         yield fake
     finally:
@@ -31,12 +25,12 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 
 def run(tmp: Path, fake: Any, *, seeds: list[int], **kw: Any) -> Any:
-    batch = write_batch(tmp, fake.cloud, fake.url, gpus=GPUS[fake.cloud], seeds=seeds, **kw)
-    return cli(tmp, "run", str(batch), "--json", "--out", str(tmp / "out"), key_var=KEY_VARS[fake.cloud]), batch
+    batch = write_batch(tmp, fake.CLOUD, fake.url, gpus=list(fake.GPUS), seeds=seeds, settings=fake.settings(), **kw)
+    return cli(tmp, "run", str(batch), "--json", "--out", str(tmp / "out"), key_var=fake.KEY_VAR), batch
 
 
 def test_a_batch_runs_end_to_end_and_leaves_nothing(tmp_path: Path, provider: Any) -> None:
-    provider.no_stock(GPUS[provider.cloud][0])
+    provider.no_stock(provider.GPUS[0])
     done, _ = run(tmp_path, provider, seeds=[1, 2])
     assert done.returncode == 0, done.stderr
     for seed in (1, 2):
@@ -73,8 +67,9 @@ def test_a_refused_key_stops_the_batch_with_guard(tmp_path: Path, provider: Any)
 
 
 def test_a_machine_that_vanishes_mid_run_is_preempted_and_retried(tmp_path: Path, provider: Any) -> None:
-    batch = write_batch(tmp_path, provider.cloud, provider.url, gpus=GPUS[provider.cloud], seeds=[1], steps=12)
-    proc = start_run(tmp_path, batch, key_var=KEY_VARS[provider.cloud])
+    batch = write_batch(tmp_path, provider.CLOUD, provider.url, gpus=list(provider.GPUS), seeds=[1], steps=8,
+                        settings=provider.settings())
+    proc = start_run(tmp_path, batch, key_var=provider.KEY_VAR)
     try:
         seen = read_until(proc, "Progress")
         leased = [e for e in seen if e["type"] == "Leased"][-1]
@@ -90,14 +85,15 @@ def test_a_machine_that_vanishes_mid_run_is_preempted_and_retried(tmp_path: Path
 
 
 def test_kill_9_then_resume_then_sweep_leaves_no_machine(tmp_path: Path, provider: Any) -> None:
-    batch = write_batch(tmp_path, provider.cloud, provider.url, gpus=GPUS[provider.cloud], seeds=[1, 2], steps=6)
-    proc = start_run(tmp_path, batch, key_var=KEY_VARS[provider.cloud])
+    batch = write_batch(tmp_path, provider.CLOUD, provider.url, gpus=list(provider.GPUS), seeds=[1, 2], steps=4,
+                        settings=provider.settings())
+    proc = start_run(tmp_path, batch, key_var=provider.KEY_VAR)
     read_until(proc, "Progress")
     kill9(proc)
     assert provider.alive(), "the killed controller left machines (as at the real provider)"
-    resumed = cli(tmp_path, "resume", "--out", str(tmp_path / "out"), key_var=KEY_VARS[provider.cloud])
+    resumed = cli(tmp_path, "resume", "--out", str(tmp_path / "out"), key_var=provider.KEY_VAR)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    swept = cli(tmp_path, "sweep", key_var=KEY_VARS[provider.cloud])
+    swept = cli(tmp_path, "sweep", key_var=provider.KEY_VAR)
     assert swept.returncode == 0, swept.stderr
     assert provider.alive() == []
     for seed in (1, 2):
