@@ -26,6 +26,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
     "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
+    "hyperstack": ("actor_run.protocols.clouds.hyperstack", "HyperstackSettings", "HyperstackCloud"),
 }
 
 

@@ -18,7 +18,10 @@ JOB = r'''
 import json, os, time
 progress = open(os.environ["ACTOR_RUN_PROGRESS"], "a")
 data = open(os.path.join(os.environ["ACTOR_RUN_IN"], "data", "data.txt")).read()
-for step in range(int(os.environ.get("STEPS", "3"))):
+steps = int(os.environ.get("STEPS", "3"))
+if os.environ.get("ACTOR_RUN_ATTEMPT") == "0":  # the first attempt may be made longer (to be cut short)
+    steps = int(os.environ.get("FIRST_STEPS", steps))
+for step in range(steps):
     time.sleep(float(os.environ.get("STEP_S", "0.1")))
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n"); progress.flush()
     print("step", step, flush=True)
@@ -27,7 +30,8 @@ open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.e
 
 
 def write_batch(tmp: Path, cloud: str, url: str, *, gpus: list[str], seeds: list[int], steps: int = 3,
-                step_s: float = 0.1, attempts: int = 3, settings: dict[str, Any] | None = None) -> Path:
+                first_steps: int | None = None, step_s: float = 0.1, attempts: int = 3,
+                settings: dict[str, Any] | None = None) -> Path:
     code = tmp / "code"
     code.mkdir(exist_ok=True)
     (code / "job.py").write_text(JOB)
@@ -44,7 +48,7 @@ code = "code"
 inputs = {{ data = "data.txt" }}
 seeds = {seeds}
 timeout_s = 120
-env = {{ STEPS = "{steps}", STEP_S = "{step_s}" }}
+env = {{ STEPS = "{steps}", FIRST_STEPS = "{first_steps or steps}", STEP_S = "{step_s}" }}
 
 [policy]
 max_attempts = {attempts}

@@ -53,17 +53,20 @@ def _runs_in(proc: psutil.Process, marker: str) -> bool:
         return False
 
 
-def _kill_under(path: Path) -> None:
-    """Every process the machine left running: its command line, cwd or HOME is under `path`."""
+def _kill_under(path: Path, also: list[psutil.Process] | None = None) -> None:
+    """Every process the machine runs (its command line, cwd or HOME is under `path`) and `also`,
+    killed at one moment: the machine is gone all at once, as a failed host is."""
     marker = str(path)
+    doomed = list(also or [])
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             if proc.pid != os.getpid() and _runs_in(proc, marker):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.kill()
+                doomed.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    for proc in doomed:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(signal.SIGKILL)
 
 
 class Boxes:
@@ -89,6 +92,11 @@ class Boxes:
             box = self.boxes.pop(machine_id, None)
         if box is None:
             return
+        sshd: list[psutil.Process] = []
+        if box.proc is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                sshd = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
+        _kill_under(box.dir, also=sshd)  # its sessions and its jobs at one moment
         box.stop()
         _kill_under(box.dir)
         shutil.rmtree(box.dir, ignore_errors=True)

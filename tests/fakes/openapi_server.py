@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from openapi_core import Config, OpenAPI
 from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 OPENAPI = Path("/work/shared/contracts/openapi")
@@ -56,6 +56,18 @@ def _openapi(path: Path, base_path: str) -> OpenAPI:
     # RFC 9457 problem documents are JSON too (openapi-core knows only application/json by name)
     config = Config(extra_media_type_deserializers={"application/problem+json": json.loads})
     return OpenAPI.from_dict(doc, config=config)
+
+
+class _Handler(WSGIRequestHandler):
+    """Werkzeug drops headers whose names hold an underscore; a vendor may use one (Hyperstack's
+    `api_key`), so they are kept here, as the vendor's own servers keep them."""
+
+    def make_environ(self) -> Any:
+        environ = super().make_environ()
+        for key, value in self.headers.items():
+            if "_" in key:
+                environ.setdefault("HTTP_" + key.upper().replace("-", "_"), value)
+        return environ
 
 
 def json_response(body: Any, status: int = 200, content_type: str = "application/json",
@@ -166,7 +178,7 @@ class OpenAPIFake:
             self.violations.append(text)
 
     def start(self) -> OpenAPIFake:
-        self._server = make_server("127.0.0.1", 0, self._app, threaded=True)
+        self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=_Handler)
         self.url = f"http://127.0.0.1:{self._server.server_port}{self.base_path}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-api", daemon=True)
         self._thread.start()

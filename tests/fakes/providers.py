@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fakes.hyperstack import FakeHyperstack
 from fakes.lambdacloud import FakeLambda
 from fakes.runpod import FakeRunPod
 
-FAKES: dict[str, Any] = {"lambda": FakeLambda, "runpod": FakeRunPod}
+FAKES: dict[str, Any] = {"hyperstack": FakeHyperstack, "lambda": FakeLambda, "runpod": FakeRunPod}

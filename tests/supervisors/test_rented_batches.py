@@ -14,14 +14,26 @@ from fakes.batch_kit import cli, events, kill9, read_until, start_run, write_bat
 from fakes.providers import FAKES
 
 
-@pytest.fixture(params=sorted(FAKES))
-def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    fake = FAKES[request.param](tmp_path / "fake").start()
+def _start(name: str, tmp_path: Path) -> Iterator[Any]:
+    fake = FAKES[name](tmp_path / "fake").start()
     try:
         yield fake
     finally:
         fake.stop()
     assert fake.violations == []
+
+
+@pytest.fixture(params=sorted(FAKES))
+def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each vendor's fake: what every adapter must prove through a whole batch."""
+    yield from _start(request.param, tmp_path)
+
+
+@pytest.fixture(params=["runpod"])
+def one_provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """One vendor's fake, for batch-level proofs of the shared path (each adapter's own answer to
+    the same fault is proven in tests/protocols/clouds/test_rented.py)."""
+    yield from _start(request.param, tmp_path)
 
 
 def run(tmp: Path, fake: Any, *, seeds: list[int], **kw: Any) -> Any:
@@ -44,7 +56,8 @@ def test_a_batch_runs_end_to_end_and_leaves_nothing(tmp_path: Path, provider: An
     assert b"test-key" not in ledger
 
 
-def test_a_create_answered_500_that_made_a_machine_leaves_no_phantom(tmp_path: Path, provider: Any) -> None:
+def test_a_create_answered_500_that_made_a_machine_leaves_no_phantom(tmp_path: Path, one_provider: Any) -> None:
+    provider = one_provider
     provider.create_500_made = 1
     provider.lag_reads = 2
     done, _ = run(tmp_path, provider, seeds=[1])
@@ -66,8 +79,9 @@ def test_a_refused_key_stops_the_batch_with_guard(tmp_path: Path, provider: Any)
     assert provider.alive() == []
 
 
-def test_a_machine_that_vanishes_mid_run_is_preempted_and_retried(tmp_path: Path, provider: Any) -> None:
-    batch = write_batch(tmp_path, provider.CLOUD, provider.url, gpus=list(provider.GPUS), seeds=[1], steps=8,
+def test_a_machine_that_vanishes_mid_run_is_preempted_and_retried(tmp_path: Path, one_provider: Any) -> None:
+    provider = one_provider
+    batch = write_batch(tmp_path, provider.CLOUD, provider.url, gpus=list(provider.GPUS), seeds=[1], first_steps=100,
                         settings=provider.settings())
     proc = start_run(tmp_path, batch, key_var=provider.KEY_VAR)
     try:
