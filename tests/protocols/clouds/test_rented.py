@@ -145,3 +145,14 @@ def test_a_machine_that_vanishes_is_machine_gone(reactor: Reactor, cloud: Any, f
     reactor.call(ws.aclose, timeout=30)
     reactor.call(cloud.delete, n, machine.id, timeout=30)
     assert fake.alive() == []
+
+
+@pytest.mark.parametrize("cloud", sorted(FAKES))
+def test_the_example_batch_of_each_vendor_is_valid(cloud: str) -> None:
+    from actor_run.protocols.clouds import known_clouds, parse_settings
+    from actor_run.protocols.specs import load_batch
+
+    example = Path(__file__).resolve().parents[3] / "examples" / f"{cloud}.toml"
+    batch = load_batch(str(example), known_clouds())
+    assert {c.cloud for c in batch.spec.candidates} == {cloud}
+    assert parse_settings(cloud, batch.spec.clouds[cloud]).api_key_env == FAKES[cloud].KEY_VAR
