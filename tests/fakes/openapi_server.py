@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 OPENAPI = Path("/work/shared/contracts/openapi")
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request drowns what a test prints
 Handler = Callable[..., Response]
 
 
