@@ -112,3 +112,13 @@ def test_kill_9_then_resume_then_sweep_leaves_no_machine(tmp_path: Path, provide
     assert provider.alive() == []
     for seed in (1, 2):
         assert (tmp_path / "out" / "rented" / f"seed-{seed}" / "out" / "result.txt").is_file()
+
+
+def test_a_missing_key_stops_the_run_before_anything_starts(tmp_path: Path, one_provider: Any) -> None:
+    batch = write_batch(tmp_path, one_provider.CLOUD, one_provider.url, gpus=list(one_provider.GPUS), seeds=[1],
+                        settings=one_provider.settings())
+    done = cli(tmp_path, "run", str(batch), "--json", key_var="SOMETHING_ELSE")
+    assert done.returncode == 2
+    assert one_provider.KEY_VAR in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert one_provider.calls == []
