@@ -31,7 +31,7 @@ import httpx
 import trio
 
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
-from actor_run.protocols.clouds.http import NoAnswer, ProviderAPI, body_json, is_auth_refusal, short
+from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
     Seen,
@@ -191,6 +191,8 @@ class HyperstackCloud(RentedCloud):
         }
         try:
             resp = await self.api.call("POST", "/core/virtual-machines", json=body)
+        except NotSent as exc:  # it never left: nothing can have been made
+            raise LaunchRefused(f"hyperstack: the create of {name}: {exc}", code=Code.LAUNCH_FAILED) from exc
         except NoAnswer as exc:
             raise LaunchAmbiguous(f"hyperstack: the create of {name}: {exc}") from exc
         answer = body_json(resp)

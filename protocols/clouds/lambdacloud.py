@@ -30,7 +30,7 @@ import httpx
 import trio
 
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
-from actor_run.protocols.clouds.http import NoAnswer, ProviderAPI, body_json, is_auth_refusal, short
+from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
     Seen,
@@ -187,6 +187,8 @@ class LambdaCloud(RentedCloud):
             body["file_system_names"] = [self.settings.file_system]
         try:
             resp = await self.api.call("POST", "/api/v1/instance-operations/launch", json=body)
+        except NotSent as exc:  # it never left: nothing can have been made
+            raise LaunchRefused(f"lambda: the launch of {name}: {exc}", code=Code.LAUNCH_FAILED) from exc
         except NoAnswer as exc:
             raise LaunchAmbiguous(f"lambda: the launch of {name}: {exc}") from exc
         if resp.status_code == 200:

@@ -64,7 +64,9 @@ class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     root: str = "~/.actor-run"  # the folder for actor-run on the machine
     known_hosts: str = ""  # default: <state_dir>/<cloud>/known_hosts.d/<machine name>
     timeout_s: Positive = 30.0  # one HTTP call
-    launch_timeout_s: Positive = 900.0  # create to ready; past it the machine is `launch_failed` and deleted
+    # create to ready; past it the machine is `launch_failed` and deleted. Below policy.setup_grace_s
+    # (600 by default), which bounds the same wait from the lease's side and says ambiguous_create
+    launch_timeout_s: Positive = 540.0
     poll_s: Positive = 3.0  # readiness and deletion reads
     listing_lag_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0  # how long a new machine may be missing from reads
     delete_wait_s: Positive = 120.0  # delete to gone, before DeleteUnconfirmed (the lease retries)

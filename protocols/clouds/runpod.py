@@ -29,6 +29,7 @@ import msgspec
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
 from actor_run.protocols.clouds.http import (
     NoAnswer,
+    NotSent,
     ProviderAPI,
     body_json,
     is_auth_refusal,
@@ -188,6 +189,8 @@ class RunPodCloud(RentedCloud):
         }
         try:
             resp = await self.api.call("POST", "/v2/pods", json=body)
+        except NotSent as exc:  # it never left: nothing can have been made
+            raise LaunchRefused(f"runpod: the create of {name}: {exc}", code=Code.LAUNCH_FAILED) from exc
         except NoAnswer as exc:
             raise LaunchAmbiguous(f"runpod: the create of {name}: {exc}") from exc
         if resp.status_code in (200, 201):

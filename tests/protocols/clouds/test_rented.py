@@ -156,3 +156,14 @@ def test_the_example_batch_of_each_vendor_is_valid(cloud: str) -> None:
     batch = load_batch(str(example), known_clouds())
     assert {c.cloud for c in batch.spec.candidates} == {cloud}
     assert parse_settings(cloud, batch.spec.clouds[cloud]).api_key_env == FAKES[cloud].KEY_VAR
+
+
+def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from sshd import free_port
+
+    cloud = make(fake, tmp_path, monkeypatch, api_url=f"http://127.0.0.1:{free_port()}{fake.base_path}")
+    with pytest.raises(LaunchRefused) as info:  # the request never left: nothing can have been made
+        reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
+    assert info.value.code is Code.LAUNCH_FAILED
+    assert not isinstance(info.value, LaunchAmbiguous)
