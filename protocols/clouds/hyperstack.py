@@ -75,8 +75,8 @@ CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
 # (hyperstack.md §4: treat as capacity). DELETING is not gone: a deletion is proven by a 404.
 VM_STATES: dict[str, Literal["pending", "ready", "failed", "gone"]] = {
     "CREATING": "pending", "BUILD": "pending", "STARTING": "pending", "REBOOTING": "pending",
-    "ACTIVE": "ready", "ERROR": "failed", "DELETING": "failed", "SHUTOFF": "failed", "STOPPING": "failed",
-    "HIBERNATING": "failed", "HIBERNATED": "failed", "DELETED": "gone",
+    "ACTIVE": "ready", "ERROR": "failed", "FAILED": "failed", "DELETING": "failed", "SHUTOFF": "failed",
+    "STOPPING": "failed", "HIBERNATING": "failed", "HIBERNATED": "failed", "DELETED": "gone", "TERMINATED": "gone",
 }
 
 

@@ -167,3 +167,18 @@ def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: React
         reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
     assert info.value.code is Code.LAUNCH_FAILED
     assert not isinstance(info.value, LaunchAmbiguous)
+
+
+@pytest.mark.parametrize("fake", ["hyperstack", "lambda"], indirect=True)
+def test_a_vm_shuts_itself_down_at_its_deadline(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    n = name(deadline=time.time() + 2)
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 2, timeout=30)
+    ws = reactor.call(cloud.connect, machine, timeout=30)
+    reactor.call(ws.aclose, timeout=30)
+    asked = fake.boxes.boxes[machine.id].home / "shutdown-asked"  # the fake's shutdown_command leaves this
+    end = time.monotonic() + 30
+    while not asked.exists():  # waiting on the machine's own timer, bounded
+        assert time.monotonic() < end, "the machine never ran its shutdown"
+        time.sleep(0.1)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
