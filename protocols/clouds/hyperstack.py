@@ -58,11 +58,13 @@ class HyperstackSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_f
     image: str = "Ubuntu Server 22.04 LTS R535 CUDA 12.2"
 
 
-# What a create's answer means (status, error_reason or "", code, the contract line). Hyperstack
+# What a create's answer means (status, words in its message, code, the contract line). Hyperstack
 # documents no out-of-stock message: a refusal with `status: false` is taken as no capacity.
 CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
+    (400, "insufficient balance", Code.QUOTA,
+     'hyperstack.md §4: 400 {"status": false, "message": "Insufficient balance to create the resource"}'),
     (200, "", Code.NO_CAPACITY, "hyperstack.md §1: HTTP 200 with status false is a refusal"),
-    (400, "", Code.NO_CAPACITY, 'hyperstack.md §4: 400 status false ("Insufficient balance...", out of stock)'),
+    (400, "", Code.NO_CAPACITY, "hyperstack.md §4: any other 400 status false (no out-of-stock message is documented)"),
     (404, "", Code.LAUNCH_FAILED, "hyperstack.md §4: 404 not_found (environment, flavor, image or key)"),
     (405, "", Code.LAUNCH_FAILED, "hyperstack.md §4: 405 not_allowed"),
     (401, "", Code.GUARD, "hyperstack.md §4: 401 unauthorized"),
@@ -84,8 +86,9 @@ def classify_create(status: int, body: Any) -> Code | None:
     """The failure a create's refusal means, or None when it proves nothing (ambiguous)."""
     if status == 200 and isinstance(body, dict) and body.get("status") is not False:
         return None  # not a refusal
-    for want, _, code, _ in CREATE_ANSWERS:
-        if status == want:
+    message = str(body.get("message", "")).lower() if isinstance(body, dict) else ""
+    for want, words, code, _ in CREATE_ANSWERS:
+        if status == want and words in message:
             return code
     return None
 

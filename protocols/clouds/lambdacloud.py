@@ -61,7 +61,7 @@ class LambdaSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_field
 LAUNCH_ANSWERS: list[tuple[int, str, Code, str]] = [
     (400, "instance-operations/launch/insufficient-capacity", Code.NO_CAPACITY,
      "lambda.md §4: 400 instance-operations/launch/insufficient-capacity"),
-    (400, "global/quota-exceeded", Code.NO_CAPACITY, "lambda.md §4: 400 global/quota-exceeded (walk on)"),
+    (400, "global/quota-exceeded", Code.QUOTA, "lambda.md §4: 400 global/quota-exceeded (the next account)"),
     (400, "global/invalid-parameters", Code.LAUNCH_FAILED, "lambda.md §4: 400 global/invalid-parameters"),
     (400, "instance-operations/launch/file-system-in-wrong-region", Code.LAUNCH_FAILED,
      "lambda.md §4: 400 instance-operations/launch/file-system-in-wrong-region"),

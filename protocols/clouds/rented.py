@@ -184,6 +184,7 @@ class RentedCloud:
     """The shared half of a rented cloud (see the module docstring); subclasses speak the API."""
 
     name = "rented"
+    account = ""  # make_cloud sets it for an account of [clouds.<name>.accounts]
     failed_code = Code.LAUNCH_FAILED  # what a machine that failed to come up means at this vendor
 
     def __init__(self, settings: RentedSettings, state_dir: Path) -> None:
@@ -251,7 +252,7 @@ class RentedCloud:
             cloud=self.name, id=machine_id, name=name, region=seen.region or offer.region,
             gpu=offer.gpu or seen.gpu, hourly_usd=seen.hourly_usd or offer.hourly_usd, deadline=deadline,
             created_at=seen.created_at or time.time(), address=seen.address, port=seen.port, user=seen.user,
-            root=s.root,
+            root=s.root, account=self.account,
         )
 
     def _known_hosts(self, name: str) -> Path:
@@ -337,7 +338,7 @@ class RentedCloud:
             found.append(Machine(
                 cloud=self.name, id=m.id, name=m.name, region=m.region, gpu=m.gpu, hourly_usd=m.hourly_usd,
                 deadline=float(parsed.deadline) if parsed else 0.0, created_at=m.created_at,
-                address=m.address, port=m.port, user=m.user, root=self.settings.root,
+                address=m.address, port=m.port, user=m.user, root=self.settings.root, account=self.account,
             ))
         return found
 

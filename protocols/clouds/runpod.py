@@ -62,7 +62,7 @@ CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
      "runpod.md §5: the GraphQL wording, kept in the matcher"),
     (500, "does not have the resources", Code.NO_CAPACITY,
      'runpod.md §5: 500 "This machine does not have the resources to deploy your pod"'),
-    (500, "balance is too low", Code.NO_CAPACITY,  # walks on: another account or candidate
+    (500, "balance is too low", Code.QUOTA,  # walks on: the next account, then the next candidate
      'runpod.md §5: 500 "Your account balance is too low to rent a pod"'),
     (500, "spot pods are no longer offered", Code.LAUNCH_FAILED,
      'runpod.md §2.2: 500 "create pod: Spot pods are no longer offered"'),

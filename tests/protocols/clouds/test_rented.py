@@ -182,3 +182,16 @@ def test_a_vm_shuts_itself_down_at_its_deadline(reactor: Reactor, cloud: Any, fa
         time.sleep(0.1)
     reactor.call(cloud.delete, n, machine.id, timeout=30)
     assert fake.alive() == []
+
+
+def test_the_answer_tables_say_quota_for_an_exhausted_account() -> None:
+    from actor_run.protocols.clouds import hyperstack, lambdacloud
+
+    assert lambdacloud.classify_launch(400, "global/quota-exceeded") is Code.QUOTA
+    assert lambdacloud.classify_launch(400, "instance-operations/launch/insufficient-capacity") is Code.NO_CAPACITY
+    assert lambdacloud.classify_launch(502, "provider/internal-unavailable") is None  # ambiguous
+    assert hyperstack.classify_create(400, {"status": False, "message": "Insufficient balance to create the resource"}
+                                      ) is Code.QUOTA
+    assert hyperstack.classify_create(200, {"status": False, "message": "no flavor stock"}) is Code.NO_CAPACITY
+    assert hyperstack.classify_create(200, {"status": True}) is None
+    assert hyperstack.classify_create(409, {"status": False}) is None  # our unique name exists: ours made it

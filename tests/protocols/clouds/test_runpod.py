@@ -16,7 +16,7 @@ from fakes.runpod import FakeRunPod
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import make_cloud, parse_settings
 from actor_run.protocols.clouds.runpod import RunPodCloud, classify_create
-from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.failures import Code, LaunchRefused, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
 
@@ -65,7 +65,7 @@ def test_a_missing_key_names_the_variable(tmp_path: Path, monkeypatch: pytest.Mo
 def test_the_answer_table_follows_the_contract() -> None:
     assert classify_create(500, '{"detail":"create pod: There are no instances currently available"}') \
         is Code.NO_CAPACITY
-    assert classify_create(500, '{"detail":"Your account balance is too low to rent a pod"}') is Code.NO_CAPACITY
+    assert classify_create(500, '{"detail":"Your account balance is too low to rent a pod"}') is Code.QUOTA
     assert classify_create(500, '{"detail":"upstream timeout"}') is None  # ambiguous: it may have made one
     assert classify_create(401, "") is Code.GUARD
     assert classify_create(400, "bad") is Code.LAUNCH_FAILED
@@ -115,3 +115,20 @@ def test_the_fake_refuses_what_runpod_would(fake: FakeRunPod) -> None:
     assert len(fake.violations) == 1
     assert "region" in fake.violations[0]
     fake.violations.clear()
+
+
+def test_an_account_has_its_own_key_and_its_machines_carry_it(reactor: Reactor, fake: FakeRunPod, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNPOD_API_KEY", "main-key")
+    monkeypatch.setenv("RUNPOD_KEY_B", "test-key")  # the one the fake takes
+    raw = {**settings(fake, tmp_path), "accounts": {"team-b": {"api_key_env": "RUNPOD_KEY_B"}}}
+    main, team_b = make_cloud("runpod", raw, tmp_path / "s"), make_cloud("runpod@team-b", raw, tmp_path / "s")
+    with pytest.raises(LaunchRefused) as info:
+        reactor.call(main.offers, CandidateSpec(cloud="runpod", gpu="A100-80G"), 0, timeout=30)
+    assert info.value.code is Code.GUARD
+    n = name()
+    machine = reactor.call(team_b.launch, a100(), n, time.time() + 3600, timeout=30)
+    assert machine.account == "team-b"
+    assert [m.account for m in reactor.call(team_b.list_ours, "ar-", timeout=30)] == ["team-b"]
+    reactor.call(team_b.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
