@@ -46,6 +46,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     candidate: int = 0
     host: str = ""  # for the ssh cloud: which configured host
     account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
+    kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +64,8 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     root: str = ""  # the private folder on the machine everything goes into
     account: str = ""  # the cloud account it is billed to ("" is the cloud's own settings)
     taken_at: float = 0.0  # in a provider's listing: when it took the machine away (preempted); 0: it did not
+    port: int = 0  # SSH port on `address` (0: the default, 22)
+    user: str = ""  # SSH login (empty: the default of the cloud's host)
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):

@@ -45,7 +45,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
 
 def shared(args: argparse.Namespace) -> bool:
     """Whether the command's ledger is a shared (PostgreSQL) one."""
-    return is_url(resolve(args.ledger, _state_dir(args)))
+    return is_url(resolve(getattr(args, "ledger", None), _state_dir(args)))
 
 
 def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -232,4 +232,5 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir) if args.state_dir else default_state_dir()
+    state_dir = getattr(args, "state_dir", None)
+    return Path(state_dir) if state_dir else default_state_dir()

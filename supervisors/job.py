@@ -33,7 +33,7 @@ import outcome
 import pykka
 
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
-from actor_run.protocols.failures import Code
+from actor_run.protocols.failures import Code, LaunchError, Refused
 from actor_run.protocols.hosts.workspace import RESUME_LINE
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -203,6 +203,10 @@ class JobSupervisor(Actor):
 
     def _offers(self, candidate: int, result: Result[list[Offer]]) -> None:
         if isinstance(result, outcome.Error):
+            error = result.error
+            if isinstance(error, LaunchError | Refused) and error.code is Code.GUARD:  # the key was refused
+                self._end("failed", Code.GUARD, str(error))
+                return
             self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
             self.walk.set_offers(candidate, [])
         else:
@@ -255,7 +259,7 @@ class JobSupervisor(Actor):
                                    seq=change.seq, seconds=e.usage.seconds, outcome=e.outcome,
                                    failure=e.failure)
         if change.replaced_usd > 0 or e.usage.usd > 0 or change.limit_usd is not None:
-            self.ctx.emit(Charged(**self.head, attempt=e.attempt, usd=round(e.usage.usd, 6),
+            self.ctx.emit(Charged(**self.head, attempt=e.attempt, usd=change.usd,
                                   reserved=change.replaced_usd,
                                   at_least=e.usage.at_least, **_totals(change)))
 

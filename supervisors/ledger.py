@@ -32,7 +32,7 @@ from loguru import logger
 from actor_run.actors.base import failure_text
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
-from actor_run.protocols.messages import Event, Machine, Offer, encode
+from actor_run.protocols.messages import Event, Machine, Offer, decode_event, encode
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger_batch import Op, _run, _run_all
 from actor_run.supervisors.ledger_db import Conn, LedgerError, open_backend
@@ -763,6 +763,17 @@ class LedgerReader:
     def run(self, run: str) -> RunRow | None:
         found = [r for r in self.runs() if r.id == run]
         return found[0] if found else None
+
+    def run_events(self, run: str) -> list[Event]:
+        """The events recorded for `run`, in the order they were recorded (the report reads them);
+        a kind this version does not know (a newer actor-run wrote it) is passed over."""
+        found = []
+        for row in self._rows("SELECT body FROM events WHERE run=? ORDER BY id", (run,)):
+            try:
+                found.append(decode_event(row["body"]))
+            except msgspec.DecodeError:
+                continue
+        return found
 
 
 class RunRow(msgspec.Struct, frozen=True, kw_only=True):
