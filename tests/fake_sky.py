@@ -402,6 +402,22 @@ class FakeSky:
         return path.read_text().splitlines() if path.exists() else []
 
 
+def power_off(root: Path) -> None:
+    """What a terminated instance does to what runs on it: every process naming its root ends."""
+    import psutil
+
+    marker = str(root)
+    procs = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []):
+                procs.append(p)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
 def aws_env() -> dict[str, str]:
     """Dummy credentials and no instance metadata: nothing may reach AWS itself."""
     return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 import trio_asyncio
-from fake_sky import FakeSky, aws_env
+from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
 from sshd import Sshd, free_port
 
@@ -34,8 +34,9 @@ def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoEc2]:
 
 
 @pytest.fixture
-def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> FakeSky:
-    return FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint)
+def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
+    yield FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint)
+    power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
 
 
 def settings(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> dict[str, Any]:
@@ -164,7 +165,7 @@ def test_without_proof_from_either_the_delete_is_unconfirmed(
     c = cloud(tmp_path, sshd, fake, cli_timeout_s=4)
     n = name()
     machine = run(lambda: c.launch(OFFER, n, time.time() + 1800))
-    fake.set_faults(down="hang")
+    fake.set_faults(down="fail")
     # EC2 cannot be reached either: nothing proves the instance is gone
     blind = cloud(tmp_path, sshd, fake, cli_timeout_s=4, ec2_endpoint=f"http://127.0.0.1:{free_port()}",
                   ec2_timeout_s=1)
