@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -49,11 +50,13 @@ from actor_run.protocols.failures import (
     DeleteUnconfirmed,
     LaunchAmbiguous,
     LaunchRefused,
+    MachineGone,
     Refused,
     SpecError,
+    Unreachable,
 )
 from actor_run.protocols.hosts.ssh import SSHHost
-from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.hosts.workspace import PollResult, ShellWorkspace, Workspace
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec
@@ -98,6 +101,25 @@ def classify(log: str) -> Code:
     if "ResourcesUnavailableError" in log or "InsufficientInstanceCapacity" in log:
         return Code.NO_CAPACITY
     return Code.LAUNCH_FAILED
+
+
+class SkyPilotWorkspace(ShellWorkspace):
+    """The head node's workspace: a poll that finds the head unreachable asks EC2 whether its
+    instance is still there, and a head the provider ended (a spot instance reclaimed) raises
+    MachineGone, which the heartbeat reports as `preempted`, not as a network fault."""
+
+    def __init__(self, host: SSHHost, root: str, gone: Callable[[], Awaitable[str]]) -> None:
+        super().__init__(host, root)
+        self._gone = gone
+
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+        try:
+            return await super().poll(work, pid, progress_at, log_at)
+        except Unreachable as exc:
+            why = await self._gone()
+            if why:
+                raise MachineGone(why) from exc
+            raise
 
 
 class SkyPilotCloud:
@@ -288,7 +310,7 @@ class SkyPilotCloud:
                 known_hosts=self.known_hosts / machine.name, connect_timeout_s=s.connect_timeout_s, loop=self._loop,
             )
         host = self._hosts[machine.name]
-        ws = ShellWorkspace(host, machine.root or s.root)
+        ws = SkyPilotWorkspace(host, machine.root or s.root, lambda: self._taken_back(machine))
         await ws.prepare()
         # a minute early: the shutdown itself takes a moment, and a minute is its resolution
         minutes = max(1, math.floor((machine.deadline - time.time()) / 60) - 1)
@@ -298,6 +320,21 @@ class SkyPilotCloud:
                                               f"(exit {res.exit_code}): {res.error_text()}")
         logger.bind(machine=machine.name).info("skypilot: {} shuts down in {} min", machine.name, minutes)
         return ws
+
+    async def _taken_back(self, machine: Machine) -> str:
+        """Why the machine's head instance is gone when EC2 says it ended; "" when it runs or when
+        EC2 cannot tell (then the failure stays a network one)."""
+        region, _, instance = machine.id.partition("/")
+        if not instance:
+            return ""
+        try:
+            state = await self.ec2.state(Ec2Instance(instance, "", machine.name, region))
+        except Ec2Error:
+            return ""
+        if state in ("pending", "running"):
+            return ""
+        what = "spot instance reclaimed" if self.settings.use_spot else "instance ended by its provider"
+        return f"skypilot: {machine.name}: {what} ({instance} is {state})"
 
     # --- delete ----------------------------------------------------------------------------------
 

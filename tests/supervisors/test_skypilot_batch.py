@@ -31,10 +31,16 @@ open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(os.envi
 '''
 
 
-@pytest.fixture
-def ec2() -> Iterator[MotoEc2]:
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[MotoEc2]:
     with MotoEc2() as server:
         yield server
+
+
+@pytest.fixture
+def ec2(moto_server: MotoEc2) -> MotoEc2:
+    moto_server.reset()
+    return moto_server
 
 
 @pytest.fixture

@@ -17,7 +17,14 @@ from sshd import Sshd, free_port
 
 from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.skypilot import SkyPilotCloud
-from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused, SpecError
+from actor_run.protocols.failures import (
+    Code,
+    DeleteUnconfirmed,
+    LaunchAmbiguous,
+    LaunchRefused,
+    MachineGone,
+    SpecError,
+)
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX, encode_name
 from actor_run.protocols.specs import CandidateSpec
@@ -25,12 +32,18 @@ from actor_run.protocols.specs import CandidateSpec
 T = TypeVar("T")
 
 
-@pytest.fixture
-def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoEc2]:
-    for k, v in aws_env().items():
-        monkeypatch.setenv(k, v)
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[MotoEc2]:
     with MotoEc2() as server:
         yield server
+
+
+@pytest.fixture
+def ec2(moto_server: MotoEc2, monkeypatch: pytest.MonkeyPatch) -> MotoEc2:
+    for k, v in aws_env().items():
+        monkeypatch.setenv(k, v)
+    moto_server.reset()
+    return moto_server
 
 
 @pytest.fixture
@@ -197,3 +210,22 @@ def test_settings_are_checked() -> None:
         SkyPilotCloud(parse_settings("skypilot", {"infra": "gcp/us-central1"}), Path("/nonexistent"))
     with pytest.raises(SpecError, match="unknown"):
         parse_settings("skypilot", {"zone": "x"})
+
+
+def test_a_head_whose_spot_instance_was_taken_back_is_preempted(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, ec2: MotoEc2) -> None:
+    c = cloud(tmp_path, sshd, fake, use_spot=True)
+
+    async def go() -> None:
+        machine = await c.launch(OFFER, name(), time.time() + 1800)
+        ws = await c.connect(machine)
+        ec2.client().terminate_instances(InstanceIds=[machine.id.split("/")[1]])  # AWS takes it back
+        sshd.stop()  # and with it the head's sshd
+        with pytest.raises(MachineGone, match="spot instance reclaimed"):
+            await ws.poll(f"{ws.root}/work/x/1/a0", 1, 0, 0)
+        await c.delete(machine.name, machine.id)
+        await c.aclose()
+
+    run(go)
+    assert "--use-spot" in next(c for c in fake.calls() if c.startswith("launch"))
+    assert fake.clusters() == {}
