@@ -229,7 +229,8 @@ def api_status(state: Path, a: argparse.Namespace) -> int:
 
 
 def api_cancel(state: Path, a: argparse.Namespace) -> int:
-    print(f"Cancelling {len(a.ids)} request{'s' if len(a.ids) != 1 else ''}: {', '.join(repr(i[:8]) for i in a.ids)}...")
+    plural = "s" if len(a.ids) != 1 else ""
+    print(f"Cancelling {len(a.ids)} request{plural}: {', '.join(repr(i[:8]) for i in a.ids)}...")
     done = []
     with _locked(state) as db:
         _advance(state, db)

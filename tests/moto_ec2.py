@@ -34,7 +34,8 @@ class MotoEc2:
                             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
                             aws_session_token=env["AWS_SESSION_TOKEN"])
 
-    def instances(self, prefix: str = "ar-", region: str = "us-east-1", states: list[str] | None = None) -> list[dict[str, Any]]:
+    def instances(self, prefix: str = "ar-", region: str = "us-east-1",
+                  states: list[str] | None = None) -> list[dict[str, Any]]:
         filters = [{"Name": "tag:skypilot-cluster-name", "Values": [f"{prefix}*"]}]
         if states:
             filters.append({"Name": "instance-state-name", "Values": states})

@@ -15,7 +15,7 @@ from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
 from sshd import Sshd, free_port
 
-from actor_run.protocols.clouds import parse_settings
+from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.clouds.skypilot import SkyPilotCloud
 from actor_run.protocols.failures import (
     Code,
@@ -27,7 +27,7 @@ from actor_run.protocols.failures import (
 )
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX, encode_name
-from actor_run.protocols.specs import CandidateSpec
+from actor_run.protocols.specs import CandidateSpec, load_batch
 
 T = TypeVar("T")
 
@@ -111,7 +111,8 @@ def test_a_cluster_is_launched_pinned_reached_over_ssh_and_deleted_with_proof(
     launch = next(c for c in fake.calls() if c.startswith("launch"))
     for flag in ("--async", "--down", "-i 15", "--infra aws/us-east-1", "--gpus A10G:1", "--no-use-spot"):
         assert flag in launch
-    assert "-r" not in launch.split() and "--retry-until-up" not in launch  # the walk is ours
+    assert "-r" not in launch.split()  # the walk is ours
+    assert "--retry-until-up" not in launch
     # the host key is pinned in a file of that cluster's own
     assert (tmp_path / "state" / "skypilot" / "known_hosts" / n).read_text().strip()
     assert fake.clusters() == {}
@@ -203,6 +204,14 @@ def test_a_cluster_skypilot_forgot_is_listed_by_tag_and_terminated(
     run(lambda: fresh.delete(listed[0].name, listed[0].id))
     assert ec2.live() == []
     assert run(lambda: fresh.list_ours(PREFIX)) == []
+
+
+def test_the_example_batch_file_loads_and_its_settings_parse() -> None:
+    batch = load_batch(Path(__file__).resolve().parents[3] / "examples" / "skypilot.toml", known_clouds())
+    jobs = batch.jobs()
+    assert [c.regions for c in jobs[0].candidates] == [["us-east-1"], ["us-west-2", "us-east-2"]]
+    parsed = parse_settings("skypilot", jobs[0].clouds["skypilot"])
+    assert (parsed.infra, parsed.use_spot, parsed.sky) == ("aws/us-east-1", False, "sky")
 
 
 def test_settings_are_checked() -> None:
