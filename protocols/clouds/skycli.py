@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 
 import msgspec
 import trio
@@ -101,6 +102,8 @@ class SkyCli:
         self.argv = shlex.split(command)
         if not self.argv:
             raise SpecError("clouds.skypilot.sky", "is empty")
+        if shutil.which(self.argv[0]) is None:
+            raise SpecError("clouds.skypilot.sky", f"{self.argv[0]} was not found: is SkyPilot installed?")
         self.api_server = api_server
         self.timeout_s = timeout_s
 

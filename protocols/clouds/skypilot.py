@@ -85,7 +85,8 @@ class SkyPilotSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     poll_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     cli_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0  # one `sky` command
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1800.0  # a launch request, to its end
-    down_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0  # a down request, before EC2 takes over
+    # a down request, before EC2 takes over (within the lease's two minutes of deleting)
+    down_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 90.0
     ec2_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0  # one EC2 exchange
     connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     known_hosts: str = ""  # a folder, one file per cluster; default: <state_dir>/skypilot/known_hosts
@@ -373,6 +374,7 @@ class SkyPilotCloud:
             held.pop(name, None)
         self._sky_gave_up.discard(name)
         self._settled.discard(name)
+        (self.known_hosts / name).unlink(missing_ok=True)  # a cluster's pin dies with it
 
     async def _sky_down(self, name: str) -> bool:
         """`sky down` through a request followed until it ends (across calls: its id is kept), then

@@ -158,3 +158,16 @@ def test_a_killed_controller_is_swept_to_zero_clusters_and_zero_instances(
     assert " deleted " in swept.stdout, swept.stdout + swept.stderr
     assert fake.clusters() == {}
     assert live_instances(ec2) == []
+
+
+def test_when_sky_down_fails_the_ledger_row_closes_on_ec2s_proof(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, ec2: MotoEc2) -> None:
+    fake.set_faults(down="fail")
+    path = batch(tmp_path, sshd, fake, seeds=[1], steps=1)
+    done = cli(tmp_path, "run", str(path), "--json", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(fake.clusters()) == 1  # SkyPilot could not tear it down and still lists it
+    assert live_instances(ec2) == []  # EC2 terminated its instance
+    assert [i["State"]["Name"] for i in ec2.instances(region="us-east-1")] == ["terminated"]
+    status = cli(tmp_path, "status", "--json")
+    assert [json.loads(x)["state"] for x in status.stdout.splitlines()] == ["deleted"]

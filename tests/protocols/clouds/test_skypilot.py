@@ -90,17 +90,18 @@ def test_a_cluster_is_launched_pinned_reached_over_ssh_and_deleted_with_proof(
     c = cloud(tmp_path, sshd, fake)
     n = name(minutes=30)
 
-    async def go() -> tuple[list[Offer], str, str, str]:
+    async def go() -> tuple[list[Offer], str, str, str, str]:
         offers = await c.offers(CandidateSpec(cloud="skypilot", gpu="A10G"), 0)
         machine = await c.launch(offers[0], n, time.time() + 30 * 60)
         ws = await c.connect(machine)
         res = await ws.host.run("echo hello from $(hostname)")  # type: ignore[attr-defined]
         behavior = ec2.shutdown_behavior(machine.id.split("/")[1])
+        pinned = (tmp_path / "state" / "skypilot" / "known_hosts" / n).read_text()
         await c.delete(machine.name, machine.id)
         await c.aclose()
-        return offers, res.text(), behavior, machine.address
+        return offers, res.text(), behavior, machine.address, pinned
 
-    offers, out, behavior, address = run(go)
+    offers, out, behavior, address, pinned = run(go)
     # the price SkyPilot reports for that GPU there is the offer's (and so the meter's)
     assert [(o.region, o.hourly_usd) for o in offers] == [("us-east-1", 1.006)]
     assert out.startswith("hello from")
@@ -113,8 +114,9 @@ def test_a_cluster_is_launched_pinned_reached_over_ssh_and_deleted_with_proof(
         assert flag in launch
     assert "-r" not in launch.split()  # the walk is ours
     assert "--retry-until-up" not in launch
-    # the host key is pinned in a file of that cluster's own
-    assert (tmp_path / "state" / "skypilot" / "known_hosts" / n).read_text().strip()
+    # the host key was pinned in a file of that cluster's own, gone with it
+    assert pinned.startswith("[127.0.0.1]:")
+    assert not (tmp_path / "state" / "skypilot" / "known_hosts" / n).exists()
     assert fake.clusters() == {}
     assert ec2.live() == []
     assert [i["State"]["Name"] for i in ec2.instances()] == ["terminated"]
@@ -219,6 +221,8 @@ def test_settings_are_checked() -> None:
         SkyPilotCloud(parse_settings("skypilot", {"infra": "gcp/us-central1"}), Path("/nonexistent"))
     with pytest.raises(SpecError, match="unknown"):
         parse_settings("skypilot", {"zone": "x"})
+    with pytest.raises(SpecError, match=r"clouds\.skypilot\.sky: no-such-sky was not found"):
+        SkyPilotCloud(parse_settings("skypilot", {"sky": "no-such-sky --flag"}), Path("/nonexistent"))
 
 
 def test_a_head_whose_spot_instance_was_taken_back_is_preempted(
