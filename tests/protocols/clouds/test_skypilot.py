@@ -3,6 +3,7 @@ ids and JSON) whose clusters are logins on a real sshd and whose instances live 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from actor_run.protocols.failures import (
     LaunchAmbiguous,
     LaunchRefused,
     MachineGone,
+    Refused,
     SpecError,
 )
 from actor_run.protocols.messages import Offer
@@ -242,3 +244,33 @@ def test_a_head_whose_spot_instance_was_taken_back_is_preempted(
     run(go)
     assert "--use-spot" in next(c for c in fake.calls() if c.startswith("launch"))
     assert fake.clusters() == {}
+
+
+def test_host_keys_are_pinned_per_cluster(tmp_path: Path, sshd: Sshd, fake: FakeSky) -> None:
+    c = cloud(tmp_path, sshd, fake)
+    first, second = name(0), name(1)
+
+    async def go() -> None:
+        a = await c.launch(OFFER, first, time.time() + 1800)
+        ws_a = await c.connect(a)
+        # a new machine at the same address (clouds reuse them) has another key: it is a new pin
+        sshd.restart_with_new_host_key()
+        b = await c.launch(OFFER, second, time.time() + 1800)
+        ws_b = await c.connect(b)
+        assert (await ws_b.host.run("true")).exit_code == 0  # type: ignore[attr-defined]
+        # while the first cluster's pin holds: its key changed under it, which is refused
+        with pytest.raises(Refused) as info:
+            await ws_a.host.run("true")  # type: ignore[attr-defined]
+        assert info.value.code == Code.GUARD
+        for m in (a, b):
+            await c.delete(m.name, m.id)
+        await c.aclose()
+
+    run(go)
+    assert fake.clusters() == {}
+
+
+def test_without_boto3_the_cloud_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "boto3", None)  # an import of it fails as if it were not installed
+    with pytest.raises(SpecError, match=r"actor-run\[skypilot\]"):
+        SkyPilotCloud(parse_settings("skypilot", {"sky": "true"}), tmp_path)
