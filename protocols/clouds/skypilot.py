@@ -1,6 +1,6 @@
 """The `skypilot` cloud: SkyPilot clusters on AWS, one single-node cluster per machine, driven
 through the `sky` command line (protocols/clouds/skycli.py), with EC2 itself as the backstop
-(protocols/clouds/ec2.py).
+(protocols/clouds/ec2.py) and deletes proven by both (protocols/clouds/skydelete.py).
 
 SkyPilot picks the instance; this module keeps what SkyPilot lacks:
 
@@ -16,7 +16,7 @@ SkyPilot picks the instance; this module keeps what SkyPilot lacks:
 - **The deadline is on the machine**: right after the launch, each instance of the cluster is set
   to terminate on an OS shutdown (read back: a machine that would only stop is not used), and on
   connect the head node schedules its own shutdown a minute before the deadline.
-- **A delete is proven**: `sky down` (async, its request followed across tries for up to
+- **A delete is proven** (protocols/clouds/skydelete.py): `sky down` (async, its request followed across tries for up to
   `down_timeout_s`), then `sky status` must no longer list the cluster; whatever happened there,
   EC2 is then asked for instances still tagged with the cluster's name, each is terminated and
   described until `terminated`. When `sky` fails or hangs, EC2 alone decides, and a launch that
@@ -45,6 +45,7 @@ from loguru import logger
 
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
 from actor_run.protocols.clouds.skycli import ACTIVE, SkyCli, SkyFailed, SkyHung, submitted
+from actor_run.protocols.clouds.skydelete import Teardown
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -64,7 +65,6 @@ from actor_run.protocols.specs import CandidateSpec
 # our GPU names -> SkyPilot's accelerator names (the rest are spelled the same)
 GPUS = {"A100-80G": "A100-80GB", "A100-40G": "A100", "H100-80G": "H100"}
 PRICE_TTL_S = 600.0
-CANCEL_S = 10.0  # what stopping a launch may take when our own caller is being cancelled
 ENTRYPOINT = "echo actor-run"  # the cluster's own job: nothing; ours run over SSH
 
 
@@ -141,9 +141,7 @@ class SkyPilotCloud:
         self._regions: dict[str, str] = {}  # cluster -> region, for deletes by name
         self._seen_regions: set[str] = set()
         self._prices: dict[tuple[str, str], tuple[float, float]] = {}  # (gpu, region) -> (usd/h, when)
-        self._downs: dict[str, tuple[str, float]] = {}  # cluster -> (down request id, when submitted)
-        self._sky_gave_up: set[str] = set()  # clusters whose delete is EC2's alone now
-        self._settled: set[str] = set()  # clusters whose launch request is known to have ended
+        self.teardown = Teardown(self.cli, self.ec2, poll_s=settings.poll_s, down_timeout_s=settings.down_timeout_s)
 
     # --- offers ----------------------------------------------------------------------------------
 
@@ -201,20 +199,20 @@ class SkyPilotCloud:
         try:
             res = await self.cli.run(*self._launch_args(offer, name))
         except SkyHung as exc:  # it may have been submitted: stop it, then the lease reconciles by name
-            await self._stop_launches(name)
+            await self.teardown.stop_launches(name)
             raise LaunchAmbiguous(f"skypilot: {exc}") from exc
         except trio.Cancelled:
-            await self._stop_launches(name)
+            await self.teardown.stop_launches(name)
             raise
         request = submitted(res.out + res.err)
         if res.code != 0 and request is None:  # refused before it was submitted (the CLI validates first)
             raise LaunchRefused(f"skypilot: sky launch exited {res.code}: {res.tail()}", code=Code.LAUNCH_FAILED)
         if request is None:
-            await self._stop_launches(name)
+            await self.teardown.stop_launches(name)
             raise LaunchAmbiguous(f"skypilot: sky launch said no request id: {res.tail()}")
         log.info("skypilot: {} launching in {} (request {})", name, region, request[:8])
         status = await self._follow(name, request)
-        self._settled.add(name)
+        self.teardown.settled.add(name)
         if status != "SUCCEEDED":
             detail = f"skypilot: launch of {name} in {region} {status.lower()}"
             code = Code.LAUNCH_FAILED
@@ -243,30 +241,11 @@ class SkyPilotCloud:
                     return r.status
                 await trio.sleep(self.settings.poll_s)
         except trio.Cancelled:
-            await self._stop_launches(name, request)
+            await self.teardown.stop_launches(name, request)
             raise
-        await self._stop_launches(name, request)
+        await self.teardown.stop_launches(name, request)
         raise LaunchAmbiguous(f"skypilot: the launch of {name} did not finish within "
                               f"{self.settings.launch_timeout_s:.0f} s (cancelled)")
-
-    async def _stop_launches(self, name: str, *known: str) -> bool:
-        """Cancel every launch of `name` still pending or running on SkyPilot's server (shielded,
-        bounded): whether none is left that could still make an instance."""
-        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_S * 3) as scope:
-            try:
-                if known:
-                    await self.cli.cancel(*known)
-                active = [r.request_id for r in await self.cli.requests()
-                          if r.verb == "launch" and r.cluster_name == name and r.status in ACTIVE]
-                if active:
-                    await self.cli.cancel(*active)
-                    active = [r.request_id for r in await self.cli.requests(*active) if r.status in ACTIVE]
-                return not active
-            except (SkyHung, SkyFailed, SpecError) as exc:
-                logger.bind(machine=name).warning("skypilot: could not stop the launch of {}: {}", name, exc)
-                return False
-        assert scope.cancelled_caught
-        return False
 
     async def _fail_launched(self, name: str, region: str, code: Code, detail: str) -> NoReturn:
         """A launch that failed after it may have made something: delete, then raise clean only if
@@ -350,90 +329,9 @@ class SkyPilotCloud:
         if host is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await host.aclose()
-        launch_stopped = name in self._settled or await self._stop_launches(name)
-        sky_done = False
-        if name not in self._sky_gave_up:
-            try:
-                sky_done = await self._sky_down(name)
-            except (SkyHung, SkyFailed, SpecError) as exc:
-                logger.bind(machine=name).warning("skypilot: sky down {} failed ({}): EC2 decides", name, exc)
-                self._sky_gave_up.add(name)
-        # whatever SkyPilot said: an instance still tagged with the cluster is terminated here
-        for region in self._delete_regions(name, machine_id):
-            try:
-                await self._terminate(region, name)
-            except Ec2Error as exc:
-                raise DeleteUnconfirmed(f"skypilot: {name}: {exc}") from exc
-        if not launch_stopped:
-            raise DeleteUnconfirmed(f"skypilot: a launch of {name} could not be stopped: it may still make an "
-                                    "instance")
-        if not sky_done:
-            logger.bind(machine=name).warning("skypilot: {} terminated through EC2 (SkyPilot may still list it)",
-                                              name)
-        for held in (self._downs, self._regions):
-            held.pop(name, None)
-        self._sky_gave_up.discard(name)
-        self._settled.discard(name)
+        await self.teardown.delete(name, self._delete_regions(name, machine_id))
+        self._regions.pop(name, None)
         (self.known_hosts / name).unlink(missing_ok=True)  # a cluster's pin dies with it
-
-    async def _sky_down(self, name: str) -> bool:
-        """`sky down` through a request followed until it ends (across calls: its id is kept), then
-        `sky status` must not list the cluster. False when SkyPilot has given up on it (EC2 decides);
-        raises SkyHung/SkyFailed when `sky` itself does not answer sensibly."""
-        if name not in self._downs:
-            active = [r for r in await self.cli.requests()
-                      if r.verb == "down" and r.cluster_name == name and r.status in ACTIVE]
-            if active:
-                self._downs[name] = (active[0].request_id, active[0].created_at or time.time())
-            else:
-                res = await self.cli.run("down", "-y", "--async", name)
-                if res.code != 0:
-                    raise SkyFailed(f"sky down exited {res.code}: {res.tail()}")
-                request = submitted(res.out + res.err)
-                if request is None:  # "Cluster(s) not found": nothing for SkyPilot to do
-                    return await self._absent(name)
-                self._downs[name] = (request, time.time())
-        request, since = self._downs[name]
-        while True:
-            r = await self.cli.request(request)
-            if r is not None and r.status == "SUCCEEDED":
-                return await self._absent(name)
-            if r is None or r.status not in ACTIVE:
-                self._sky_gave_up.add(name)
-                logger.bind(machine=name).warning("skypilot: sky down {} {}: EC2 decides", name,
-                                                  r.status.lower() if r else "was lost")
-                return False
-            if time.time() - since > self.settings.down_timeout_s:
-                self._sky_gave_up.add(name)
-                logger.bind(machine=name).warning("skypilot: sky down {} still running after {:.0f} s: EC2 decides",
-                                                  name, self.settings.down_timeout_s)
-                return False
-            await trio.sleep(self.settings.poll_s)
-
-    async def _absent(self, name: str) -> bool:
-        left = [c for c in await self.cli.clusters(name) if c.name == name]
-        if left:
-            raise SkyFailed(f"sky status still lists {name} ({left[0].status}) after sky down")
-        return True
-
-    async def _terminate(self, region: str, name: str) -> None:
-        """Terminate each live instance tagged with the cluster and describe it until terminated."""
-        live = await self.ec2.cluster_instances(region, name, LIVE)
-        for i in live:
-            logger.bind(machine=name).info("skypilot: terminating {} ({}) of {} through EC2", i.id, i.state, name)
-            await self.ec2.terminate(i)
-        for i in live:
-            await self._wait_terminated(i)
-
-    async def _wait_terminated(self, instance: Ec2Instance) -> None:
-        pause = 0.2
-        for _ in range(200):  # bounded: the caller's own time limit cuts it sooner
-            state = await self.ec2.state(instance)
-            if state == "terminated":
-                return
-            await trio.sleep(pause)
-            pause = min(pause * 2, 5.0)
-        raise Ec2Error(f"{instance.id} is not terminated yet")
 
     # --- sweep -----------------------------------------------------------------------------------
 
