@@ -10,7 +10,7 @@ then). Faults are read from `faults.json` beside the state, which a test may rew
 
     unavailable: [region, ...]   a launch there FAILS with ResourcesUnavailableError, nothing made
     provision: "fail"            a launch makes its instance, then FAILS (the cluster stays, INIT)
-    launch: "never"              a launch request stays RUNNING forever
+    launch: "never" | "hang"     a launch request stays RUNNING forever / `sky launch` hangs after submitting
     down: "fail" | "hang"        a down request FAILS / the `sky down` command itself hangs
 
 As a library, `FakeSky` is the test's side: install, set faults, read clusters, forget a cluster
@@ -111,7 +111,7 @@ def _advance(state: Path, db: dict[str, Any]) -> None:
 
 
 def _finish_launch(state: Path, db: dict[str, Any], r: dict[str, Any], faults: dict[str, Any]) -> None:
-    if faults.get("launch") == "never":
+    if faults.get("launch") in ("never", "hang"):
         return
     p = r["params"]
     if p["region"] in faults.get("unavailable", []):
@@ -181,6 +181,8 @@ def launch(state: Path, a: argparse.Namespace) -> int:
         rid = _submit(db, "sky.launch", a.cluster, cfg.get("launch_s", 0.3), region=region,
                       instance_type=PRICES.get(gpu, ("m6i.large",))[0], idle=a.idle, down=a.down, spot=a.spot,
                       gpu=gpu)
+    if _faults(state).get("launch") == "hang":  # submitted, then no answer: the client cannot know
+        time.sleep(3600)
     print(f"Command to run: {' '.join(a.entrypoint)}")
     print(f"Running on cluster: {a.cluster}")
     _submitted("launch", rid)

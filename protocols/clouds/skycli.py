@@ -7,7 +7,7 @@ is a *request* on SkyPilot's API server: submitted with `--async`, the CLI print
 client does. `sky api status -a -v <id> -o json` says where it stands: PENDING, WAITING, RUNNING,
 then SUCCEEDED, FAILED or CANCELLED. Request names come as `sky.launch` or bare `launch`
 depending on the server's version; both are accepted. Colour codes are stripped from all output,
-and JSON is read from the first `[` on (the CLI may print a line before it).
+and JSON is read from the first line that starts with `[` (the CLI may print a warning first).
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ import os
 import re
 import shlex
 import shutil
+from typing import TypeVar
 
 import msgspec
 import trio
 
 from actor_run.protocols.failures import ActorRunError, SpecError
+
+T = TypeVar("T")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SUBMITTED = re.compile(r"Submitted sky\.(?P<verb>[a-z_.]+) request: (?P<id>[0-9a-f]{8}-[0-9a-f-]{27})")
@@ -87,12 +90,18 @@ def submitted(text: str) -> str | None:
     return m.group("id") if m else None
 
 
-def _json_list(text: str) -> bytes:
+def _decode(text: str, decoder: msgspec.json.Decoder[list[T]], what: str) -> list[T]:
+    """The JSON list a command printed: from the first line starting with `[` that decodes (a
+    warning such as `[WARNING] ...` may come before it)."""
     text = strip(text)
-    at = text.find("[")
-    if at < 0:
-        raise SkyFailed(f"no JSON list in the output: {text.strip()[-200:]!r}")
-    return text[at:].encode()
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("["):
+            try:
+                return decoder.decode("".join(lines[i:]).encode())
+            except msgspec.DecodeError:
+                continue
+    raise SkyFailed(f"{what}: no JSON list in its output: {text.strip()[-200:]!r}")
 
 
 class SkyCli:
@@ -142,10 +151,7 @@ class SkyCli:
         res = await self.run("api", "status", "-a", "-v", "-o", "json", *(ids or ("-l", "1000")))
         if res.code != 0:
             raise SkyFailed(f"sky api status exited {res.code}: {res.tail()}")
-        try:
-            return _requests.decode(_json_list(res.out))
-        except msgspec.DecodeError as exc:
-            raise SkyFailed(f"sky api status: {exc}") from exc
+        return _decode(res.out, _requests, "sky api status")
 
     async def request(self, request_id: str) -> Request | None:
         for r in await self.requests(request_id):
@@ -168,10 +174,7 @@ class SkyCli:
         res = await self.run(*args)
         if res.code != 0:
             raise SkyFailed(f"sky status exited {res.code}: {res.tail()}")
-        try:
-            return _clusters.decode(_json_list(res.out))
-        except msgspec.DecodeError as exc:
-            raise SkyFailed(f"sky status: {exc}") from exc
+        return _decode(res.out, _clusters, "sky status")
 
     async def head_ip(self, name: str) -> str:
         res = await self.run("status", "--ip", name)

@@ -150,10 +150,11 @@ def test_a_failed_provision_is_launch_failed_after_the_cluster_is_torn_down(
     assert len(ec2.instances()) == 1  # it had made one
 
 
-def test_a_launch_that_never_finishes_is_ambiguous_and_its_request_cancelled(
-        tmp_path: Path, sshd: Sshd, fake: FakeSky) -> None:
-    fake.set_faults(launch="never")
-    c = cloud(tmp_path, sshd, fake, launch_timeout_s=1.5)
+@pytest.mark.parametrize("fault", ["never", "hang"])
+def test_a_launch_that_never_finishes_or_a_hung_sky_is_ambiguous_and_its_request_cancelled(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, fault: str) -> None:
+    fake.set_faults(launch=fault)
+    c = cloud(tmp_path, sshd, fake, launch_timeout_s=1.5, cli_timeout_s=4)
     with pytest.raises(LaunchAmbiguous) as info:
         run(lambda: c.launch(OFFER, name(), time.time() + 1800))
     assert info.value.code == Code.AMBIGUOUS_CREATE
