@@ -135,7 +135,7 @@ class Teardown:
 
     async def _wait_terminated(self, instance: Ec2Instance) -> None:
         pause = 0.2
-        for _ in range(200):  # bounded: the caller's own time limit cuts it sooner
+        for _ in range(60):  # about four minutes; the caller's own time limit cuts it sooner
             state = await self.ec2.state(instance)
             if state == "terminated":
                 return

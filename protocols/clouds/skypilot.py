@@ -250,11 +250,14 @@ class SkyPilotCloud:
     async def _fail_launched(self, name: str, region: str, code: Code, detail: str) -> NoReturn:
         """A launch that failed after it may have made something: delete, then raise clean only if
         the delete is proven, else ambiguous (the lease reconciles by name)."""
+        limit = self.settings.down_timeout_s + 60  # shielded from the lease's own limit: bounded here
         try:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True), trio.fail_after(limit):
                 await self.delete(name, f"{region}/")
         except DeleteUnconfirmed as exc:
             raise LaunchAmbiguous(f"{detail}; not yet torn down: {exc}") from exc
+        except trio.TooSlowError as exc:
+            raise LaunchAmbiguous(f"{detail}; not torn down within {limit:.0f} s") from exc
         raise LaunchRefused(detail + " (torn down)", code=code)
 
     async def _launched(self, offer: Offer, name: str, deadline: float) -> Machine:
