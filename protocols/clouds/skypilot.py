@@ -8,19 +8,20 @@ SkyPilot picks the instance; this module keeps what SkyPilot lacks:
   without `--retry-until-up`: SkyPilot's own failover stays off, the walk across regions is the
   candidates'. The launch goes out with `--down -i <idle>` (the cluster tears itself down once
   idle, our SSH connection keeping it busy) and `--async`; its request is followed to its end.
-- **Its answers are classified**: a `ResourcesUnavailableError` is `no_capacity`, any other failed
-  launch `launch_failed` (the cluster is torn down first: `--down` is not applied to a launch that
-  failed), a launch that does not finish in `launch_timeout_s` or a `sky` that hangs is
-  `ambiguous_create` (its request is cancelled; the lease reconciles by name, and a delete finds
-  what was made by cluster name and by EC2 tag).
+- **Its answers are classified**: a `ResourcesUnavailableError` is `no_capacity` (`quota` when
+  AWS's vCPU or instance limit is what it wraps), any other failed launch `launch_failed` (the
+  cluster is torn down first: `--down` is not applied to a launch that failed), a launch that
+  does not finish in `launch_timeout_s` or a `sky` that hangs is `ambiguous_create` (its request
+  is cancelled; the lease reconciles by name, and a delete finds what was made by cluster name
+  and by EC2 tag); a head whose instance EC2 says ended is `preempted` (a spot instance taken back).
 - **The deadline is on the machine**: right after the launch, each instance of the cluster is set
   to terminate on an OS shutdown (read back: a machine that would only stop is not used), and on
   connect the head node schedules its own shutdown a minute before the deadline.
-- **A delete is proven** (protocols/clouds/skydelete.py): `sky down` (async, its request followed across tries for up to
-  `down_timeout_s`), then `sky status` must no longer list the cluster; whatever happened there,
-  EC2 is then asked for instances still tagged with the cluster's name, each is terminated and
-  described until `terminated`. When `sky` fails or hangs, EC2 alone decides, and a launch that
-  could not be stopped keeps the delete unconfirmed (it may still make an instance).
+- **A delete is proven** (protocols/clouds/skydelete.py): `sky down` (async, its request
+  followed across tries for up to `down_timeout_s`), then `sky status` must no longer list the
+  cluster; whatever happened there, EC2 is then asked for instances still tagged with the
+  cluster's name, each is terminated and described until `terminated`. When `sky` fails or hangs,
+  EC2 alone decides, and a launch that could not be stopped keeps the delete unconfirmed.
 - **The sweep** lists `sky status -u` filtered by our prefix AND EC2 instances tagged `ar-*`, so a
   cluster SkyPilot forgot (its record purged, its server reset) is still found.
 - **Cost** is the hourly price `sky show-gpus` reports for the GPU in that region (spot or not);
@@ -98,7 +99,10 @@ def _region_of(infra: str) -> str:
 
 
 def classify(log: str) -> Code:
-    """A failed launch's code from what its request printed (the remote exception)."""
+    """A failed launch's code from what its request printed (the remote exception). AWS's quota
+    errors come wrapped in SkyPilot's ResourcesUnavailableError: they are looked for first."""
+    if any(q in log for q in ("VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded")):
+        return Code.QUOTA
     if "ResourcesUnavailableError" in log or "InsufficientInstanceCapacity" in log:
         return Code.NO_CAPACITY
     return Code.LAUNCH_FAILED
@@ -125,6 +129,7 @@ class SkyPilotWorkspace(ShellWorkspace):
 
 class SkyPilotCloud:
     name = "skypilot"
+    account = ""  # make_cloud sets it for an account of [clouds.skypilot.accounts]
 
     def __init__(self, settings: SkyPilotSettings, state_dir: Path, *, loop: Any = None) -> None:
         if settings.infra.split("/")[0].lower() != "aws":
@@ -371,7 +376,7 @@ class SkyPilotCloud:
     def _listed(self, name: str, region: str, instance: str) -> Machine:
         parsed = parse_name(name)
         return Machine(cloud=self.name, id=f"{region}/{instance}" if region else "", name=name, region=region,
-                       deadline=float(parsed.deadline) if parsed else 0.0)
+                       deadline=float(parsed.deadline) if parsed else 0.0, account=self.account)
 
     async def aclose(self) -> None:
         hosts = list(self._hosts.values())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from actor_run.protocols.clouds.skycli import SkyFailed, _clusters, _decode, _requests, cheapest, submitted
+from actor_run.protocols.clouds.skypilot import classify
+from actor_run.protocols.failures import Code
 
 LAUNCHED = (  # the contract's `sky launch --async` output, coloured as in a terminal
     "Command to run: echo hi\nRunning on cluster: lease-t1\n"
@@ -36,3 +38,12 @@ def test_the_cheapest_price_is_read_from_a_show_gpus_table() -> None:
     assert cheapest(table, spot=False) == 1.006
     assert cheapest(table, spot=True) == 0.402
     assert cheapest("Resources 'X' not found in AWS.", spot=False) is None
+
+
+def test_a_failed_launch_is_classified_by_the_exception_it_printed() -> None:
+    unavailable = "sky.exceptions.ResourcesUnavailableError: Failed to provision all possible launchable resources."
+    assert classify(unavailable) == Code.NO_CAPACITY
+    assert classify("botocore: An error occurred (InsufficientInstanceCapacity) ...") == Code.NO_CAPACITY
+    quota = unavailable + " Failed to provision on cloud AWS due to VcpuLimitExceeded: You have requested more vCPU"
+    assert classify(quota) == Code.QUOTA  # wrapped by SkyPilot, still the account's quota
+    assert classify("RuntimeError: Failed to set up the cluster: the setup command exited 1") == Code.LAUNCH_FAILED
