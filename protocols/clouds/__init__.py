@@ -23,6 +23,7 @@ from actor_run.protocols.specs import spec_error
 _REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
+    "skypilot": ("actor_run.protocols.clouds.skypilot", "SkyPilotSettings", "SkyPilotCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
     "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
