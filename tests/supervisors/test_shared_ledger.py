@@ -179,12 +179,12 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     try:
         wait_until_adopted(url, owner, timeout=LEASE_S + 60)
 
-        def written() -> tuple[int, ...]:
+        def written() -> int:
+            """What the frozen controller wrote: each event row carries its writer (a machine row of
+            the frozen owner may still change after this: the adopter's sweep closes it)."""
             reader = LedgerReader(url)
             try:
-                events = sum(e["owner"] == owner for e in reader.events())
-                machines = sorted((m.name, m.state, m.phase, m.owner) for m in reader.machines() if m.owner == owner)
-                return events, len(machines), hash(tuple(machines))
+                return sum(e["owner"] == owner for e in reader.events())
             finally:
                 reader.close()
 
