@@ -30,7 +30,7 @@ from actor_run.actors.lease import LeaseActor
 from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
-from actor_run.protocols.failures import Code
+from actor_run.protocols.failures import Code, MachineGone
 from actor_run.protocols.hosts.workspace import Launch
 from actor_run.protocols.messages import (
     Acquire,
@@ -284,6 +284,12 @@ class AttemptActor(Actor):
     def _started(self, result: Result[int]) -> None:
         if isinstance(result, outcome.Error):
             exc = result.error
+            if isinstance(exc, MachineGone):
+                # taken away between the upload and the start: a preemption like any other (retried),
+                # and its bill stopped when the provider took it, not at our delete
+                self.taken_at = exc.at if exc.at is not None else time.time()
+                self._finish("failed", Code.PREEMPTED, f"start: {exc}")
+                return
             code = getattr(exc, "code", Code.LAUNCH_FAILED)
             self._finish("failed", code if isinstance(code, Code) else Code.LAUNCH_FAILED, f"start: {exc}")
             return

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from process_kit import sleeping
 
-from actor_run.protocols.clouds.sim import preempt_machine, sim_machines
+from actor_run.protocols.clouds.sim import billing, preempt_machine, sim_machines
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -23,6 +24,7 @@ from actor_run.protocols.messages import (
     Released,
     Retrying,
     Stalled,
+    Uploaded,
 )
 from actor_run.protocols.specs import CandidateSpec
 from actor_run.supervisors.job import tidy_seed_dir
@@ -192,6 +194,33 @@ def test_a_preempted_attempt_is_retried(
     assert [(e.attempt, e.failure) for e in ends] == [(0, Code.PREEMPTED), (1, None)]
     assert events.of(Leased)[1].machine.name != first
     assert sleeping("32.917", tmp_path) == []
+    assert sim_machines(sim_dir) == []
+
+
+def test_a_machine_taken_between_its_upload_and_its_start_is_a_preemption_billed_to_then(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+) -> None:
+    """The start finds the machine gone: retried as a preemption, and charged, like the provider's
+    bill, up to when the provider took it (not up to our delete, a poll later)."""
+    job = sim_job("taken", "true", max_attempts=2)
+    taken: list[str] = []
+
+    def take_on_upload(e: Any) -> None:  # on the attempt's thread, before it starts the job
+        if isinstance(e, Uploaded) and e.attempt == 0:
+            [name] = sim_machines(sim_dir)
+            assert preempt_machine(sim_dir, name)
+            taken.append(name)
+
+    with open_runner() as r:
+        r.subscribe(take_on_upload)
+        ended = r.submit(job).result(60)
+    assert (ended.outcome, ended.attempts) == ("succeeded", 2)
+    ends = events.of(AttemptEnded)
+    assert [(e.attempt, e.failure) for e in ends] == [(0, Code.PREEMPTED), (1, None)]
+    [bill] = [b for b in billing(sim_dir) if b.name == taken[0]]
+    assert bill.preempted
+    assert ends[0].usage.seconds == pytest.approx(bill.seconds, abs=1e-6)
+    assert ends[0].usage.usd == pytest.approx(bill.usd, abs=1e-6)
     assert sim_machines(sim_dir) == []
 
 
