@@ -25,13 +25,21 @@ for step in range(steps):
     time.sleep(float(os.environ.get("STEP_S", "0.1")))
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n"); progress.flush()
     print("step", step, flush=True)
+    gate = os.environ.get("GATE")
+    if step == 0 and gate:  # hold here until the test opens the gate (bounded: 120 s)
+        for _ in range(2400):
+            if os.path.exists(gate):
+                break
+            time.sleep(0.05)
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.environ['ACTOR_RUN_SEED']} {data}")
 '''
 
 
 def write_batch(tmp: Path, cloud: str, url: str, *, gpus: list[str], seeds: list[int], steps: int = 3,
                 first_steps: int | None = None, step_s: float = 0.1, attempts: int = 3,
-                settings: dict[str, Any] | None = None) -> Path:
+                settings: dict[str, Any] | None = None, gate: Path | None = None) -> Path:
+    """`gate`: each job, after its first step, waits until this file exists (so it cannot end
+    before the test has done what it needs while the job runs)."""
     code = tmp / "code"
     code.mkdir(exist_ok=True)
     (code / "job.py").write_text(JOB)
@@ -48,7 +56,7 @@ code = "code"
 inputs = {{ data = "data.txt" }}
 seeds = {seeds}
 timeout_s = 120
-env = {{ STEPS = "{steps}", FIRST_STEPS = "{first_steps or steps}", STEP_S = "{step_s}" }}
+env = {{ STEPS = "{steps}", FIRST_STEPS = "{first_steps or steps}", STEP_S = "{step_s}", GATE = "{gate or ''}" }}
 
 [policy]
 max_attempts = {attempts}

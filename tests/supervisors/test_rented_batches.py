@@ -99,12 +99,14 @@ def test_a_machine_that_vanishes_mid_run_is_preempted_and_retried(tmp_path: Path
 
 
 def test_kill_9_then_resume_then_sweep_leaves_no_machine(tmp_path: Path, provider: Any) -> None:
+    gate = tmp_path / "gate"  # the jobs wait for it after their first step: none ends before the kill
     batch = write_batch(tmp_path, provider.CLOUD, provider.url, gpus=list(provider.GPUS), seeds=[1, 2], steps=4,
-                        settings=provider.settings())
+                        settings=provider.settings(), gate=gate)
     proc = start_run(tmp_path, batch, key_var=provider.KEY_VAR)
     read_until(proc, "Progress")
     kill9(proc)
     assert provider.alive(), "the killed controller left machines (as at the real provider)"
+    gate.touch()
     resumed = cli(tmp_path, "resume", "--out", str(tmp_path / "out"), key_var=provider.KEY_VAR)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     swept = cli(tmp_path, "sweep", key_var=provider.KEY_VAR)
