@@ -12,13 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from actor_run.protocols.clouds.sim import billing, sim_machines
+from actor_run.protocols.clouds.sim import billing, preempt_machine, sim_machines
 
 CLI = [sys.executable, "-m", "actor_run"]
 
 JOB = r'''
 import json, os, time
 progress = open(os.environ["ACTOR_RUN_PROGRESS"], "a")
+for _ in range(2400):  # hold until the test opens the gate (bounded: 120 s)
+    if os.path.exists(os.environ["GATE"]):
+        break
+    time.sleep(0.05)
 for step in range(8):
     time.sleep(0.25)
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n")
@@ -38,6 +42,7 @@ command = "python3 job.py"
 code = "code"
 seeds = [1, 2, 3, 4, 5, 6]
 timeout_s = 120
+env = {{ GATE = "{tmp / 'gate'}" }}
 
 [policy]
 max_attempts = 8
@@ -90,6 +95,12 @@ def test_the_cost_report_equals_the_providers_bill_to_the_cent(tmp_path: Path) -
     proc.stdout.close()
     assert proc.stderr is not None
     proc.stderr.close()
+    # the started jobs wait at the gate, so their machines could go only by a preemption (the
+    # sim's own, at random); one more while no controller watches, so the bill surely has one
+    left = sim_machines(tmp_path / "sim")
+    if left:
+        assert preempt_machine(tmp_path / "sim", left[0])
+    (tmp_path / "gate").touch()
     resume = cli("resume", "--out", str(tmp_path / "out"), tmp=tmp_path)
     assert resume.returncode in (0, 1), resume.stdout + resume.stderr
     assert sim_machines(tmp_path / "sim") == []
