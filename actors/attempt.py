@@ -323,6 +323,9 @@ class AttemptActor(Actor):
         for child in (self.heartbeat, self.transfer, self.meter):
             if child is not None:
                 self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
+        if self.taken_at is not None and self.machine is not None:
+            # before the release: the ledger has when its bill stopped before it has the machine gone
+            self.ctx.ledger.record_taken(self.machine.name, self.taken_at)
         if self._early_release is not None:
             self._released(self._early_release)
             return

@@ -519,6 +519,22 @@ class Ledger:
             "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row),
             fence=self._machine_fence(name))
 
+    def record_taken(self, name: str, at: float) -> None:
+        """The provider took the machine away (a preemption) at `at`: its bill stopped then. Kept in
+        the machine's record (its `taken_at`), queued before the deletion is (the queue is FIFO), so
+        a controller that dies between the deletion and the charge leaves what the settle of its
+        reservation needs (reservations.py)."""
+
+        def op(c: Conn) -> None:
+            row = c.execute("SELECT machine FROM machines WHERE name=?", (name,)).fetchone()
+            if row is None or row[0] is None:
+                return  # never made: nothing billed
+            m = msgspec.json.decode(row[0], type=Machine)
+            c.execute("UPDATE machines SET machine=? WHERE name=?",
+                      (msgspec.json.encode(msgspec.structs.replace(m, taken_at=at)).decode(), name))
+
+        self._submit(op, fence=self._machine_fence(name))
+
     def record_gone(self, name: str, at: float, reason: str) -> None:
         """Durable before it returns."""
         self.queue_gone(name, at, reason).wait()

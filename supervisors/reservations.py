@@ -1,9 +1,9 @@
 """Settling reservations a dead controller left live: its machine is gone (its sweep, or its own
 delete that it died before recording the charge of), so the reservation is replaced by what the
-machine cost, reckoned as the provider bills it: price x from its creation to its deletion (never
-past its deadline). A machine the ledger never saw made (a refused create) cost nothing. A
-reservation whose machine is still alive stays live: a resume reattaches to it, or the next sweep
-deletes it and the next settle charges it."""
+machine cost, reckoned as the provider bills it: price x from its creation to its deletion, or to
+its preemption if the provider took it first (never past its deadline). A machine the ledger never
+saw made (a refused create) cost nothing. A reservation whose machine is still alive stays live: a
+resume reattaches to it, or the next sweep deletes it and the next settle charges it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def machine_cost(row: MachineRow) -> tuple[float, float] | None:
     if not row.machine or row.gone is None:
         return 0.0, 0.0  # never made (the create was refused, or nothing answered it and nothing was listed)
     m = msgspec.json.decode(row.machine, type=Machine)
-    end = min(row.gone, m.deadline) if m.deadline > 0 else row.gone
+    end = min(row.gone, m.taken_at) if m.taken_at > 0 else row.gone  # a preempted one's bill stopped then
+    end = min(end, m.deadline) if m.deadline > 0 else end
     seconds = max(0.0, end - m.created_at)
     return seconds * m.hourly_usd / 3600.0, seconds
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from process_kit import sleeping
 
@@ -21,6 +22,7 @@ from actor_run.protocols.messages import (
     JobStarted,
     Leased,
     LeaseFailed,
+    Machine,
     Released,
     Retrying,
     Stalled,
@@ -198,7 +200,7 @@ def test_a_preempted_attempt_is_retried(
 
 
 def test_a_machine_taken_between_its_upload_and_its_start_is_a_preemption_billed_to_then(
-    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path, ledger_machines: Any
 ) -> None:
     """The start finds the machine gone: retried as a preemption, and charged, like the provider's
     bill, up to when the provider took it (not up to our delete, a poll later)."""
@@ -221,6 +223,10 @@ def test_a_machine_taken_between_its_upload_and_its_start_is_a_preemption_billed
     assert bill.preempted
     assert ends[0].usage.seconds == pytest.approx(bill.seconds, abs=1e-6)
     assert ends[0].usage.usd == pytest.approx(bill.usd, abs=1e-6)
+    # the ledger has when its bill stopped too (a controller killed before the charge is settled to then)
+    [row] = [m for m in ledger_machines() if m.name == taken[0]]
+    recorded = msgspec.json.decode(row.machine, type=Machine)
+    assert recorded.taken_at == pytest.approx(bill.created_at + bill.seconds, abs=1e-6)
     assert sim_machines(sim_dir) == []
 
 

@@ -594,3 +594,30 @@ def test_a_running_job_of_a_dead_owner_is_an_orphan(ledgers: Callable[..., Ledge
     a.close_owner()
     assert reader.has_orphans(me=b.owner)
     assert not reader.has_orphans(me=a.owner)  # one's own jobs are not orphans to oneself
+
+
+def test_a_dead_controllers_preempted_machine_is_settled_up_to_its_preemption(
+    ledgers: Callable[..., Ledger], reader: LedgerReader
+) -> None:
+    """Killed after its machine was deleted and before the attempt's charge: the settle charges
+    what the provider billed, up to the preemption the attempt had heard of, not to the delete."""
+    from actor_run.protocols.messages import Offer
+    from actor_run.supervisors.reservations import settle_reservations
+
+    dead, alive = ledgers("dead"), ledgers()
+    t0 = time.time() - 100
+    offer = Offer(cloud="sim", region="us-east", gpu="A100", hourly_usd=360.0, candidate=0)
+    for name, attempt, taken in (("m0", 0, t0 + 10.0), ("m1", 1, None)):
+        dead.record_reserved(job="t/seed-1", attempt=attempt, offer=offer, hold_s=60.0, usd=6.0, seq=attempt,
+                             limit_usd=None)
+        dead.record_intent(name=name, cloud="sim", job="t", seed=1, attempt=attempt, deadline=t0 + 1000,
+                           offer=offer)
+        dead.record_launched(Machine(cloud="sim", id=name, name=name, hourly_usd=360.0, created_at=t0,
+                                     deadline=t0 + 1000))
+        if taken is not None:
+            dead.record_taken(name, taken)
+        dead.record_gone(name, t0 + 12.0, "deleted")
+    assert settle_reservations(reader, alive, keep_owner=alive.owner) == 2
+    charged = {r["attempt"]: (r["charged"], r["seconds"]) for r in reader.reservations()}
+    assert charged[0] == pytest.approx((1.0, 10.0))  # $360/h for the 10 s until the preemption
+    assert charged[1] == pytest.approx((1.2, 12.0))  # not preempted: until the delete
