@@ -125,7 +125,7 @@ class LeaseActor(Actor):
         timeout = self.launch_timeout_s
 
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
-            await _durable(intent, soon)
+            await wait_durable(intent, soon)
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
             # once: each cancel scope costs the reactor tens of microseconds)
@@ -370,7 +370,7 @@ class IntentNotRecorded(ActorRunError):
     """The ledger could not record the intent: no create call went out."""
 
 
-async def _durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) -> None:
+async def wait_durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) -> None:
     """Wait (on the reactor) until the ledger has `pending`; raise IntentNotRecorded if it failed.
     Under load the commit is often in before the launch task runs: then nothing is waited for."""
     committed = trio.Event()

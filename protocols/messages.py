@@ -145,6 +145,7 @@ class Progress(Event, frozen=True, kw_only=True):
 
 class Exited(Event, frozen=True, kw_only=True):
     exit_code: int
+    billed_s: float = -1.0  # a provider that bills the run by the second (serverless): its seconds; -1 not so
 
 
 class Stalled(Event, frozen=True, kw_only=True):

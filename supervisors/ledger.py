@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS machines (
   name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, deadline REAL,
   state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL, created REAL, gone REAL,
   reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0,
-  machine TEXT, offer TEXT);
+  machine TEXT, offer TEXT, handle TEXT);
 CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
 CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
 CREATE TABLE IF NOT EXISTS events (
@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS events (
 
 
 # columns added after a table was first made: a ledger from an older version gains them on open
-ADDED = {"machines": {"machine": "TEXT", "offer": "TEXT", "resumable": "INTEGER DEFAULT 0"}}
+ADDED = {"machines": {"machine": "TEXT", "offer": "TEXT", "resumable": "INTEGER DEFAULT 0", "handle": "TEXT"}}
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -496,6 +496,13 @@ class Ledger:
         self._submit((
             "UPDATE machines SET phase='running', work=?, pid=?, launched_at=? WHERE name=?", row))
 
+    def queue_handle(self, name: str, work: str, handle: str, launched_at: float) -> Waiter:
+        """A run the provider names by a handle (a queue job), queued: the Waiter says when it is
+        durable (the submit does not return before). The row is `running` from then on."""
+        row = (work, launched_at, handle, name)
+        return self._track((
+            "UPDATE machines SET phase='running', work=?, pid=0, launched_at=?, handle=? WHERE name=?", row))
+
     def record_gone(self, name: str, at: float, reason: str) -> None:
         """Durable before it returns."""
         self.queue_gone(name, at, reason).wait()
@@ -570,6 +577,7 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     resumable: int
     machine: str | None = None
     offer: str | None = None
+    handle: str | None = None  # a queue job's {endpoint_id, job_id}, JSON
 
 
 class LedgerReader:

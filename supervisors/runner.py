@@ -29,14 +29,14 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Reattach, Task
 from actor_run.actors.pool import POOL, PooledActor, blocking
-from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
+from actor_run.protocols.clouds import Cloud, Reclaiming, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
 from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.offers import OfferBook
-from actor_run.supervisors.sweep import SweepAction, sweep
+from actor_run.supervisors.sweep import SweepAction, reclaimable, sweep
 
 OWNER_BEAT_S = 30.0
 
@@ -328,7 +328,10 @@ class Runner:
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
         with self._lock:
             if name not in self.clouds:
-                self.clouds[name] = make_cloud(name, settings, self.state_dir)
+                cloud = self.clouds[name] = make_cloud(name, settings, self.state_dir)
+                if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
+                    cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
+                                                      grace_s=self.sweep_grace_s, keep_owner=self.owner)
                 self.ledger.record_cloud(name, settings)
             return self.clouds[name]
 

@@ -14,6 +14,7 @@ is dead.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import msgspec
 import trio
@@ -93,6 +94,23 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
         actions.append(SweepAction(cloud=row.cloud, machine=row.name, action="close",
                                    reason="the provider no longer lists it", owner=row.owner))
     return actions, doomed
+
+
+async def reclaimable(machines: list[Machine], ledger_path: Path, *, grace_s: float = 600.0,
+                      keep_owner: str | None = None) -> list[Machine]:
+    """Of machines a cloud just listed, those the sweep's rules let go (owners read after the list)."""
+    def read() -> tuple[set[str], list[MachineRow]]:
+        reader = LedgerReader(ledger_path)
+        try:
+            return reader.live_owners(), reader.machines()
+        finally:
+            reader.close()
+
+    live, rows = await trio.to_thread.run_sync(read)
+    if keep_owner:
+        live.add(keep_owner)
+    live_short, by_name, now = {o[:8] for o in live}, {r.name: r for r in rows}, time.time()
+    return [m for m in machines if _reason(m, by_name.get(m.name), live_short, live, now, grace_s) is not None]
 
 
 async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger | None, *, dry_run: bool = False,

@@ -8,13 +8,14 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds.base import Cloud
+from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
+    "runpod-serverless": ("actor_run.protocols.clouds.runpod_serverless", "ServerlessSettings", "ServerlessCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
 }
@@ -43,4 +44,4 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
     return cloud
 
 
-__all__ = ["Cloud", "known_clouds", "make_cloud", "parse_settings"]
+__all__ = ["Cloud", "Reclaim", "Reclaiming", "known_clouds", "make_cloud", "parse_settings"]
