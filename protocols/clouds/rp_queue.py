@@ -65,8 +65,9 @@ class Handle(msgspec.Struct, frozen=True, kw_only=True):
 class _Job:
     """What this controller knows of one queue job."""
 
-    def __init__(self, handle: Handle, submitted: float) -> None:
-        self.handle, self.submitted = handle, submitted
+    def __init__(self, handle: Handle, submitted: float | None) -> None:
+        self.handle = handle
+        self.submitted = submitted  # trio's clock; None: reattached, counted from its first poll
         self.status = "IN_QUEUE"
         self.progress, self.log = bytearray(), bytearray()
         self.progress_base = self.log_base = 0  # offsets of the buffers' first bytes
@@ -140,7 +141,7 @@ class ServerlessWorkspace:
     def attach(self, work: str, handle: str) -> None:
         """A queue job an earlier controller submitted: follow it by its recorded handle."""
         h = msgspec.json.decode(handle, type=Handle)
-        self.jobs[work] = _Job(h, trio.current_time())
+        self.jobs[work] = _Job(h, None)
 
     def _job(self, work: str) -> _Job:
         job = self.jobs.get(work)
@@ -210,6 +211,8 @@ class ServerlessWorkspace:
             return v if isinstance(v, int) else 0
 
         now, g = trio.current_time(), self.graces
+        if job.submitted is None:
+            job.submitted = now
         running = n("running") + n("ready") + n("idle") + n("initializing")
         job.throttled_since = (job.throttled_since or now) if n("throttled") and not running else None
         job.unhealthy_since = (job.unhealthy_since or now) if n("unhealthy") and not running else None

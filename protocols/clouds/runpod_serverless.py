@@ -140,12 +140,12 @@ class ServerlessCloud:
         answer = await self._create(body, name)
         if isinstance(answer, Machine):
             return self._machine(answer, offer, deadline)
-        if QUOTA_TEXT in answer.detail():
+        if QUOTA_TEXT in answer.detail().lower():
             swept = await self._reclaim_idle()
             answer = await self._create(body, name)
             if isinstance(answer, Machine):
                 return self._machine(answer, offer, deadline)
-            if QUOTA_TEXT in answer.detail():
+            if QUOTA_TEXT in answer.detail().lower():
                 raise LaunchRefused(f"runpod-serverless: the account's workers quota is used up (reclaimed "
                                     f"{swept} idle endpoint(s) of ours first): {answer.detail()}", Code.NO_CAPACITY)
         capacity = answer.status in (409, 422) or "no instances" in answer.detail()

@@ -139,8 +139,11 @@ def run_once(stdin: Any, stdout: Any) -> int:
             stdout.write(json.dumps({"stream": chunk}) + "\n")
             stdout.flush()
             last = chunk
-    except (JobExited, PayloadError, OSError) as exc:
+    except (JobExited, PayloadError) as exc:
         stdout.write(json.dumps({"error": str(exc)}) + "\n")
+        return 1
+    except Exception as exc:  # what RunPod's SDK does with a handler's raise: the job FAILED, with the text
+        stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 1
     stdout.write(json.dumps({"output": {"exit_code": last.get("exit_code"), "out": last.get("out")}}) + "\n")
     return 0

@@ -77,7 +77,11 @@ def decode_blob(blob: Any) -> bytes:
 def unpack(data: bytes, dest: Path) -> None:
     """Extract regular files and folders only (links may point anywhere on the worker: skipped),
     never outside `dest`."""
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data))
+    except tarfile.TarError as exc:
+        raise PayloadError(f"the archive is not a tar.gz: {exc}") from exc
+    with tar:
         members = [m for m in tar.getmembers()
                    if (m.isfile() or m.isdir() or m.issym()) and not m.name.startswith("/")
                    and ".." not in Path(m.name).parts]

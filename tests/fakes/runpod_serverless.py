@@ -274,7 +274,17 @@ class FakeRunPodServerless(FakeRunPod):
             proc.stdin.close()
         except OSError:
             pass
-        for line in proc.stdout:
+        with proc.stdout:
+            self._read_worker(job, proc.stdout)
+        proc.wait()
+        with self.lock:
+            if job.status == "IN_PROGRESS":  # the handler died without a word
+                job.error = f"worker exited {proc.returncode}"
+                self._end(job, "FAILED")
+            self.changed.notify_all()
+
+    def _read_worker(self, job: Job, lines: Any) -> None:
+        for line in lines:
             msg = json.loads(line)
             with self.lock:
                 if job.status != "IN_PROGRESS":
@@ -288,12 +298,6 @@ class FakeRunPodServerless(FakeRunPod):
                     job.error = msg["error"]
                     self._end(job, "FAILED")
                 self.changed.notify_all()
-        proc.wait()
-        with self.lock:
-            if job.status == "IN_PROGRESS":  # the handler died without a word
-                job.error = f"worker exited {proc.returncode}"
-                self._end(job, "FAILED")
-            self.changed.notify_all()
 
     def _end(self, job: Job, status: str) -> None:
         """Under the lock."""

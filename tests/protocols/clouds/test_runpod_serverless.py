@@ -108,3 +108,195 @@ def test_a_job_runs_for_real_on_a_worker_and_the_endpoint_goes(fake: FakeRunPodS
     trio.run(main)
     assert fake.live_endpoints() == []
     assert fake.count("GET", "/v2/serverless/{id}", 404) == 1  # the delete was proven by a read
+
+
+async def submitted(cloud: ServerlessCloud, command: str, gpu: str = "A100-80G") -> tuple[Machine, Any, str]:
+    _, machine = await offer_and_launch(cloud, gpu)
+    ws = await cloud.connect(machine)
+    work = ws.work_dir("t", 7, 0)
+    await ws.start(launch_of(work, command))
+    return machine, ws, work
+
+
+async def poll_until_raises(ws: Any, work: str, limit_s: float = 30.0) -> BaseException:
+    with trio.fail_after(limit_s):
+        while True:
+            try:
+                await ws.poll(work, 0, 0, 0)
+            except (Refused, MachineGone) as exc:
+                return exc
+            await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize(("fault", "code"), [("throttled", Code.NO_CAPACITY), ("unhealthy", Code.LAUNCH_FAILED)])
+def test_workers_that_never_take_the_job_end_it_past_their_grace(fake: FakeRunPodServerless, cloud_of: Any,
+                                                                  fault: str, code: Code) -> None:
+    getattr(fake, fault).add("AMPERE_80")
+    cloud = cloud_of(throttled_grace_s=0.3, unhealthy_grace_s=0.3, queue_grace_s=60)
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "true")
+        first = await ws.poll(work, 0, 0, 0)
+        assert first.state == "running"  # within the grace, a queued job is waited for
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, Refused)
+        assert exc.code == code
+        assert fault in str(exc)
+        await ws.aclose()  # the queued job is cancelled before the endpoint goes
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    assert fake.queue_calls.count(("POST", "/v2/{endpoint}/cancel/{job}", 200)) == 1
+    assert fake.live_endpoints() == []
+
+
+def test_a_job_queued_with_no_worker_past_the_queue_grace_is_no_capacity(fake: FakeRunPodServerless,
+                                                                          cloud_of: Any) -> None:
+    fake.held = True
+    cloud = cloud_of(queue_grace_s=0.3)
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "true")
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, Refused)
+        assert exc.code == Code.NO_CAPACITY
+        assert "in the queue" in str(exc)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+
+
+def test_429_waits_its_retry_after_and_repeats_the_call(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "true")
+        fake.queue_rate_limit(2, retry_after=0.2)
+        fake.rate_limit(1, retry_after=0)
+        t0 = trio.current_time()
+        res, _, _ = await run_until_end(ws, work)
+        assert res.exit_code == 0
+        assert trio.current_time() - t0 >= 0.4  # both Retry-Afters were waited out
+        await cloud.delete(machine.name, machine.id)  # the REST 429 is repeated too
+        assert cloud.api.waited_429 == 3
+        await cloud.aclose()
+
+    trio.run(main)
+    assert fake.live_endpoints() == []
+
+
+def test_a_job_whose_status_expired_is_unreachable(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "sleep 30")
+        fake.wait_for(lambda: fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+        fake.expire(fake.submitted[0])
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, Refused)
+        assert exc.code == Code.UNREACHABLE
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+
+
+def test_a_platform_cancel_is_a_preemption(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "sleep 30")
+        fake.wait_for(lambda: fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+        fake.platform_cancel(fake.submitted[0])
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, MachineGone)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+
+
+def test_a_non_zero_exit_comes_back_with_its_output_and_code(fake: FakeRunPodServerless, cloud_of: Any,
+                                                              tmp_path: Path) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, 'echo partial > "$ACTOR_RUN_OUT/p.txt"; echo oops >&2; exit 3')
+        res, _, log = await run_until_end(ws, work)
+        assert (res.exit_code, log) == (3, b"oops\n")
+        await ws.fetch(work, tmp_path / "got")
+        assert (tmp_path / "got" / "out" / "p.txt").read_text() == "partial\n"
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    job = fake.jobs[fake.submitted[0]]
+    assert (job.status, job.error) == ("FAILED", "the job exited 3")  # the platform calls it failed
+
+
+def test_a_handler_error_is_job_failed_and_not_retried(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        _, machine = await offer_and_launch(cloud)
+        ws = await cloud.connect(machine)
+        work = ws.work_dir("t", 7, 0)
+        # an archive the handler cannot open: it raises (FAILED, no exit code)
+        ws._pack = lambda launch: b"not a tar"  # type: ignore[method-assign]
+        await ws.start(launch_of(work, "true"))
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, Refused)
+        assert exc.code == Code.JOB_FAILED
+        assert "not a tar.gz" in str(exc)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    assert len(fake.submitted) == 1
+
+
+def test_a_workers_quota_refusal_reclaims_our_idle_endpoints_then_succeeds(fake: FakeRunPodServerless,
+                                                                           cloud_of: Any) -> None:
+    fake.quota_workers = 2
+    cloud = cloud_of()
+    asked: list[list[str]] = []
+
+    async def reclaim(machines: list[Machine]) -> list[Machine]:
+        asked.append(sorted(m.name for m in machines))
+        return [m for m in machines if m.name == name(1)]  # a dead run's; name(2) is a live one's
+
+    cloud.reclaim = reclaim
+
+    async def main() -> None:
+        _, dead = await offer_and_launch(cloud, n=1)
+        _, live = await offer_and_launch(cloud, n=2)
+        _, third = await offer_and_launch(cloud, n=3)  # over the quota: the dead run's endpoint goes first
+        assert asked == [sorted([name(1), name(2)])]
+        assert {m.id for m in await cloud.list_ours("ar-")} == {live.id, third.id}
+        with pytest.raises(LaunchRefused) as refused:  # nothing idle left to reclaim: walk on
+            await offer_and_launch(cloud, n=4)
+        assert refused.value.code == Code.NO_CAPACITY
+        for m in (live, third):
+            await cloud.delete(m.name, m.id)
+        await cloud.aclose()
+        del dead
+
+    trio.run(main)
+    assert fake.live_endpoints() == []
+
+
+def test_a_delete_answered_500_that_worked_is_proven_by_a_read(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+    fake.delete_500_done = 1
+
+    async def main() -> None:
+        _, machine = await offer_and_launch(cloud)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.delete(machine.name, machine.id)  # idempotent: gone is gone
+        await cloud.aclose()
+
+    trio.run(main)
+    assert fake.count("DELETE", "/v2/serverless/{id}", 500) == 1
+    assert fake.live_endpoints() == []

@@ -1,0 +1,163 @@
+"""runpod-serverless end to end through the Runner (and the CLI for kill -9 and resume), against the
+loopback fake whose workers run actor-run's handler for real: the job's output comes home, a
+throttled GPU class walks to the next, a handler error is final, and a controller killed mid-job is
+followed to the job's end by its recorded handle (never submitted twice), leaving no endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.runpod_serverless import FakeRunPodServerless
+
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import AttemptEnded, Exited
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.ledger import LedgerReader
+
+CLI = [sys.executable, "-m", "actor_run"]
+FAST = PolicySpec(poll_s=0.1, backoff_s=0.01, backoff_max_s=0.05, setup_grace_s=30, stall_after_s=30,
+                  lost_after_s=30, max_attempts=3, deadline_margin_s=60, last_grace_factor=1.0)
+TRAIN = ('echo "{\\"stage\\": \\"train\\", \\"seed\\": $ACTOR_RUN_SEED}" >> "$ACTOR_RUN_PROGRESS"; '
+         'cat "$ACTOR_RUN_IN/words/words.txt" > "$ACTOR_RUN_OUT/result.txt"; sh step.sh; echo "done $ACTOR_RUN_SEED"')
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPodServerless]:
+    monkeypatch.setenv("RP_TEST_KEY", "test-key")
+    server = FakeRunPodServerless(tmp_path / "fake").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert server.violations == []
+    assert server.queue_violations == []
+
+
+def serverless(fake: FakeRunPodServerless, **extra: Any) -> dict[str, Any]:
+    return {"image": "me/actor-run-worker:1", "rest_url": fake.url, "queue_url": fake.queue_url,
+            "api_key_env": "RP_TEST_KEY", "stream_s": 0.05, **extra}
+
+
+def job(fake: FakeRunPodServerless, tmp_path: Path, *, gpus: tuple[str, ...] = ("A100-80G",), command: str = TRAIN,
+        seed: int = 3, settings: dict[str, Any] | None = None) -> Job:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "step.sh").write_text("echo stepping\n")
+    words = tmp_path / "words.txt"
+    words.write_text("alpha beta\n")
+    return Job(name="sls", command=command, seed=seed, code=str(code), inputs={"words": str(words)}, policy=FAST,
+               candidates=[CandidateSpec(cloud="runpod-serverless", gpu=g) for g in gpus],
+               clouds={"runpod-serverless": serverless(fake, **(settings or {}))})
+
+
+def test_a_job_runs_on_a_queue_worker_and_its_output_comes_home(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], events: Any, tmp_path: Path,
+) -> None:
+    with open_runner() as r:
+        ended = r.submit(job(fake, tmp_path)).result(60)
+    assert (ended.outcome, ended.attempts) == ("succeeded", 1), ended.detail
+    seed_dir = tmp_path / "out" / "sls" / "seed-3"
+    assert (seed_dir / "out" / "result.txt").read_text() == "alpha beta\n"
+    assert json.loads((seed_dir / "progress.jsonl").read_text()) == {"stage": "train", "seed": 3}
+    log = (seed_dir / "log.txt").read_text()
+    assert "stepping" in log and "done 3" in log
+    # billed: the pool's per-second price times the worker's execution time, not the endpoint's life
+    (attempt,) = events.of(AttemptEnded)
+    (exited,) = events.of(Exited)
+    assert exited.billed_s >= 0
+    assert attempt.usage.seconds == pytest.approx(exited.billed_s)
+    assert attempt.usage.usd == pytest.approx(2.72 * exited.billed_s / 3600)
+    assert len(fake.submitted) == 1
+    assert fake.live_endpoints() == []
+
+
+def test_throttled_workers_walk_to_the_next_gpu_class(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], events: Any, tmp_path: Path,
+) -> None:
+    fake.throttled.add("AMPERE_80")
+    spec = job(fake, tmp_path, gpus=("A100-80G", "H100"), settings={"throttled_grace_s": 0.3})
+    with open_runner() as r:
+        ended = r.submit(spec).result(60)
+    assert ended.outcome == "succeeded", ended.detail
+    first, second = events.of(AttemptEnded)
+    assert (first.failure, first.offer.gpu) == (Code.NO_CAPACITY, "A100-80G")
+    assert (second.outcome, second.offer.gpu) == ("succeeded", "H100")
+    assert fake.live_endpoints() == []
+
+
+def test_a_non_zero_exit_is_final_with_its_output(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+) -> None:
+    spec = job(fake, tmp_path, command='echo half > "$ACTOR_RUN_OUT/half.txt"; exit 4')
+    with open_runner() as r:
+        ended = r.submit(spec).result(60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.JOB_FAILED, 1)
+    assert (tmp_path / "out" / "sls" / "seed-3" / "out" / "half.txt").read_text() == "half\n"
+    assert len(fake.submitted) == 1  # final: not retried
+    assert fake.live_endpoints() == []
+
+
+def test_kill_9_mid_job_then_resume_follows_the_job_by_its_handle(
+    fake: FakeRunPodServerless, tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    spec = job(fake, tmp_path, command=f'while [ ! -e {gate} ]; do sleep 0.05; done; echo fin > "$ACTOR_RUN_OUT/f.txt"')
+    batch = tmp_path / "batch.toml"
+    settings = "\n".join(f"{k} = {json.dumps(v)}" for k, v in spec.clouds["runpod-serverless"].items())
+    batch.write_text(f"""
+[job]
+name = "sls"
+command = {json.dumps(spec.command)}
+code = "code"
+seeds = [3]
+timeout_s = 120
+
+[policy]
+poll_s = 0.1
+setup_grace_s = 60
+stall_after_s = 60
+lost_after_s = 60
+
+[[candidates]]
+cloud = "runpod-serverless"
+gpu = "A100-80G"
+
+[clouds.runpod-serverless]
+{settings}
+""")
+    env = {**os.environ, "RP_TEST_KEY": "test-key"}
+    state = ["--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen([*CLI, "run", str(batch), "--json", "--out", str(tmp_path / "out"), *state],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if json.loads(line)["type"] == "JobStarted":
+            break
+    fake.wait_for(lambda: fake.submitted and fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    proc.stderr.close()
+    reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
+    try:
+        (row,) = reader.machines()
+        assert json.loads(row.handle or "{}") == {"endpoint_id": row.machine_id, "job_id": fake.submitted[0]}
+    finally:
+        reader.close()
+    assert len(fake.live_endpoints()) == 1  # the dead controller's endpoint is still there
+    gate.touch()  # the job may end now, while nobody watches: resume must still fetch its output
+    resume = subprocess.run([*CLI, "resume", "--out", str(tmp_path / "out"), *state], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env)
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert "(reattached)" in resume.stdout
+    assert (tmp_path / "out" / "sls" / "seed-3" / "out" / "f.txt").read_text() == "fin\n"
+    assert len(fake.submitted) == 1  # followed, not submitted twice
+    assert fake.live_endpoints() == []
