@@ -78,7 +78,7 @@ def unpack(data: bytes, dest: Path) -> None:
     """Extract regular files and folders only (links may point anywhere on the worker: skipped),
     never outside `dest`."""
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data))
+        tar = tarfile.open(fileobj=io.BytesIO(data))  # noqa: SIM115 - closed by the `with` below; its open alone may raise
     except tarfile.TarError as exc:
         raise PayloadError(f"the archive is not a tar.gz: {exc}") from exc
     with tar:

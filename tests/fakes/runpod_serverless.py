@@ -19,6 +19,7 @@ platform would (CANCELLED); `held` = True keeps new jobs queued (no worker takes
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -30,10 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fakes.openapi_server import json_response
-from fakes.runpod import FakeRunPod, problem
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
+
+from fakes.openapi_server import json_response
+from fakes.runpod import FakeRunPod, problem
 
 POOLS = {  # GPU type id -> (pool, serverless USD per GPU-hour)
     "NVIDIA A100-SXM4-80GB": ("AMPERE_80", 2.72),
@@ -268,7 +270,8 @@ class FakeRunPodServerless(FakeRunPod):
 
     def _worker(self, job: Job, proc: subprocess.Popen[str]) -> None:
         """A worker thread: the job's JSON to the handler, its lines into the job."""
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         try:
             proc.stdin.write(json.dumps({"id": job.id, "input": job.body["input"]}))
             proc.stdin.close()
@@ -310,10 +313,8 @@ class FakeRunPodServerless(FakeRunPod):
             if e is not None:
                 e["_busy"] -= 1
             if job.proc is not None and job.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(job.proc.pid, 9)
-                except ProcessLookupError:
-                    pass
         self._dispatch()
 
     # --- faults --------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def test_a_job_runs_on_a_queue_worker_and_its_output_comes_home(
     assert (seed_dir / "out" / "result.txt").read_text() == "alpha beta\n"
     assert json.loads((seed_dir / "progress.jsonl").read_text()) == {"stage": "train", "seed": 3}
     log = (seed_dir / "log.txt").read_text()
-    assert "stepping" in log and "done 3" in log
+    assert "stepping" in log
+    assert "done 3" in log
     # billed: the pool's per-second price times the worker's execution time, not the endpoint's life
     (attempt,) = events.of(AttemptEnded)
     (exited,) = events.of(Exited)
@@ -137,7 +138,8 @@ gpu = "A100-80G"
     state = ["--state-dir", str(tmp_path / "state")]
     proc = subprocess.Popen([*CLI, "run", str(batch), "--json", "--out", str(tmp_path / "out"), *state],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     for line in proc.stdout:
         if json.loads(line)["type"] == "JobStarted":
             break

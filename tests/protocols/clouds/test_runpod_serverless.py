@@ -94,10 +94,12 @@ def test_a_job_runs_for_real_on_a_worker_and_the_endpoint_goes(fake: FakeRunPodS
         cmd = ('echo "{\\"stage\\": \\"train\\", \\"seed\\": $ACTOR_RUN_SEED}" >> "$ACTOR_RUN_PROGRESS"; '
                'echo hello; echo result > "$ACTOR_RUN_OUT/r.txt"')
         assert await ws.start(launch_of(work, cmd), record) == 0
-        assert fake.submitted and handles == [f'{{"endpoint_id":"{machine.id}","job_id":"{fake.submitted[0]}"}}']
+        assert fake.submitted
+        assert handles == [f'{{"endpoint_id":"{machine.id}","job_id":"{fake.submitted[0]}"}}']
         res, progress, log = await run_until_end(ws, work)
         assert res.exit_code == 0
-        assert b'"seed": 7' in progress and b"hello" in log
+        assert b'"seed": 7' in progress
+        assert b"hello" in log
         assert res.billed_s >= 0
         await ws.fetch(work, tmp_path / "got")
         assert (tmp_path / "got" / "out" / "r.txt").read_text() == "result\n"
