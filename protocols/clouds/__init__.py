@@ -17,6 +17,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
+    "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
 }
 
 

@@ -1,0 +1,199 @@
+"""A loopback fake of a provider's HTTP API, held to the vendor's own OpenAPI document.
+
+    fake = OpenAPIFake(OPENAPI / "runpod-rest-v2.json", base_path="")
+    @fake.route("GET", "/v2/pods/{id}")
+    def get_pod(req: Request, id: str) -> Response: ...
+    fake.start()          # a real HTTP server on 127.0.0.1 in a thread; fake.url is its base
+    ...
+    fake.stop()
+    assert fake.violations == []   # what the real API would have refused, or a reply it never gives
+
+Every request is checked against the document before a handler sees it (a request the real API
+would reject is answered 400 and recorded in `violations`), and every response the handler makes
+is checked too (a fake that drifts from the real API is recorded as well). The pytest fixtures
+that start fakes assert `violations` is empty, so a violation fails the test.
+
+`calls` logs each request (method, path template, status); `rate_limit(n, retry_after)` answers
+the next n requests 429 with a Retry-After header (the vendor's own response shape is up to the
+subclass via `too_many`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from openapi_core import Config, OpenAPI
+from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+OPENAPI = Path("/work/shared/contracts/openapi")
+Handler = Callable[..., Response]
+
+
+@functools.cache
+def _document(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    doc: dict[str, Any] = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    return doc
+
+
+@functools.cache
+def _openapi(path: Path, server: str) -> OpenAPI:
+    """The vendor's document as is, with our loopback address added to its servers (nothing else)."""
+    doc = copy.deepcopy(_document(path))
+    doc["servers"] = [{"url": server}, *doc.get("servers", [])]
+    # RFC 9457 problem documents are JSON too (openapi-core knows only application/json by name)
+    config = Config(extra_media_type_deserializers={"application/problem+json": json.loads})
+    return OpenAPI.from_dict(doc, config=config)
+
+
+def json_response(body: Any, status: int = 200, content_type: str = "application/json",
+                  headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body), status=status, content_type=content_type, headers=headers)
+
+
+class OpenAPIFake:
+    """A provider's API on loopback; subclasses add routes and state (see the module docstring)."""
+
+    def __init__(self, document: Path, *, base_path: str = "", token: str = "test-key") -> None:
+        self.document = document
+        self.base_path = base_path.rstrip("/")
+        self.token = token
+        self.lock = threading.RLock()  # the state of the fake; handlers run on the server's threads
+        self.routes: list[tuple[str, re.Pattern[str], str, Handler]] = []
+        self.calls: list[tuple[str, str, int]] = []
+        self.violations: list[str] = []
+        self._limited: list[float] = []  # Retry-After values of the next 429s to send
+        self.rate_limited_sent = 0
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+        self.changed = threading.Condition(self.lock)  # notified after every request
+
+    # --- routes -----------------------------------------------------------------------------------
+
+    def route(self, method: str, template: str) -> Callable[[Handler], Handler]:
+        pattern = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.base_path + template) + "$")
+
+        def add(fn: Handler) -> Handler:
+            self.routes.append((method.upper(), pattern, template, fn))
+            return fn
+
+        return add
+
+    # --- what subclasses shape in the vendor's words ----------------------------------------------
+
+    def authorized(self, req: Request) -> bool:
+        return req.headers.get("Authorization", "") == f"Bearer {self.token}"
+
+    def unauthorized(self) -> Response:
+        return json_response({"error": "unauthorized"}, 401)
+
+    def too_many(self, retry_after: float) -> Response:
+        return json_response({"error": "rate limited"}, 429, headers={"Retry-After": f"{retry_after:g}"})
+
+    def not_found(self) -> Response:
+        return json_response({"error": "not found"}, 404)
+
+    def invalid(self, problem: str) -> Response:
+        return json_response({"error": problem}, 400)
+
+    # --- faults -----------------------------------------------------------------------------------
+
+    def rate_limit(self, times: int, retry_after: float = 1.0) -> None:
+        with self.lock:
+            self._limited.extend([retry_after] * times)
+
+    # --- the server -------------------------------------------------------------------------------
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        req = Request(environ)
+        resp, template = self._answer(req)
+        with self.lock:
+            self.calls.append((req.method, template, resp.status_code))
+            self.changed.notify_all()
+        return resp(environ, start_response)
+
+    def _answer(self, req: Request) -> tuple[Response, str]:
+        spec = _openapi(self.document, self.url)
+        for method, pattern, template, fn in self.routes:
+            m = pattern.match(req.path)
+            if m is None or method != req.method:
+                continue
+            try:
+                spec.validate_request(WerkzeugOpenAPIRequest(req))
+            except Exception as exc:
+                self._violation(f"request {req.method} {req.path}: {_reason(exc)}")
+                return self.invalid(f"rejected by the vendor's schema: {_reason(exc)}"), template
+            with self.lock:
+                if self._limited:
+                    resp = self.too_many(self._limited.pop(0))
+                    self.rate_limited_sent += 1
+                elif not self.authorized(req) and not self.authorized_other(req, template, m.groupdict()):
+                    resp = self.unauthorized()
+                else:
+                    resp = fn(req, **m.groupdict())
+            try:
+                spec.validate_response(WerkzeugOpenAPIRequest(req), WerkzeugOpenAPIResponse(resp))
+            except Exception as exc:
+                self._violation(f"response {resp.status_code} to {req.method} {req.path}: {_reason(exc)}")
+            return resp, template
+        self._violation(f"{req.method} {req.path}: no such route in the fake")
+        return self.not_found(), req.path
+
+    def authorized_other(self, req: Request, template: str, params: dict[str, str]) -> bool:
+        """Another credential the vendor accepts for this call (a pod-scoped key)."""
+        return False
+
+    def _violation(self, text: str) -> None:
+        with self.lock:
+            self.violations.append(text)
+
+    def start(self) -> OpenAPIFake:
+        self._server = make_server("127.0.0.1", 0, self._app, threaded=True)
+        self.url = f"http://127.0.0.1:{self._server.server_port}{self.base_path}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def wait_for(self, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Until `check()` (called under the lock) is truthy; its value, or AssertionError after timeout."""
+        with self.lock:
+            value = self.changed.wait_for(check, timeout=timeout)
+        if not value:
+            raise AssertionError(f"the fake did not reach {check} within {timeout} s")
+        return value
+
+    def count(self, method: str, template: str, status: int | None = None) -> int:
+        with self.lock:
+            return sum(1 for m, t, s in self.calls if m == method and t == template and (status is None or s == status))
+
+
+def _reason(exc: BaseException) -> str:
+    parts = [f"{type(exc).__name__}: {exc}"]
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(3):
+        if cause is None:
+            break
+        extra = getattr(cause, "schema_errors", None)
+        parts.append(f"{type(cause).__name__}: {cause}" + (f" {[str(e)[:300] for e in extra]}" if extra else ""))
+        cause = cause.__cause__ or cause.__context__
+    return " <- ".join(parts)[:4000]

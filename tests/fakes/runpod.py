@@ -1,0 +1,221 @@
+"""A fake RunPod (REST v2 pods and GPU catalog) on loopback, held to RunPod's own OpenAPI document;
+its pods are real sshd logins (fakes/machines.py) with the env RunPod gives a pod (RUNPOD_POD_ID
+and a pod-scoped RUNPOD_API_KEY that may delete that pod and nothing else).
+
+Faults, set on the instance (under `fake.lock` when a test runs):
+    stock[(gpu id, data center)] = n    what may be created where (0: "no instances available")
+    create_500_made = n                 the next n creates make the pod, then answer 500
+    create_500 = n                      the next n creates answer 500 and make nothing
+    stuck = True                        new pods stay PROVISIONING
+    lag_reads = n                       a new pod is missing from the next n reads and listings
+    delete_fail = n                     the next n deletes answer 500 and delete nothing
+    rate_limit(n, retry_after)          the next n requests answer 429 with Retry-After
+    token = "..."                       the account key it accepts (another one: 401)
+    ready_after = n                     reads of a pod before it is RUNNING with ssh.direct
+`vanish(pod_id)` takes a pod away (its sshd and folder) as a failed host would.
+`billed` keeps each deleted pod's (name, seconds it existed, cost per hour).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from werkzeug.wrappers import Request, Response
+
+from fakes.machines import Boxes
+from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+
+DOCUMENT = OPENAPI / "runpod-rest-v2.json"
+
+GPUS = {  # id -> (name, secure price, community price, memory)
+    "NVIDIA H100 80GB HBM3": ("H100 SXM", 2.99, 2.69, 80),
+    "NVIDIA A100-SXM4-80GB": ("A100 SXM", 1.89, 1.39, 80),
+    "NVIDIA GeForce RTX 4090": ("RTX 4090", 0.69, 0.34, 24),
+}
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"title": title, "status": status, "detail": detail}, status,
+                         content_type="application/problem+json", headers=headers)
+
+
+class FakeRunPod(OpenAPIFake):
+    def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
+        super().__init__(DOCUMENT, token=token)
+        self.boxes = Boxes(Path(dir) / "pods")
+        self.virtual = virtual  # pods without sshd (benches): ssh.direct points nowhere
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.stock: dict[tuple[str, str], int] = {
+            ("NVIDIA A100-SXM4-80GB", "EU-RO-1"): 4, ("NVIDIA A100-SXM4-80GB", "US-TX-3"): 4,
+            ("NVIDIA H100 80GB HBM3", "US-TX-3"): 2, ("NVIDIA GeForce RTX 4090", "EU-RO-1"): 8,
+        }
+        self.create_500_made = 0
+        self.create_500 = 0
+        self.stuck = False
+        self.lag_reads = 0
+        self.delete_fail = 0
+        self.ready_after = 1
+        self.billed: list[tuple[str, float, float]] = []
+        self.self_deleted: list[str] = []  # pods deleted with their own pod-scoped key
+        self._ids = itertools.count(1)
+        self._routes()
+
+    # --- the vendor's shapes ----------------------------------------------------------------------
+
+    def unauthorized(self) -> Response:
+        return problem(401, "Unauthorized", "invalid or missing API key")
+
+    def too_many(self, retry_after: float) -> Response:
+        return problem(429, "Too Many Requests", "rate limit exceeded for window minute",
+                       headers={"Retry-After": f"{int(retry_after)}"})
+
+    def not_found(self) -> Response:
+        return problem(404, "Not Found", "pod not found")
+
+    def invalid(self, problem_text: str) -> Response:
+        return problem(400, "Bad Request", problem_text)
+
+    def authorized_other(self, req: Request, template: str, params: dict[str, str]) -> bool:
+        # a pod's own key: it may delete that pod (runpod.md §10)
+        pod = self.pods.get(params.get("id", ""))
+        ok = (req.method == "DELETE" and template == "/v2/pods/{id}" and pod is not None
+              and req.headers.get("Authorization") == f"Bearer {pod['_key']}")
+        if ok:
+            self.self_deleted.append(pod["name"])
+        return ok
+
+    # --- pods -------------------------------------------------------------------------------------
+
+    def _view(self, pod: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in pod.items() if not k.startswith("_")}
+
+    def _advance(self, pod: dict[str, Any]) -> None:
+        pod["_reads"] += 1
+        if pod["status"] == "PROVISIONING" and not self.stuck and pod["_reads"] >= self.ready_after:
+            port = pod["_port"]
+            pod["status"] = "RUNNING"
+            pod["startedAt"] = _iso(time.time())
+            pod["ssh"] = {"proxy": None, "direct": {
+                "host": "127.0.0.1", "port": port, "username": pod["_user"],
+                "command": f"ssh {pod['_user']}@127.0.0.1 -p {port}"}}
+
+    def _hidden(self, pod: dict[str, Any]) -> bool:
+        if pod["_lag"] > 0:
+            pod["_lag"] -= 1
+            return True
+        return False
+
+    def _make(self, body: dict[str, Any], dc: str) -> dict[str, Any]:
+        n = next(self._ids)
+        pod_id = f"pod{n:04d}x{int(time.time()) % 100000:05d}"
+        gpu_id = body["gpu"]["id"]
+        price = GPUS[gpu_id][1 if body.get("cloud", "SECURE") == "SECURE" else 2]
+        key = f"pod-scoped-{pod_id}"
+        pub = body.get("env", {}).get("PUBLIC_KEY", "")
+        if self.virtual:
+            port, user = 1, "root"
+        else:
+            box = self.boxes.start(pod_id, pub, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key,
+                                                     "RUNPOD_DC_ID": dc})
+            port, user = box.port, box.user
+        now = time.time()
+        pod = {
+            "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ["stop", "terminate"],
+            "image": body.get("image", ""), "args": "", "disk": body.get("disk", 50), "mounts": {},
+            "ports": body.get("ports", []), "env": {k: v for k, v in body.get("env", {}).items()},
+            "registry": None, "cloud": body.get("cloud", "SECURE"), "dataCenterId": dc, "cudaVersion": "12.8",
+            "ssh": {"proxy": None, "direct": None}, "template": None, "cost": price, "locked": False,
+            "runtime": None, "createdAt": _iso(now), "startedAt": None, "globalNetworking": {"enabled": False},
+            "gpu": {"id": gpu_id, "count": body["gpu"].get("count", 1)},
+            "_reads": 0, "_lag": self.lag_reads, "_key": key, "_port": port, "_user": user, "_t0": now,
+        }
+        self.pods[pod_id] = pod
+        self.stock[(gpu_id, dc)] -= 1
+        return pod
+
+    def _gone(self, pod_id: str) -> None:
+        pod = self.pods.pop(pod_id)
+        self.stock[(pod["gpu"]["id"], pod["dataCenterId"])] += 1
+        self.billed.append((pod["name"], time.time() - pod["_t0"], pod["cost"]))
+        self.boxes.vanish(pod_id)
+
+    def vanish(self, pod_id: str) -> None:
+        """The host failed: the pod is gone without anyone deleting it (its sshd too)."""
+        with self.lock:
+            self._gone(pod_id)
+
+    def alive(self) -> list[str]:
+        with self.lock:
+            return sorted(p["name"] for p in self.pods.values())
+
+    def _routes(self) -> None:
+        @self.route("GET", "/v2/catalog/gpus")
+        def catalog(req: Request) -> Response:
+            cloud = req.args.get("cloud", "SECURE")
+            gpus = []
+            for gpu_id, (name, secure, community, memory) in GPUS.items():
+                dcs = sorted({dc for (g, dc) in self.stock if g == gpu_id})
+                gpus.append({
+                    "id": gpu_id, "name": name, "pool": None, "manufacturer": "NVIDIA", "memory": memory,
+                    "secure": True, "community": True, "price": {"secure": secure, "community": community},
+                    "maxCount": {"secure": 8, "community": 8},
+                    "availability": "HIGH" if any(self.stock[(gpu_id, d)] > 0 for d in dcs) else "NONE",
+                    "dataCenters": [{"id": d, "name": d, "availability": "HIGH" if self.stock[(gpu_id, d)] > 0
+                                     else "NONE"} for d in dcs],
+                })
+            del cloud
+            return json_response({"gpus": gpus})
+
+        @self.route("POST", "/v2/pods")
+        def create(req: Request) -> Response:
+            body = req.get_json()
+            if self.create_500 > 0:
+                self.create_500 -= 1
+                return problem(500, "Internal Server Error", "create pod: upstream timeout")
+            gpu_id = body["gpu"]["id"]
+            if gpu_id not in GPUS:
+                return problem(400, "Bad Request", f"unknown gpu type {gpu_id}")
+            dcs = body.get("dataCenterIds") or sorted({dc for (g, dc) in self.stock if g == gpu_id})
+            dc = next((d for d in dcs if self.stock.get((gpu_id, d), 0) > 0), None)
+            if dc is None:  # runpod.md §5: no stock is a 500 with this message
+                return problem(500, "Internal Server Error", "create pod: There are no instances currently available")
+            pod = self._make(body, dc)
+            if self.create_500_made > 0:  # runpod.md §6: made, then the read-back failed
+                self.create_500_made -= 1
+                return problem(500, "Internal Server Error", "create pod: failed to read back the created pod")
+            return json_response(self._view(pod), 201)
+
+        @self.route("GET", "/v2/pods")
+        def listing(req: Request) -> Response:
+            pods = [self._view(p) for p in list(self.pods.values()) if not self._hidden(p)]
+            return json_response({"pods": pods})
+
+        @self.route("GET", "/v2/pods/{id}")
+        def read(req: Request, id: str) -> Response:
+            pod = self.pods.get(id)
+            if pod is None or self._hidden(pod):
+                return self.not_found()
+            self._advance(pod)
+            return json_response(self._view(pod))
+
+        @self.route("DELETE", "/v2/pods/{id}")
+        def delete(req: Request, id: str) -> Response:
+            if self.delete_fail > 0:
+                self.delete_fail -= 1
+                return problem(500, "Internal Server Error", "terminate pod: upstream error")
+            if id not in self.pods:
+                return self.not_found()
+            self._gone(id)
+            return Response(status=204)
+
+    def stop(self) -> None:
+        super().stop()
+        self.boxes.stop_all()
