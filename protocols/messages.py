@@ -45,6 +45,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     hourly_usd: float = 0.0
     candidate: int = 0
     host: str = ""  # for the ssh cloud: which configured host
+    kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +61,8 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float = 0.0
     address: str = ""
     root: str = ""  # the private folder on the machine everything goes into
+    port: int = 0  # SSH port on `address` (0: the default, 22)
+    user: str = ""  # SSH login (empty: the default of the cloud's host)
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):

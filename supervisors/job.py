@@ -28,7 +28,7 @@ import outcome
 import pykka
 
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
-from actor_run.protocols.failures import Code
+from actor_run.protocols.failures import Code, LaunchError, Refused
 from actor_run.protocols.hosts.workspace import RESUME_LINE
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -150,6 +150,10 @@ class JobSupervisor(Actor):
 
     def _offers(self, candidate: int, result: Result[list[Offer]]) -> None:
         if isinstance(result, outcome.Error):
+            error = result.error
+            if isinstance(error, LaunchError | Refused) and error.code is Code.GUARD:  # the key was refused
+                self._end("failed", Code.GUARD, str(error))
+                return
             self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
             self.walk.set_offers(candidate, [])
         else:

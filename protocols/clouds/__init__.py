@@ -18,6 +18,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "runpod-serverless": ("actor_run.protocols.clouds.runpod_serverless", "ServerlessSettings", "ServerlessCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
+    "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
 }
 
 

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from werkzeug.wrappers import Request, Response
+
 from fakes.machines import Boxes
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
-from werkzeug.wrappers import Request, Response
 
 DOCUMENT = OPENAPI / "runpod-rest-v2.json"
 

@@ -1,0 +1,75 @@
+"""Our GPU names and each vendor's ids for them: the one table every adapter reads.
+
+A candidate says `gpu = "H100"`; RunPod calls that GPU type "NVIDIA H100 80GB HBM3", Hyperstack's
+flavors say "H100-80G-PCIe" in their `gpu` field, Lambda sells it as instance type
+"gpu_1x_h100_pcie". An entry lists every id the vendor uses for it, preferred first. Names are
+matched without regard to case; a name missing here is passed through as the vendor's own id (so a
+vendor's new GPU can be asked for before the table knows it).
+"""
+
+from __future__ import annotations
+
+# ours -> vendor -> the vendor's ids for one such GPU on a machine (single-GPU machines)
+GPUS: dict[str, dict[str, tuple[str, ...]]] = {
+    "H100": {
+        "runpod": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL"),
+        "hyperstack": ("H100-80G-PCIe", "H100-80G-SXM5", "H100-80G-PCIe-NVLink"),
+        "lambda": ("gpu_1x_h100_pcie", "gpu_1x_h100_sxm5"),
+    },
+    "H200": {
+        "runpod": ("NVIDIA H200",),
+        "hyperstack": ("H200-141G-SXM5",),
+        "lambda": ("gpu_1x_h200_sxm5",),
+    },
+    "A100-80G": {
+        "runpod": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        "hyperstack": ("A100-80G-PCIe", "A100-80G-PCIe-NVLink"),
+        "lambda": ("gpu_1x_a100_sxm4_80gb",),
+    },
+    "A100": {
+        "runpod": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        "hyperstack": ("A100-80G-PCIe",),
+        "lambda": ("gpu_1x_a100_sxm4", "gpu_1x_a100"),
+    },
+    "L40S": {
+        "runpod": ("NVIDIA L40S",),
+        "hyperstack": ("L40",),
+        "lambda": (),
+    },
+    "RTX4090": {
+        "runpod": ("NVIDIA GeForce RTX 4090",),
+        "hyperstack": (),
+        "lambda": (),
+    },
+    "A6000": {
+        "runpod": ("NVIDIA RTX A6000",),
+        "hyperstack": ("RTX-A6000",),
+        "lambda": ("gpu_1x_a6000",),
+    },
+    "B200": {
+        "runpod": ("NVIDIA B200",),
+        "hyperstack": ("B200-180G-SXM",),
+        "lambda": ("gpu_1x_b200_sxm6",),
+    },
+}
+
+_FOLDED = {name.lower(): name for name in GPUS}
+
+
+def vendor_ids(gpu: str, vendor: str) -> tuple[str, ...]:
+    """The vendor's ids for our GPU `gpu` (preferred first); an unknown name is taken as the vendor's own id."""
+    ours = _FOLDED.get(gpu.lower())
+    if ours is None:
+        return (gpu,) if gpu else ()
+    return GPUS[ours].get(vendor, ())
+
+
+def our_name(vendor_id: str, vendor: str) -> str:
+    """Our name for a vendor id, or the id itself when the table has no entry for it."""
+    for ours, vendors in GPUS.items():
+        if vendor_id in vendors.get(vendor, ()):
+            return ours
+    return vendor_id
+
+
+__all__ = ["GPUS", "our_name", "vendor_ids"]

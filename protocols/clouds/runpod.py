@@ -1,0 +1,238 @@
+"""The `runpod` cloud: RunPod GPU pods over REST v2 (`https://api.runpod.io/v2/...`).
+
+Settings (`[clouds.runpod]`), every field optional (and those of clouds/rented.py)::
+
+    api_url = "https://api.runpod.io"
+    api_key_env = "RUNPOD_API_KEY"     # the variable that holds the key (never the key itself)
+    ssh_key = "~/.ssh/id_ed25519"      # its public half goes to the pod as env PUBLIC_KEY
+    root = "~/.actor-run"
+    image = "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"
+    cloud = "SECURE"                   # or COMMUNITY
+    disk_gb = 50
+
+Offers come from `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=<cloud>`: one per
+data center whose availability is not NONE, at the GPU type's price for that cloud. A pod is
+ready when its `status` is RUNNING and `ssh.direct` is set. At its deadline a pod deletes itself:
+connect() starts a detached script on it that calls `DELETE /v2/pods/<id>` with the pod-scoped
+key RunPod injects into every pod (`RUNPOD_API_KEY`); our own key never goes there.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import msgspec
+
+from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.http import (
+    NoAnswer,
+    ProviderAPI,
+    body_json,
+    is_auth_refusal,
+    short,
+)
+from actor_run.protocols.clouds.rented import RentedCloud, RentedSettings, Seen, api_key, public_key
+from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
+from actor_run.protocols.hosts.scripts import q
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
+
+VENDOR = "runpod"
+
+
+class RunPodSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    api_url: str = "https://api.runpod.io"
+    api_key_env: str = "RUNPOD_API_KEY"
+    image: str = "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"
+    cloud: Literal["SECURE", "COMMUNITY"] = "SECURE"
+    disk_gb: Annotated[int, msgspec.Meta(ge=1)] = 50
+
+
+# What a create's answer means. RunPod says "no stock" with a 5xx, so the body decides, and only
+# these refusals prove nothing was made; any other 5xx (or no answer) is ambiguous_create.
+# (status, words in the body, code, the contract line it comes from)
+CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
+    (500, "no instances currently available", Code.NO_CAPACITY,
+     'runpod.md §5: 500 {"error":"create pod: There are no instances currently available"}'),
+    (500, "no longer any instances", Code.NO_CAPACITY,
+     "runpod.md §5: the GraphQL wording, kept in the matcher"),
+    (500, "does not have the resources", Code.NO_CAPACITY,
+     'runpod.md §5: 500 "This machine does not have the resources to deploy your pod"'),
+    (500, "balance is too low", Code.NO_CAPACITY,  # walks on: another account or candidate
+     'runpod.md §5: 500 "Your account balance is too low to rent a pod"'),
+    (500, "spot pods are no longer offered", Code.LAUNCH_FAILED,
+     'runpod.md §2.2: 500 "create pod: Spot pods are no longer offered"'),
+    (400, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createPod 400 BadRequestError: refused, nothing made"),
+    (404, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createPod 404 NotFoundError (a template or volume)"),
+    (422, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createPod 422 UnprocessableEntityError"),
+    (401, "", Code.GUARD, "runpod-rest-v2.json 401 UnauthorizedError: stop, never retry"),
+    (403, "", Code.GUARD, "runpod-rest-v2.json 403 ForbiddenError: the key lacks the right"),
+]
+
+# status -> what the pod is, in our words (runpod-rest-v2.json PodStatus; runpod.md Appendix A)
+POD_STATES: dict[str, Literal["pending", "ready", "failed", "gone"]] = {
+    "PROVISIONING": "pending", "STARTING": "pending", "RUNNING": "ready",  # RUNNING: ready once ssh.direct is set
+    "EXITED": "failed", "ERROR": "failed", "TERMINATED": "gone",
+}
+
+
+def classify_create(status: int, body: str) -> Code | None:
+    """The failure a create's refusal means, or None when it proves nothing (ambiguous)."""
+    text = body.lower()
+    for want, words, code, _ in CREATE_ANSWERS:
+        if status == want and (not words or words in text):
+            return code
+    return None
+
+
+def _when(value: Any) -> float:
+    if not isinstance(value, str) or not value:
+        return 0.0
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _price(value: Any) -> float:
+    try:
+        return float(value)  # runpod.md §2.3: a cost may come as a numeric string
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def seen_pod(pod: dict[str, Any]) -> Seen:
+    status = str(pod.get("status", ""))
+    state = POD_STATES.get(status, "pending")
+    direct = (pod.get("ssh") or {}).get("direct") or {}
+    if state == "ready" and not direct.get("host"):
+        state = "pending"
+    gpu = (pod.get("gpu") or {}).get("id", "")
+    return Seen(
+        id=str(pod.get("id", "")), name=str(pod.get("name", "")), state=state, detail=status,
+        address=str(direct.get("host", "")), port=int(direct.get("port") or 22),
+        user=str(direct.get("username") or "root"), hourly_usd=_price(pod.get("cost")),
+        region=str(pod.get("dataCenterId") or ""), gpu=our_name(gpu, VENDOR) if gpu else "",
+        created_at=_when(pod.get("createdAt")),
+    )
+
+
+_SELF_DELETE = r"""#!/bin/sh
+# actor-run: this pod deletes itself at its deadline, with the pod-scoped key RunPod gives it
+now=$(date +%s); [ {deadline} -gt "$now" ] && sleep $(({deadline} - now))
+[ -n "$RUNPOD_API_KEY" ] || . /etc/rp_environment 2>/dev/null
+key=${{RUNPOD_API_KEY:-$(tr '\0' '\n' </proc/1/environ 2>/dev/null | sed -n 's/^RUNPOD_API_KEY=//p')}}
+i=0
+while [ $i -lt 30 ]; do
+  code=$(printf 'Authorization: Bearer %s\n' "$key" |
+    curl -s -o /dev/null -w '%{{http_code}}' -m 30 -H @- -X DELETE {url})
+  case "$code" in 2??|404) exit 0;; esac
+  i=$((i + 1)); sleep 20
+done
+"""
+
+
+class RunPodCloud(RentedCloud):
+    name = VENDOR
+    settings: RunPodSettings
+
+    def __init__(self, settings: RunPodSettings, state_dir: Path, *, transport: httpx.AsyncBaseTransport | None = None
+                 ) -> None:
+        super().__init__(settings, state_dir)
+        key = api_key(self.name, settings.api_key_env)  # a missing key is exit 2, before anything starts
+        self._public_key = public_key(self.name, settings.ssh_key)
+        self.api = ProviderAPI(self.name, settings.api_url, {"Authorization": f"Bearer {key}"},
+                               timeout_s=settings.timeout_s, transport=transport)
+
+    # --- offers -----------------------------------------------------------------------------------
+
+    async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        params = {"include": "AVAILABILITY", "product": "POD", "cloud": self.settings.cloud}
+        resp = await self.api.call("GET", "/v2/catalog/gpus", params=params)
+        if is_auth_refusal(resp.status_code):
+            raise LaunchRefused(f"runpod: the key was refused: {short(resp)}", code=Code.GUARD)
+        if resp.status_code != 200:
+            raise NoAnswer(f"runpod: the GPU catalog: {short(resp)}")
+        wanted = vendor_ids(candidate.gpu, VENDOR)
+        price_key = "secure" if self.settings.cloud == "SECURE" else "community"
+        out: list[Offer] = []
+        for gpu in (body_json(resp) or {}).get("gpus", []):
+            if wanted and gpu.get("id") not in wanted:
+                continue
+            price = _price((gpu.get("price") or {}).get(price_key))
+            if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
+                continue
+            for dc in gpu.get("dataCenters") or []:
+                if dc.get("availability", "NONE") == "NONE":
+                    continue
+                if candidate.regions and dc.get("id") not in candidate.regions:
+                    continue
+                ours = candidate.gpu or our_name(gpu["id"], VENDOR)
+                out.append(Offer(cloud=self.name, region=str(dc["id"]), gpu=ours, hourly_usd=price, candidate=index,
+                                 kind=str(gpu["id"])))
+        out.sort(key=lambda o: (o.hourly_usd, o.region))
+        return out
+
+    # --- the machine ------------------------------------------------------------------------------
+
+    async def _create(self, offer: Offer, name: str, deadline: float) -> str:
+        s = self.settings
+        body = {
+            "name": name, "image": s.image, "cloud": s.cloud, "disk": s.disk_gb, "ports": ["22/tcp"],
+            "gpu": {"id": offer.kind or vendor_ids(offer.gpu, VENDOR)[0], "count": 1},
+            "dataCenterIds": [offer.region] if offer.region else [],
+            "env": {"PUBLIC_KEY": self._public_key}, "startSsh": True,
+        }
+        try:
+            resp = await self.api.call("POST", "/v2/pods", json=body)
+        except NoAnswer as exc:
+            raise LaunchAmbiguous(f"runpod: the create of {name}: {exc}") from exc
+        if resp.status_code in (200, 201):
+            pod = body_json(resp) or {}
+            if pod.get("id"):
+                return str(pod["id"])
+            raise LaunchAmbiguous(f"runpod: the create of {name} was accepted without an id: {short(resp)}")
+        code = classify_create(resp.status_code, resp.text)
+        if code is None:  # a 5xx that is not a refusal, or an answer we do not know: it may have made one
+            raise LaunchAmbiguous(f"runpod: the create of {name}: {short(resp)}")
+        raise LaunchRefused(f"runpod: the create of {name} was refused: {short(resp)}", code=code)
+
+    async def _read(self, machine_id: str) -> Seen | None:
+        resp = await self.api.call("GET", f"/v2/pods/{machine_id}")
+        if resp.status_code == 404:
+            return None
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"runpod: reading pod {machine_id}: the key was refused: {short(resp)}")
+        if resp.status_code != 200:
+            raise NoAnswer(f"runpod: reading pod {machine_id}: {short(resp)}")
+        return seen_pod(body_json(resp) or {})
+
+    async def _list(self) -> list[Seen]:
+        resp = await self.api.call("GET", "/v2/pods")
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"runpod: listing pods: the key was refused: {short(resp)}")
+        if resp.status_code != 200:
+            raise NoAnswer(f"runpod: listing pods: {short(resp)}")
+        return [seen_pod(p) for p in (body_json(resp) or {}).get("pods", [])]
+
+    async def _delete_call(self, machine_id: str) -> None:
+        resp = await self.api.call("DELETE", f"/v2/pods/{machine_id}")
+        if resp.status_code in (200, 204, 404):
+            return
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"runpod: deleting pod {machine_id}: the key was refused: {short(resp)}")
+        # runpod.md §3: a delete answered 500 had worked; the read that follows says
+        raise NoAnswer(f"runpod: deleting pod {machine_id}: {short(resp)}")
+
+    def _deadline_script(self, machine: Machine) -> str:
+        url = f"{self.settings.api_url.rstrip('/')}/v2/pods/{machine.id}"
+        return _SELF_DELETE.format(deadline=int(machine.deadline), url=q(url))
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+
+__all__ = ["CREATE_ANSWERS", "POD_STATES", "RunPodCloud", "RunPodSettings", "classify_create", "seen_pod"]
