@@ -26,6 +26,9 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.clouds.base import Reclaim
+from actor_run.protocols.clouds.gpus import vendor_ids
+from actor_run.protocols.clouds.http import NotSent
+from actor_run.protocols.clouds.rented import api_key
 from actor_run.protocols.clouds.rp_api import Answer, RunPodApi
 from actor_run.protocols.clouds.rp_queue import Graces, ServerlessWorkspace
 from actor_run.protocols.failures import (
@@ -42,20 +45,27 @@ from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec
 
-QUOTA_TEXT = "max workers across all endpoints"
+VENDOR = "runpod"
+QUOTA_TEXT = "max workers across all endpoints"  # seed 002; runpod.md §11: max workers per account
 
-# our GPU names -> RunPod GPU type ids (the catalog's `id`); the catalog gives each its serverless pool
-GPU_TYPES: dict[str, str] = {
-    "H100": "NVIDIA H100 80GB HBM3",
-    "H200": "NVIDIA H200",
-    "A100-80G": "NVIDIA A100-SXM4-80GB",
-    "A100": "NVIDIA A100 80GB PCIe",
-    "L40S": "NVIDIA L40S",
-    "L4": "NVIDIA L4",
-    "A6000": "NVIDIA RTX A6000",
-    "RTX4090": "NVIDIA GeForce RTX 4090",
-    "B200": "NVIDIA B200",
-}
+# What a create's refusal means (a 5xx or no answer proves nothing: the name is looked up first).
+# (status, words in the body, code, the contract line it comes from)
+CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
+    (400, QUOTA_TEXT, Code.NO_CAPACITY, "runpod.md §11: max workers per account; our idle endpoints go first"),
+    (400, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 400 BadRequestError: refused, nothing made"),
+    (404, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 404 NotFoundError (a template or volume)"),
+    (422, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 422 UnprocessableEntityError"),
+]
+
+
+def classify_create(status: int, body: str) -> Code | None:
+    """The failure a create's refusal means, or None when it proves nothing (ambiguous)."""
+    text = body.lower()
+    for want, words, code, _ in CREATE_ANSWERS:
+        if status == want and (not words or words in text):
+            return code
+    return None
+
 
 class ServerlessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     image: str = ""  # the worker image (it runs `python -m actor_run.protocols.serverless`)
@@ -82,7 +92,7 @@ class ServerlessCloud:
             raise SpecError("clouds.runpod-serverless.image", "name the worker image (or a template_id)")
         self.settings = settings
         self.api = RunPodApi(rest_url=settings.rest_url, queue_url=settings.queue_url,
-                             api_key_env=settings.api_key_env)
+                             key=api_key(self.name, settings.api_key_env))
         self.graces = Graces(queue_grace_s=settings.queue_grace_s, throttled_grace_s=settings.throttled_grace_s,
                              unhealthy_grace_s=settings.unhealthy_grace_s, stream_s=settings.stream_s,
                              ttl_s=settings.ttl_s)
@@ -92,18 +102,20 @@ class ServerlessCloud:
     # --- offers ------------------------------------------------------------------------------------
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
-        type_id = GPU_TYPES.get(candidate.gpu, candidate.gpu)
+        type_ids = vendor_ids(candidate.gpu, VENDOR)
         answer = await self.api.rest("GET", "/v2/catalog/gpus",
                                      params={"include": "AVAILABILITY", "product": "SERVERLESS"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             raise Unreachable(f"runpod catalog: {answer.status} {answer.detail()}")
-        for gpu in answer.body.get("gpus") or []:
-            if gpu.get("id") != type_id:
+        catalog = {g.get("id"): g for g in answer.body.get("gpus") or [] if isinstance(g, dict)}
+        for type_id in type_ids:
+            gpu = catalog.get(type_id)
+            if gpu is None:
                 continue
             price = (gpu.get("price") or {}).get("serverless")
             if not gpu.get("pool") or not isinstance(price, int | float) or gpu.get("availability") == "NONE":
                 return []
-            self._pools[type_id] = (str(gpu["pool"]), float(price))
+            self._pools[candidate.gpu] = (str(gpu["pool"]), float(price))
             hourly = float(price) * self.settings.gpu_count
             if candidate.max_hourly_usd is not None and hourly > candidate.max_hourly_usd:
                 return []
@@ -115,8 +127,7 @@ class ServerlessCloud:
 
     def _body(self, offer: Offer, name: str, deadline: float) -> dict[str, Any]:
         s = self.settings
-        type_id = GPU_TYPES.get(offer.gpu, offer.gpu)
-        pool = self._pools.get(type_id, ("", 0.0))[0]
+        pool = self._pools.get(offer.gpu, ("", 0.0))[0]
         if not pool:
             raise LaunchRefused(f"runpod-serverless: no serverless pool is known for {offer.gpu}", Code.NO_CAPACITY)
         body: dict[str, Any] = {
@@ -140,23 +151,25 @@ class ServerlessCloud:
         answer = await self._create(body, name)
         if isinstance(answer, Machine):
             return self._machine(answer, offer, deadline)
-        if QUOTA_TEXT in answer.detail().lower():
+        swept = -1
+        if QUOTA_TEXT in answer.detail().lower():  # free what our dead runs hold, then once more
             swept = await self._reclaim_idle()
             answer = await self._create(body, name)
             if isinstance(answer, Machine):
                 return self._machine(answer, offer, deadline)
-            if QUOTA_TEXT in answer.detail().lower():
-                raise LaunchRefused(f"runpod-serverless: the account's workers quota is used up (reclaimed "
-                                    f"{swept} idle endpoint(s) of ours first): {answer.detail()}", Code.NO_CAPACITY)
-        capacity = answer.status in (409, 422) or "no instances" in answer.detail()
-        code = Code.NO_CAPACITY if capacity else Code.LAUNCH_FAILED
-        raise LaunchRefused(f"runpod-serverless: create refused: {answer.status} {answer.detail()}", code)
+        code = classify_create(answer.status, answer.detail())
+        if code is None:
+            raise LaunchAmbiguous(f"runpod-serverless: create answered {answer.status}: {answer.detail()}")
+        also = f" (after reclaiming {swept} idle endpoint(s) of ours)" if swept >= 0 else ""
+        raise LaunchRefused(f"runpod-serverless: create refused{also}: {answer.status} {answer.detail()}", code)
 
     async def _create(self, body: dict[str, Any], name: str) -> Machine | Answer:
         """The endpoint made (as a Machine without price and deadline), or the clean refusal."""
         try:
             answer = await self.api.rest("POST", "/v2/serverless", body)
         except Unreachable as exc:
+            if isinstance(exc.__cause__, NotSent):  # it never left: nothing was made
+                raise LaunchRefused(f"runpod-serverless: {exc}", Code.LAUNCH_FAILED) from exc
             found = await self._find(name)
             if found is not None:
                 return found

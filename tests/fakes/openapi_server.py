@@ -47,10 +47,12 @@ def _document(path: Path) -> dict[str, Any]:
 
 
 @functools.cache
-def _openapi(path: Path, server: str) -> OpenAPI:
-    """The vendor's document as is, with our loopback address added to its servers (nothing else)."""
+def _openapi(path: Path, base_path: str) -> OpenAPI:
+    """The vendor's document as is, with our loopback address added to its servers (nothing else).
+    One per document, whatever port a fake listens on: building it takes seconds."""
     doc = copy.deepcopy(_document(path))
-    doc["servers"] = [{"url": server}, *doc.get("servers", [])]
+    loopback = {"url": "http://127.0.0.1:{port}" + base_path, "variables": {"port": {"default": "80"}}}
+    doc["servers"] = [loopback, *doc.get("servers", [])]
     # RFC 9457 problem documents are JSON too (openapi-core knows only application/json by name)
     config = Config(extra_media_type_deserializers={"application/problem+json": json.loads})
     return OpenAPI.from_dict(doc, config=config)
@@ -124,7 +126,7 @@ class OpenAPIFake:
         return resp(environ, start_response)
 
     def _answer(self, req: Request) -> tuple[Response, str]:
-        spec = _openapi(self.document, self.url)
+        spec = _openapi(self.document, self.base_path)
         for method, pattern, template, fn in self.routes:
             m = pattern.match(req.path)
             if m is None or method != req.method:

@@ -182,7 +182,7 @@ def test_429_waits_its_retry_after_and_repeats_the_call(fake: FakeRunPodServerle
         assert res.exit_code == 0
         assert trio.current_time() - t0 >= 0.4  # both Retry-Afters were waited out
         await cloud.delete(machine.name, machine.id)  # the REST 429 is repeated too
-        assert cloud.api.waited_429 == 3
+        assert cloud.api.statistics().rate_limited == 3
         await cloud.aclose()
 
     trio.run(main)
