@@ -10,15 +10,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import msgspec
 import pytest
 from fakes.runpod_serverless import FakeRunPodServerless
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import AttemptEnded, Exited
+from actor_run.protocols.serverless import INLINE_LIMIT
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import LedgerReader
 
@@ -162,4 +166,71 @@ gpu = "A100-80G"
     assert "(reattached)" in resume.stdout
     assert (tmp_path / "out" / "sls" / "seed-3" / "out" / "f.txt").read_text() == "fin\n"
     assert len(fake.submitted) == 1  # followed, not submitted twice
+    assert fake.live_endpoints() == []
+
+
+def orphan(fake: FakeRunPodServerless, owner: str = "deadbeef", workers: int = 1) -> str:
+    """An endpoint a dead controller left (its name says whose), straight on the fake's REST API."""
+    name = f"ar-old-1-a0-{owner}-d{int(time.time()) + 3600}"
+    body = {"name": name, "type": "QUEUE", "image": "x", "gpu": {"pools": ["ADA_24"]},
+            "workers": {"min": 0, "max": workers}, "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4}}
+    r = httpx.post(f"{fake.url}/v2/serverless", json=body, headers={"Authorization": "Bearer test-key"})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def test_a_quota_refusal_reclaims_a_dead_runs_idle_endpoint_then_runs(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+) -> None:
+    left = orphan(fake)
+    fake.quota_workers = 1  # the orphan holds the account's only worker
+    with open_runner(sweep_on_start=False) as r:
+        ended = r.submit(job(fake, tmp_path)).result(60)
+    assert ended.outcome == "succeeded", ended.detail
+    assert left not in fake.live_endpoints()
+    assert fake.count("POST", "/v2/serverless", 400) == 1  # refused once, then made
+    assert fake.live_endpoints() == []
+
+
+def test_cancel_sends_the_queue_cancel_before_the_endpoint_goes(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], events: Any, tmp_path: Path,
+) -> None:
+    with open_runner() as r:
+        handle = r.submit(job(fake, tmp_path, command="sleep 30"))
+        events.wait_for(lambda e: type(e).__name__ == "JobStarted")
+        fake.wait_for(lambda: fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+        handle.cancel()
+        ended = handle.result(30)
+    assert (ended.outcome, ended.failure) == ("failed", Code.CANCELED)
+    # answered 200 (CANCELLED): it came while the endpoint still existed
+    assert fake.queue_calls.count(("POST", "/v2/{endpoint}/cancel/{job}", 200)) == 1
+    assert fake.jobs[fake.submitted[0]].status == "CANCELLED"
+    assert fake.live_endpoints() == []
+
+
+def test_the_sweep_deletes_endpoints_nobody_owns(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+) -> None:
+    with open_runner() as r:
+        assert r.submit(job(fake, tmp_path)).result(60).outcome == "succeeded"
+        left = orphan(fake)
+        swept = r.sweep()
+    assert [(a.machine, a.action, a.reason) for a in swept if a.cloud == "runpod-serverless"] == [
+        (left, "deleted", "unknown to the ledger and its owner is gone")]
+    assert fake.live_endpoints() == []
+
+
+def test_inputs_past_the_payload_limit_are_an_input_error_naming_it(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+) -> None:
+    spec = job(fake, tmp_path)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(INLINE_LIMIT + 1024))
+    spec = msgspec.structs.replace(spec, inputs={**spec.inputs, "big": str(big)})
+    with open_runner() as r:
+        ended = r.submit(spec).result(60)
+    assert (ended.outcome, ended.failure) == ("failed", Code.INPUT)
+    assert f"over the {INLINE_LIMIT}" in ended.detail
+    assert "big " in ended.detail
+    assert fake.submitted == []
     assert fake.live_endpoints() == []

@@ -50,8 +50,11 @@ def cloud_of(fake: FakeRunPodServerless, tmp_path: Path, monkeypatch: pytest.Mon
     return make
 
 
+DEADLINE = int(time.time() + 3600)
+
+
 def name(n: int = 1) -> str:
-    return f"ar-t-{n}-a0-0123abcd-d{int(time.time() + 3600)}"
+    return f"ar-t-{n}-a0-0123abcd-d{DEADLINE}"
 
 
 def launch_of(work: str, command: str, **kw: Any) -> Launch:
