@@ -234,3 +234,16 @@ def test_inputs_past_the_payload_limit_are_an_input_error_naming_it(
     assert "big " in ended.detail
     assert fake.submitted == []
     assert fake.live_endpoints() == []
+
+
+def test_a_running_job_silent_past_the_stall_window_is_stalled(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+) -> None:
+    spec = job(fake, tmp_path, command='echo "{\\"stage\\": \\"train\\"}" >> "$ACTOR_RUN_PROGRESS"; sleep 30')
+    spec = msgspec.structs.replace(spec, policy=msgspec.structs.replace(FAST, stall_after_s=1.0, max_attempts=1))
+    with open_runner() as r:
+        ended = r.submit(spec).result(60)
+    assert (ended.outcome, ended.failure) == ("failed", Code.STALLED)
+    assert "no progress" in ended.detail
+    assert fake.jobs[fake.submitted[0]].status == "CANCELLED"  # the queue job went with the attempt
+    assert fake.live_endpoints() == []
