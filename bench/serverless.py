@@ -9,9 +9,9 @@ LAST line one JSON object):
 
 - per attempt on the happy path, by call: REST (catalog, create, delete, the read proving it gone)
   and queue (run, stream, health, status, cancel); `rest_per_attempt`, `queue_per_attempt`;
-- `polls_per_running_s`: queue calls per second of a running job (one `/stream` per poll:
-  1 / poll_s is the floor), and `queue_calls_per_poll` (the ratio against that floor: 1.0 means
-  one call per poll, the status riding on `/stream`);
+- `queue_calls_per_poll`: queue calls a heartbeat poll makes (`/stream`, which carries the status,
+  plus `/health` while the job is queued) per `/stream`: 1.0 is one call per poll; `polls_per_attempt`;
+  `queue_req_s`: the batch's queue calls per second of wall time (each to its own endpoint);
 - `batch_rest_calls`: the batch's REST calls in all (what RunPod's REST rate limit, e.g. 60 a
   minute in its example policy, meters), `batch_queue_calls`;
 - `succeeded` of `batch`, `endpoints_left` (must be 0).
@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakes.runpod_serverless import FakeRunPodServerless  # noqa: E402
 from loguru import logger  # noqa: E402
 
-from actor_run.protocols.messages import Event, Exited, JobStarted  # noqa: E402
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec  # noqa: E402
 from actor_run.supervisors.runner import Runner  # noqa: E402
 
@@ -51,18 +50,8 @@ def run(batch: int, concurrency: int, poll_s: float, job_s: float) -> dict[str, 
                 "api_key_env": "RP_BENCH_KEY", "stream_s": min(0.25, poll_s)}
     policy = PolicySpec(poll_s=poll_s, setup_grace_s=120, stall_after_s=120, lost_after_s=120, max_attempts=1,
                         concurrency=concurrency, deadline_margin_s=600)
-    started: dict[int, float] = {}
-    running_s = collections.Counter[int]()
-
-    def seen(e: Event) -> None:
-        if isinstance(e, JobStarted):
-            started[e.seed] = e.t
-        elif isinstance(e, Exited) and e.seed in started:
-            running_s[e.seed] = e.t - started[e.seed]
-
     try:
         with Runner(out_dir=tmp / "out", state_dir=tmp / "state", concurrency=concurrency) as runner:
-            runner.subscribe(seen)
             t0 = time.perf_counter()
             handles = [runner.submit(Job(name="bench", command=command, seed=s, policy=policy,
                                          candidates=[CandidateSpec(cloud="runpod-serverless", gpu="A100-80G")],
@@ -78,15 +67,16 @@ def run(batch: int, concurrency: int, poll_s: float, job_s: float) -> dict[str, 
     finally:
         fake.stop()
     attempts = batch
-    watched = sum(running_s.values())
     streams = queue.get("GET /v2/{endpoint}/stream/{job}", 0)
+    health = queue.get("GET /v2/{endpoint}/health", 0)
     result: dict[str, object] = {
         "batch": batch, "succeeded": sum(1 for e in ended if e.outcome == "succeeded"),
         "wall_s": round(wall, 1), "poll_s": poll_s,
         "rest_per_attempt": round(sum(rest.values()) / attempts, 2),
         "queue_per_attempt": round(sum(queue.values()) / attempts, 2),
-        "polls_per_running_s": round(streams / watched, 3) if watched else 0.0,
-        "queue_calls_per_poll": round(streams * poll_s / watched, 3) if watched else 0.0,
+        "queue_calls_per_poll": round((streams + health) / streams, 3) if streams else 0.0,
+        "polls_per_attempt": round(streams / attempts, 2),
+        "queue_req_s": round(sum(queue.values()) / wall, 1),
         "batch_rest_calls": sum(rest.values()), "batch_queue_calls": sum(queue.values()),
         "endpoints_left": len(left), "violations": violations,
     }

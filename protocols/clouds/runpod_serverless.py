@@ -42,7 +42,7 @@ from actor_run.protocols.failures import (
 )
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import Machine, Offer
-from actor_run.protocols.names import parse_name
+from actor_run.protocols.names import PREFIX, parse_name
 from actor_run.protocols.specs import CandidateSpec
 
 VENDOR = "runpod"
@@ -201,7 +201,7 @@ class ServerlessCloud:
         if self.reclaim is None:
             return 0
         idle = []
-        for m in await self.list_ours("ar-"):
+        for m in await self.list_ours(PREFIX):
             answer = await self.api.queue("GET", m.id, "health")
             if answer.status != 200 or not isinstance(answer.body, dict):
                 continue
