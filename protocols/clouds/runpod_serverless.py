@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -73,15 +73,15 @@ class ServerlessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     api_key_env: str = "RUNPOD_API_KEY"
     rest_url: str = "https://api.runpod.io"
     queue_url: str = "https://api.runpod.ai"
-    gpu_count: int = 1
-    workers_max: int = 1
-    idle_timeout_s: int = 5
+    gpu_count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    workers_max: Annotated[int, msgspec.Meta(ge=1)] = 1
+    idle_timeout_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5  # runpod-rest-v2.json EndpointWorkers
     flashboot: bool = False
-    queue_grace_s: float = 300.0
-    throttled_grace_s: float = 300.0
-    unhealthy_grace_s: float = 240.0
-    stream_s: float = 1.0
-    ttl_s: float = 24 * 3600.0
+    queue_grace_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    throttled_grace_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    unhealthy_grace_s: Annotated[float, msgspec.Meta(gt=0)] = 240.0
+    stream_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    ttl_s: Annotated[float, msgspec.Meta(ge=10, le=7 * 24 * 3600)] = 24 * 3600.0  # runpod.md §11: 10 s - 7 d
 
 
 class ServerlessCloud:
@@ -97,39 +97,49 @@ class ServerlessCloud:
                              unhealthy_grace_s=settings.unhealthy_grace_s, stream_s=settings.stream_s,
                              ttl_s=settings.ttl_s)
         self.reclaim: Reclaim | None = None  # the Runner's: which of these may go (the sweep's rules)
-        self._pools: dict[str, tuple[str, float]] = {}  # GPU type id -> (pool, USD per hour per GPU)
+        self._pools: dict[str, str] = {}  # our GPU name -> its serverless pool, as the catalog last said
 
     # --- offers ------------------------------------------------------------------------------------
 
-    async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
-        type_ids = vendor_ids(candidate.gpu, VENDOR)
+    async def _catalog(self, gpu: str) -> tuple[str, float] | None:
+        """The GPU class's serverless pool and price per GPU-hour, or None when it has none with stock."""
         answer = await self.api.rest("GET", "/v2/catalog/gpus",
                                      params={"include": "AVAILABILITY", "product": "SERVERLESS"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             raise Unreachable(f"runpod catalog: {answer.status} {answer.detail()}")
         catalog = {g.get("id"): g for g in answer.body.get("gpus") or [] if isinstance(g, dict)}
-        for type_id in type_ids:
-            gpu = catalog.get(type_id)
-            if gpu is None:
+        for type_id in vendor_ids(gpu, VENDOR):
+            found = catalog.get(type_id)
+            if found is None:
                 continue
-            price = (gpu.get("price") or {}).get("serverless")
-            if not gpu.get("pool") or not isinstance(price, int | float) or gpu.get("availability") == "NONE":
-                return []
-            self._pools[candidate.gpu] = (str(gpu["pool"]), float(price))
-            hourly = float(price) * self.settings.gpu_count
-            if candidate.max_hourly_usd is not None and hourly > candidate.max_hourly_usd:
-                return []
-            return [Offer(cloud=self.name, region=",".join(candidate.regions), gpu=candidate.gpu, hourly_usd=hourly,
-                          candidate=index)]
-        return []
+            price = (found.get("price") or {}).get("serverless")
+            if not found.get("pool") or not isinstance(price, int | float) or found.get("availability") == "NONE":
+                return None
+            self._pools[gpu] = str(found["pool"])
+            return str(found["pool"]), float(price)
+        return None
+
+    async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        found = await self._catalog(candidate.gpu)
+        if found is None:
+            return []
+        hourly = found[1] * self.settings.gpu_count
+        if candidate.max_hourly_usd is not None and hourly > candidate.max_hourly_usd:
+            return []
+        return [Offer(cloud=self.name, region=",".join(candidate.regions), gpu=candidate.gpu, hourly_usd=hourly,
+                      candidate=index)]
 
     # --- launch ------------------------------------------------------------------------------------
 
-    def _body(self, offer: Offer, name: str, deadline: float) -> dict[str, Any]:
+    async def _body(self, offer: Offer, name: str, deadline: float) -> dict[str, Any]:
         s = self.settings
-        pool = self._pools.get(offer.gpu, ("", 0.0))[0]
-        if not pool:
-            raise LaunchRefused(f"runpod-serverless: no serverless pool is known for {offer.gpu}", Code.NO_CAPACITY)
+        pool = self._pools.get(offer.gpu)
+        if pool is None:  # an offer from an earlier process (resume): ask the catalog
+            found = await self._catalog(offer.gpu)
+            if found is None:
+                raise LaunchRefused(f"runpod-serverless: {offer.gpu} has no serverless pool with stock",
+                                    Code.NO_CAPACITY)
+            pool = found[0]
         body: dict[str, Any] = {
             "name": name, "type": "QUEUE",
             "gpu": {"pools": [pool], "count": s.gpu_count},
@@ -147,7 +157,7 @@ class ServerlessCloud:
         return body
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
-        body = self._body(offer, name, deadline)
+        body = await self._body(offer, name, deadline)
         answer = await self._create(body, name)
         if isinstance(answer, Machine):
             return self._machine(answer, offer, deadline)

@@ -16,7 +16,7 @@ from fakes.runpod_serverless import FakeRunPodServerless
 
 from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.runpod_serverless import ServerlessCloud
-from actor_run.protocols.failures import Code, LaunchRefused, MachineGone, Refused
+from actor_run.protocols.failures import Code, LaunchRefused, MachineGone, Refused, SpecError
 from actor_run.protocols.hosts.workspace import Launch, PollResult
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
@@ -305,3 +305,14 @@ def test_a_delete_answered_500_that_worked_is_proven_by_a_read(fake: FakeRunPodS
     trio.run(main)
     assert fake.count("DELETE", "/v2/serverless/{id}", 500) == 1
     assert fake.live_endpoints() == []
+
+
+def test_bad_settings_name_their_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RP_TEST_KEY", "k")
+    with pytest.raises(SpecError, match=r"clouds\.runpod-serverless\.image"):
+        make_cloud("runpod-serverless", {"api_key_env": "RP_TEST_KEY"}, tmp_path)
+    with pytest.raises(SpecError, match="idle_timeout_s"):
+        make_cloud("runpod-serverless", {"image": "i", "api_key_env": "RP_TEST_KEY", "idle_timeout_s": 0}, tmp_path)
+    monkeypatch.delenv("RP_TEST_KEY")
+    with pytest.raises(SpecError, match="RP_TEST_KEY"):
+        make_cloud("runpod-serverless", {"image": "i", "api_key_env": "RP_TEST_KEY"}, tmp_path)
