@@ -270,8 +270,10 @@ class AttemptActor(Actor):
         )
         ledger, name, work, soon = self.ctx.ledger, self.machine.name, self.work, self.ctx.reactor.soon
 
-        async def record(handle: str) -> None:  # on the reactor, before the submit returns
-            await wait_durable(ledger.queue_handle(name, work, handle, time.time()), soon)
+        async def record(handle: str) -> None:
+            """On the reactor, before a submit returns: a run the provider names by a handle (a
+            queue job) is followed by it after a crash (resume), so it is durable first."""
+            await wait_durable(ledger.queue_handle(name, work, handle, time.time()), soon, "the queue job's handle")
 
         self.spawn(ws.start, launch, record, reply=lambda r: _Started(result=r))
 
