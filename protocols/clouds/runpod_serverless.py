@@ -97,7 +97,6 @@ class ServerlessCloud:
                              unhealthy_grace_s=settings.unhealthy_grace_s, stream_s=settings.stream_s,
                              ttl_s=settings.ttl_s)
         self.reclaim: Reclaim | None = None  # the Runner's: which of these may go (the sweep's rules)
-        self._pools: dict[str, str] = {}  # our GPU name -> its serverless pool, as the catalog last said
 
     # --- offers ------------------------------------------------------------------------------------
 
@@ -115,7 +114,6 @@ class ServerlessCloud:
             price = (found.get("price") or {}).get("serverless")
             if not found.get("pool") or not isinstance(price, int | float) or found.get("availability") == "NONE":
                 return None
-            self._pools[gpu] = str(found["pool"])
             return str(found["pool"]), float(price)
         return None
 
@@ -127,14 +125,14 @@ class ServerlessCloud:
         if candidate.max_hourly_usd is not None and hourly > candidate.max_hourly_usd:
             return []
         return [Offer(cloud=self.name, region=",".join(candidate.regions), gpu=candidate.gpu, hourly_usd=hourly,
-                      candidate=index)]
+                      candidate=index, kind=found[0])]
 
     # --- launch ------------------------------------------------------------------------------------
 
     async def _body(self, offer: Offer, name: str, deadline: float) -> dict[str, Any]:
         s = self.settings
-        pool = self._pools.get(offer.gpu)
-        if pool is None:  # an offer from an earlier process (resume): ask the catalog
+        pool = offer.kind  # the serverless pool the catalog named for the offer
+        if not pool:  # an offer made elsewhere: ask the catalog
             found = await self._catalog(offer.gpu)
             if found is None:
                 raise LaunchRefused(f"runpod-serverless: {offer.gpu} has no serverless pool with stock",

@@ -316,3 +316,19 @@ def test_bad_settings_name_their_field(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.delenv("RP_TEST_KEY")
     with pytest.raises(SpecError, match="RP_TEST_KEY"):
         make_cloud("runpod-serverless", {"image": "i", "api_key_env": "RP_TEST_KEY"}, tmp_path)
+
+
+def test_an_offer_without_its_pool_asks_the_catalog(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine = await cloud.launch(Offer(cloud="runpod-serverless", gpu="H100", hourly_usd=4.18), name(), DEADLINE)
+        assert fake.endpoints[machine.id]["gpu"]["pools"] == ["HOPPER_141"]
+        with pytest.raises(LaunchRefused) as refused:  # a class with no serverless pool: walk on
+            await cloud.launch(Offer(cloud="runpod-serverless", gpu="B200"), name(2), DEADLINE)
+        assert refused.value.code == Code.NO_CAPACITY
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    assert fake.live_endpoints() == []
