@@ -7,10 +7,11 @@ job on its queue (rp_queue.py), and the worker image runs actor-run's own handle
 - `launch`: `POST /v2/serverless` (a QUEUE endpoint, 0..`workers_max` workers, the image inline or
   the user's `template_id`; REST v2 makes the endpoint's own template from an inline image and
   deletes it with the endpoint, so no template of ours outlives it), named by our naming rule, its
-  per-job timeout the time left until the deadline. A 4xx proves nothing was made (clean); a 5xx or no answer is looked up by name first
-  (found: adopted; not found: ambiguous). A workers-quota refusal (contract: "max workers across
-  all endpoints") first deletes our own idle endpoints that `reclaim` (the sweep's rules, installed
-  by the Runner) says no live run owns, tries once more, then refuses `no_capacity`: the walk goes on.
+  per-job timeout the time left until the deadline. A 4xx proves nothing was made (clean); a 5xx
+  or no answer is looked up by name first (found: adopted; not found: ambiguous). A workers-quota
+  refusal (contract: "max workers across all endpoints") first deletes our own idle endpoints that
+  `reclaim` (the sweep's rules, installed by the Runner) says no live run owns, tries once more,
+  then refuses `no_capacity`: the walk goes on.
 - `delete`: `DELETE /v2/serverless/{id}` (which also deletes its bound template), then a `GET`
   must answer 404: a 5xx is not taken as an answer either way.
 - `list_ours`: `GET /v2/serverless`, ours by name prefix.
