@@ -10,6 +10,7 @@ on the reactor's.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -49,6 +50,12 @@ class _Done(Message, frozen=True, kw_only=True):
     started: float
     path: str = ""
     line: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def _done(kind: str, started: float, result: Result[Any], *, path: str = "",
+          line: dict[str, Any] | None = None) -> _Done:
+    """A transfer task's end, as the actor hears it."""
+    return _Done(kind=kind, result=result, started=started, path=path, line=line or {})
 
 
 def _hash_input(ctx: Context, path: Path) -> str:
@@ -115,18 +122,15 @@ class TransferActor(Actor):
         match message:
             case Upload(machine=machine, resume_dir=resume_dir):
                 ws, started = self.ctx.workspaces[machine], time.time()
-                self.spawn(self._upload, ws, resume_dir,
-                           reply=lambda r, t=started: _Done(kind="upload", result=r, started=t))
+                self.spawn(self._upload, ws, resume_dir, reply=functools.partial(_done, "upload", started))
             case FetchCheckpoint(machine=machine, work=work, path=path, line=line, into=into):
-                ws, started = self.ctx.workspaces.get(machine), time.time()
-                if ws is not None:
-                    self.spawn(self._checkpoint, ws, work, path, line, Path(into),
-                               reply=lambda r, t=started, p=path, ln=line: _Done(
-                                   kind="checkpoint", result=r, started=t, path=p, line=ln))
+                held, started = self.ctx.workspaces.get(machine), time.time()
+                if held is not None:
+                    self.spawn(self._checkpoint, held, work, path, line, Path(into),
+                               reply=functools.partial(_done, "checkpoint", started, path=path, line=line))
             case Fetch(machine=machine, work=work, into=into, replace=replace):
                 ws, started = self.ctx.workspaces[machine], time.time()
-                self.spawn(self._fetch, ws, work, Path(into), replace,
-                           reply=lambda r, t=started: _Done(kind="fetch", result=r, started=t))
+                self.spawn(self._fetch, ws, work, Path(into), replace, reply=functools.partial(_done, "fetch", started))
             case _Done(kind="checkpoint", result=result, path=path, line=line):
                 self._checkpoint_done(result, path, line)
             case _Done(kind=kind, result=result, started=started):

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server and
-# rsync through apt when missing; the package and its test extras in .venv), then runs pytest.
+# rsync through apt when missing; the package and its test extras in .venv), then runs ruff, mypy
+# and pytest.
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -23,4 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e '.[test]'
+# lint and types first (the test extra brings ruff, mypy and stubs): CI fails on either
+.venv/bin/ruff check .
+.venv/bin/mypy
 PATH="$PWD/.venv/bin:$PATH" exec .venv/bin/python -m pytest -q "$@"

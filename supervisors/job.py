@@ -59,7 +59,8 @@ class _Launch(Message, frozen=True, kw_only=True):
 class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
-                 reattach_offer: Offer | None = None, offers: OfferBook | None = None) -> None:
+                 reattach_offer: Offer | None = None, offers: OfferBook | None = None,
+                 seed_dir: Path | None = None) -> None:
         super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
         self.ledger = ledger
         self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
@@ -68,7 +69,8 @@ class JobSupervisor(Actor):
         self.reattach_offer = reattach_offer
         self.job = job
         self.head: JobHead = {"job": job.name, "seed": job.seed}
-        self.seed_dir = ctx.out_root / job.name / f"seed-{job.seed}"
+        # where the run said at its start (a resume passes the folder the ledger recorded)
+        self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
         self.walk = Walk(len(job.candidates))
         self.attempt_no = first_attempt
         self.counted = 0

@@ -11,7 +11,6 @@ leaves it `alive` with `delete_failed` in its phase, for the next sweep.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import re
 import socket
@@ -33,47 +32,25 @@ from actor_run.actors.pool import blocking
 from actor_run.protocols.failures import ActorRunError
 from actor_run.protocols.messages import Event, Machine, Offer, encode
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.schema import SchemaError, migrate
 
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS owners (
-  id TEXT PRIMARY KEY, pid INTEGER, started REAL, host TEXT, beat REAL, closed INTEGER DEFAULT 0);
-CREATE TABLE IF NOT EXISTS jobs (
-  key TEXT PRIMARY KEY, name TEXT, seed INTEGER, owner TEXT, spec BLOB, state TEXT, failure TEXT,
-  detail TEXT, attempts INTEGER DEFAULT 0, usd REAL DEFAULT 0, out_dir TEXT, updated REAL);
-CREATE TABLE IF NOT EXISTS attempts (
-  job TEXT, attempt INTEGER, owner TEXT, machine TEXT, cloud TEXT, region TEXT, state TEXT, failure TEXT,
-  detail TEXT, started REAL, ended REAL, usd REAL, PRIMARY KEY (job, attempt));
-CREATE TABLE IF NOT EXISTS machines (
-  name TEXT PRIMARY KEY, cloud TEXT, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, deadline REAL,
-  state TEXT, phase TEXT, machine_id TEXT, region TEXT, hourly_usd REAL, created REAL, gone REAL,
-  reason TEXT, detail TEXT, work TEXT, pid INTEGER, launched_at REAL, resumable INTEGER DEFAULT 0,
-  machine TEXT, offer TEXT, handle TEXT);
-CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
-CREATE TABLE IF NOT EXISTS clouds (name TEXT, settings TEXT, PRIMARY KEY (name, settings));
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY, t REAL, owner TEXT, job TEXT, seed INTEGER, attempt INTEGER, type TEXT, body TEXT);
-"""
-
-
-# columns added after a table was first made: a ledger from an older version gains them on open
-ADDED = {"machines": {"machine": "TEXT", "offer": "TEXT", "resumable": "INTEGER DEFAULT 0", "handle": "TEXT"}}
-
-
 def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the ledger at `path` (made if missing), its schema brought up to date (schema.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=30000")
-    conn.executescript(SCHEMA)
-    for table, columns in ADDED.items():
-        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        for column, kind in columns.items():
-            if column not in have:
-                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    try:
+        migrate(conn)
+    except SchemaError as exc:
+        conn.close()
+        raise LedgerError(f"{path}: {exc}") from exc
+    except sqlite3.Error as exc:
+        conn.close()
+        raise LedgerError(f"{path}: could not bring the ledger up to date: {exc}") from exc
     return conn
 
 
@@ -323,9 +300,11 @@ class _WriteQueue(Generic[T]):
 class Ledger:
     """The write side: one thread, one connection, batched transactions."""
 
-    def __init__(self, path: Path, owner: str) -> None:
+    def __init__(self, path: Path, owner: str, run: str = "") -> None:
         self.path = path
         self.owner = owner
+        self.run = run  # the run a job goes to unless record_job names another (the Runner's own)
+        self._run_of: dict[str, str] = {}  # job key -> its run, for the rows written about that job
         self._conn = connect(path)
         self._queue: _WriteQueue[tuple[Op, Waiter | None] | None] = _WriteQueue()
         self._thread = threading.Thread(target=self._write_loop, name="actor-run-ledger", daemon=True)
@@ -450,6 +429,35 @@ class Ledger:
         owner = self.owner
         self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
 
+    # --- runs -------------------------------------------------------------------------------------
+
+    def run_of(self, key: str) -> str:
+        """The run the job `key` belongs to in this controller (record_job or take_job said so)."""
+        return self._run_of.get(key, self.run)
+
+    def start_run(self, run: str, *, batch: str, out_dir: str) -> bool:
+        """Record a new run owned by this controller; False if that id is taken (pick another)."""
+        made: list[bool] = []
+        row = (run, self.owner, batch, out_dir, time.time())
+
+        def op(c: sqlite3.Connection) -> None:
+            cur = c.execute("INSERT OR IGNORE INTO runs (id, owner, batch, out_dir, started, state)"
+                            " VALUES (?,?,?,?,?,'running')", row)
+            made.append(cur.rowcount == 1)
+
+        self._submit(op, wait=True)
+        return bool(made and made[-1])
+
+    def take_run(self, run: str) -> None:
+        """This controller drives the run now (resume); it is running again until end_run."""
+        row = (self.owner, run)
+        self._submit(("UPDATE runs SET owner=?, ended=NULL, state='running' WHERE id=?", row), wait=True)
+
+    def end_run(self, run: str) -> None:
+        """The controller let go of the run (its jobs ended, or it was closed): durable before it returns."""
+        row = (time.time(), run, self.owner)
+        self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
+
     # --- machines (the LedgerPort the lease uses) ------------------------------------------------
 
     def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
@@ -462,28 +470,34 @@ class Ledger:
                      offer: Offer | None = None) -> Waiter:
         """The intent, queued: the Waiter says when it is durable (the create call waits for that)."""
         offer_json = msgspec.json.encode(offer).decode() if offer is not None else None
-        row = (name, cloud, self.owner, job, seed, attempt, deadline, "alive", "requested", time.time(), offer_json)
+        run = self.run_of(job_key(job, seed))
+        row = (name, cloud, self.owner, run, job, seed, attempt, deadline, "alive", "requested", time.time(),
+               offer_json)
         return self._track((
-            "INSERT OR REPLACE INTO machines (name, cloud, owner, job, seed, attempt, deadline, state, phase, created,"
-            " offer) VALUES (?,?,?,?,?,?,?,?,?,?,?)", row))
+            "INSERT OR REPLACE INTO machines (name, cloud, owner, run, job, seed, attempt, deadline, state, phase,"
+            " created, offer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
 
     def record_launched(self, machine: Machine) -> None:
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
         self._submit((
             "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row))
 
-    def claim_job(self, key: str, from_owner: str) -> bool:
-        """Take a dead owner's unfinished job (compare-and-set: one resumer wins)."""
+    def claim_job(self, key: str, from_owner: str, run: str | None = None) -> bool:
+        """Take a dead owner's unfinished job of `run` (compare-and-set: one resumer wins); the job's
+        later rows go to that run."""
         won: list[bool] = []
-        owner, now = self.owner, time.time()
+        owner, now, run = self.owner, time.time(), self.run if run is None else run
 
         def op(c: sqlite3.Connection) -> None:
-            cur = c.execute("UPDATE jobs SET owner=?, updated=? WHERE key=? AND owner=? AND state='running'",
-                            (owner, now, key, from_owner))
+            cur = c.execute("UPDATE jobs SET owner=?, updated=? WHERE run=? AND key=? AND owner=? AND state='running'",
+                            (owner, now, run, key, from_owner))
             won.append(cur.rowcount == 1)
 
         self._submit(op, wait=True)
-        return bool(won and won[-1])  # the last run of the op is the one committed (_commit may redo a batch)
+        taken = bool(won and won[-1])  # the last run of the op is the one committed (_commit may redo a batch)
+        if taken:
+            self._run_of[key] = run
+        return taken
 
     def adopt_machine(self, name: str) -> None:
         """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
@@ -526,32 +540,39 @@ class Ledger:
 
     # --- jobs, attempts, events ------------------------------------------------------------------
 
-    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str) -> None:
-        row = (key, name, seed, self.owner, spec, state, out_dir, time.time())
+    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str,
+                   run: str | None = None) -> None:
+        """The job, in `run` (default: this ledger's run); its later rows go to that run."""
+        run = self.run if run is None else run
+        self._run_of[key] = run
+        row = (run, key, name, seed, self.owner, spec, state, out_dir, time.time())
         self._submit((
-            "INSERT INTO jobs (key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?)"
-            " ON CONFLICT(key) DO UPDATE SET owner=excluded.owner, state=excluded.state, updated=excluded.updated",
+            "INSERT INTO jobs (run, key, name, seed, owner, spec, state, out_dir, updated) VALUES (?,?,?,?,?,?,?,?,?)"
+            " ON CONFLICT(run, key) DO UPDATE SET owner=excluded.owner, state=excluded.state,"
+            " updated=excluded.updated",
             row))  # no wait: the queue is FIFO, so the intent of any machine for it commits after it
 
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
-        row = (state, failure, detail[:1000], attempts, usd, time.time(), key)
+        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
         return self._track((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE key=?", row))
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row))
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
-        row = (job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000], started, ended, usd)
+        row = (self.run_of(job), job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000],
+               started, ended, usd)
         self._submit((
-            "INSERT OR REPLACE INTO attempts (job, attempt, owner, machine, cloud, region, state, failure, detail,"
-            " started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row))
+            "INSERT OR REPLACE INTO attempts (run, job, attempt, owner, machine, cloud, region, state, failure,"
+            " detail, started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row))
 
     def record_event(self, event: Event) -> None:
         key = job_key(event.job, event.seed)
-        row = (event.t, self.owner, key, event.seed, event.attempt, type(event).__name__, encode(event).decode())
+        row = (event.t, self.run_of(key), self.owner, key, event.seed, event.attempt, type(event).__name__,
+               encode(event).decode())
         self._submit((
-            "INSERT INTO events (t, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?)", row))
+            "INSERT INTO events (t, run, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?,?)", row))
 
 
 class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -577,6 +598,7 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     resumable: int
     machine: str | None = None
     offer: str | None = None
+    run: str | None = None
     handle: str | None = None  # a queue job's {endpoint_id, job_id}, JSON
 
 
@@ -614,11 +636,55 @@ class LedgerReader:
     def clouds(self) -> list[tuple[str, dict[str, Any]]]:
         return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return list(self._rows("SELECT key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec"
-                               " FROM jobs ORDER BY name, seed"))
+    def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Jobs of every run, or of `run`."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"
+        if run is None:
+            return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
+        return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
 
-    def events(self, job: str | None = None) -> list[dict[str, Any]]:
-        if job is None:
-            return list(self._rows("SELECT * FROM events ORDER BY id"))
-        return list(self._rows("SELECT * FROM events WHERE job=? ORDER BY id", (job,)))
+    def attempts(self, run: str | None = None) -> list[dict[str, Any]]:
+        if run is None:
+            return list(self._rows("SELECT * FROM attempts ORDER BY run, job, attempt"))
+        return list(self._rows("SELECT * FROM attempts WHERE run=? ORDER BY job, attempt", (run,)))
+
+    def events(self, job: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+        where, args = [], []
+        for column, value in (("job", job), ("run", run)):
+            if value is not None:
+                where.append(f"{column}=?")
+                args.append(value)
+        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        return list(self._rows(sql, tuple(args)))
+
+    def runs(self) -> list[RunRow]:
+        """Every run, oldest first, with its jobs counted by state and their cost."""
+        sql = (
+            "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
+            " count(j.key) AS jobs, coalesce(sum(j.state='succeeded'), 0) AS succeeded,"
+            " coalesce(sum(j.state='failed'), 0) AS failed, coalesce(sum(j.state='running'), 0) AS unfinished,"
+            " coalesce(sum(j.usd), 0.0) AS usd"
+            " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
+        return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
+
+    def run(self, run: str) -> RunRow | None:
+        found = [r for r in self.runs() if r.id == run]
+        return found[0] if found else None
+
+
+class RunRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A run as `actor-run runs` lists it: `state` is what its controller last wrote (running |
+    ended); whether it is finished or was abandoned is `unfinished` against its owner's liveness."""
+
+    id: str
+    owner: str | None
+    batch: str | None
+    out_dir: str | None
+    started: float | None
+    ended: float | None
+    state: str | None
+    jobs: int
+    succeeded: int
+    failed: int
+    unfinished: int
+    usd: float

@@ -13,18 +13,13 @@ Every job then ends exactly once, through the same JobSupervisor as a fresh run.
 
 from __future__ import annotations
 
-import argparse
 import os
-import queue
-import signal
-import sys
 
 import msgspec
 from loguru import logger
 
 from actor_run.actors import Reattach
-from actor_run.protocols.failures import SpecError
-from actor_run.protocols.messages import Event, Machine, Offer
+from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import Job, unredacted
 from actor_run.supervisors.ledger import LedgerReader, MachineRow
 
@@ -32,6 +27,8 @@ from actor_run.supervisors.ledger import LedgerReader, MachineRow
 class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
     job: Job
     from_owner: str
+    run: str
+    seed_dir: str | None  # where the run said this seed's results go (recorded at its start)
     first_attempt: int
     reattach: Reattach | None = None
     offer: Offer | None = None
@@ -43,18 +40,19 @@ def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
     return max(running, key=lambda r: r.attempt) if running else None
 
 
-def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
+def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> list[ResumeItem]:
+    """The unfinished jobs of dead owners, of `run` or of every run, oldest run first."""
     live = reader.live_owners() | {me}
     machines = reader.machines()
     items = []
-    for row in reader.jobs():
+    for row in reader.jobs(run):
         if row["state"] != "running" or row["owner"] in live:
             continue
         job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), dict(os.environ))
         if missing:
             logger.warning("{}: env {} was kept out of the ledger (secret); set it for `actor-run resume`",
                            job.key, ", ".join(missing))
-        mine = [m for m in machines if m.job == job.name and m.seed == job.seed]
+        mine = [m for m in machines if m.job == job.name and m.seed == job.seed and m.run in (row["run"], None)]
         first = max((m.attempt for m in mine), default=-1) + 1
         best = _reattachable(mine)
         reattach = offer = None
@@ -66,34 +64,6 @@ def plan_resume(reader: LedgerReader, *, me: str) -> list[ResumeItem]:
                                 launched_at=best.launched_at or machine.created_at, handle=best.handle or "")
             offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
             first = best.attempt
-        items.append(ResumeItem(job=job, from_owner=row["owner"], first_attempt=first, reattach=reattach,
-                                offer=offer))
+        items.append(ResumeItem(job=job, from_owner=row["owner"], run=row["run"], seed_dir=row["out_dir"] or None,
+                                first_attempt=first, reattach=reattach, offer=offer))
     return items
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from actor_run.supervisors.cli import Exit, _Interrupts, _watch
-    from actor_run.supervisors.runner import Runner
-
-    events: queue.Queue[Event] = queue.Queue()
-    runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)
-    interrupts = _Interrupts(runner)
-    try:
-        with runner:
-            runner.subscribe(events.put)
-            signal.signal(signal.SIGINT, interrupts)
-            signal.signal(signal.SIGTERM, interrupts)
-            handles = runner.resume()
-            swept = [a for a in runner.swept if a.action in ("deleted", "failed", "closed")]
-            if not args.json:
-                for a in swept:
-                    print(f"swept {a.machine}: {a.action} ({a.reason})")
-                print(f"resuming {len(handles)} job(s): "
-                      + ", ".join(f"{h.key}{' (reattached)' if h.reattached else ''}" for h in handles))
-            ended = _watch(runner, [h.key for h in handles], events, json_mode=args.json) if handles else []
-    except SpecError as exc:
-        sys.stderr.write(f"actor-run: {exc}\n")
-        return Exit.USAGE
-    if interrupts.count:
-        return Exit.INTERRUPTED
-    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED

@@ -6,6 +6,10 @@ the tree; `submit(job)` returns a `JobHandle`; `subscribe(fn)` receives every ev
         handle = runner.submit(job)
         ended = handle.result()          # a JobEnded event
 
+What a Runner submits is one *run* (`runner.run`, a short id): the ledger keeps its jobs, attempts
+and events under it, with its output folder, recorded when the first job is submitted; `resume`
+takes over jobs of other (dead) runs and keeps each in its own run and folder.
+
 Threads: `subscribe` callbacks run on whichever actor thread emitted the event: keep them quick
 (put the event on a queue). Everything else may be called from any thread.
 """
@@ -16,9 +20,10 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import secrets
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ from actor_run.protocols.specs import Job, check_candidates, check_job, check_po
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.resume import ResumeItem, plan_resume
 from actor_run.supervisors.sweep import SweepAction, reclaimable, sweep
 
 OWNER_BEAT_S = 30.0
@@ -49,11 +55,17 @@ def default_ledger_path() -> Path:
     return default_state_dir() / "ledger.sqlite"
 
 
+def new_run_id() -> str:
+    """A run's short id: 8 hex digits."""
+    return secrets.token_hex(4)
+
+
 class _Submit(Message, frozen=True, kw_only=True):
     job: Job
     first_attempt: int = 0
     reattach: Reattach | None = None
     offer: Offer | None = None
+    seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
 
 
 class _Spent(Message, frozen=True, kw_only=True):
@@ -125,7 +137,8 @@ class BatchSupervisor(PooledActor):
             s = self.pending.popleft()
             self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                           first_attempt=s.first_attempt, reattach=s.reattach,
-                                                          reattach_offer=s.offer, offers=self.offers)
+                                                          reattach_offer=s.offer, offers=self.offers,
+                                                          seed_dir=Path(s.seed_dir) if s.seed_dir else None)
             self.order.append(s.job.key)
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
@@ -188,6 +201,7 @@ class JobHandle:
         self.job = job
         self.key = job.key
         self.reattached = False
+        self.run = runner.run
         self._runner = runner
         self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
 
@@ -209,7 +223,7 @@ class Runner:
     def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
-                 sweep_grace_s: float = 600.0) -> None:
+                 sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "") -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
         self.ledger_path = Path(ledger).expanduser() if ledger else self.state_dir / "ledger.sqlite"
         self.out_dir = Path(out_dir).expanduser().resolve()
@@ -220,6 +234,11 @@ class Runner:
         self.delete_timeout_s = delete_timeout_s
         self.meter_period_s = meter_period_s
         self.owner = uuid.uuid4().hex
+        # this Runner's batch is a run: its id names it in the ledger, `actor-run runs` and --json events
+        self.run = run or new_run_id()
+        self.batch = batch
+        self._run_started = False
+        self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self.reactor = Reactor()
         self.clouds: dict[str, Cloud] = {}
         self.handles: dict[str, JobHandle] = {}
@@ -253,7 +272,7 @@ class Runner:
 
     def _open_parts(self) -> None:
         self.reactor.start()
-        self.ledger = Ledger(self.ledger_path, self.owner)
+        self.ledger = Ledger(self.ledger_path, self.owner, run=self.run)
         self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
@@ -312,6 +331,8 @@ class Runner:
                     logger.warning("closing cloud {}: {}", cloud.name, exc)
             self.reactor.stop()
             if self.ledger is not None:
+                for run in sorted(self._driven):
+                    self.ledger.end_run(run)
                 self.ledger.close_owner()
                 self.ledger.close()
 
@@ -335,16 +356,41 @@ class Runner:
                 self.ledger.record_cloud(name, settings)
             return self.clouds[name]
 
+    def start_run(self) -> str:
+        """Record this Runner's run (its id, batch file, output folder) if not yet done; `submit`
+        calls it. Returns the run's id (a new one if the chosen id was already in the ledger)."""
+        if not self._open:
+            raise RuntimeError("the Runner is not open (use it as a context manager)")
+        if self._run_started:
+            return self.run
+        with self._lock:
+            if not self._run_started:
+                for _ in range(20):
+                    if self.ledger.start_run(self.run, batch=self.batch, out_dir=str(self.out_dir)):
+                        break
+                    self.run = self.ledger.run = new_run_id()
+                else:
+                    raise RuntimeError("could not find a free run id")
+                self._run_started = True
+                self._driven.add(self.run)
+        return self.run
+
+    def run_of(self, key: str) -> str:
+        """The run the job `key` belongs to (this Runner's, or the one it resumed it from)."""
+        return self.ledger.run_of(key) if self.ledger is not None else self.run
+
     def submit(self, job: Job) -> JobHandle:
         if not self._open:
             raise RuntimeError("the Runner is not open (use it as a context manager)")
+        self.start_run()
         self.check(job)
         if job.key in self.handles and not self.handles[job.key].done():
             raise SpecError("job", f"{job.key} is already running in this Runner")
         handle = JobHandle(self, job)
         self.handles[job.key] = handle
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"))
+                               state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
+                               run=self.run)
         self._batch_tell(_Submit(job=job))
         return handle
 
@@ -363,8 +409,8 @@ class Runner:
 
     def spent_usd(self) -> float:
         assert self._batch is not None
-        value: float = self._batch.ask("spent", timeout=10)
-        return value
+        value = self._batch.ask("spent", block=True, timeout=10)
+        return float(value)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -409,39 +455,49 @@ class Runner:
             # does not wait for the commit meanwhile
             durable.when_done(lambda _error: h._resolve(e))
 
-    def resume(self) -> list[JobHandle]:
-        """Take over the unfinished jobs of dead controllers (resume.py), then sweep what is left."""
-        from actor_run.supervisors.resume import ResumeItem, plan_resume
-
+    def resume(self, run: str | None = None) -> list[JobHandle]:
+        """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
+        Each job keeps its run: its rows go there and its results to the folder that run recorded.
+        Jobs of another run with the key of one taken here are left for a later call. Then the
+        dead owners' remaining machines are swept."""
         reader = LedgerReader(self.ledger_path)
         try:
-            items = plan_resume(reader, me=self.owner)
+            items = plan_resume(reader, me=self.owner, run=run)
         finally:
             reader.close()
         taken: list[tuple[ResumeItem, JobHandle]] = []
+        runs: set[str] = set()
         for item in items:
             job = item.job
-            if not self.ledger.claim_job(job.key, item.from_owner):
+            held = self.handles.get(job.key)
+            if held is not None and not held.done():
+                continue  # one job of that name and seed at a time in one Runner: the next call takes it
+            if not self.ledger.claim_job(job.key, item.from_owner, item.run):
                 continue  # another resumer took it
+            if item.run not in runs:
+                runs.add(item.run)
+                self.ledger.take_run(item.run)
+                self._driven.add(item.run)
             if item.reattach is not None:
                 self.ledger.adopt_machine(item.reattach.machine.name)
             for c in job.candidates:
                 self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
             handle = JobHandle(self, job)
             handle.reattached = item.reattach is not None
+            handle.run = item.run
             self.handles[job.key] = handle
             taken.append((item, handle))
         self.swept = self.sweep()  # after adopting: what is left of the dead owners goes
         for item, _ in taken:
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
-                                     offer=item.offer))
-        handles = [h for _, h in taken]
-        return handles
+                                     offer=item.offer, seed_dir=item.seed_dir))
+        return [h for _, h in taken]
 
     # --- sweeping ------------------------------------------------------------------------------------
 
-    def sweep(self, *, dry_run: bool = False) -> list[SweepAction]:
-        """Delete machines no live controller owns (this one counts as alive)."""
+    def sweep(self, *, dry_run: bool = False, owners_dead: Iterable[str] = ()) -> list[SweepAction]:
+        """Delete the machines sweep.py proves abandoned (this controller counts as alive);
+        `owners_dead`: owner ids (or their 8-hex short form) a person declared dead."""
         reader = LedgerReader(self.ledger_path)
         try:
             clouds = dict(self.clouds)
@@ -454,7 +510,7 @@ class Runner:
             if "local" not in clouds:
                 clouds["local"] = self._cloud("local", {})
             run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
-                                    grace_s=self.sweep_grace_s, keep_owner=self.owner)
+                                    grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
             return self.reactor.call(run, timeout=600)
         finally:
             reader.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import msgspec
@@ -57,8 +58,10 @@ _STATES: dict[type, str] = {
 
 
 class View:
-    def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None) -> None:
+    def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
+                 run_of: Callable[[str], str] | None = None) -> None:
         self.json_mode = json_mode
+        self.run_of = run_of  # job key -> its run: every --json line carries `"run": ...`
         self.out = out or sys.stdout
         self.lines = {k: JobLine(key=k) for k in keys}
         self.console = Console(file=self.out, highlight=False, width=None if self.out.isatty() else 140)
@@ -77,10 +80,14 @@ class View:
             self.live = None
 
     def event(self, e: Event) -> None:
+        key = job_key(e.job, e.seed)
         if self.json_mode:
-            self.out.write(encode(e).decode() + "\n")
+            body = encode(e).decode()
+            if self.run_of is not None:  # an event is a JSON object: the run goes first
+                body = '{"run":' + msgspec.json.encode(self.run_of(key)).decode() + "," + body[1:]
+            self.out.write(body + "\n")
             self.out.flush()
-        line = self.lines.get(job_key(e.job, e.seed))
+        line = self.lines.get(key)
         if line is None:
             return
         before = line.state

@@ -33,7 +33,7 @@ import trio
 from actor_run.protocols.clouds.rp_api import RunPodApi
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import tree_size
-from actor_run.protocols.hosts.workspace import Launch, PollResult, Record
+from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
 from actor_run.protocols.serverless import (
     INLINE_LIMIT,
     PayloadError,
@@ -278,6 +278,9 @@ class ServerlessWorkspace:
 
     async def remove(self, work: str) -> None:
         self.jobs.pop(work, None)
+
+    async def last_beat(self) -> HostBeat | None:
+        return None  # no host of ours to stamp: an endpoint is proven abandoned by its owner or deadline
 
     async def aclose(self) -> None:
         """Before the endpoint is deleted: cancel what is still out (the delete would, but a cancel

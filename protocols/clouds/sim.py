@@ -248,9 +248,7 @@ class SimCloud:
 
     async def delete(self, name: str, machine_id: str = "") -> None:
         await trio.sleep(self.settings.delete_latency_s)
-        unconfirmed = await self._deletes((name, time.time()))
-        if unconfirmed is not None:
-            raise unconfirmed
+        await self._deletes((name, time.time()))  # raises the DeleteUnconfirmed delete_many answered
         self._virtual.pop(name, None)
         self._fresh.pop(name, None)
 

@@ -144,6 +144,9 @@ class SSHWorkspace(ShellWorkspace):
     def work_dir(self, job: str, seed: int, attempt: int) -> str:
         return f"{self.root}/work/{self.machine}/{job}/{seed}/a{attempt}"
 
+    def work_base(self) -> str:
+        return f"{self.root}/work/{self.machine}"
+
 
 class SSHCloud:
     name = "ssh"

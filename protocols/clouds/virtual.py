@@ -32,7 +32,7 @@ import trio
 from actor_run.protocols.failures import MachineGone
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
-from actor_run.protocols.hosts.workspace import Launch, PollResult, Record
+from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
 
 
 class Held(Protocol):
@@ -263,6 +263,10 @@ class VirtualWorkspace:
     async def remove(self, work: str) -> None:
         await self._guard()
         self._machine.jobs.pop(work, None)
+
+    async def last_beat(self) -> HostBeat | None:
+        """A virtual machine's jobs live in its controller's memory: another process sees none (no proof)."""
+        return None
 
     async def aclose(self) -> None:
         pass

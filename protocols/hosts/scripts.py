@@ -67,7 +67,9 @@ def discard(path: str) -> str:
 # The host's backstop for a job its controller lost: every `every` seconds while the attempt's folder
 # exists, if no controller wrote `alive` for `lost` seconds and the job still runs, stop its process
 # group and remove the folder (its outputs are partial). A finished job keeps its folder `keep`
-# seconds for a controller that comes back: its results are whole.
+# seconds for a controller that comes back: its results are whole. What it removes leaves a
+# tombstone beside it, `a<n>.lost` ("<last alive stamp> <lost_after>"): a sweep still reads there
+# that the controller went silent (`beats`).
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
 running() { s=$(ps -ww -p "$pid" -o stat= -o command= 2>/dev/null) || return 1
   case "$s" in Z*|"") return 1;; esac
@@ -84,6 +86,8 @@ while [ -d "$w" ]; do
   elif [ "$age" -le "$keep" ]; then
     continue
   fi
+  la=$(cat "$w/lost_after" 2>/dev/null)
+  echo "$last ${la:--}" > "$w.lost" 2>/dev/null
   chmod -R u+w "$w" 2>/dev/null; rm -rf "$w"
   rmdir "${w%/*}" "${w%/*/*}" 2>/dev/null
   exit 0
@@ -108,8 +112,9 @@ RUNNING = r"""running() { s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) |
 
 
 def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tuple[str, str]],
-          lost: int, every: int, keep: int, request: str) -> str:
-    """Start the job detached in its own session with its watchdog; prints the job's pid."""
+          lost: int, every: int, keep: int, request: str, lost_after_s: int = 0) -> str:
+    """Start the job detached in its own session with its watchdog; prints the job's pid. With
+    `lost_after_s`, it is written beside the heartbeat (`lost_after`) for sweeps to judge the stamp by."""
     exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(env.items()))
     link_lines = "".join(f"mkdir -p {q(dst.rsplit('/', 1)[0])} && ln -sfn {q(src)} {q(dst)}\n" for src, dst in links)
     return (
@@ -119,7 +124,8 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
         f"{link_lines}"
         'cat > "$w/request.json"\n'
         ': > "$w/progress.jsonl"; : > "$w/log.txt"\n'
-        f"{ALIVE}"
+        + (f'echo {int(lost_after_s)} > "$w/lost_after"\n' if lost_after_s > 0 else "")
+        + f"{ALIVE}"
         f"{exports}"
         f"export ACTOR_RUN_CWD={q(cwd)} ACTOR_RUN_COMMAND={q(command)}\n"
         "if command -v setsid >/dev/null 2>&1; then set -- setsid; "
@@ -192,3 +198,21 @@ def fetchable(work: str, names: list[str] | None = None) -> str:
 def remove(work: str) -> str:
     parent = work.rsplit("/", 1)[0]
     return discard(work) + f"rmdir {q(parent)} {q(parent.rsplit('/', 1)[0])} 2>/dev/null; exit 0\n"
+
+
+def beats(base: str) -> str:
+    """The host's clock (`now <t>`), then `<alive stamp> <lost_after or ->` for each attempt under
+    `base` (`<job>/<seed>/a<n>`) with a heartbeat stamp (the clock the watchdog reads), or with the
+    tombstone its watchdog left when it removed the folder."""
+    return (
+        "echo \"now $(date +%s)\"\n"
+        f"[ -d {q(base)} ] || exit 0\n"
+        f"find {q(base)} -mindepth 3 -maxdepth 4 -type f \\( -name alive -o -name 'a*.lost' \\) 2>/dev/null |\n"
+        "while IFS= read -r f; do\n"
+        '  case "$f" in\n'
+        '    */alive) t=$(cat "$f" 2>/dev/null); l=$(cat "${f%/alive}/lost_after" 2>/dev/null); echo "${t:-x} ${l:--}";;\n'
+        '    *) head -n 1 "$f" 2>/dev/null;;\n'
+        "  esac\n"
+        "done\n"
+        "exit 0\n"
+    )

@@ -78,10 +78,16 @@ class Streams(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Receives(Protocol):
+    """What BufferedReceive reads from: a trio ReceiveStream, or anything with its `receive_some`."""
+
+    async def receive_some(self, max_bytes: int, /) -> bytes | bytearray: ...
+
+
 class BufferedReceive:
     """readline/readexactly/readuntil over a trio ReceiveStream (or anything with `receive_some`)."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: Receives) -> None:
         self._stream = stream
         self._buf = bytearray()
 

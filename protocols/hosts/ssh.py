@@ -490,7 +490,7 @@ async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
         assert proc.stdout is not None
         try:
             while chunk := await proc.stdout.receive_some(CHUNK):
-                yield chunk
+                yield chunk if isinstance(chunk, bytes) else bytes(chunk)
             await proc.wait()
             if proc.returncode != 0:
                 err.seek(0)
@@ -528,4 +528,6 @@ async def _piped(commands: list[list[str]], err: Any) -> int:
                     await proc.wait()
     if procs[0].returncode != 0:
         raise Unreachable(f"local {' '.join(commands[0])} exited {procs[0].returncode}")
-    return int(procs[1].returncode)
+    code = procs[1].returncode
+    assert code is not None  # every process was waited for above
+    return code

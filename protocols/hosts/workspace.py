@@ -5,7 +5,8 @@ Layout under the machine's private root::
     code/<hash>/               a code snapshot, published once per host, read-only
     objects/<sha256>/data      an input, published once per host, verified on arrival, read-only
     work/<job>/<seed>/a<n>/    one attempt: in/ (links to objects), out/, log.txt, progress.jsonl,
-                               alive (the controller's heartbeat), pid, response.json (exit code)
+                               alive (the controller's heartbeat: unix time, host clock), lost_after
+                               (the controller's `lost_after_s`), pid, response.json (exit code)
 
 Publishing is an atomic rename of a `.incoming-<tag>` folder; an upload that fails or is cancelled
 removes its incoming folder. The sim cloud's virtual machines implement the same protocol in memory.
@@ -61,6 +62,35 @@ class PollResult(msgspec.Struct, frozen=True, kw_only=True):
 Record = Callable[[str], Awaitable[None]]  # makes a run's handle durable (the ledger) before start returns
 
 
+class HostBeat(msgspec.Struct, frozen=True, kw_only=True):
+    """The newest controller heartbeat on a machine, as its host's watchdog reads it: its age by the
+    host's own clock, and the `lost_after_s` its controller wrote beside it (None: not written)."""
+
+    age_s: float
+    lost_after_s: float | None = None
+
+
+def parse_beats(text: str) -> HostBeat | None:
+    """What `scripts.beats` printed: `now <t>`, then `<stamp> <lost_after or ->` per attempt folder."""
+    lines = text.split("\n")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] != "now" or not head[1].isdigit():
+        return None
+    now = int(head[1])
+    best: tuple[int, float | None] | None = None
+    for line in lines[1:]:
+        words = line.split()
+        if len(words) != 2 or not words[0].isdigit():
+            continue
+        stamp = int(words[0])
+        lost = float(words[1]) if words[1].replace(".", "", 1).isdigit() else None
+        if best is None or stamp > best[0]:
+            best = (stamp, lost)
+    if best is None:
+        return None
+    return HostBeat(age_s=float(now - best[0]), lost_after_s=best[1])
+
+
 class Workspace(Protocol):
     root: str
 
@@ -88,6 +118,13 @@ class Workspace(Protocol):
     async def stop(self, work: str) -> None: ...
     async def fetch(self, work: str, local_dir: Path, names: list[str] | None = None) -> int: ...
     async def remove(self, work: str) -> None: ...
+
+    async def last_beat(self) -> HostBeat | None:
+        """The newest controller heartbeat stamp among this machine's attempt folders (None: no
+        attempt has one). Read by sweeps: a stamp older than its `lost_after_s` proves the machine
+        abandoned."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -128,6 +165,10 @@ class ShellWorkspace:
 
     def work_dir(self, job: str, seed: int, attempt: int) -> str:
         return f"{self.root}/work/{job}/{seed}/a{attempt}"
+
+    def work_base(self) -> str:
+        """The folder this machine's attempt folders are under."""
+        return f"{self.root}/work"
 
     async def _publish(self, folder: str, incoming: str, send: Path, dest: str, finish: str) -> int:
         if (await self._sh(scripts.have(folder, incoming))).strip() == "have":
@@ -171,7 +212,8 @@ class ShellWorkspace:
         lost = int(launch.lost_after_s + min(60.0, launch.lost_after_s))  # after the controller gave up
         every = max(1, min(30, lost // 4))
         out = await self._sh(
-            scripts.start(launch.work, cwd, launch.command, env, links, lost, every, KEEP_S, ""),
+            scripts.start(launch.work, cwd, launch.command, env, links, lost, every, KEEP_S, "",
+                          lost_after_s=int(launch.lost_after_s)),
             stdin=launch.request,
         )
         return int(out.split()[-1])
@@ -222,6 +264,9 @@ class ShellWorkspace:
 
     async def remove(self, work: str) -> None:
         await self._sh(scripts.remove(work), timeout=60)
+
+    async def last_beat(self) -> HostBeat | None:
+        return parse_beats(await self._sh(scripts.beats(self.work_base()), timeout=30))
 
     async def aclose(self) -> None:
         await self.host.aclose()

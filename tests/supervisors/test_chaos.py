@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,11 @@ for step in range(int(os.environ.get("STEPS", "8"))):
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "done.txt"), "w").write(seed)
 open(trace, "a").write(f"end {seed} {os.environ['ACTOR_RUN_ATTEMPT']} {time.time()}\n")
 '''
+
+
+def machine_rows(status_json: str) -> list[dict[str, Any]]:
+    """The machine lines of `actor-run status --json` (it also prints its run and the run's jobs)."""
+    return [d for d in map(json.loads, status_json.splitlines()) if d["kind"] == "machine"]
 
 
 def write_batch(tmp: Path, *, seeds: int = 4, latency: float = 0.6, extra_sim: str = "", attempts: int = 4) -> Path:
@@ -168,7 +174,7 @@ def test_kill_then_resume_finishes_every_job_once(tmp_path: Path, baseline: floa
     assert sorted(set(ends)) == ["1", "2", "3", "4"]
     assert sim_machines(tmp_path / "sim") == []
     status = cli("status", "--json", tmp=tmp_path)
-    rows = [json.loads(x) for x in status.stdout.splitlines()]
+    rows = machine_rows(status.stdout)
     assert rows
     assert all(r["state"] == "deleted" for r in rows)
     assert wait_no_processes(tmp_path / "sim") == []
@@ -237,7 +243,7 @@ def test_a_delete_that_keeps_failing_stays_open_until_a_sweep(tmp_path: Path) ->
     assert held[0] in run.stderr
     assert "by hand" in run.stderr
     status = cli("status", "--json", tmp=tmp_path)
-    rows = [json.loads(x) for x in status.stdout.splitlines()]
+    rows = machine_rows(status.stdout)
     assert [r["state"] for r in rows] == ["alive"]
     assert rows[0]["phase"] == "delete_failed"
     still = cli("sweep", tmp=tmp_path)
@@ -248,6 +254,6 @@ def test_a_delete_that_keeps_failing_stays_open_until_a_sweep(tmp_path: Path) ->
     assert swept.returncode == 0, swept.stderr
     assert sim_machines(tmp_path / "sim") == []
     status = cli("status", "--json", tmp=tmp_path)
-    assert [json.loads(x)["state"] for x in status.stdout.splitlines()] == ["deleted"]
+    assert [r["state"] for r in machine_rows(status.stdout)] == ["deleted"]
     assert wait_no_processes(tmp_path / "sim") == []
     _ = os

@@ -56,7 +56,7 @@ class Paths:
             [*CLI, "status", "--json", *self.common()], capture_output=True, text=True, timeout=60, env=ENV
         )
         assert done.returncode == 0, done.stderr
-        return [json.loads(line) for line in done.stdout.splitlines()]
+        return [d for d in map(json.loads, done.stdout.splitlines()) if d["kind"] == "machine"]
 
 
 @pytest.fixture

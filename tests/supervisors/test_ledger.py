@@ -389,3 +389,28 @@ def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_ef
     assert state(grouped) == state(one_by_one)
     assert seen == [151, 151]  # both ways, the function saw the 151 events queued before it
     assert len(statements) <= 12, statements[:20]
+
+
+def test_two_runs_of_one_job_keep_their_own_rows(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    first, second = ledgers(), ledgers()
+    for led, run in ((first, "run00001"), (second, "run00002")):
+        led.run = run
+        assert led.start_run(run, batch="b.toml", out_dir=f"/out/{run}")
+        led.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir=f"/out/{run}/j/seed-1")
+        for attempt in (0, 1):
+            led.record_attempt(job="j/seed-1", attempt=attempt, machine="m", cloud="sim", region="r", state="failed",
+                               failure="stalled", detail=run, started=1.0, ended=2.0, usd=0.25)
+        led.record_event(JobEnded(job="j", seed=1, outcome="failed", attempts=2))
+        led.record_job_end(key="j/seed-1", state="failed", failure="stalled", detail=run, attempts=2, usd=0.5).wait()
+        led.end_run(run)
+    # attempt 0 of the second run does not replace the first run's
+    assert [(a["run"], a["attempt"], a["detail"]) for a in reader.attempts()] == [
+        ("run00001", 0, "run00001"), ("run00001", 1, "run00001"), ("run00002", 0, "run00002"),
+        ("run00002", 1, "run00002")]
+    assert [(j["run"], j["detail"], j["out_dir"]) for j in reader.jobs()] == [
+        ("run00001", "run00001", "/out/run00001/j/seed-1"), ("run00002", "run00002", "/out/run00002/j/seed-1")]
+    assert [e["run"] for e in reader.events("j/seed-1")] == ["run00001", "run00002"]
+    assert [len(reader.events(run=r)) for r in ("run00001", "run00002")] == [1, 1]
+    runs = reader.runs()
+    assert [(r.id, r.owner, r.state, r.jobs, r.failed, r.usd) for r in runs] == [
+        ("run00001", first.owner, "ended", 1, 1, 0.5), ("run00002", second.owner, "ended", 1, 1, 0.5)]

@@ -24,7 +24,7 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import AttemptEnded, Exited
 from actor_run.protocols.serverless import INLINE_LIMIT
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
-from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger import Ledger, LedgerReader
 
 CLI = [sys.executable, "-m", "actor_run"]
 FAST = PolicySpec(poll_s=0.1, backoff_s=0.01, backoff_max_s=0.05, setup_grace_s=30, stall_after_s=30,
@@ -169,7 +169,19 @@ gpu = "A100-80G"
     assert fake.live_endpoints() == []
 
 
-def orphan(fake: FakeRunPodServerless, owner: str = "deadbeef", workers: int = 1) -> str:
+def dead_owner(state_dir: Path) -> str:
+    """A controller this ledger knew, gone now (its owners row closed): its short id."""
+    owner = "deadbeef" + "0" * 24
+    ledger = Ledger(state_dir / "ledger.sqlite", owner)
+    try:
+        ledger.register_owner()
+        ledger.close_owner()
+    finally:
+        ledger.close()
+    return owner[:8]
+
+
+def orphan(fake: FakeRunPodServerless, owner: str, workers: int = 1) -> str:
     """An endpoint a dead controller left (its name says whose), straight on the fake's REST API."""
     name = f"ar-old-1-a0-{owner}-d{int(time.time()) + 3600}"
     body = {"name": name, "type": "QUEUE", "image": "x", "gpu": {"pools": ["ADA_24"]},
@@ -179,17 +191,18 @@ def orphan(fake: FakeRunPodServerless, owner: str = "deadbeef", workers: int = 1
     return name
 
 
-def test_a_quota_refusal_reclaims_a_dead_runs_idle_endpoint_then_runs(
-    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+def test_a_quota_refusal_reclaims_a_dead_owners_idle_endpoint_then_runs(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path, state_dir: Path,
 ) -> None:
-    left = orphan(fake)
-    fake.quota_workers = 1  # the orphan holds the account's only worker
+    left = orphan(fake, dead_owner(state_dir))
+    foreign = orphan(fake, "0badf00d")  # another ledger's controller: not ours to reclaim
+    fake.quota_workers = 2  # the orphan holds the account's only worker
     with open_runner(sweep_on_start=False) as r:
         ended = r.submit(job(fake, tmp_path)).result(60)
     assert ended.outcome == "succeeded", ended.detail
-    assert left not in fake.live_endpoints()
     assert fake.count("POST", "/v2/serverless", 400) == 1  # refused once, then made
-    assert fake.live_endpoints() == []
+    assert fake.live_endpoints() == [foreign]
+    del left
 
 
 def test_cancel_sends_the_queue_cancel_before_the_endpoint_goes(
@@ -208,16 +221,18 @@ def test_cancel_sends_the_queue_cancel_before_the_endpoint_goes(
     assert fake.live_endpoints() == []
 
 
-def test_the_sweep_deletes_endpoints_nobody_owns(
-    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path,
+def test_the_sweep_deletes_a_dead_owners_endpoint_and_keeps_a_foreign_one(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], tmp_path: Path, state_dir: Path,
 ) -> None:
+    dead = dead_owner(state_dir)
     with open_runner() as r:
         assert r.submit(job(fake, tmp_path)).result(60).outcome == "succeeded"
-        left = orphan(fake)
+        left = orphan(fake, dead)
+        foreign = orphan(fake, "0badf00d")
         swept = r.sweep()
-    assert [(a.machine, a.action, a.reason) for a in swept if a.cloud == "runpod-serverless"] == [
-        (left, "deleted", "unknown to the ledger and its owner is gone")]
-    assert fake.live_endpoints() == []
+    assert sorted((a.machine, a.action, a.reason) for a in swept if a.cloud == "runpod-serverless") == sorted([
+        (left, "deleted", "unknown to the ledger and its owner is gone"), (foreign, "keep", "foreign owner")])
+    assert fake.live_endpoints() == [foreign]
 
 
 def test_inputs_past_the_payload_limit_are_an_input_error_naming_it(

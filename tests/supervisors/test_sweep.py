@@ -231,3 +231,40 @@ def test_the_sweep_command(world: World) -> None:
     assert "deleted" in real.stdout
     assert sim_machines(world.sim_dir) == [kept]
     assert world.row(gone).state == "deleted"
+
+
+def test_a_machine_of_an_owner_this_ledger_never_heard_of_is_foreign_and_kept(world: World) -> None:
+    stranger = "f" * 32  # another ledger's controller: no owners row here, no machine row
+    deadline = time.time() + 3600
+    name = world.machine(stranger, job="theirs", record=False, deadline=deadline)
+    actions = world.sweep(grace_s=600.0)
+    a = actions[name]
+    assert (a.action, a.reason, a.owner, a.deadline, a.expires) == (
+        "keep", "foreign owner", stranger[:8], float(int(deadline)), float(int(deadline)) + 600.0)
+    assert sim_machines(world.sim_dir) == [name]
+    listed = _cli(world)  # the plain listing says whose it is and when the deadline rule takes it
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if name in ln)
+    assert "foreign owner ffffffff, deadline " in line
+    assert "deleted from " in line
+    assert sim_machines(world.sim_dir) == [name]
+
+
+def test_sweep_owner_treats_that_owner_as_dead_after_saying_what_goes(world: World) -> None:
+    stranger = "e" * 32
+    theirs = world.machine(stranger, job="theirs", record=False)
+    kept = world.machine(world.live, job="kept")
+    dry = _cli(world, "--owner", stranger[:8], "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"{theirs}" in dry.stdout
+    assert "would delete" in dry.stdout
+    assert sorted(sim_machines(world.sim_dir)) == sorted([theirs, kept])
+    real = _cli(world, "--owner", stranger[:8])
+    assert real.returncode == 0, real.stderr
+    said, _, done = real.stdout.partition("\n")
+    assert said == f"treating {stranger[:8]} as dead: 1 machine(s) to delete or close"
+    assert done.index("would delete") < done.index(" deleted ")  # the plan is printed before anything goes
+    assert sim_machines(world.sim_dir) == [kept]
+    bad = _cli(world, "--owner", "nothex!")
+    assert (bad.returncode, bad.stderr.count("\n")) == (2, 1)
+    assert bad.stderr.startswith("actor-run: --owner: expected 8 or 32 hex digits")

@@ -385,7 +385,13 @@ def test_the_watchdog_stops_a_job_its_controller_lost(sshd: Sshd, tmp_path: Path
             bound = lost + 3 * every + 5.0  # + margin: the watchdog's TERM grace, a slow machine
             while trio.current_time() - started < bound:  # waiting on an external process
                 if not psutil.pid_exists(pid) and not await trio.Path(work).exists():
-                    return trio.current_time() - started, bound
+                    took = trio.current_time() - started
+                    # its tombstone still tells a sweep that the controller went silent, and how long ago
+                    beat = await ws.last_beat()
+                    assert beat is not None
+                    assert beat.lost_after_s == lost_after_s
+                    assert beat.age_s > lost_after_s
+                    return took, bound
                 await trio.sleep(0.2)
             raise AssertionError(f"job {pid} or {work} still there after {bound} s")
         finally:

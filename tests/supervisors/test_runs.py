@@ -1,0 +1,104 @@
+"""Runs through the real CLI: each `actor-run run` is a run with its own id, history and output
+folder; `runs` lists them, `status --run` shows one, and `resume` (from any working directory)
+writes where the run said."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from test_chaos import kill_when, wait_no_processes, write_batch
+
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.supervisors.ledger import LedgerReader
+
+CLI = [sys.executable, "-m", "actor_run"]
+ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+
+
+def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=ENV)
+
+
+def lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in text.splitlines()]
+
+
+def test_two_runs_of_one_batch_keep_their_own_history(tmp_path: Path) -> None:
+    batch = tmp_path / "batch.toml"
+    batch.write_text('[job]\nname = "twice"\ncommand = "sh -c \'echo {seed} > $ACTOR_RUN_OUT/seed.txt\'"\n'
+                     "seeds = [1, 2]\n\n[policy]\npoll_s = 0.1\n")
+    common = ["--state-dir", str(tmp_path / "state")]
+    runs = []
+    for out in ("out1", "out2"):
+        done = cli("run", str(batch), "--json", "--out", out, *common, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        first = done.stderr.splitlines()[0]
+        assert first.startswith("run "), done.stderr
+        assert first.endswith(f"2 job(s), results in {tmp_path / out}"), done.stderr
+        run = first.split()[1].rstrip(":")
+        events = lines(done.stdout)
+        assert events
+        assert {e["run"] for e in events} == {run}  # every --json event carries its run
+        runs.append(run)
+    assert len(set(runs)) == 2
+    listed = lines(cli("runs", "--json", *common, cwd=tmp_path).stdout)
+    assert [(r["id"], r["state"], r["succeeded"], r["failed"], r["unfinished"], r["batch"], r["out_dir"])
+            for r in listed] == [(run, "succeeded", 2, 0, 0, str(batch), str(tmp_path / out))
+                                 for run, out in zip(runs, ("out1", "out2"), strict=True)]
+    human = cli("runs", *common, cwd=tmp_path).stdout
+    assert all(run in human for run in runs)
+    for run, out in zip(runs, ("out1", "out2"), strict=True):
+        shown = lines(cli("status", "--run", run, "--json", *common, cwd=tmp_path).stdout)
+        assert [d["id"] for d in shown if d["kind"] == "run"] == [run]
+        jobs = [d for d in shown if d["kind"] == "job"]
+        assert [(j["run"], j["key"], j["state"], j["out_dir"]) for j in jobs] == [
+            (run, f"twice/seed-{s}", "succeeded", str(tmp_path / out / "twice" / f"seed-{s}")) for s in (1, 2)]
+        assert (tmp_path / out / "twice" / "seed-2" / "out" / "seed.txt").read_text() == "2\n"
+    # each run keeps its own attempt 0 of each seed: the second did not replace the first's
+    reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
+    try:
+        assert sorted((a["run"], a["job"], a["attempt"], a["state"]) for a in reader.attempts()) == sorted(
+            (run, f"twice/seed-{s}", 0, "succeeded") for run in runs for s in (1, 2))
+    finally:
+        reader.close()
+    latest = cli("status", *common, cwd=tmp_path)
+    assert f"run {runs[1]} (succeeded)" in latest.stdout, latest.stdout
+    assert "no machine alive" in latest.stdout
+    unknown = cli("status", "--run", "nosuchrun", *common, cwd=tmp_path)
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        2, "actor-run: --run: no run 'nosuchrun' in this ledger (see `actor-run runs`)")
+
+
+def test_resume_from_another_folder_writes_where_the_run_said(tmp_path: Path) -> None:
+    batch = write_batch(tmp_path)
+    # a relative --out: the run resolves it (here, tmp_path/out) and records it at its start
+    proc = subprocess.Popen([*CLI, "run", str(batch), "--json", "--out", "out", "--state-dir", str(tmp_path / "state")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    kill_when(proc, "JobStarted*2", random.Random(3))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    common = ["--state-dir", str(tmp_path / "state")]
+    [run] = lines(cli("runs", "--json", *common, cwd=elsewhere).stdout)
+    assert (run["state"], run["unfinished"], run["out_dir"]) == ("abandoned", 4, str(tmp_path / "out"))
+    unknown = cli("resume", "nosuchrun", *common, cwd=elsewhere)
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        2, "actor-run: run: no run 'nosuchrun' in this ledger (see `actor-run runs`)")
+    resume = cli("resume", run["id"], *common, cwd=elsewhere)
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert f"resuming 4 job(s) of run {run['id']}: " in resume.stdout, resume.stdout
+    for seed in range(1, 5):
+        seed_dir = tmp_path / "out" / "chaos" / f"seed-{seed}"
+        assert (seed_dir / "out" / "done.txt").read_text() == str(seed)
+        assert json.loads((seed_dir / "response.json").read_text())["outcome"] == "succeeded"
+        assert (seed_dir / "log.txt").is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing landed where resume was started
+    [after] = lines(cli("runs", "--json", *common, cwd=elsewhere).stdout)
+    assert (after["id"], after["state"], after["succeeded"]) == (run["id"], "succeeded", 4)
+    assert sim_machines(tmp_path / "sim") == []
+    assert wait_no_processes(tmp_path / "sim") == []
