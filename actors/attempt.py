@@ -84,10 +84,17 @@ class Reattach(msgspec.Struct, frozen=True, kw_only=True):
     handle: str = ""  # a queue job's, as recorded: followed instead of a pid
 
 
+def _billed_from(machine: Machine) -> float:
+    """When the provider started billing the machine: its creation (never in our future)."""
+    now = time.time()
+    return min(machine.created_at, now) if machine.created_at > 0 else now
+
+
 class AttemptActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
                  setup_grace_s: float, seed_dir: Path, resume_dir: Path | None = None,
-                 reattach: Reattach | None = None, seed_dir_clean: bool = False) -> None:
+                 reattach: Reattach | None = None, seed_dir_clean: bool = False,
+                 reserved_usd: float | None = None) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
         self.head: AttemptHead = {"job": job.name, "seed": job.seed, "attempt": attempt}
@@ -99,6 +106,7 @@ class AttemptActor(Actor):
         self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
         self.resume_dir = resume_dir
         self.reattach = reattach
+        self.reserved_usd = reserved_usd  # the meter's guard stops the attempt before its spend crosses it
         self.checkpoints: set[str] = set()
         if reattach is not None:
             self.deadline = reattach.machine.deadline
@@ -111,6 +119,8 @@ class AttemptActor(Actor):
         self.heartbeat: pykka.ActorRef[Any] | None = None
         self.machine: Machine | None = None
         self.metered_from = 0.0  # when the meter's clock started (StartMeter)
+        self.taken_at: float | None = None  # the provider took the machine away (preempted): its bill stopped
+        self.leased = False  # Leased came: a machine that answered (a made one that did not is still billed)
         self._ended = False  # AttemptEnded told: the machine is gone
         self.work: str | None = None
         self.pid: int | None = None
@@ -177,14 +187,15 @@ class AttemptActor(Actor):
                 if self.finishing is None and self.meter is None:
                     self._start_watchers()
             case Leased(machine=machine) as event:
-                self.machine = machine
+                self.machine, self.leased = machine, True
                 meter, transfer, heartbeat = self._start_watchers()
                 self._phase("lease")
                 self.ctx.emit(event)
+                # the provider bills from the machine's creation, not from when it answered
+                self.metered_from = _billed_from(machine)
+                meter.tell(StartMeter(machine=machine, at=self.metered_from, reserved_usd=self.reserved_usd))
                 if self.reattach is not None:
-                    # billed since it was made; the job runs already: watch it, anchored at its launch
-                    self.metered_from = machine.created_at or time.time()
-                    meter.tell(StartMeter(machine=machine, at=self.metered_from))
+                    # the job runs already: watch it, anchored at its launch
                     r = self.reattach
                     self.work, self.pid = r.work, r.pid
                     if r.handle:
@@ -192,12 +203,13 @@ class AttemptActor(Actor):
                     heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
                                          reattached=True))
                     return None
-                self.metered_from = time.time()
-                meter.tell(StartMeter(machine=machine, at=self.metered_from))
                 if self.finishing is None:
                     resume = str(self.resume_dir) if self.resume_dir is not None else None
                     transfer.tell(Upload(machine=machine.name, resume_dir=resume))
-            case LeaseFailed(failure=failure, detail=detail) as event:
+            case LeaseFailed(failure=failure, detail=detail, machine=made, taken_at=taken_at) as event:
+                if made is not None:  # it was made and never answered: it bills until the release deletes it
+                    self.machine, self.metered_from = made, _billed_from(made)
+                    self.taken_at = taken_at
                 self._phase("lease")
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
@@ -206,7 +218,9 @@ class AttemptActor(Actor):
                 self.ctx.emit(event)
                 if self.finishing is None:
                     self._start_job(event)
-            case TransferFailed(failure=failure, detail=detail) as event:
+            case TransferFailed(failure=failure, detail=detail, taken_at=taken_at) as event:
+                if failure is Code.PREEMPTED:
+                    self.taken_at = taken_at if taken_at is not None else event.t
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
             case _Started(result=result):
@@ -229,7 +243,9 @@ class AttemptActor(Actor):
                     self._finish("succeeded", None, "")
                 else:
                     self._finish("failed", Code.JOB_FAILED, f"the job exited {self.exit_code}")
-            case Stalled(failure=failure, detail=detail) as event:
+            case Stalled(failure=failure, detail=detail, taken_at=taken_at) as event:
+                if failure is Code.PREEMPTED:
+                    self.taken_at = taken_at if taken_at is not None else event.t
                 self.ctx.emit(event)
                 self._finish("failed", failure, detail)
             case Cancel(failure=failure, detail=detail):
@@ -309,7 +325,8 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        for child in (self.heartbeat, self.transfer):
+        # the meter too: the charge ends when the delete goes out, and no live figure may pass it
+        for child in (self.heartbeat, self.transfer, self.meter):
             if child is not None:
                 self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
         if self._early_release is not None:
@@ -322,14 +339,17 @@ class AttemptActor(Actor):
     def _released(self, event: Released) -> None:
         self._phase("release")
         # the meter's own arithmetic, here: asking it would hold a pool thread per ending attempt
-        usage = (usage_between(self.machine, self.metered_from, event.t, confirmed=event.confirmed,
+        # a preempted machine stops billing when the provider takes it (we heard of it a poll later
+        # at most), not when the delete that follows is confirmed
+        end = event.t if self.taken_at is None or not event.confirmed else min(event.t, self.taken_at)
+        usage = (usage_between(self.machine, self.metered_from, end, confirmed=event.confirmed,
                                billed_s=self.billed_s)
                  if self.machine is not None else Usage())
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
         if self.meter is not None:
             self.stop_soon(self.meter)
-        if self.machine is None:  # never had a machine: the log says so (the heartbeat, if it
+        if not self.leased:  # never had a machine: the log says so (the heartbeat, if it
             # started, wrote the header when it did, long before this: the lease's answer came since)
             header = "" if self.heartbeat is not None else self._header()
             with open(self.seed_dir / "log.txt", "a") as f:

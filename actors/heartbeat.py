@@ -219,10 +219,10 @@ class HeartbeatActor(Actor):
                 self._tasks.discard(loop)
         super().cancel_tasks()
 
-    def _stall(self, code: Code, detail: str) -> None:
+    def _stall(self, code: Code, detail: str, taken_at: float | None = None) -> None:
         self.stalled = True
         self.cancel_tasks()
-        self.tell_parent(Stalled(**self.head, failure=code, detail=detail))
+        self.tell_parent(Stalled(**self.head, failure=code, detail=detail, taken_at=taken_at))
 
     def _polled(self, p: _Polled) -> None:
         now = time.time()
@@ -231,8 +231,8 @@ class HeartbeatActor(Actor):
         if p.error is not None:
             exc = p.error
             match exc:
-                case MachineGone():
-                    self._stall(Code.PREEMPTED, str(exc))
+                case MachineGone(at=at):
+                    self._stall(Code.PREEMPTED, str(exc), taken_at=at)
                 case Refused(code=code):
                     self._stall(code, str(exc))
                 case _:

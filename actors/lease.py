@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import outcome
 import pykka
 import trio
@@ -28,6 +29,7 @@ from actor_run.actors.base import Actor, Context, Pending
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
+from actor_run.protocols.clouds import cloud_key
 from actor_run.protocols.failures import (
     ActorRunError,
     CallCancelled,
@@ -37,6 +39,7 @@ from actor_run.protocols.failures import (
     LaunchAmbiguous,
     LaunchError,
     LaunchRefused,
+    MachineGone,
     Refused,
 )
 from actor_run.protocols.hosts.workspace import Workspace
@@ -88,6 +91,7 @@ class LeaseActor(Actor):
         self._launching: Task | None = None
         self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
+        self._delete_asked_at: float | None = None  # when the delete that the provider confirmed went out
 
     def handle(self, message: Any) -> Any:
         match message:
@@ -112,15 +116,16 @@ class LeaseActor(Actor):
     # --- acquire ---------------------------------------------------------------------------------
 
     def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
-        cloud = self.ctx.clouds[offer.cloud]
+        key = cloud_key(offer.cloud, offer.account)
+        cloud = self.ctx.clouds[key]
         # queued, not waited for here: the launch below waits for it on the reactor before the create
         # goes out, so a thousand leases starting at once hold no thread while the ledger commits
-        intent = self.ctx.ledger.queue_intent(name=name, cloud=offer.cloud, job=self.job, seed=self.seed,
+        intent = self.ctx.ledger.queue_intent(name=name, cloud=key, job=self.job, seed=self.seed,
                                               attempt=self.attempt, deadline=deadline, offer=offer)
         soon = self.ctx.reactor.soon
         self.name, self.offer = name, offer
         self.ctx.emit(LeaseRequested(job=self.job, seed=self.seed, attempt=self.attempt, name=name,
-                                     cloud=offer.cloud, deadline=deadline))
+                                     cloud=key, deadline=deadline))
 
         timeout = self.launch_timeout_s
 
@@ -133,6 +138,8 @@ class LeaseActor(Actor):
             try:
                 with scope:
                     machine = await cloud.launch(offer, name, deadline)
+                    if machine.account != offer.account:  # the account it bills, whichever cloud made it
+                        machine = msgspec.structs.replace(machine, account=offer.account)
                     scope.deadline = trio.current_time() + timeout
                     return machine, await cloud.connect(machine), None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
@@ -152,9 +159,10 @@ class LeaseActor(Actor):
 
     def _adopt(self, machine: Machine) -> None:
         """A machine an earlier controller leased: connect to it; deleting it is ours now."""
-        cloud = self.ctx.clouds[machine.cloud]
+        cloud = self.ctx.clouds[cloud_key(machine.cloud, machine.account)]
         self.name, self.machine = machine.name, machine
-        self.offer = Offer(cloud=machine.cloud, region=machine.region, gpu=machine.gpu, hourly_usd=machine.hourly_usd)
+        self.offer = Offer(cloud=machine.cloud, region=machine.region, gpu=machine.gpu, hourly_usd=machine.hourly_usd,
+                           account=machine.account)
         timeout = self.launch_timeout_s
 
         async def connect() -> tuple[Machine, Workspace | None, BaseException | None]:
@@ -186,8 +194,9 @@ class LeaseActor(Actor):
         else:
             exc = result.error
         code, detail = _classify_launch(exc, created=self.machine is not None)
-        failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail)
-        clean = code in (Code.NO_CAPACITY, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
+        failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
+                             machine=self.machine, taken_at=exc.at if isinstance(exc, MachineGone) else None)
+        clean = code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
             # without a pool thread waiting for the ledger (a region out of stock refuses many at
@@ -220,6 +229,10 @@ class LeaseActor(Actor):
 
     # --- release ---------------------------------------------------------------------------------
 
+    def _cloud_key(self) -> str:
+        assert self.offer is not None
+        return cloud_key(self.offer.cloud, self.offer.account)
+
     async def _delete(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
         """Close the workspace, then delete until the provider confirms (bounded tries)."""
         cloud = self.ctx.clouds[cloud_name]
@@ -236,7 +249,10 @@ class LeaseActor(Actor):
                 # one scope a try, its deadline the try's or the whole's (a thousand deletes at once:
                 # each cancel scope costs the reactor tens of microseconds)
                 with trio.fail_at(min(end, trio.current_time() + per_try)):
+                    asked = time.time()
                     await cloud.delete(name, machine_id)
+                # the provider stops billing when it gets the delete that worked, not when we hear back
+                self._delete_asked_at = asked
                 return True, ""
             except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
                 detail = str(exc) or type(exc).__name__
@@ -280,11 +296,11 @@ class LeaseActor(Actor):
         assert self.offer is not None
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
-        self.spawn(self._delete_recorded, self.name, machine_id, self.offer.cloud, reply=lambda r: _Deleted(result=r))
+        self.spawn(self._delete_recorded, self.name, machine_id, self._cloud_key(), reply=lambda r: _Deleted(result=r))
 
     def _finish_release(self, result: Result[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
-        at = time.time()
+        at = self._gone_at()
         if confirmed and self.name is not None and not self._released.is_set():
             # `Released` once the ledger has it, without holding a thread meanwhile (a thousand
             # releases at once); stopped before that, on_stop records and answers it itself
@@ -292,6 +308,10 @@ class LeaseActor(Actor):
             return
         self._done_releasing(confirmed, detail, at)
         self.stop()
+
+    def _gone_at(self) -> float:
+        """When the machine stopped billing: the confirmed delete's call, else now."""
+        return self._delete_asked_at if self._delete_asked_at is not None else time.time()
 
     def _tell_self_when(self, pending: Pending, message: Message) -> None:
         """Tell this actor `message` once the ledger has `pending` (or could not write it)."""
@@ -332,7 +352,7 @@ class LeaseActor(Actor):
             with blocking():
                 finished = self._delete_done.wait(self.ctx.delete_timeout_s + 10)
             if finished and self._delete_result is not None:
-                self._done_releasing(*self._delete_result, time.time())
+                self._done_releasing(*self._delete_result, self._gone_at())
                 return
         launching = self._launching
         self.cancel_tasks()
@@ -346,12 +366,12 @@ class LeaseActor(Actor):
         assert self.offer is not None
         try:
             confirmed, detail = self.ctx.reactor.call(
-                self._delete, self.name, self.machine.id if self.machine else "", self.offer.cloud,
+                self._delete, self.name, self.machine.id if self.machine else "", self._cloud_key(),
                 timeout=self.ctx.delete_timeout_s + 30,
             )
         except CallCancelled as exc:
             confirmed, detail = False, str(exc)
-        self._done_releasing(confirmed, detail, time.time())
+        self._done_releasing(confirmed, detail, self._gone_at())
 
     def on_stop(self) -> None:
         """Actor thread, after stop(): delete the machine (waiting for the provider to confirm)."""

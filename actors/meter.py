@@ -6,6 +6,13 @@ the budget guard (the Runner's) and the view read it: no chain of tells up the t
 nobody there needs.
 `StopMeter(at, confirmed)` (asked) answers the final `Usage`: up to the deletion when it was
 confirmed; up to the machine's deadline otherwise, marked `at_least` (the provider may bill more).
+
+The runtime guard: a `StartMeter` with `reserved_usd` (the money the job supervisor set aside
+before the lease) arms a timer for the moment the machine's cost would reach that reservation,
+less the time a release takes (`release_allowance_s`: the machine bills until it is gone). When it
+fires, the meter tells its parent `Cancel(budget)`: the attempt stops and its machine is deleted,
+so what the attempt costs stays within what was reserved. A timer, not the ticks: the price is
+fixed, so the moment is known, and a tick period of seconds would overshoot by as much.
 """
 
 from __future__ import annotations
@@ -16,11 +23,34 @@ from typing import Any
 import pykka
 
 from actor_run.actors.base import Actor, Context
-from actor_run.protocols.messages import AttemptHead, Machine, Message, Metered, StartMeter, StopMeter, Usage
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
+    AttemptHead,
+    Cancel,
+    Machine,
+    Message,
+    Metered,
+    StartMeter,
+    StopMeter,
+    Usage,
+)
+
+RELEASE_ALLOWANCE_S = 20.0  # at most this long (and a tenth of the reserved time) is kept for the release
 
 
 class _Beat(Message, frozen=True, kw_only=True):
     pass
+
+
+class _Guard(Message, frozen=True, kw_only=True):
+    pass
+
+
+def guard_after_s(hourly_usd: float, reserved_usd: float) -> float:
+    """Seconds after the meter's start at which the guard stops the attempt: the reserved time,
+    less what the release needs."""
+    reserved_s = reserved_usd * 3600.0 / hourly_usd
+    return max(0.0, reserved_s - min(RELEASE_ALLOWANCE_S, reserved_s / 10))
 
 
 def usage_between(machine: Machine, start: float, end: float, *, confirmed: bool, billed_s: float = -1.0) -> Usage:
@@ -46,17 +76,27 @@ class CostMeterActor(Actor):
         self.machine: Machine | None = None
         self.started = 0.0
         self.final: Usage | None = None
+        self.reserved_usd: float | None = None
 
     def handle(self, message: Any) -> Any:
         match message:
-            case StartMeter(machine=machine, at=at):
-                self.machine, self.started = machine, at
+            case StartMeter(machine=machine, at=at, reserved_usd=reserved):
+                self.machine, self.started, self.reserved_usd = machine, at, reserved
                 if machine.hourly_usd > 0:
                     self.every(self.ctx.meter_period_s, _Beat())  # one clock for every meter
+                    if reserved is not None:
+                        due = at + guard_after_s(machine.hourly_usd, reserved)
+                        self.later(max(0.0, due - time.time()), _Guard())
             case _Beat():
                 if self.machine is not None and self.final is None:
                     usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
-                    self.ctx.emit(Metered(**self.head, usd=usage.usd))
+                    self.ctx.emit(Metered(**self.head, usd=usage.usd, reserved_usd=self.reserved_usd or 0.0))
+            case _Guard():
+                if self.machine is not None and self.final is None and self.reserved_usd is not None:
+                    usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
+                    self.tell_parent(Cancel(failure=Code.BUDGET, detail=(
+                        f"the attempt's spend reached its reservation (${usage.usd:.4f} of"
+                        f" ${self.reserved_usd:.4f}, keeping time to delete the machine)")))
             case StopMeter(at=at, confirmed=confirmed):
                 if self.final is None:
                     if self.machine is None:

@@ -204,15 +204,16 @@ class TransferActor(Actor):
                 self.tell_parent(Fetched(**head, bytes_received=result.value, seconds=seconds))
             return
         exc = result.error
+        taken_at = None
         match exc:
             case Refused(code=code):
                 failure, detail = code, str(exc)
-            case MachineGone():
-                failure, detail = Code.PREEMPTED, str(exc)
+            case MachineGone(at=at):
+                failure, detail, taken_at = Code.PREEMPTED, str(exc), at
             case Unreachable():
                 failure, detail = Code.UNREACHABLE, str(exc)
             case OSError():
                 failure, detail = Code.INTERNAL, f"{kind}: {exc}"
             case _:
                 failure, detail = Code.INTERNAL, f"{kind}: {type(exc).__name__}: {exc}"
-        self.tell_parent(TransferFailed(**head, failure=failure, detail=detail))
+        self.tell_parent(TransferFailed(**head, failure=failure, detail=detail, taken_at=taken_at))

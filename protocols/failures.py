@@ -8,7 +8,7 @@ Exceptions (whose fault it is)::
     │   ├── Unreachable           the machine could not be reached (transient: wait, then `unreachable`)
     │   └── Refused               the machine answered and refused (`guard`, `input`)
     ├── LaunchError               a create call failed
-    │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `launch_failed`)
+    │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
     └── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
@@ -23,6 +23,7 @@ import msgspec
 
 class Code(enum.StrEnum):
     NO_CAPACITY = "no_capacity"
+    QUOTA = "quota"  # the account is out of quota or balance: the same place on the next account
     LAUNCH_FAILED = "launch_failed"
     AMBIGUOUS_CREATE = "ambiguous_create"
     PREEMPTED = "preempted"
@@ -55,6 +56,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
 
 POLICIES: dict[Code, Policy] = {
     Code.NO_CAPACITY: Policy(next=Next.WALK, walk=True, transient=True),
+    Code.QUOTA: Policy(next=Next.WALK, walk=True, transient=True),
     Code.LAUNCH_FAILED: Policy(next=Next.RETRY, walk=True, transient=True),
     Code.AMBIGUOUS_CREATE: Policy(next=Next.RECONCILE_RETRY, walk=False, transient=True),
     Code.PREEMPTED: Policy(next=Next.RETRY, walk=False, transient=True),
@@ -105,7 +107,12 @@ class Refused(HostError):
 
 
 class MachineGone(HostError):
-    """The provider took the machine away (a preemption)."""
+    """The provider took the machine away (a preemption); `at`: when, if the provider says (its
+    bill stops there)."""
+
+    def __init__(self, detail: str, at: float | None = None) -> None:
+        super().__init__(detail)
+        self.at = at
 
 
 class LaunchError(ActorRunError):

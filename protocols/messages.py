@@ -46,6 +46,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     candidate: int = 0
     host: str = ""  # for the ssh cloud: which configured host
     kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
+    account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +64,8 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     root: str = ""  # the private folder on the machine everything goes into
     port: int = 0  # SSH port on `address` (0: the default, 22)
     user: str = ""  # SSH login (empty: the default of the cloud's host)
+    account: str = ""  # the cloud account it is billed to ("" is the cloud's own settings)
+    taken_at: float = 0.0  # in a provider's listing: when it took the machine away (preempted); 0: it did not
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +117,8 @@ class Leased(Event, frozen=True, kw_only=True):
 class LeaseFailed(Event, frozen=True, kw_only=True):
     failure: Code
     detail: str = ""
+    machine: Machine | None = None  # made, then it failed (it never answered): it bills until deleted
+    taken_at: float | None = None  # the provider took it away meanwhile (preempted): its bill stopped then
 
 
 class Uploaded(Event, frozen=True, kw_only=True):
@@ -135,6 +140,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 class TransferFailed(Event, frozen=True, kw_only=True):
     failure: Code
     detail: str = ""
+    taken_at: float | None = None  # preempted: when the provider took the machine, if it says
 
 
 class JobStarted(Event, frozen=True, kw_only=True):
@@ -154,6 +160,7 @@ class Exited(Event, frozen=True, kw_only=True):
 class Stalled(Event, frozen=True, kw_only=True):
     failure: Code = Code.STALLED
     detail: str = ""
+    taken_at: float | None = None  # preempted: when the provider took the machine, if it says (its bill stops there)
 
 
 class Fetched(Event, frozen=True, kw_only=True):
@@ -163,6 +170,30 @@ class Fetched(Event, frozen=True, kw_only=True):
 
 class Metered(Event, frozen=True, kw_only=True):
     usd: float
+    reserved_usd: float = 0.0  # this attempt's reservation (0: none was made)
+
+
+class Reserved(Event, frozen=True, kw_only=True):
+    """Money set aside before the lease: the offer's price x the longest the attempt may hold the
+    machine. The totals are the batch's, after this change (the live view shows them)."""
+
+    usd: float
+    offer: Offer
+    hold_s: float
+    spent_usd: float = 0.0
+    reserved_usd: float = 0.0
+    budget_usd: float | None = None
+
+
+class Charged(Event, frozen=True, kw_only=True):
+    """The machine is gone: its reservation (`reserved`) is replaced by what it cost (`usd`)."""
+
+    usd: float
+    reserved: float
+    at_least: bool = False
+    spent_usd: float = 0.0
+    reserved_usd: float = 0.0
+    budget_usd: float | None = None
 
 
 class Released(Event, frozen=True, kw_only=True):
@@ -248,6 +279,7 @@ class Watch(Message, frozen=True, kw_only=True):
 class StartMeter(Message, frozen=True, kw_only=True):
     machine: Machine
     at: float
+    reserved_usd: float | None = None  # the guard: the attempt is stopped (`budget`) before its spend crosses it
 
 
 class StopMeter(Message, frozen=True, kw_only=True):
@@ -270,7 +302,7 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 EVENTS = (
     AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted
     | Progress | Exited
-    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded
+    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Reserved | Charged
 )
 
 _encoder = msgspec.json.Encoder()

@@ -27,6 +27,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     inputs: dict[str, str] = msgspec.field(default_factory=dict)
     timeout_s: float = 3600.0
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    max_usd: float | None = None  # per seed: what all of one seed's attempts may cost together
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +56,10 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     regions: list[str] = msgspec.field(default_factory=list)
     hosts: list[str] = msgspec.field(default_factory=list)
     max_hourly_usd: float | None = None
+    # the cloud's accounts to use, in order ([clouds.<cloud>.accounts.<name>]); "main" or "" is the
+    # cloud's own settings. A refusal meaning an account is out of quota or balance tries the same
+    # place on the next one
+    accounts: list[str] = msgspec.field(default_factory=list)
 
 
 class BatchFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,6 +79,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     inputs: dict[str, str] = msgspec.field(default_factory=dict)
     timeout_s: float = 3600.0
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    max_usd: float | None = None
     policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
     candidates: list[CandidateSpec] = msgspec.field(default_factory=lambda: [CandidateSpec()])
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
@@ -97,7 +103,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
         return [
             Job(
                 name=j.name, command=j.command, seed=seed, code=j.code, inputs=dict(j.inputs),
-                timeout_s=j.timeout_s, env=dict(j.env), policy=p,
+                timeout_s=j.timeout_s, env=dict(j.env), max_usd=j.max_usd, policy=p,
                 candidates=list(self.spec.candidates) or [CandidateSpec()], clouds=self.spec.clouds,
             )
             for seed in j.seeds
@@ -179,6 +185,8 @@ def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
     _check(f"{at}.name", bool(NAME_RE.fullmatch(job.name)), "[a-z0-9-], 1 to 40 characters", job.name)
     _check(f"{at}.command", bool(job.command.strip()), "a command", job.command)
     _check(f"{at}.timeout_s", job.timeout_s > 0, "number > 0", job.timeout_s)
+    if job.max_usd is not None:
+        _check(f"{at}.max_usd", job.max_usd > 0, "number > 0", job.max_usd)
     if job.code is not None:
         code = base / job.code
         if not code.is_dir():

@@ -7,6 +7,7 @@ console.py.
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
     actor-run resume [RUN] [--json] [--ledger PATH]
+    actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors import cmd_resume, cmd_runs, cmd_sweep
+from actor_run.supervisors import cmd_cost, cmd_resume, cmd_runs, cmd_sweep
 from actor_run.supervisors.console import Exit, Interrupts, configure_logging, watch
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.runner import Runner, default_state_dir
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
     cmd_resume.add_parser(sub)
+    cmd_cost.add_parser(sub)
     return p
 
 
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run, "runs": cmd_runs.cmd_runs, "status": cmd_runs.cmd_status, "sweep": cmd_sweep.cmd_sweep,
-        "resume": cmd_resume.cmd_resume,
+        "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost,
     }
     return commands[args.command](args)
 

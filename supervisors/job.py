@@ -8,6 +8,11 @@ Supervision, as supervisor.erl would write it down:
 - between retries, exponential backoff with jitter; a walk past a place with no stock is at once;
 - the capacity walk (walk.py) chooses each attempt's place; the last candidate's setup grace is
   `last_grace_factor` times longer;
+- before each lease, money is reserved (budget.py): the offer's price x the longest the attempt
+  may hold the machine, against the batch's budget and the seed's `max_usd`; an offer neither can
+  hold is passed over, and a walk that found stock only where money was short ends the job
+  `budget` without renting anything. When the attempt ends its reservation is replaced by what it
+  cost; both changes go to the ledger (`reservations`) and out as `Reserved` / `Charged` events;
 - stop: `Cancel` is forwarded to the running attempt (which deletes its machine); the job ends
   `canceled` (or `budget`) when that attempt has ended; `on_stop` stops a child still running.
 
@@ -21,7 +26,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import outcome
@@ -33,14 +38,17 @@ from actor_run.protocols.hosts.workspace import RESUME_LINE
 from actor_run.protocols.messages import (
     AttemptEnded,
     Cancel,
+    Charged,
     ChildFailed,
     JobEnded,
     JobHead,
     Message,
     Offer,
+    Reserved,
     Retrying,
 )
 from actor_run.protocols.specs import Job
+from actor_run.supervisors.budget import Budget, BudgetChange, hold_seconds, reservation_usd
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.offers import OfferBook
 from actor_run.supervisors.policy import Action, backoff_s, decide
@@ -60,7 +68,8 @@ class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
-                 seed_dir: Path | None = None) -> None:
+                 seed_dir: Path | None = None, budget: Budget | None = None,
+                 spent_before_usd: float = 0.0) -> None:
         super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
         self.ledger = ledger
         self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
@@ -72,6 +81,12 @@ class JobSupervisor(Actor):
         # where the run said at its start (a resume passes the folder the ledger recorded)
         self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
         self.walk = Walk(len(job.candidates))
+        self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs
+        # the seed's own ceiling, counting what its attempts cost before a resume
+        self.seed_budget = Budget(job.max_usd, spent_usd=spent_before_usd) if job.max_usd is not None else None
+        self.account_at: dict[int, int] = {}  # candidate -> which of its accounts the walk is on
+        self.short_of_money: list[str] = []  # offers this walk passed over for want of budget
+        self.reserved: float | None = None  # the running attempt's reservation
         self.attempt_no = first_attempt
         self.counted = 0
         self.failure_times: list[float] = []
@@ -107,9 +122,19 @@ class JobSupervisor(Actor):
             self.offer = offer
             self.walk.set_offers(offer.candidate, [offer])
             self.walk.index = offer.candidate
+            holder = (self.job.key, self.attempt_no)
+            # the dead controller's reservation (the Runner adopted it from the ledger), or, for a
+            # ledger without one, the machine's price up to its deadline: it runs already either way
+            reserved = self.budget.reserved_for(holder)
+            if reserved is None:
+                reserved = reservation_usd(offer.hourly_usd, max(0.0, self.reattach.machine.deadline - time.time()))
+                self.budget.adopt(holder, reserved)
+            if self.seed_budget is not None:
+                self.seed_budget.adopt(holder, reserved)
+            self.reserved = reserved
             self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no,
                                             offer=offer, setup_grace_s=self._grace(offer), seed_dir=self.seed_dir,
-                                            reattach=self.reattach)
+                                            reattach=self.reattach, reserved_usd=reserved)
             self.reattach = None
             return
         self._next()
@@ -129,11 +154,14 @@ class JobSupervisor(Actor):
                     with contextlib.suppress(pykka.ActorDeadError):  # ended meanwhile (cancelled)
                         ref.tell(_Offers(candidate=i, result=result))
 
-                self.offers.ask(self.job.candidates[i], i, reply)
+                self.offers.ask(self.job.candidates[i], i, reply, account=self._account(i))
             case Exhausted():
                 last = self.history[-1] if self.history else None
                 detail = "no candidate place has stock (asked every cloud twice)"
-                if last and last.get("failure") not in (None, Code.NO_CAPACITY):
+                if self.short_of_money:
+                    self._end("failed", Code.BUDGET, "no offer fits what is left of the budget: "
+                              + "; ".join(self.short_of_money[-3:]))
+                elif last and last.get("failure") not in (None, Code.NO_CAPACITY):
                     self._end("failed", Code(last["failure"]), last.get("detail", ""))
                 elif time.monotonic() - self.capacity_since < self._capacity_wait():
                     self.walk = Walk(len(self.job.candidates))  # stock may come back: walk again soon
@@ -141,8 +169,31 @@ class JobSupervisor(Actor):
                 else:
                     self._end("failed", Code.NO_CAPACITY, detail)
             case Offer() as offer:
+                reserved = self._reserve(offer)
+                if reserved is None:  # the budget cannot hold it: the next place, at once
+                    self.walk.pass_over(offer)
+                    self._next()
+                    return
                 self.offer = offer
-                self._launch(offer)
+                self._launch(offer, reserved)
+
+    def _account(self, candidate: int) -> str:
+        """The account candidate `candidate` is walked on now ("" when it names none)."""
+        accounts = self.job.candidates[candidate].accounts
+        return accounts[self.account_at.get(candidate, 0)] if accounts else ""
+
+    def _next_account(self, offer: Offer) -> bool:
+        """`offer`'s account is out of quota or balance: walk to the same place on the candidate's
+        next account (True), or, after its last, past the candidate (False)."""
+        i = offer.candidate
+        accounts = self.job.candidates[i].accounts
+        at = self.account_at.get(i, 0)
+        if at + 1 < len(accounts):
+            self.account_at[i] = at + 1
+            self.walk.switch_account(offer, accounts[at + 1])
+            return True
+        self.walk.skip_candidate(i)
+        return False
 
     def _capacity_wait(self) -> float:
         p = self.job.policy
@@ -166,14 +217,60 @@ class JobSupervisor(Actor):
         p = self.job.policy
         return p.setup_grace_s * (p.last_grace_factor if self.walk.is_last(offer) else 1.0)
 
-    def _launch(self, offer: Offer) -> None:
+    def _reserve(self, offer: Offer) -> float | None:
+        """Set money aside for an attempt on `offer`: the seed's ceiling first, then the batch's.
+        None (nothing held) if either cannot hold it."""
+        grace = self._grace(offer)
+        p = self.job.policy
+        hold_s = hold_seconds(timeout_s=self.job.timeout_s, setup_grace_s=grace,
+                              until_deadline_s=self.job.timeout_s + grace + p.deadline_margin_s)
+        usd = reservation_usd(offer.hourly_usd, hold_s)
+        holder = (self.job.key, self.attempt_no)
+        where = f"{offer.cloud}{'/' + offer.account if offer.account else ''} {offer.region} {offer.gpu}".strip()
+        if self.seed_budget is not None and self.seed_budget.reserve(holder, usd) is None:
+            left = self.seed_budget.statistics()
+            self.short_of_money.append(f"{where} needs ${usd:.2f}; the seed's max_usd has"
+                                       f" ${(left.limit_usd or 0) - left.spent_usd - left.reserved_usd:.2f} left")
+            return None
+        change = self.budget.reserve(holder, usd)
+        if change is None:
+            if self.seed_budget is not None:
+                self.seed_budget.release(holder, 0.0)
+            left = self.budget.statistics()
+            self.short_of_money.append(f"{where} needs ${usd:.2f}; the budget has"
+                                       f" ${(left.limit_usd or 0) - left.spent_usd - left.reserved_usd:.2f} left")
+            return None
+        self.ledger.record_reserved(job=self.job.key, attempt=self.attempt_no, offer=offer, hold_s=hold_s,
+                                    usd=change.usd, seq=change.seq, limit_usd=change.limit_usd)
+        if change.usd > 0 or change.limit_usd is not None:  # a free machine under no budget: no money to show
+            self.ctx.emit(Reserved(**self.head, attempt=self.attempt_no, usd=change.usd, offer=offer,
+                                   hold_s=round(hold_s, 3), **_totals(change)))
+        self.reserved = change.usd
+        return change.usd
+
+    def _charge(self, e: AttemptEnded) -> None:
+        """The attempt ended: its machine is gone, and its reservation is replaced by what it cost."""
+        holder = (self.job.key, e.attempt)
+        if self.seed_budget is not None:
+            self.seed_budget.release(holder, e.usage.usd)
+        change = self.budget.release(holder, e.usage.usd)
+        self.reserved = None
+        self.ledger.record_charged(job=self.job.key, attempt=e.attempt, usd=e.usage.usd, at_least=e.usage.at_least,
+                                   seq=change.seq, seconds=e.usage.seconds, outcome=e.outcome,
+                                   failure=e.failure)
+        if change.replaced_usd > 0 or e.usage.usd > 0 or change.limit_usd is not None:
+            self.ctx.emit(Charged(**self.head, attempt=e.attempt, usd=round(e.usage.usd, 6),
+                                  reserved=change.replaced_usd,
+                                  at_least=e.usage.at_least, **_totals(change)))
+
+    def _launch(self, offer: Offer, reserved_usd: float | None = None) -> None:
         checkpoint = self.seed_dir / ".checkpoint"
         resume = checkpoint if self.attempt_no > 0 and (checkpoint / RESUME_LINE).is_file() else None
         # nothing to replace at the fetch: a folder this job made, that no attempt of it ran in (and so fetched into)
         clean = self.fresh and not any("run" in h["phases"] for h in self.history)
         self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
                                         setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume,
-                                        seed_dir_clean=clean)
+                                        seed_dir_clean=clean, reserved_usd=reserved_usd)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -209,6 +306,7 @@ class JobSupervisor(Actor):
     def _attempt_ended(self, e: AttemptEnded) -> None:
         self.ctx.emit(e)
         self.child = None
+        self._charge(e)
         self.usd_done += e.usage.usd
         self.history.append({
             "attempt": e.attempt, "outcome": e.outcome, "failure": e.failure, "detail": e.detail,
@@ -229,7 +327,10 @@ class JobSupervisor(Actor):
         if self.cancel is not None:
             self._end("failed", self.cancel.failure, self.cancel.detail or e.detail)
             return
-        if code is not Code.NO_CAPACITY:
+        if code is Code.QUOTA and self.cancel is None and self.offer is not None and self._next_account(self.offer):
+            self._next()  # no machine was made: at once, not counted
+            return
+        if code not in (Code.NO_CAPACITY, Code.QUOTA):
             self.counted += 1
             self.capacity_since = time.monotonic()
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
@@ -292,6 +393,18 @@ class JobSupervisor(Actor):
                 self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
             except pykka.Timeout:
                 self.log.error("attempt did not stop in time")
+
+
+class _TotalsDict(TypedDict):
+    spent_usd: float
+    reserved_usd: float
+    budget_usd: float | None
+
+
+def _totals(change: BudgetChange) -> _TotalsDict:
+    """The batch's figures after a change, as the Reserved / Charged events carry them."""
+    return {"spent_usd": round(change.spent_usd, 6), "reserved_usd": round(change.reserved_usd, 6),
+            "budget_usd": change.limit_usd}
 
 
 def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]]) -> Path:

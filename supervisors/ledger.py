@@ -538,6 +538,40 @@ class Ledger:
         row = (name, msgspec.json.encode(settings).decode())
         self._submit(("INSERT OR IGNORE INTO clouds (name, settings) VALUES (?,?)", row), wait=True)
 
+    # --- reservations (supervisors/budget.py) ---------------------------------------------------------
+
+    def record_reserved(self, *, job: str, attempt: int, offer: Offer, hold_s: float, usd: float, seq: int,
+                        limit_usd: float | None) -> None:
+        """Queued, not waited for: the attempt's intent is queued after it, and commits after it."""
+        row = (self.run_of(job), job, attempt, self.owner, offer.cloud, offer.account, offer.region, offer.gpu,
+               offer.hourly_usd, hold_s, usd, "live", seq, time.time(), limit_usd)
+        self._submit((
+            "INSERT OR REPLACE INTO reservations (run, job, attempt, owner, cloud, account, region, gpu, hourly_usd,"
+            " hold_s, usd, state, seq, reserved_at, limit_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row))
+
+    def record_charged(self, *, job: str, attempt: int, usd: float, at_least: bool, seq: int, seconds: float,
+                       outcome: str, failure: str | None) -> None:
+        """The reservation is replaced by what the attempt cost (its machine's seconds, its outcome)."""
+        row = (usd, int(at_least), seq, time.time(), seconds, outcome, failure, self.run_of(job), job, attempt)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, at_least=?, released_seq=?, released_at=?,"
+            " seconds=?, outcome=?, failure=? WHERE run=? AND job=? AND attempt=?", row))
+
+    def adopt_reservation(self, job: str, attempt: int) -> None:
+        """A resumed attempt's reservation is this controller's now (its release closes it)."""
+        row = (self.owner, self.run_of(job), job, attempt)
+        self._submit(("UPDATE reservations SET owner=? WHERE run=? AND job=? AND attempt=? AND state='live'", row),
+                     wait=True)
+
+    def record_swept_charge(self, *, job: str, attempt: int, usd: float, seconds: float,
+                            run: str | None = None) -> None:
+        """A dead controller's machine is gone: its live reservation is replaced by what the machine
+        cost (reservations.py's reckoning: price x from its creation to its deletion)."""
+        row = (usd, seconds, time.time(), job, attempt, run, run)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, seconds=?, outcome='failed', failure='canceled',"
+            " released_at=? WHERE job=? AND attempt=? AND state='live' AND (? IS NULL OR run=?)", row))
+
     # --- jobs, attempts, events ------------------------------------------------------------------
 
     def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str,
@@ -642,6 +676,12 @@ class LedgerReader:
         if run is None:
             return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
         return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
+
+    def reservations(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Reservations (budget.py) of every run, or of `run`, in the order they were made."""
+        if run is None:
+            return list(self._rows("SELECT * FROM reservations ORDER BY reserved_at, run, job, attempt"))
+        return list(self._rows("SELECT * FROM reservations WHERE run=? ORDER BY reserved_at, job, attempt", (run,)))
 
     def attempts(self, run: str | None = None) -> list[dict[str, Any]]:
         if run is None:

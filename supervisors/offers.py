@@ -20,12 +20,13 @@ import msgspec
 import outcome
 
 from actor_run.actors import Reactor, Result
-from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.clouds import Cloud, cloud_key
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
 
 Reply = Callable[[Result[list[Offer]]], None]
 _encode = msgspec.json.Encoder().encode
+# (candidate index, the candidate's JSON @ account): one call out per key
 
 
 def _copy(result: Result[list[Offer]]) -> Result[list[Offer]]:
@@ -42,11 +43,12 @@ class OfferBook:
         self._out: dict[tuple[int, bytes], list[Reply]] = {}  # calls out: who waits for each
         self.calls = 0  # calls made (for tests and benches)
 
-    def ask(self, candidate: CandidateSpec, index: int, reply: Reply) -> None:
-        """Offers for `candidate` (the job's `index`-th): `reply` hears the answer of a call made
-        now, or of the one for the same candidate already out."""
-        cloud = self._clouds[candidate.cloud]  # an unknown cloud raises here, before anything is out
-        key = (index, _encode(candidate))
+    def ask(self, candidate: CandidateSpec, index: int, reply: Reply, account: str = "") -> None:
+        """Offers for `candidate` (the job's `index`-th) on one of its cloud's accounts: `reply` hears
+        the answer of a call made now, or of the one for the same candidate already out. Each
+        offer names the account (whichever cloud module answered it)."""
+        cloud = self._clouds[cloud_key(candidate.cloud, account)]  # an unknown one raises here, before anything is out
+        key = (index, _encode(candidate) + b"@" + account.encode())
         with self._lock:
             waiting = self._out.get(key)
             if waiting is not None:
@@ -56,6 +58,9 @@ class OfferBook:
             self.calls += 1
 
         def answered(result: Result[list[Offer]]) -> None:  # on the reactor thread
+            if account and isinstance(result, outcome.Value):
+                result = outcome.Value([o if o.account == account else msgspec.structs.replace(o, account=account)
+                                        for o in result.value])
             with self._lock:
                 waiters = self._out.pop(key)
             for fn in waiters:  # an Outcome unwraps once, and a list is mutable: each asker its own

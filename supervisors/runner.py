@@ -34,13 +34,15 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Reattach, Task
 from actor_run.actors.pool import POOL, PooledActor, blocking
-from actor_run.protocols.clouds import Cloud, Reclaiming, known_clouds, make_cloud
+from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
 from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
+from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.reservations import settle_reservations
 from actor_run.supervisors.resume import ResumeItem, plan_resume
 from actor_run.supervisors.sweep import SweepAction, reclaimable, sweep
 
@@ -65,6 +67,7 @@ class _Submit(Message, frozen=True, kw_only=True):
     first_attempt: int = 0
     reattach: Reattach | None = None
     offer: Offer | None = None
+    spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
     seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
 
 
@@ -86,13 +89,16 @@ class BatchSupervisor(PooledActor):
 
     Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
     business), started in submission order as slots free up, stopped in reverse start order.
-    Budget: finished jobs' cost plus running attempts' live cost; at the ceiling every running job
-    is cancelled with `budget` and every pending one ends `budget` without starting."""
+    Budget: each job reserves money before each lease (`budget`, shared by the jobs: budget.py),
+    so reservations and spend together never pass the ceiling. As a backstop, finished jobs' cost
+    plus running attempts' live cost is watched too: at the ceiling every running job is cancelled
+    with `budget` and every pending one ends `budget` without starting."""
 
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
-                 on_end: Callable[[JobEnded], None]) -> None:
+                 on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
         super().__init__()
         self.ctx, self.ledger = ctx, ledger
+        self.budget = budget if budget is not None else Budget(budget_usd)
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
         self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
@@ -138,6 +144,7 @@ class BatchSupervisor(PooledActor):
             self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                           first_attempt=s.first_attempt, reattach=s.reattach,
                                                           reattach_offer=s.offer, offers=self.offers,
+                                                          budget=self.budget, spent_before_usd=s.spent_before_usd,
                                                           seed_dir=Path(s.seed_dir) if s.seed_dir else None)
             self.order.append(s.job.key)
 
@@ -234,6 +241,7 @@ class Runner:
         self.delete_timeout_s = delete_timeout_s
         self.meter_period_s = meter_period_s
         self.owner = uuid.uuid4().hex
+        self.budget = Budget(budget_usd)  # reservations before leases (budget.py); figures kept even without a limit
         # this Runner's batch is a run: its id names it in the ledger, `actor-run runs` and --json events
         self.run = run or new_run_id()
         self.batch = batch
@@ -278,7 +286,7 @@ class Runner:
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
                            delete_timeout_s=self.delete_timeout_s)
         self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
-                                            budget_usd=self.budget_usd, on_end=self._job_ended)
+                                            budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
         self._beat()
         if self.sweep_on_start:
@@ -343,8 +351,22 @@ class Runner:
         check_job(job, Path("/"))
         check_policy(job.policy)
         check_candidates(job.candidates, known_clouds())
-        for c in job.candidates:
-            self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+        for i, c in enumerate(job.candidates):
+            raw = job.clouds.get(c.cloud, {})
+            known = accounts_of(raw)
+            for account in c.accounts:
+                if account != MAIN and account not in known:
+                    listed = ", ".join([MAIN, *known[1:]])
+                    raise SpecError(f"candidates[{i}].accounts",
+                                    f"{c.cloud} has no account {account!r} (known: {listed})")
+            used = {a if a != MAIN else "" for a in c.accounts} or {""}
+            for account in known:  # every account, used or not, so that sweeps list them all
+                try:
+                    self._cloud(cloud_key(c.cloud, account), raw)
+                except SpecError:
+                    if account in used:
+                        raise  # one this job walks: it cannot run without it
+                    logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
         with self._lock:
@@ -406,6 +428,11 @@ class Runner:
         return RunnerStatistics(messages=pool["messages"], actor_turns=pool["turns"], pool_workers=pool["workers"],
                                 reactor_tasks=r.tasks_started, reactor_timers=r.timers_started,
                                 ledger_writes=self.ledger.writes)
+
+    def budget_statistics(self) -> BudgetStatistics:
+        """The batch's money now: its limit, live reservations, what ended attempts cost, what the
+        running ones cost so far (the `Reserved` / `Charged` events carry the same totals)."""
+        return self.budget.statistics()
 
     def spent_usd(self) -> float:
         assert self._batch is not None
@@ -481,17 +508,55 @@ class Runner:
             if item.reattach is not None:
                 self.ledger.adopt_machine(item.reattach.machine.name)
             for c in job.candidates:
-                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                raw = job.clouds.get(c.cloud, {})
+                for account in accounts_of(raw):
+                    with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
+                        self._cloud(cloud_key(c.cloud, account), raw)
             handle = JobHandle(self, job)
             handle.reattached = item.reattach is not None
             handle.run = item.run
             self.handles[job.key] = handle
             taken.append((item, handle))
-        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes
+        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
+        self.ledger.flush()
+        reader = LedgerReader(self.ledger_path)
+        try:
+            reservations = reader.reservations()
+        finally:
+            reader.close()
+        spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
         for item, _ in taken:
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
-                                     offer=item.offer, seed_dir=item.seed_dir))
+                                     offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
+                                     seed_dir=item.seed_dir))
         return [h for _, h in taken]
+
+    def _adopt_budget(self, *, items: list[ResumeItem], reservations: list[dict[str, Any]]) -> dict[str, float]:
+        """A resume takes over the money of the runs it took jobs of: what those runs spent counts
+        against the budget, and the reservation of an attempt it reattaches to is held again (the
+        other machines of dead controllers were swept, and charged then). Answers what each taken
+        seed spent before."""
+        runs = {i.run for i in items}
+        taken = {(i.run, i.job.key) for i in items}
+        limits = [i.job.policy.budget_usd for i in items if i.job.policy.budget_usd is not None]
+        if limits and self.budget_usd is None:
+            self.budget.set_limit(min(limits))
+        reattached = {(i.run, i.job.key, i.first_attempt) for i in items if i.reattach is not None}
+        per_seed: dict[str, float] = {}
+        for r in reservations:
+            if r["run"] not in runs:
+                continue
+            holder = (r["job"], r["attempt"])
+            if r["state"] == "live" and (r["run"], r["job"], r["attempt"]) in reattached:
+                self.ledger.adopt_reservation(r["job"], r["attempt"])
+                self.budget.adopt(holder, r["usd"])
+            elif r["state"] == "live":
+                self.budget.adopt(holder, r["usd"])  # its machine could not be deleted yet: still held
+            else:
+                self.budget.spend(r["charged"] or 0.0)
+                if (r["run"], r["job"]) in taken:
+                    per_seed[r["job"]] = per_seed.get(r["job"], 0.0) + (r["charged"] or 0.0)
+        return per_seed
 
     # --- sweeping ------------------------------------------------------------------------------------
 
@@ -511,6 +576,10 @@ class Runner:
                 clouds["local"] = self._cloud("local", {})
             run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
                                     grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
-            return self.reactor.call(run, timeout=600)
+            actions: list[SweepAction] = self.reactor.call(run, timeout=600)
+            if not dry_run:
+                self.ledger.flush()
+                settle_reservations(reader, self.ledger, keep_owner=self.owner)
+            return actions
         finally:
             reader.close()

@@ -135,12 +135,27 @@ def _v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX jobs_owner ON jobs (owner, state)")
 
 
+# version 3: reservations (budget.py). Before an attempt leases a machine its job reserves the
+# offer's price x the longest it may hold the machine; when the machine is gone the reservation is
+# replaced by the charge. `seq` / `released_seq` order the changes of one controller's budget; a
+# resume reads the live ones back, and a sweep or a resume charges those of dead controllers.
+_V3_NEW = (
+    """CREATE TABLE reservations (
+  run TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL, owner TEXT, cloud TEXT, account TEXT,
+  region TEXT, gpu TEXT, hourly_usd REAL, hold_s REAL, usd REAL, state TEXT, charged REAL,
+  at_least INTEGER DEFAULT 0, seq INTEGER, released_seq INTEGER, reserved_at REAL, released_at REAL,
+  limit_usd REAL, seconds REAL, outcome TEXT, failure TEXT, PRIMARY KEY (run, job, attempt))""",
+    "CREATE INDEX reservations_state ON reservations (state)",
+)
+
+
 MIGRATIONS: list[Migration] = [
     Migration(version=1, name="the tables before versions", apply=_v1),
     Migration(version=2, name="runs: jobs, attempts and events keyed by run", apply=_v2),
+    Migration(version=3, name="reservations: money set aside before each lease, then charged", statements=_V3_NEW),
     # a run the provider names by a handle (a RunPod serverless queue job: {endpoint_id, job_id}),
     # recorded before its submit returns, so resume follows the job instead of submitting it again
-    Migration(version=3, name="machines.handle: a queue job's handle",
+    Migration(version=4, name="machines.handle: a queue job's handle",
               statements=("ALTER TABLE machines ADD COLUMN handle TEXT",)),
 ]
 

@@ -21,6 +21,9 @@ when the owners are read, so neither it nor its ledger row is touched. Ledger ro
 provider no longer lists are closed when their owner is dead (an ambiguous create that made
 nothing, a deletion confirmed elsewhere).
 
+A deleted machine's live reservation (budget.py) is charged what the provider's listing says it
+cost: its price from its creation to the delete request (or to its preemption).
+
 `decide` is the whole decision as a pure function of what was read; `plan` reads, `sweep` acts.
 """
 
@@ -38,6 +41,7 @@ from actor_run.protocols.failures import ActorRunError, DeleteUnconfirmed
 from actor_run.protocols.hosts.workspace import HostBeat
 from actor_run.protocols.messages import Machine
 from actor_run.protocols.names import PREFIX, parse_name
+from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import Ledger, LedgerReader, MachineRow, owner_is_alive
 
 DEFAULT_LOST_AFTER_S = 120.0  # PolicySpec's default: for a stamp written without its window beside it
@@ -249,6 +253,7 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
     results: dict[str, SweepAction] = {}
 
     async def delete(cloud: Cloud, m: Machine, action: SweepAction) -> None:
+        asked = time.time()  # the provider's bill stops when it gets the delete
         try:
             with trio.fail_after(120):
                 await cloud.delete(m.name, m.id)
@@ -259,7 +264,16 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
             return
         results[m.name] = msgspec.structs.replace(action, action="deleted")
         if ledger is not None:
-            await trio.to_thread.run_sync(ledger.record_gone, m.name, time.time(), f"swept: {action.reason}")
+            await trio.to_thread.run_sync(ledger.record_gone, m.name, asked, f"swept: {action.reason}")
+            parsed = parse_name(m.name)
+            if parsed is not None and m.created_at > 0:  # its reservation, if one is live, is charged now
+                end = min(asked, m.taken_at) if m.taken_at > 0 else asked  # a preempted one's bill stopped then
+                end = min(end, m.deadline) if m.deadline > 0 else end
+                seconds = max(0.0, end - m.created_at)
+                row = await trio.to_thread.run_sync(reader.machine, m.name)
+                ledger.record_swept_charge(job=job_key(parsed.job, parsed.seed), attempt=parsed.attempt,
+                                           usd=seconds * m.hourly_usd / 3600.0, seconds=seconds,
+                                           run=row.run if row is not None else None)
 
     by_name = {a.machine: a for a in actions}
     async with trio.open_nursery() as nursery:

@@ -1,6 +1,8 @@
 """The capacity walk: down the candidate list, place by place, until one has stock.
 
-Each candidate's offers are asked for when the walk reaches it. A place that refused (no
+Each candidate's offers are asked for when the walk reaches it (from the candidate's current
+account: a refusal that says an account is out of quota or balance moves the walk to the same
+place on the candidate's next account, `switch_account`). A place that refused (no
 capacity, a launch that failed) is passed over; when every candidate is exhausted the walk asks
 every cloud again, once (stock comes back), before it gives up. Pure state, no I/O: the job
 supervisor fetches offers when `next()` says `NeedOffers`.
@@ -21,8 +23,11 @@ class Exhausted(msgspec.Struct, frozen=True):
     pass
 
 
-def place(offer: Offer) -> tuple[int, str, str, str, str]:
-    return (offer.candidate, offer.cloud, offer.region, offer.gpu, offer.host)
+Place = tuple[int, str, str, str, str, str]
+
+
+def place(offer: Offer) -> Place:
+    return (offer.candidate, offer.cloud, offer.region, offer.gpu, offer.host, offer.account)
 
 
 class Walk:
@@ -30,7 +35,7 @@ class Walk:
         self.n = n_candidates
         self.index = 0
         self.offers: dict[int, list[Offer]] = {}
-        self.passed: set[tuple[int, str, str, str, str]] = set()
+        self.passed: set[Place] = set()
         self.refreshed = False
 
     def next(self) -> Offer | NeedOffers | Exhausted:
@@ -54,6 +59,20 @@ class Walk:
 
     def pass_over(self, offer: Offer) -> None:
         self.passed.add(place(offer))
+
+    def switch_account(self, offer: Offer, account: str) -> None:
+        """`offer`'s account is out of quota or balance: its candidate's places from `offer` on are
+        tried next on `account`, beginning with the same place."""
+        offers = self.offers.get(offer.candidate, [])
+        at = next((k for k, o in enumerate(offers) if place(o) == place(offer)), 0)
+        rest = [offer, *[o for o in offers[at:] if place(o) != place(offer)]]
+        self.offers[offer.candidate] = [msgspec.structs.replace(o, account=account) for o in rest]
+        self.index = offer.candidate
+
+    def skip_candidate(self, candidate: int) -> None:
+        """Pass over every place of `candidate` (its last account is out of quota)."""
+        for o in self.offers.get(candidate, []):
+            self.pass_over(o)
 
     def is_last(self, offer: Offer) -> bool:
         return offer.candidate == self.n - 1

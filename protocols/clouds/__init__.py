@@ -1,4 +1,11 @@
-"""Clouds: the Cloud protocol and one module per provider; `make_cloud` builds one from settings."""
+"""Clouds: the Cloud protocol and one module per provider; `make_cloud` builds one from settings.
+
+Accounts: a cloud's settings may hold `accounts = { <name> = { ... } }` (`[clouds.runpod.accounts.
+team-b]` in a batch file): each is the same provider reached with other settings (its own
+`api_key_env`, any other field overriding the cloud's). One Cloud object serves one account; it is
+named by its *key*: the cloud's name for its own settings (account "" or "main"), `<cloud>@<account>`
+for the others. Ledger rows and sweeps name clouds by key, so every account is listed and swept.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +29,41 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
 }
 
 
+MAIN = "main"  # the account that is the cloud's own settings (unless `accounts.main` says otherwise)
+
+
 def known_clouds() -> set[str]:
     return set(_REGISTRY)
+
+
+def cloud_key(cloud: str, account: str = "") -> str:
+    """How the Runner, the ledger and sweeps name one account of a cloud."""
+    return cloud if account in ("", MAIN) else f"{cloud}@{account}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(cloud, account) of a cloud key; the account is "" for the cloud's own settings."""
+    cloud, _, account = key.partition("@")
+    return cloud, account
+
+
+def accounts_of(raw: dict[str, Any]) -> list[str]:
+    """Every account a cloud's settings name, the cloud's own ("") first."""
+    return ["", *sorted(a for a in raw.get("accounts", {}) if a != MAIN)]
+
+
+def account_settings(name: str, raw: dict[str, Any], account: str) -> dict[str, Any]:
+    """The settings of one account: the cloud's, with the account's table over them."""
+    accounts = raw.get("accounts", {})
+    if not isinstance(accounts, dict) or not all(isinstance(v, dict) for v in accounts.values()):
+        raise SpecError(f"clouds.{name}.accounts", "expected a table of tables ([clouds.<cloud>.accounts.<name>])")
+    base = {k: v for k, v in raw.items() if k != "accounts"}
+    if account in ("", MAIN):
+        return {**base, **accounts.get(MAIN, {})}
+    if account not in accounts:
+        known = ", ".join([MAIN, *sorted(a for a in accounts if a != MAIN)])
+        raise SpecError(f"clouds.{name}.accounts", f"unknown account {account!r} (known: {known})")
+    return {**base, **accounts[account]}
 
 
 def parse_settings(name: str, raw: dict[str, Any]) -> Any:
@@ -39,10 +79,23 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
 
 
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
-    module, _, cls_name = _REGISTRY[name]
-    settings = parse_settings(name, raw)
-    cloud: Cloud = getattr(importlib.import_module(module), cls_name)(settings, state_dir)
+    """The cloud `name` (a cloud key: `sim`, `sim@team-b`) from the cloud's settings table `raw`."""
+    cloud_name, account = split_key(name)
+    module, _, cls_name = _REGISTRY[cloud_name]
+    try:
+        settings = parse_settings(cloud_name, account_settings(cloud_name, raw, account))
+        cloud: Cloud = getattr(importlib.import_module(module), cls_name)(settings, state_dir)
+    except SpecError as exc:
+        if account and exc.field.startswith(f"clouds.{cloud_name}.") and not exc.field.endswith(".accounts"):
+            field = exc.field.replace(f"clouds.{cloud_name}.", f"clouds.{cloud_name}.accounts.{account}.", 1)
+            raise SpecError(field, exc.problem) from exc
+        raise
+    if account:
+        cloud.account = account  # its offers and machines carry it (OfferBook, LeaseActor stamp them)
     return cloud
 
 
-__all__ = ["Cloud", "Reclaim", "Reclaiming", "known_clouds", "make_cloud", "parse_settings"]
+__all__ = [
+    "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "cloud_key", "known_clouds",
+    "make_cloud", "parse_settings", "split_key",
+]

@@ -19,6 +19,7 @@ from actor_run.protocols.specs import CandidateSpec
 
 class Cloud(Protocol):
     name: str
+    account: str  # which of the cloud's accounts this object speaks for ("" is the cloud's own settings)
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         """Places with stock now for `candidate`, cheapest first; [] when none has stock."""

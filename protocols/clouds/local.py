@@ -65,6 +65,7 @@ def remove_tree(path: Path) -> None:
 
 class LocalCloud:
     name = "local"
+    account = ""
 
     def __init__(self, settings: LocalSettings, state_dir: Path) -> None:
         self.settings = settings

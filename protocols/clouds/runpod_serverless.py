@@ -11,7 +11,8 @@ job on its queue (rp_queue.py), and the worker image runs actor-run's own handle
   or no answer is looked up by name first (found: adopted; not found: ambiguous). A workers-quota
   refusal (contract: "max workers across all endpoints") first deletes our own idle endpoints that
   `reclaim` (the sweep's rules, installed by the Runner) says no live run owns, tries once more,
-  then refuses `no_capacity`: the walk goes on.
+  then refuses `quota`: the same place on the next account (`[clouds.runpod-serverless.accounts]`),
+  else the next candidate.
 - `delete`: `DELETE /v2/serverless/{id}` (which also deletes its bound template), then a `GET`
   must answer 404: a 5xx is not taken as an answer either way.
 - `list_ours`: `GET /v2/serverless`, ours by name prefix.
@@ -53,7 +54,7 @@ QUOTA_TEXT = "max workers across all endpoints"  # seed 002; runpod.md §11: max
 # What a create's refusal means (a 5xx or no answer proves nothing: the name is looked up first).
 # (status, words in the body, code, the contract line it comes from)
 CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
-    (400, QUOTA_TEXT, Code.NO_CAPACITY, "runpod.md §11: max workers per account; our idle endpoints go first"),
+    (400, QUOTA_TEXT, Code.QUOTA, "runpod.md §11: max workers per account (our idle endpoints went first)"),
     (400, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 400 BadRequestError: refused, nothing made"),
     (404, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 404 NotFoundError (a template or volume)"),
     (422, "", Code.LAUNCH_FAILED, "runpod-rest-v2.json createEndpoint 422 UnprocessableEntityError"),
@@ -88,6 +89,7 @@ class ServerlessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
 
 class ServerlessCloud:
     name = "runpod-serverless"
+    account = ""  # make_cloud sets it for an account of [clouds.runpod-serverless.accounts]
 
     def __init__(self, settings: ServerlessSettings, state_dir: Path) -> None:
         if not settings.image and not settings.template_id:
@@ -185,7 +187,7 @@ class ServerlessCloud:
                 return found
             raise LaunchAmbiguous(f"runpod-serverless: no answer to the create: {exc}") from exc
         if answer.status in (200, 201) and isinstance(answer.body, dict) and answer.body.get("id"):
-            return _as_machine(answer.body)
+            return _as_machine(answer.body, self.account)
         if answer.status >= 500:
             found = await self._find(name)
             if found is not None:
@@ -252,17 +254,17 @@ class ServerlessCloud:
         answer = await self.api.rest("GET", "/v2/serverless")
         if answer.status != 200 or not isinstance(answer.body, dict):
             raise Unreachable(f"runpod-serverless: list: {answer.status} {answer.detail()}")
-        return [_as_machine(e) for e in answer.body.get("endpoints") or []
+        return [_as_machine(e, self.account) for e in answer.body.get("endpoints") or []
                 if isinstance(e, dict) and str(e.get("name", "")).startswith(prefix)]
 
     async def aclose(self) -> None:
         await self.api.aclose()
 
 
-def _as_machine(e: dict[str, Any]) -> Machine:
+def _as_machine(e: dict[str, Any], account: str = "") -> Machine:
     name = str(e.get("name", ""))
     parsed = parse_name(name)
     return Machine(cloud=ServerlessCloud.name, id=str(e["id"]), name=name,
                    deadline=float(parsed.deadline) if parsed else 0.0,
-                   region=",".join(e.get("dataCenterIds") or []), address=f"endpoint:{e['id']}")
+                   region=",".join(e.get("dataCenterIds") or []), address=f"endpoint:{e['id']}", account=account)
 

@@ -8,7 +8,7 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     launch_failure_rate = 0.0   # the launch is refused cleanly: `launch_failed`, no machine
     ambiguous_rate = 0.0        # the machine is made, then the launch raises `LaunchAmbiguous`
     boot_failure_rate = 0.0     # the launch returns a machine that never answers: `connect` raises
-                                # `Unreachable` (it holds stock and bills until deleted)
+                                # `Unreachable` (it holds stock and bills until deleted; never preempted)
     preempt_rate = 0.0          # the machine is preempted at a random moment within preempt_within_s
     preempt_within_s = 30.0
     launch_latency_s = 0.2
@@ -16,6 +16,11 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     virtual = false             # machines only pretend to run (clouds/virtual.py); else local sandboxes
     virtual_job_s = 1.0         # how long a virtual job runs
     virtual_exit_code = 0
+    api_key_env = ""            # set: the variable must be set (an account's key; its value is never read)
+    quota_exceeded = false      # every launch is refused: the account is out of quota or balance (`quota`)
+
+    [clouds.sim.accounts.team-b]  # another account at the same provider: these settings over the above
+    api_key_env = "SIM_TEAM_B_KEY"
 
     [[clouds.sim.regions]]      # default: us-east, eu-west, ap-south with A100s and H100s
     name = "us-east"
@@ -28,15 +33,17 @@ behind exactly as at a real provider, and two controllers share one sim cloud::
     machines/<name>.json  one per machine the provider holds: the Machine fields, `state`
                           (running | preempted), `preempt_at`, `virtual`, `broken`
     held.json             machines held per "region/gpu": stock left is stock - held
-    billing.jsonl         one line per deleted machine (`Billing`)
+    billing.jsonl         one line per deleted machine (`Billing`), naming the account it bills
     sandboxes/<name>/     a real machine's root (mode 0700), as in the local cloud
     fail_deletes          while this file exists every delete raises `DeleteUnconfirmed`
 
 A machine holds stock from its launch to its deletion, preempted or not. Preemption is noticed by
 the next call to the machine (a host call, a virtual workspace call): its processes are stopped,
 its state becomes `preempted` and the call raises `MachineGone`; until deleted it is still listed.
-Billing runs from the launch to the deletion, or to the preemption if that came first. `seed`
-makes fates independent of the order of launches: a retry has a new name, hence a new fate. A
+Billing runs from the launch to the delete request (the one that worked), or to the preemption if
+that came first, per machine and per second (of float time: the bill is as fine as the clock), to
+the machine's account. Accounts share the provider's stock and folder; each lists only its own
+machines. `seed` makes fates independent of the order of launches: a retry has a new name, hence a new fate. A
 machine's deadline is recorded, not enforced (no self-destruct): a sweep finds it past its deadline.
 `list_ours` also counts held.json again from the machine files (a crash between the two writes).
 
@@ -48,6 +55,7 @@ code (`SimStore` and these helpers) is in protocols/clouds/simstore.py.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import zlib
@@ -125,6 +133,8 @@ class SimSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     virtual: bool = False
     virtual_job_s: float = 1.0
     virtual_exit_code: int = 0
+    api_key_env: str = ""
+    quota_exceeded: bool = False
 
     def __post_init__(self) -> None:
         for field in _RATES:
@@ -137,16 +147,23 @@ class SimSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 raise SpecError(f"clouds.sim.{field}", f"expected number >= 0, got {value}")
 
 
-def _machine(rec: SimRecord) -> Machine:
-    return Machine(**{f: getattr(rec, f) for f in Machine.__struct_fields__})
+def _machine(rec: SimRecord, now: float | None = None) -> Machine:
+    """The Machine a caller sees; with `now` (a listing), preempted ones say when they were taken."""
+    m = Machine(**{f: getattr(rec, f) for f in Machine.__struct_fields__})
+    if now is not None and rec.preempt_at is not None and (rec.state == "preempted" or rec.preempt_at <= now):
+        m = msgspec.structs.replace(m, taken_at=min(rec.preempt_at, now))
+    return m
 
 
 class SimCloud:
     """The simulated provider (see the module docstring); its state is in `self.dir`."""
 
     name = "sim"
+    account = ""  # make_cloud sets it for an account of [clouds.sim.accounts]
 
     def __init__(self, settings: SimSettings, state_dir: Path) -> None:
+        if settings.api_key_env and not os.environ.get(settings.api_key_env):
+            raise SpecError("clouds.sim.api_key_env", f"set the environment variable {settings.api_key_env}")
         self.settings = settings
         own = Path(settings.state_dir).expanduser() if settings.state_dir else state_dir / "sim"
         self.dir = own.resolve()
@@ -172,7 +189,9 @@ class SimCloud:
         return Fate(
             no_capacity=u[0] < s.no_capacity_rate, failed=u[1] < s.launch_failure_rate,
             ambiguous=u[2] < s.ambiguous_rate, broken=u[3] < s.boot_failure_rate,
-            preempt_in=u[5] * s.preempt_within_s if u[4] < s.preempt_rate else None,
+            # a machine that never came up is never preempted: nothing would tell its controller when
+            # its bill stopped (a broken machine is billed until it is deleted)
+            preempt_in=u[5] * s.preempt_within_s if u[4] < s.preempt_rate and not u[3] < s.boot_failure_rate else None,
         )
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
@@ -202,6 +221,8 @@ class SimCloud:
         if not SAFE_NAME.fullmatch(name):
             raise LaunchRefused(f"sim: {name!r} is not a valid machine name", code=Code.LAUNCH_FAILED)
         region, gpu, spec = place
+        if self.settings.quota_exceeded:
+            raise LaunchRefused(f"sim: account {self.account or 'main'} is out of quota (injected)", code=Code.QUOTA)
         fate = self._fate(name)
         await trio.sleep(self.settings.launch_latency_s)
         now = time.time()
@@ -211,7 +232,7 @@ class SimCloud:
             hourly_usd=spec.hourly_usd, deadline=deadline, created_at=now, address="localhost",
             root=f"/sim-virtual/{name}" if virtual else str(self._store.sandboxes / name),
             preempt_at=None if fate.preempt_in is None else now + fate.preempt_in,
-            virtual=virtual, broken=fate.broken,
+            virtual=virtual, broken=fate.broken, account=self.account,
         )
         made = await self._creates((rec, spec.stock, fate))
         if isinstance(made, LaunchError):
@@ -247,13 +268,16 @@ class SimCloud:
         return ws
 
     async def delete(self, name: str, machine_id: str = "") -> None:
+        asked = time.time()  # the bill stops at the request; the latency is the wait for its confirmation
         await trio.sleep(self.settings.delete_latency_s)
-        await self._deletes((name, time.time()))  # raises the DeleteUnconfirmed delete_many answered
+        await self._deletes((name, asked))  # raises the DeleteUnconfirmed delete_many answered
         self._virtual.pop(name, None)
         self._fresh.pop(name, None)
 
     async def list_ours(self, prefix: str) -> list[Machine]:
-        return [_machine(r) for r in await trio.to_thread.run_sync(self._store.listing, prefix)]
+        listed = await trio.to_thread.run_sync(self._store.listing, prefix)
+        now = time.time()
+        return [_machine(r, now) for r in listed if r.account == self.account]  # an account sees its own
 
     async def aclose(self) -> None:
         self._store.close()

@@ -45,6 +45,7 @@ class Billing(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     usd: float
     preempted: bool = False
+    account: str = ""
 
 
 class Fate(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +75,7 @@ def _bill(rec: SimRecord, now: float) -> Billing:
     return Billing(
         name=rec.name, id=rec.id, region=rec.region, gpu=rec.gpu, created_at=rec.created_at,
         deleted_at=now, seconds=seconds, usd=seconds * rec.hourly_usd / 3600, preempted=end < now,
+        account=rec.account,
     )
 
 

@@ -150,6 +150,7 @@ class SSHWorkspace(ShellWorkspace):
 
 class SSHCloud:
     name = "ssh"
+    account = ""
 
     def __init__(self, settings: SSHSettings, state_dir: Path, *, loop: Any = None) -> None:
         self.settings = settings

@@ -66,6 +66,7 @@ class MachineGuard:
         self._path = os.fspath(provider.path(name))  # a str: pathlib per call cost more than the stat
         self._key = key if key is not None else self._stat_key()
         self._gone = ""
+        self._gone_at: float | None = None  # preempted: when the provider took it
 
     def _stat_key(self) -> tuple[int, int, int] | None:
         try:
@@ -76,7 +77,7 @@ class MachineGuard:
 
     async def __call__(self) -> None:
         if self._gone:
-            raise MachineGone(self._gone)
+            raise MachineGone(self._gone, at=self._gone_at)
         name = self._name
         key = self._stat_key()
         if key != self._key:
@@ -87,9 +88,11 @@ class MachineGuard:
             self._rec, self._key = rec, key
         at = self._rec.preempt_at
         if self._rec.state == "preempted" or (at is not None and time.time() >= at):
-            await trio.to_thread.run_sync(self._provider.preempt, name, time.time())
+            now = time.time()
+            await trio.to_thread.run_sync(self._provider.preempt, name, now)
             self._gone = f"sim: {name} was preempted"
-            raise MachineGone(self._gone)
+            self._gone_at = now if at is None else min(now, at)  # what the provider bills up to
+            raise MachineGone(self._gone, at=self._gone_at)
 
 
 class SimHost:

@@ -20,6 +20,7 @@ POLICY = PolicySpec(max_attempts=5, thrash_max=5, thrash_window_s=300.0)
 # DESIGN.md's table: code -> (action, walk past the place first)
 TABLE: dict[Code, tuple[Action, bool]] = {
     Code.NO_CAPACITY: (Action.WALK, True),
+    Code.QUOTA: (Action.WALK, True),
     Code.LAUNCH_FAILED: (Action.RETRY, True),
     Code.AMBIGUOUS_CREATE: (Action.RETRY, False),
     Code.PREEMPTED: (Action.RETRY, False),

@@ -280,9 +280,9 @@ def test_a_workers_quota_refusal_reclaims_our_idle_endpoints_then_succeeds(fake:
         _, third = await offer_and_launch(cloud, n=3)  # over the quota: the dead run's endpoint goes first
         assert asked == [sorted([name(1), name(2)])]
         assert {m.id for m in await cloud.list_ours("ar-")} == {live.id, third.id}
-        with pytest.raises(LaunchRefused) as refused:  # nothing idle left to reclaim: walk on
+        with pytest.raises(LaunchRefused) as refused:  # nothing idle left to reclaim: the next account
             await offer_and_launch(cloud, n=4)
-        assert refused.value.code == Code.NO_CAPACITY
+        assert refused.value.code == Code.QUOTA
         for m in (live, third):
             await cloud.delete(m.name, m.id)
         await cloud.aclose()

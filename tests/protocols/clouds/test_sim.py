@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -364,12 +365,16 @@ def test_billing_records_machine_seconds(tmp_path: Path) -> None:
 
     async def main() -> None:
         machines = [await cloud.launch(place(), f"m-{i}", 0) for i in range(3)]
+        asked = {}
         for m in machines:
+            asked[m.name] = time.time()
             await cloud.delete(m.name)
         lines = billing(cloud.dir)
         assert sorted(line.name for line in lines) == ["m-0", "m-1", "m-2"]
         for line in lines:
-            assert 0.01 <= line.seconds < 30
+            assert 0 < line.seconds < 30
+            # billed up to the delete request, not to its confirmation 10 ms later
+            assert asked[line.name] <= line.deleted_at < asked[line.name] + 0.01
             assert line.usd == pytest.approx(line.seconds * 1.8 / 3600)
             assert not line.preempted
         assert billed_seconds(cloud.dir) == pytest.approx(sum(line.seconds for line in lines))
