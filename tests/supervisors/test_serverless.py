@@ -262,3 +262,30 @@ def test_a_running_job_silent_past_the_stall_window_is_stalled(
     assert "no progress" in ended.detail
     assert fake.jobs[fake.submitted[0]].status == "CANCELLED"  # the queue job went with the attempt
     assert fake.live_endpoints() == []
+
+
+def test_a_quota_spent_on_one_account_walks_to_the_next(
+    fake: FakeRunPodServerless, open_runner: Callable[..., Any], events: Any, tmp_path: Path,
+) -> None:
+    other = FakeRunPodServerless(tmp_path / "fake-b").start()  # team-b's account: a quota of its own
+    try:
+        fake.quota_workers = 0  # the main account can hold no worker at all
+        spec = job(fake, tmp_path)
+        settings = {**spec.clouds["runpod-serverless"],
+                    "accounts": {"team-b": {"rest_url": other.url, "queue_url": other.queue_url}}}
+        spec = msgspec.structs.replace(
+            spec, clouds={"runpod-serverless": settings},
+            candidates=[CandidateSpec(cloud="runpod-serverless", gpu="A100-80G", accounts=["main", "team-b"])])
+        with open_runner() as r:
+            ended = r.submit(spec).result(60)
+        assert ended.outcome == "succeeded", ended.detail
+        assert fake.count("POST", "/v2/serverless", 400) == 2  # refused, nothing to reclaim, refused again
+        assert fake.submitted == []
+        assert len(other.submitted) == 1
+        refused, ran = events.of(AttemptEnded)
+        assert (refused.failure, refused.offer.account) == (Code.QUOTA, "main")
+        assert (ran.outcome, ran.offer.account) == ("succeeded", "team-b")
+        assert other.live_endpoints() == []
+    finally:
+        other.stop()
+    assert other.violations == []
