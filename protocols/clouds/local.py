@@ -29,11 +29,13 @@ class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_machines: int = 64
 
 
-def stop_processes_under(root: Path) -> int:
-    """Stop every process group whose leader's command line names a folder under `root`."""
+def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
+    """Stop every process group whose leader's command line names a folder under `root`, and wait
+    (up to `wait_s`) until each is dead: a SIGKILL is delivered at the process's next scheduling,
+    so a busy machine may still show it running just after the kill."""
     marker = str(root)
     inside = marker + os.sep  # not a sibling whose name merely starts with this one's
-    stopped = 0
+    stopped: list[psutil.Process] = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
@@ -45,10 +47,22 @@ def stop_processes_under(root: Path) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 proc.kill()
-            stopped += 1
+            stopped.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return stopped
+    deadline = time.monotonic() + wait_s
+    while (alive := [p for p in stopped if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if alive:
+        raise DeleteUnconfirmed(f"local: {len(alive)} process(es) under {root} survived SIGKILL")
+    return len(stopped)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def remove_tree(path: Path) -> None:

@@ -237,7 +237,11 @@ class SimStore:
                 # fewer per machine; each lets go of the GIL, and a thousand deletes come at once)
                 sandbox = None if rec is not None and rec.virtual else self.sandboxes / name
                 if sandbox is not None and sandbox.exists():
-                    stop_processes_under(sandbox)
+                    try:
+                        stop_processes_under(sandbox)
+                    except DeleteUnconfirmed as exc:  # a process outlived SIGKILL: try again later
+                        out.append(exc)
+                        continue
                     remove_tree(sandbox)
                 if rec is not None:
                     self.path(name).unlink()  # under the lock: gone once this returns
