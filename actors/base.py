@@ -47,6 +47,19 @@ def failure_text(exception_type: type[BaseException] | None, exception_value: Ba
     return "".join(traceback_module.format_exception(exception_type, exception_value, tb)).rstrip()
 
 
+def label_context(label: str) -> dict[str, str]:
+    """The job and attempt an actor's label names, for its log lines: labels are `<kind>:<job>/<seed>`
+    (a job's actors) or `<kind>:<job>/<seed>/a<attempt>` (an attempt's)."""
+    _, _, path = label.partition(":")
+    parts = path.split("/")
+    if len(parts) < 2:
+        return {}
+    found = {"job": f"{parts[0]}/seed-{parts[1]}"}
+    if len(parts) > 2:
+        found["attempt"] = parts[2]
+    return found
+
+
 class Pending(Protocol):
     """A queued ledger write."""
 
@@ -150,9 +163,10 @@ class Actor(PooledActor):
 
     @property
     def log(self) -> Any:
-        """loguru's logger bound to this actor's label (bound on first use: most actors never log)."""
+        """loguru's logger bound to this actor's label, and to the job and attempt it works for
+        (bound on first use: most actors never log)."""
         if self._log is None:
-            self._log = logger.bind(actor=self.label)
+            self._log = logger.bind(actor=self.label, **label_context(self.label))
         return self._log
 
     def spawn(self, fn: Callable[..., Any], *args: Any,

@@ -1,7 +1,7 @@
 """Load test: N jobs at once through the real Runner (its actors and its reactor) in one process,
 on the `sim` cloud with virtual machines (no process, no folder per machine).
 
-    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json] [--gc default|cli]
+    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json] [--gc default|cli] [--view]
                          [--failure-rates no_capacity=0.1,launch_failed=0.05,preempt=0.02]
 
 Production intervals are divided by `--scale` (default 10), so a run is short but keeps the
@@ -55,6 +55,10 @@ What is reported (a table, then as the LAST line one JSON object):
   the `runner.cancel()` call until the sim has billed it (deleted); `cancel_empty_s` until every
   one of them is; `cancel_ended_s` until every job said JobEnded; `cancel_peak_threads` while it ran.
 - `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
+- with `--view`, phase 1 also runs the live view (supervisors/view.py) as `actor-run run` does on a
+  terminal, drawing into a pseudo-terminal of 50 x 200: `view_cpu_s` is the CPU time of the view's
+  thread (every event it took, every redraw), `view_cpu_share` that over the process's CPU in
+  phase 1, `view_redraws` and `view_redraws_per_s` how often it drew (at most 4 a second).
 - `gc`: `default` (Python's collector settings: the Runner embedded in a process that leaves them)
   or `cli` (`--gc cli`: as the actor-run CLI sets its process, supervisors/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
@@ -67,6 +71,7 @@ Only loopback: the sim cloud is files in a temporary folder. Every wait is bound
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import gc
 import json
@@ -363,13 +368,76 @@ def message_count(runner: Runner) -> tuple[int, str] | None:
     return None
 
 
-def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, float]) -> dict[str, Any]:
+class Screen:
+    """`--view`: the live view (supervisors/view.py) in a thread of its own, drawing into a pseudo-
+    terminal of `rows` x `cols` whose other end a second thread reads and drops (the terminal). The
+    view's CPU is the CPU time of its thread: every event it takes and every redraw (the deque's
+    append on the emitting actor threads, a few tens of nanoseconds, is not in it)."""
+
+    def __init__(self, keys: list[str], runner: Runner, rows: int = 50, cols: int = 200) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        from actor_run.supervisors.view import View
+
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.tty = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115 (closed in close())
+        self.events: collections.deque[Event] = collections.deque()
+        self.view = View(keys, json_mode=False, out=self.tty, budget=runner.budget.statistics)  # as `run` has it
+        self.n = len(keys)
+        self.ended = 0
+        self.cpu_s = 0.0
+        self.bytes_drawn = 0
+        self._view_thread = threading.Thread(target=self._show, name="bench-view", daemon=True)
+        self._drain_thread = threading.Thread(target=self._drain, name="bench-terminal", daemon=True)
+
+    def start(self) -> None:
+        self._drain_thread.start()
+        self._view_thread.start()
+
+    def _until(self, e: Event) -> bool:
+        if isinstance(e, JobEnded):
+            self.ended += 1
+        return self.ended >= self.n
+
+    def _show(self) -> None:
+        t = time.thread_time()
+        with self.view:
+            self.view.follow(self.events, self._until)
+        self.cpu_s = time.thread_time() - t
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.bytes_drawn += len(data)
+
+    def close(self, timeout: float) -> None:
+        self._view_thread.join(timeout)
+        self.tty.close()
+        os.close(self.master)
+        self._drain_thread.join(5)
+
+
+def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, float],
+               view: bool = False) -> dict[str, Any]:
     sim_dir = root / "sim"
     launch_s, delete_s = PRODUCTION_LAUNCH_LATENCY_S / scale, PRODUCTION_DELETE_LATENCY_S / scale
     jobs = make_jobs(n, scale, {"sim": sim_settings(n, job_s, scale, rates, sim_dir)})
     runner = open_runner(root, n, scale)
     tally = Tally()
     runner.subscribe(tally)
+    screen = Screen([j.key for j in jobs], runner) if view else None
+    if screen is not None:
+        runner.subscribe(screen.events.append)
+        screen.start()
     timeout = 300 + 20 * (launch_s + job_s + delete_s) + 0.1 * n
     timed_out = False
     try:
@@ -394,6 +462,13 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
             msgs1 = message_count(runner)
     finally:
         close_s = timed(runner.close)
+    shown: dict[str, Any] = {}
+    if screen is not None:
+        screen.close(timeout=30)
+        stats = screen.view.statistics()
+        shown = {"view_cpu_s": screen.cpu_s, "view_cpu_share": screen.cpu_s / max(cpu, 1e-9),
+                 "view_redraws": stats.redraws, "view_redraws_per_s": stats.redraws / wall,
+                 "view_events": stats.events, "view_bytes": screen.bytes_drawn}
     with tally.lock:
         events = tally.events
         kinds = dict(tally.kinds)
@@ -431,6 +506,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         "overhead_max_s": max(overheads, default=0.0), "events_by_kind": kinds,
         "steps_p50_p99_s": steps, **bursts,
         "timeline_s": {k: [round(a - wall0, 3), round(b - wall0, 3)] for k, (a, b) in marks.items()},
+        **shown,
     }
 
 
@@ -594,6 +670,11 @@ def render(r: dict[str, Any]) -> str:
             ("cancel -> sim empty / all ended", f"{s3(r['cancel_empty_s'])} s / {s3(r['cancel_ended_s'])} s"),
             ("threads at peak while cancelling", f"{r['cancel_peak_threads']}"),
         ]
+    if "view_cpu_s" in r:
+        rows += [
+            ("view: CPU / share of the process's", f"{r['view_cpu_s']:.3f} s / {r['view_cpu_share'] * 100:.2f} %"),
+            ("view: redraws (per second)", f"{r['view_redraws']} ({r['view_redraws_per_s']:.2f}/s)"),
+        ]
     rows.append(("leaks (machines, actors, threads, busy pool)", f"{r['leaks']} {r['leaked_counts']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -610,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-job-seconds", type=float, default=600.0, help="the cancel phase's job length")
     ap.add_argument("--no-cancel", action="store_true", help="skip the cancel phase")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--view", action="store_true",
+                    help="phase 1 with the live view drawing into a pseudo-terminal (50 x 200); reports the "
+                         "view's share of the process's CPU")
     ap.add_argument("--gc", choices=("default", "cli"), default="default",
                     help="the garbage collector: Python's defaults (the Runner embedded in a process that "
                          "leaves them), or as the actor-run CLI sets it (supervisors/gc_tuning.py)")
@@ -645,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"garbage collector: {'as the actor-run CLI sets it' if args.gc == 'cli' else 'Python defaults'}"
             f" (thresholds {gc.get_threshold()}, {gc.get_freeze_count()} objects frozen)")
         say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
-        result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates))
+        result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates, view=args.view))
         grown = result["peak_rss_mib"] - result["empty_runner_rss_mib"]
         result["rss_per_attempt_mib"] = grown / args.attempts
         sim_dirs = [root / "load" / "sim"]

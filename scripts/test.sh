@@ -1,7 +1,7 @@
 #!/bin/sh
-# The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server and
-# rsync through apt when missing; the package and its test extras in .venv), then runs ruff, mypy
-# and pytest.
+# The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
+# rsync and Chromium, for the report's page, through apt when missing; the package and its test
+# extras in .venv), then runs ruff, mypy and pytest.
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -9,6 +9,7 @@ need=""
 command -v rsync >/dev/null 2>&1 || need="$need rsync"
 command -v ssh >/dev/null 2>&1 || need="$need openssh-client"
 command -v ps >/dev/null 2>&1 || need="$need procps"
+command -v chromium >/dev/null 2>&1 || need="$need chromium"  # opens `actor-run report`'s page in a test
 if [ -n "$need" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null

@@ -8,25 +8,30 @@ console.py.
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
     actor-run resume [RUN] [--json] [--ledger PATH]
     actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
+    actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
+    actor-run report [RUN] [--out FILE.html] [--ledger PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import queue
+import collections
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors import cmd_cost, cmd_resume, cmd_runs, cmd_sweep
+from actor_run.supervisors import cmd_cost, cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
 from actor_run.supervisors.console import Exit, Interrupts, configure_logging, watch
 from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.runlog import event_logger, open_run_log
 from actor_run.supervisors.runner import Runner, default_state_dir
 
 __all__ = ["Exit", "entry", "main"]
@@ -58,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     cmd_sweep.add_parser(sub)
     cmd_resume.add_parser(sub)
     cmd_cost.add_parser(sub)
+    cmd_logs.add_parser(sub)
+    cmd_report.add_parser(sub)
     return p
 
 
@@ -71,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return Exit.USAGE
     jobs = batch.jobs()
     concurrency = args.concurrency or batch.spec.policy.concurrency
-    events: queue.Queue[Event] = queue.Queue()
+    events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
                     budget_usd=batch.spec.policy.budget_usd, batch=str(Path(args.batch).resolve()))
     interrupts = Interrupts(runner)
@@ -81,15 +88,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             for job in jobs:
                 runner.check(job)  # every job checked before any starts
             run = runner.start_run()
+            log = open_run_log(runner.state_dir, run)
+            runner.subscribe(event_logger(runner.run_of))
             # the run's id first (on stderr with --json: stdout is one event per line, each naming it)
             print(f"run {run}: {len(jobs)} job(s), results in {runner.out_dir}",
                   file=sys.stderr if args.json else sys.stdout, flush=True)
-            runner.subscribe(events.put)
+            runner.subscribe(events.append)
             previous = signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
-                           unconfirmed=unconfirmed)
+                          unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
         signal.signal(signal.SIGINT, previous)
+        logger.remove(log)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
@@ -107,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run, "runs": cmd_runs.cmd_runs, "status": cmd_runs.cmd_status, "sweep": cmd_sweep.cmd_sweep,
-        "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost,
+        "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs,
+        "report": cmd_report.cmd_report,
     }
     return commands[args.command](args)
 

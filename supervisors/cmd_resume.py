@@ -4,13 +4,16 @@ of every run, each written to the folder its run recorded (resume.py decides wha
 from __future__ import annotations
 
 import argparse
-import queue
+import collections
 import signal
 import sys
+
+from loguru import logger
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded
 from actor_run.supervisors.console import Exit, Interrupts, open_reader, usage_error, watch
+from actor_run.supervisors.runlog import event_logger, open_run_log
 from actor_run.supervisors.runner import Runner
 
 HELP = "pick up the unfinished jobs of controllers that died"
@@ -40,13 +43,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
             reader.close()
         if known is None:
             return usage_error(f"run: no run {args.run!r} in this ledger (see `actor-run runs`)")
-    events: queue.Queue[Event] = queue.Queue()
+    events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)
     interrupts = Interrupts(runner)
     ended: list[JobEnded] = []
+    logs: dict[str, int] = {}
     try:
         with runner:
-            runner.subscribe(events.put)
+            runner.subscribe(events.append)
+            runner.subscribe(event_logger(runner.run_of))
             signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             first = True
@@ -68,10 +73,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 first = False
                 if not handles:
                     break
+                for run in sorted({h.run for h in handles} - set(logs)):  # each run's lines to its own log
+                    logs[run] = open_run_log(runner.state_dir, run)
                 ended += watch(runner, [h.key for h in handles], events, json_mode=args.json)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
+    finally:
+        for handler in logs.values():
+            logger.remove(handler)
     if interrupts.count:
         return Exit.INTERRUPTED
     return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED

@@ -12,8 +12,9 @@ import msgspec
 
 from actor_run.supervisors.console import Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.runlog import run_log_path
 
-RUNS_HELP = "list the runs in the ledger: id, batch, started, state, jobs, cost"
+RUNS_HELP = "list the runs in the ledger: id, batch, started, state, jobs, cost; where their controller logs are"
 RUNS_EXAMPLE = """example:
   actor-run runs
   actor-run runs --json | jq -r 'select(.state == "abandoned") | .id'
@@ -66,7 +67,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         reader.close()
     if args.json:
         for r in runs:
-            sys.stdout.write(msgspec.json.encode(_run_dict(r, live)).decode() + "\n")
+            log = run_log_path(args.state_dir, r.id)
+            d = {**_run_dict(r, live), "log": str(log) if log.exists() else None}
+            sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
         return Exit.OK
     if not runs:
         print("no run in the ledger")
@@ -75,6 +78,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         print(f"{r.id:<9} {_when(r.started):<19} {run_state(r, live):<10} {r.succeeded:>4} {r.failed:>4} "
               f"{r.unfinished:>4} {'$' + format(r.usd, '.4f'):>10}  {r.batch or '-'}")
+    print(f"each run's controller log: {run_log_path(args.state_dir, '<run>')}")
     return Exit.OK
 
 

@@ -5,8 +5,8 @@ imports neither the CLI nor a command, so any of them may import it."""
 from __future__ import annotations
 
 import argparse
+import collections
 import enum
-import queue
 import sys
 from pathlib import Path
 from types import FrameType
@@ -51,25 +51,24 @@ class Interrupts:
             sys.stderr.write("actor-run: still deleting machines; the controller exits once they are gone\n")
 
 
-def watch(runner: Runner, keys: list[str], events: queue.Queue[Event], *, json_mode: bool,
-          unconfirmed: list[Released] | None = None) -> list[JobEnded]:
-    """Show the jobs `keys` until each has ended (a live table, or with `json_mode` one event per
-    line carrying its run); their JobEnded events, in the order of `keys`."""
+def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, json_mode: bool,
+          unconfirmed: list[Released] | None = None, budget_usd: float | None = None) -> list[JobEnded]:
+    """Show the jobs `keys` until each has ended (the live view on a terminal, a line per change
+    otherwise, or with `json_mode` one event per line carrying its run); their JobEnded events, in
+    the order of `keys`. `events` is what the Runner's subscriber `events.append` fills."""
     ended: dict[str, JobEnded] = {}
     unconfirmed = [] if unconfirmed is None else unconfirmed
-    with View(keys, json_mode=json_mode, run_of=runner.run_of) as view:
-        while len(ended) < len(keys):
-            try:
-                e = events.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            view.event(e)
-            if isinstance(e, JobEnded):
-                ended[job_key(e.job, e.seed)] = e
-            if isinstance(e, Released) and not e.confirmed:
-                unconfirmed.append(e)
-        while not events.empty():
-            view.event(events.get_nowait())
+
+    def until(e: Event) -> bool:
+        if isinstance(e, JobEnded):
+            ended[job_key(e.job, e.seed)] = e
+        if isinstance(e, Released) and not e.confirmed:
+            unconfirmed.append(e)
+        return len(ended) >= len(keys)
+
+    with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
+              budget=runner.budget.statistics) as view:
+        view.follow(events, until)
     view.summary()
     for r in unconfirmed:
         sys.stderr.write(

@@ -259,7 +259,7 @@ class JobSupervisor(Actor):
                                    seq=change.seq, seconds=e.usage.seconds, outcome=e.outcome,
                                    failure=e.failure)
         if change.replaced_usd > 0 or e.usage.usd > 0 or change.limit_usd is not None:
-            self.ctx.emit(Charged(**self.head, attempt=e.attempt, usd=round(e.usage.usd, 6),
+            self.ctx.emit(Charged(**self.head, attempt=e.attempt, usd=change.usd,
                                   reserved=change.replaced_usd,
                                   at_least=e.usage.at_least, **_totals(change)))
 

@@ -30,7 +30,7 @@ from actor_run.actors.base import failure_text
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
 from actor_run.protocols.failures import ActorRunError
-from actor_run.protocols.messages import Event, Machine, Offer, encode
+from actor_run.protocols.messages import Event, Machine, Offer, decode_event, encode
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.schema import SchemaError, migrate
 
@@ -710,6 +710,17 @@ class LedgerReader:
     def run(self, run: str) -> RunRow | None:
         found = [r for r in self.runs() if r.id == run]
         return found[0] if found else None
+
+    def run_events(self, run: str) -> list[Event]:
+        """The events recorded for `run`, in the order they were recorded (the report reads them);
+        a kind this version does not know (a newer actor-run wrote it) is passed over."""
+        found = []
+        for (body,) in self._conn.execute("SELECT body FROM events WHERE run=? ORDER BY id", (run,)).fetchall():
+            try:
+                found.append(decode_event(body))
+            except msgspec.DecodeError:
+                continue
+        return found
 
 
 class RunRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,7 +35,7 @@ loss = 2.0
 for step in range(1, args.steps + 1):
     time.sleep(args.step_seconds)
     loss *= 0.7 + 0.2 * rng.random()
-    report(stage="train", step=step, loss=round(loss, 4))
+    report(stage="train", step=step, total=args.steps, loss=round(loss, 4))
     print(f"step {step}: loss {loss:.4f}", flush=True)
 (out / "model.json").write_text(json.dumps({"seed": args.seed, "loss": loss, "vocab": len(set(words))}))
 report(stage="done", loss=round(loss, 4))

@@ -1,14 +1,19 @@
-"""Shared clocks: every loop of one period wakes on the same beat, and a clock nobody waits on stops."""
+"""Shared clocks: every loop of one period wakes on the same beat, and a clock nobody waits on stops.
+
+On trio's virtual clock (MockClock, jumping as soon as every task waits): the beats are exact and a
+busy machine cannot stretch a sleep past a beat.
+"""
 
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from actor_run.actors.ticks import _CLOCKS, Subscription, subscribe, tick
 
 
 def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:
-    trio.run(_loops_share_a_clock)
+    trio.run(_loops_share_a_clock, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 async def _loops_share_a_clock() -> None:
@@ -46,7 +51,7 @@ async def _loops_share_a_clock() -> None:
 
 
 def test_a_cancelled_wait_leaves_the_clock() -> None:
-    trio.run(_cancelled_wait)
+    trio.run(_cancelled_wait, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 async def _cancelled_wait() -> None:
@@ -58,7 +63,7 @@ async def _cancelled_wait() -> None:
 
 
 def test_subscribers_beat_on_the_clock_until_cancelled_or_they_decline() -> None:
-    trio.run(_subscribers)
+    trio.run(_subscribers, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 async def _subscribers() -> None:

@@ -1,6 +1,7 @@
-"""bench/load.py, run as a user runs it (a small N, short intervals): it completes, every job ends,
-nothing leaks, and its last line is the JSON object the load issue names. No figure is timed here:
-speed is measured by the bench itself, not by tests."""
+"""bench/load.py, run as a user runs it (a small N, short intervals, the live view on a
+pseudo-terminal): it completes, every job ends, nothing leaks, and its last line is the JSON object
+the load issue names. No figure is timed here: speed is measured by the bench itself, not by
+tests."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ KEYS = ("attempts", "wall_over_ideal", "cpu_s_per_attempt", "rss_per_attempt_mib
 def test_a_small_load_run_ends_every_job_leaks_nothing_and_prints_its_figures(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "load.py"), "--attempts", "12", "--job-seconds", "0.5",
-         "--scale", "100", "--dir", str(tmp_path)],
+         "--scale", "100", "--dir", str(tmp_path), "--view"],
         capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -32,4 +33,9 @@ def test_a_small_load_run_ends_every_job_leaks_nothing_and_prints_its_figures(tm
     assert result["wall_over_ideal"] >= 1.0  # nothing finishes before its own critical path
     assert result["peak_threads"] >= 3  # the reactor, the ledger's writer, a pool worker at least
     assert result["rss_per_attempt_mib"] > 0
+    # --view: the live view drew into its pseudo-terminal, at most 4 times a second, and its CPU is counted
+    assert 0 < result["view_redraws"] <= 4 * result["wall_s"] + 1
+    assert 0 < result["view_cpu_s"] < result["cpu_s"]
+    assert result["view_events"] >= 12 * 5  # every job's lifecycle passed through it
+    assert result["view_bytes"] > 0
     assert list(tmp_path.iterdir()) == []  # the run's folders are gone with it

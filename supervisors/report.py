@@ -1,0 +1,358 @@
+"""A run's report: one self-contained HTML page (no network needed to open it) that shows where the
+time and the money went.
+
+- a timeline: one row per job, one coloured span per phase of each attempt (lease, upload, run,
+  fetch, release), a failed attempt marked with its code; drawn by the page's own script from the
+  data embedded in it, so the page is one file;
+- cost by cloud and GPU (dollars, machine time, attempts);
+- the walk: for each candidate place, how often it was tried and what came of it, and each job's
+  path across the candidates;
+- the table of jobs.
+
+`build(events, jobs, run)` reads what the ledger recorded (events are the same structs the actors
+emit); `render(report)` makes the page. Phases are cut from the events' times: lease from
+`AttemptStarted` to `Leased` (or `LeaseFailed`), upload to `Uploaded`, run to `Exited` (or
+`Stalled`), fetch to `Fetched`, release from the end of the last phase to `Released`.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from actor_run.protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    Exited,
+    Fetched,
+    JobEnded,
+    Leased,
+    LeaseFailed,
+    Released,
+    Stalled,
+    TransferFailed,
+    Uploaded,
+)
+from actor_run.protocols.specs import job_key
+
+PHASES = ("lease", "upload", "run", "fetch", "release")
+
+
+class Span(msgspec.Struct, frozen=True, kw_only=True):
+    phase: str
+    t0: float
+    t1: float
+
+
+class AttemptRow(msgspec.Struct, kw_only=True):
+    attempt: int
+    cloud: str = ""
+    region: str = ""
+    gpu: str = ""
+    candidate: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    outcome: str = ""
+    failure: str = ""
+    detail: str = ""
+    usd: float = 0.0
+    seconds: float = 0.0
+    spans: list[Span] = msgspec.field(default_factory=list)
+
+    @property
+    def place(self) -> str:
+        return " ".join(x for x in (self.cloud, self.region, self.gpu) if x)
+
+
+class JobRow(msgspec.Struct, kw_only=True):
+    key: str
+    state: str = "running"
+    failure: str = ""
+    detail: str = ""
+    usd: float = 0.0
+    attempts: list[AttemptRow] = msgspec.field(default_factory=list)
+
+
+class Report(msgspec.Struct, kw_only=True):
+    run: str
+    batch: str = ""
+    out_dir: str = ""
+    started: float = 0.0
+    ended: float = 0.0
+    jobs: list[JobRow] = msgspec.field(default_factory=list)
+
+
+class _Marks:
+    """What one attempt's events said, by kind, as they came."""
+
+    def __init__(self, row: AttemptRow) -> None:
+        self.row = row
+        self.at: dict[str, float] = {}
+
+    def mark(self, name: str, t: float) -> None:
+        self.at.setdefault(name, t)
+
+    def spans(self) -> list[Span]:
+        at = self.at
+        out: list[Span] = []
+        begin = at.get("begin")
+        edges = [("lease", "begin", ("leased", "lease_failed")), ("upload", "leased", ("uploaded", "transfer_failed")),
+                 ("run", "uploaded", ("exited", "stalled")), ("fetch", "exited", ("fetched",))]
+        last = begin
+        for phase, start, ends in edges:
+            t0 = at.get(start)
+            t1 = next((at[e] for e in ends if e in at), None)
+            if t0 is None:
+                continue
+            if t1 is None:  # the phase was cut short (a cancel, a stall the events do not show): to the release
+                t1 = at.get("released", at.get("ended", t0))
+            out.append(Span(phase=phase, t0=t0, t1=max(t0, t1)))
+            last = max(last or t1, t1)
+        if "released" in at and last is not None:
+            out.append(Span(phase="release", t0=min(last, at["released"]), t1=at["released"]))
+        return out
+
+
+def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Event]) -> Report:
+    """The report of one run from its ledger rows: `run` (id, batch, out_dir, started, ended), its
+    `jobs` rows and its `events` in the order they were recorded."""
+    rows = {j["key"]: JobRow(key=j["key"], state=j["state"] or "running", failure=j["failure"] or "",
+                             detail=j["detail"] or "", usd=j["usd"] or 0.0) for j in jobs}
+    marks: dict[tuple[str, int], _Marks] = {}
+    first, last = float("inf"), 0.0
+    for e in events:
+        key = job_key(e.job, e.seed)
+        job = rows.setdefault(key, JobRow(key=key))
+        first, last = min(first, e.t), max(last, e.t)
+        if isinstance(e, JobEnded):
+            job.state = e.outcome
+            job.failure, job.detail, job.usd = str(e.failure or ""), e.detail, e.usd
+            continue
+        m = marks.get((key, e.attempt))
+        if m is None:
+            if not isinstance(e, AttemptStarted):
+                continue  # an attempt the ledger holds no start of (not recorded): nothing to draw from
+            row = AttemptRow(attempt=e.attempt, cloud=e.offer.cloud, region=e.offer.region or e.offer.host,
+                             gpu=e.offer.gpu, candidate=e.offer.candidate, started=e.t)
+            m = marks[(key, e.attempt)] = _Marks(row)
+            job.attempts.append(row)
+            m.mark("begin", e.t)
+            continue
+        match e:
+            case Leased():
+                m.mark("leased", e.t)
+            case LeaseFailed():
+                m.mark("lease_failed", e.t)
+            case Uploaded():
+                m.mark("uploaded", e.t)
+            case TransferFailed():
+                m.mark("transfer_failed", e.t)
+            case Exited():
+                m.mark("exited", e.t)
+            case Stalled():
+                m.mark("stalled", e.t)
+            case Fetched():
+                m.mark("fetched", e.t)
+            case Released():
+                m.mark("released", e.t)
+            case AttemptEnded(outcome=outcome, failure=failure, detail=detail, usage=usage):
+                m.mark("ended", e.t)
+                m.row.ended, m.row.outcome = e.t, outcome
+                m.row.failure, m.row.detail = str(failure or ""), detail
+                m.row.usd, m.row.seconds = usage.usd, usage.seconds
+            case _:
+                pass
+    for m in marks.values():
+        m.row.spans = m.spans()
+    started = run.get("started") or (first if first != float("inf") else 0.0)
+    ended = run.get("ended") or last or started
+    ordered = sorted(rows.values(), key=lambda j: _order(j.key))
+    return Report(run=str(run.get("id", "")), batch=str(run.get("batch") or ""), out_dir=str(run.get("out_dir") or ""),
+                  started=min(started, first), ended=max(ended, last), jobs=ordered)
+
+
+def _order(key: str) -> tuple[str, int]:
+    name, _, seed = key.rpartition("/seed-")
+    return (name, int(seed)) if seed.isdigit() else (key, 0)
+
+
+# --- the page ---------------------------------------------------------------------------------------
+
+
+def _money(usd: float) -> str:
+    return f"${usd:.4f}"
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def cost_rows(report: Report) -> list[list[str]]:
+    by: dict[tuple[str, str], list[float]] = {}
+    for j in report.jobs:
+        for a in j.attempts:
+            cell = by.setdefault((a.cloud, a.gpu), [0.0, 0.0, 0])
+            cell[0] += a.usd
+            cell[1] += a.seconds
+            cell[2] += 1
+    rows = [[html.escape(cloud), html.escape(gpu or "-"), _money(v[0]), f"{v[1] / 3600:.3f} h", str(int(v[2]))]
+            for (cloud, gpu), v in sorted(by.items(), key=lambda kv: -kv[1][0])]
+    total = sum(v[0] for v in by.values())
+    rows.append(["<b>total</b>", "", f"<b>{_money(total)}</b>", "", str(sum(int(v[2]) for v in by.values()))])
+    return rows
+
+
+def walk_rows(report: Report) -> list[list[str]]:
+    places: dict[tuple[int, str], dict[str, int]] = {}
+    for j in report.jobs:
+        for a in j.attempts:
+            tally = places.setdefault((a.candidate, a.place), {})
+            result = a.failure or a.outcome or "unfinished"
+            tally[result] = tally.get(result, 0) + 1
+    return [[str(c), html.escape(place), str(sum(t.values())),
+             html.escape(", ".join(f"{k} {v}" for k, v in sorted(t.items())))]
+            for (c, place), t in sorted(places.items())]
+
+
+def _path(job: JobRow) -> str:
+    steps = []
+    for a in job.attempts:
+        result = a.failure or a.outcome or "…"
+        steps.append(f'<span class="step {"bad" if a.failure else "ok"}">#{a.candidate} {html.escape(a.place)}'
+                     f" → {html.escape(result)}</span>")
+    return " ".join(steps) or "-"
+
+
+def render(report: Report) -> str:
+    data = msgspec.json.encode({
+        "t0": report.started, "t1": report.ended,
+        "jobs": [{"key": j.key, "state": j.state, "failure": j.failure,
+                  "attempts": [{"attempt": a.attempt, "place": a.place, "failure": a.failure, "outcome": a.outcome,
+                                "usd": a.usd, "spans": [[s.phase, s.t0, s.t1] for s in a.spans]}
+                               for a in j.attempts]} for j in report.jobs],
+    }).decode().replace("</", "<\\/")  # nothing in the data can close the script element
+    jobs_table = _table(
+        ["job", "state", "attempts", "cost", "failure", "path across candidates"],
+        [[html.escape(j.key), f'<span class="state {html.escape(j.state)}">{html.escape(j.state)}</span>',
+          str(len(j.attempts)), _money(j.usd),
+          html.escape(f"{j.failure}: {j.detail}" if j.failure else ""), _path(j)] for j in report.jobs], "jobs")
+    n = len(report.jobs)
+    ok = sum(j.state == "succeeded" for j in report.jobs)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.started)) if report.started else "-"
+    summary = (f"{n} jobs: {ok} succeeded, {sum(j.state == 'failed' for j in report.jobs)} failed; "
+               f"{sum(len(j.attempts) for j in report.jobs)} attempts; "
+               f"{_money(sum(j.usd for j in report.jobs))}; started {when}, "
+               f"{report.ended - report.started:.1f} s")
+    return (_PAGE.replace("{{run}}", html.escape(report.run))
+            .replace("{{batch}}", html.escape(report.batch or "-"))
+            .replace("{{out}}", html.escape(report.out_dir or "-"))
+            .replace("{{summary}}", html.escape(summary))
+            .replace("{{cost}}", _table(["cloud", "GPU", "cost", "machine time", "attempts"], cost_rows(report),
+                                        "cost"))
+            .replace("{{walk}}", _table(["candidate", "place", "attempts", "results"], walk_rows(report), "walk"))
+            .replace("{{jobs}}", jobs_table)
+            .replace("{{data}}", data))
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>actor-run report: run {{run}}</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+.meta { color: #555; }
+.legend span { display: inline-block; padding: 1px 8px; margin-right: 6px; border-radius: 3px; color: #fff; }
+#timeline { margin-top: 8px; }
+.tl-row { display: flex; align-items: flex-end; height: 32px; }
+.tl-label { width: 220px; flex: none; overflow: hidden; white-space: nowrap; font-size: 12px; }
+.tl-track { position: relative; flex: 1; height: 16px; background: #f4f4f4; }
+.span { position: absolute; top: 1px; height: 14px; min-width: 1px; border-radius: 2px; }
+.phase-lease { background: #8e7cc3; } .phase-upload { background: #6fa8dc; } .phase-run { background: #6aa84f; }
+.phase-fetch { background: #f6b26b; } .phase-release { background: #999; }
+.fail { position: absolute; top: -14px; transform: translateX(-50%); font-size: 10px; color: #c00; font-weight: bold;
+        white-space: nowrap; }
+.axis { position: relative; height: 16px; margin-left: 220px; font-size: 11px; color: #777; }
+.axis span { position: absolute; white-space: nowrap; }
+.state.succeeded { color: #38761d; } .state.failed { color: #c00; }
+.step.bad { color: #c00; } .step.ok { color: #38761d; }
+</style></head>
+<body>
+<h1>Run {{run}}</h1>
+<p class="meta">batch {{batch}} · results in {{out}}<br>{{summary}}</p>
+<h2>Timeline</h2>
+<p class="legend"><span class="phase-lease">lease</span><span class="phase-upload">upload</span>
+<span class="phase-run">run</span><span class="phase-fetch">fetch</span><span class="phase-release">release</span>
+<b style="color:#c00">✕ code</b> a failed attempt</p>
+<div id="timeline"></div>
+<h2>Cost by cloud and GPU</h2>
+{{cost}}
+<h2>The walk across candidates</h2>
+{{walk}}
+<h2>Jobs</h2>
+{{jobs}}
+<script type="application/json" id="data">{{data}}</script>
+<script>
+(function () {
+  var data = JSON.parse(document.getElementById("data").textContent);
+  var root = document.getElementById("timeline");
+  var t0 = data.t0, width = Math.max(data.t1 - data.t0, 0.001);
+  function pct(t) { return (100 * (t - t0) / width).toFixed(3) + "%"; }
+  var axis = document.createElement("div");
+  axis.className = "axis";
+  for (var i = 0; i <= 5; i++) {
+    var tick = document.createElement("span");
+    tick.style.left = (i * 20) + "%";
+    if (i === 5) { tick.style.transform = "translateX(-100%)"; }
+    tick.textContent = (width * i / 5).toFixed(1) + " s";
+    axis.appendChild(tick);
+  }
+  root.appendChild(axis);
+  data.jobs.forEach(function (job) {
+    var row = document.createElement("div");
+    row.className = "tl-row";
+    row.dataset.job = job.key;
+    var label = document.createElement("div");
+    label.className = "tl-label";
+    label.textContent = job.key + " (" + job.state + ")";
+    var track = document.createElement("div");
+    track.className = "tl-track";
+    job.attempts.forEach(function (a) {
+      var end = t0;
+      a.spans.forEach(function (s) {
+        var span = document.createElement("div");
+        span.className = "span phase-" + s[0];
+        span.dataset.attempt = a.attempt;
+        span.style.left = pct(s[1]);
+        span.style.width = (100 * (s[2] - s[1]) / width).toFixed(3) + "%";
+        span.title = job.key + " attempt " + a.attempt + " on " + a.place + ": " + s[0] + " " +
+          (s[2] - s[1]).toFixed(2) + " s";
+        track.appendChild(span);
+        end = Math.max(end, s[2]);
+      });
+      if (a.failure) {
+        var mark = document.createElement("div");
+        mark.className = "fail";
+        mark.dataset.code = a.failure;
+        mark.style.left = pct(end);
+        mark.textContent = "✕ " + a.failure;
+        mark.title = "attempt " + a.attempt + " failed: " + a.failure;
+        track.appendChild(mark);
+      }
+    });
+    row.appendChild(label);
+    row.appendChild(track);
+    root.appendChild(row);
+  });
+  root.dataset.ready = "1";
+})();
+</script>
+</body></html>
+"""

@@ -1,0 +1,122 @@
+"""The controller's own log: one file per run under the state folder,
+`<state>/runs/<run>/controller.log`, rotated by loguru (at ROTATE_AT, keeping KEEP old files).
+
+Every line names the job and the attempt it is about (`-` when none): actors bind them from their
+label (actors/base.py), and `event_logger`'s Runner subscriber writes the run's lifecycle events
+(what the ledger records, one line each, progress and meter beats left out) with them bound. The
+CLI configures this (STYLE: loguru is configured once, by the caller); the Runner, a library,
+leaves logging to its embedder. `actor-run runs` shows each run's file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from actor_run.protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    Exited,
+    Fetched,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    LeaseRequested,
+    Metered,
+    Progress,
+    Released,
+    Retrying,
+    Stalled,
+    TransferFailed,
+    Uploaded,
+)
+from actor_run.protocols.specs import job_key
+
+ROTATE_AT = "20 MB"
+KEEP = 5
+FORMAT = "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {extra[job]} {extra[attempt]} {message}\n{exception}"
+
+
+def run_log_path(state_dir: Path | str, run: str) -> Path:
+    return Path(state_dir) / "runs" / run / "controller.log"
+
+
+def _format(record: Any) -> str:
+    extra = record["extra"]
+    extra.setdefault("job", "-")
+    extra.setdefault("attempt", "-")
+    return FORMAT
+
+
+def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
+    """Send the controller's log lines to the run's file from now on: those bound to this run (by
+    `event_logger`) and those bound to none (a controller resuming two runs writes each run's lines
+    to its own file); returns loguru's handler id (`logger.remove(id)` stops it). No variable
+    values in tracebacks: a job's environment may hold a secret."""
+    path = run_log_path(state_dir, run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def ours(record: Any) -> bool:
+        return bool(record["extra"].get("run", run) == run)
+
+    return logger.add(path, level=level, format=_format, filter=ours, rotation=ROTATE_AT, retention=KEEP,
+                      backtrace=False, diagnose=False, encoding="utf-8")
+
+
+def describe(e: Event) -> str | None:
+    """One line for an event of an attempt's life (None for those the log leaves out)."""
+    match e:
+        case Progress() | Metered():
+            return None
+        case AttemptStarted(offer=o):
+            place = " ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x)
+            return f"attempt started: candidate {o.candidate} ({place}, ${o.hourly_usd:.2f}/h)"
+        case LeaseRequested(name=name):
+            return f"create requested: {name}"
+        case Leased(machine=m):
+            return f"leased {m.name} ({m.id}) at ${m.hourly_usd:.2f}/h"
+        case LeaseFailed(failure=failure, detail=detail):
+            return f"lease failed: {failure}: {detail}"
+        case Uploaded(bytes_sent=sent, seconds=seconds):
+            return f"uploaded {sent} bytes in {seconds:.2f} s"
+        case TransferFailed(failure=failure, detail=detail):
+            return f"transfer failed: {failure}: {detail}"
+        case JobStarted(pid=pid):
+            return f"job started (pid {pid})"
+        case Exited(exit_code=code):
+            return f"job exited {code}"
+        case Stalled(failure=failure, detail=detail):
+            return f"stopped watching: {failure}: {detail}"
+        case Fetched(bytes_received=received, seconds=seconds):
+            return f"fetched {received} bytes in {seconds:.2f} s"
+        case Released(machine=name, confirmed=confirmed, detail=detail):
+            return f"released {name}" + ("" if confirmed else f", deletion NOT confirmed: {detail}")
+        case AttemptEnded(outcome=outcome, failure=failure, detail=detail, usage=u):
+            why = f" {failure}: {detail}" if failure else ""
+            return f"attempt ended {outcome}{why} (${u.usd:.4f}{' at least' if u.at_least else ''})"
+        case Retrying(failure=failure, delay_s=delay, offer=o):
+            return f"retrying after {failure} in {delay:.2f} s on candidate {o.candidate}"
+        case JobEnded(outcome=outcome, failure=failure, detail=detail, attempts=n, usd=usd):
+            why = f" {failure}: {detail}" if failure else ""
+            return f"job ended {outcome}{why} after {n} attempt(s), ${usd:.4f}"
+        case _:
+            return type(e).__name__
+
+
+def event_logger(run_of: Callable[[str], str]) -> Callable[[Event], None]:
+    """A Runner subscriber (`runner.subscribe(event_logger(runner.run_of))`): each event as one line
+    (a failure as a WARNING) with its job, attempt and run bound."""
+
+    def log_event(e: Event) -> None:
+        text = describe(e)
+        if text is not None:
+            key = job_key(e.job, e.seed)
+            failed = getattr(e, "failure", None) is not None and not isinstance(e, Retrying)
+            logger.bind(job=key, attempt=f"a{e.attempt}", run=run_of(key)).log("WARNING" if failed else "INFO", text)
+
+    return log_event
