@@ -45,8 +45,8 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     hourly_usd: float = 0.0
     candidate: int = 0
     host: str = ""  # for the ssh cloud: which configured host
-    kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
     account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
+    kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,10 +62,10 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float = 0.0
     address: str = ""
     root: str = ""  # the private folder on the machine everything goes into
-    port: int = 0  # SSH port on `address` (0: the default, 22)
-    user: str = ""  # SSH login (empty: the default of the cloud's host)
     account: str = ""  # the cloud account it is billed to ("" is the cloud's own settings)
     taken_at: float = 0.0  # in a provider's listing: when it took the machine away (preempted); 0: it did not
+    port: int = 0  # SSH port on `address` (0: the default, 22)
+    user: str = ""  # SSH login (empty: the default of the cloud's host)
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):

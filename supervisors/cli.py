@@ -10,6 +10,7 @@ console.py.
     actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
+    actor-run clouds check [NAME] [--batch FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors import cmd_cost, cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
+from actor_run.supervisors import cmd_clouds, cmd_cost, cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
 from actor_run.supervisors.console import Exit, Interrupts, configure_logging, watch
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.runlog import event_logger, open_run_log
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
+    cmd_clouds.add_parser(sub)
     return p
 
 
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run, "runs": cmd_runs.cmd_runs, "status": cmd_runs.cmd_status, "sweep": cmd_sweep.cmd_sweep,
         "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs,
-        "report": cmd_report.cmd_report,
+        "report": cmd_report.cmd_report, "clouds": cmd_clouds.cmd_clouds,
     }
     return commands[args.command](args)
 

@@ -26,6 +26,8 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
+    "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
+    "hyperstack": ("actor_run.protocols.clouds.hyperstack", "HyperstackSettings", "HyperstackCloud"),
 }
 
 

@@ -23,6 +23,7 @@ Rules kept here for all of them:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -63,11 +64,40 @@ class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     root: str = "~/.actor-run"  # the folder for actor-run on the machine
     known_hosts: str = ""  # default: <state_dir>/<cloud>/known_hosts.d/<machine name>
     timeout_s: Positive = 30.0  # one HTTP call
-    launch_timeout_s: Positive = 900.0  # create to ready; past it the machine is `launch_failed` and deleted
+    # create to ready; past it the machine is `launch_failed` and deleted. Below policy.setup_grace_s
+    # (600 by default), which bounds the same wait from the lease's side and says ambiguous_create
+    launch_timeout_s: Positive = 540.0
     poll_s: Positive = 3.0  # readiness and deletion reads
     listing_lag_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0  # how long a new machine may be missing from reads
     delete_wait_s: Positive = 120.0  # delete to gone, before DeleteUnconfirmed (the lease retries)
     connect_timeout_s: Positive = 20.0
+
+
+class VMSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A rented VM (Lambda, Hyperstack): a login user, port 22 on its own IP, and an OS shutdown
+    at its deadline (the provider has no means of its own; the sweep is the other backstop)."""
+
+    user: str = "ubuntu"
+    ssh_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 22
+    shutdown_command: str = "sudo -n shutdown -h now"
+
+
+def shutdown_script(deadline: float, command: str) -> str:
+    """POSIX sh that waits for the deadline, then runs `command` (the OS shutdown)."""
+    return (
+        "#!/bin/sh\n# actor-run: this machine shuts down at its deadline\n"
+        f"now=$(date +%s); [ {int(deadline)} -gt \"$now\" ] && sleep $(({int(deadline)} - now))\n"
+        f"{command}\n"
+    )
+
+
+def vendor_name(name: str, limit: int) -> str:
+    """`name` as a vendor whose names are at most `limit` long takes it: unchanged when it fits,
+    else cut and ended with 8 hex digits of its hash (still unique; the full name rides in a tag)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9]}-{digest}"
 
 
 class Seen(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,6 +184,7 @@ class RentedCloud:
     """The shared half of a rented cloud (see the module docstring); subclasses speak the API."""
 
     name = "rented"
+    account = ""  # make_cloud sets it for an account of [clouds.<name>.accounts]
     failed_code = Code.LAUNCH_FAILED  # what a machine that failed to come up means at this vendor
 
     def __init__(self, settings: RentedSettings, state_dir: Path) -> None:
@@ -221,7 +252,7 @@ class RentedCloud:
             cloud=self.name, id=machine_id, name=name, region=seen.region or offer.region,
             gpu=offer.gpu or seen.gpu, hourly_usd=seen.hourly_usd or offer.hourly_usd, deadline=deadline,
             created_at=seen.created_at or time.time(), address=seen.address, port=seen.port, user=seen.user,
-            root=s.root,
+            root=s.root, account=self.account,
         )
 
     def _known_hosts(self, name: str) -> Path:
@@ -307,7 +338,7 @@ class RentedCloud:
             found.append(Machine(
                 cloud=self.name, id=m.id, name=m.name, region=m.region, gpu=m.gpu, hourly_usd=m.hourly_usd,
                 deadline=float(parsed.deadline) if parsed else 0.0, created_at=m.created_at,
-                address=m.address, port=m.port, user=m.user, root=self.settings.root,
+                address=m.address, port=m.port, user=m.user, root=self.settings.root, account=self.account,
             ))
         return found
 
@@ -324,4 +355,7 @@ def _detached(root: str, script: str) -> str:
     )
 
 
-__all__ = ["RentedCloud", "RentedSettings", "Seen", "WatchedHost", "api_key", "public_key"]
+__all__ = [
+    "RentedCloud", "RentedSettings", "Seen", "VMSettings", "WatchedHost", "api_key", "public_key",
+    "shutdown_script", "vendor_name",
+]

@@ -29,6 +29,7 @@ import msgspec
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
 from actor_run.protocols.clouds.http import (
     NoAnswer,
+    NotSent,
     ProviderAPI,
     body_json,
     is_auth_refusal,
@@ -61,7 +62,7 @@ CREATE_ANSWERS: list[tuple[int, str, Code, str]] = [
      "runpod.md §5: the GraphQL wording, kept in the matcher"),
     (500, "does not have the resources", Code.NO_CAPACITY,
      'runpod.md §5: 500 "This machine does not have the resources to deploy your pod"'),
-    (500, "balance is too low", Code.NO_CAPACITY,  # walks on: another account or candidate
+    (500, "balance is too low", Code.QUOTA,  # walks on: the next account, then the next candidate
      'runpod.md §5: 500 "Your account balance is too low to rent a pod"'),
     (500, "spot pods are no longer offered", Code.LAUNCH_FAILED,
      'runpod.md §2.2: 500 "create pod: Spot pods are no longer offered"'),
@@ -188,6 +189,8 @@ class RunPodCloud(RentedCloud):
         }
         try:
             resp = await self.api.call("POST", "/v2/pods", json=body)
+        except NotSent as exc:  # it never left: nothing can have been made
+            raise LaunchRefused(f"runpod: the create of {name}: {exc}", code=Code.LAUNCH_FAILED) from exc
         except NoAnswer as exc:
             raise LaunchAmbiguous(f"runpod: the create of {name}: {exc}") from exc
         if resp.status_code in (200, 201):

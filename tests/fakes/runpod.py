@@ -26,6 +26,8 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
+from actor_run.protocols.clouds.gpus import vendor_ids
+from actor_run.protocols.messages import Offer
 from fakes.machines import Boxes
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
@@ -48,6 +50,17 @@ def problem(status: int, title: str, detail: str, headers: dict[str, str] | None
 
 
 class FakeRunPod(OpenAPIFake):
+    CLOUD = "runpod"
+    KEY_VAR = "RUNPOD_API_KEY"
+    GPUS = ("H100", "A100-80G")  # for batches: the first is made out of stock, the second has some
+
+    def settings(self) -> dict[str, Any]:
+        """What `[clouds.runpod]` needs beyond api_url and ssh_key to reach this fake's pods."""
+        return {}
+
+    def sample_offer(self) -> Offer:
+        return Offer(cloud="runpod", region="EU-RO-1", gpu="A100-80G", hourly_usd=1.89, kind="NVIDIA A100-SXM4-80GB")
+
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
         super().__init__(DOCUMENT, token=token)
         self.boxes = Boxes(Path(dir) / "pods")
@@ -151,6 +164,13 @@ class FakeRunPod(OpenAPIFake):
         """The host failed: the pod is gone without anyone deleting it (its sshd too)."""
         with self.lock:
             self._gone(pod_id)
+
+    def no_stock(self, gpu: str) -> None:
+        """None of our GPU `gpu` anywhere (its catalog entry says NONE)."""
+        with self.lock:
+            for key in self.stock:
+                if key[0] in vendor_ids(gpu, "runpod"):
+                    self.stock[key] = 0
 
     def alive(self) -> list[str]:
         with self.lock:

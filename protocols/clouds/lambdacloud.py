@@ -1,0 +1,241 @@
+"""The `lambda` cloud: Lambda on-demand instances over the Lambda Cloud API v1 (`/api/v1/...`).
+
+Settings (`[clouds.lambda]`), every field optional (and those of clouds/rented.py)::
+
+    api_url = "https://cloud.lambda.ai"
+    api_key_env = "LAMBDA_API_KEY"
+    ssh_key = "~/.ssh/id_ed25519"      # its public half is registered once as an ssh-key named
+                                       # actor-run-<hash> (or an existing one with that key is used)
+    root = "~/.actor-run"
+    file_system = ""                   # a file system to attach (it must be in the offer's region)
+    user = "ubuntu"                    # the login on Lambda's images
+    shutdown_command = "sudo -n shutdown -h now"
+
+Offers come from `GET /api/v1/instance-types`: one per region in `regions_with_capacity_available`
+of each instance type our GPU name maps to, at `price_cents_per_hour`. An instance is ready when
+its status is `active` and it has an `ip`. Names are at most 64 characters at Lambda: a longer
+one of ours is cut (clouds/rented.py `vendor_name`) and the whole name rides in the tag
+`actor-run-name`. Lambda has no means for a machine to end itself without the account's key, so
+the deadline on the machine is an OS shutdown (Lambda keeps billing a shut-down instance: the
+sweep deletes it; the README says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import trio
+
+from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
+from actor_run.protocols.clouds.rented import (
+    RentedCloud,
+    Seen,
+    VMSettings,
+    api_key,
+    public_key,
+    shutdown_script,
+    vendor_name,
+)
+from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import CandidateSpec
+
+VENDOR = "lambda"
+NAME_LIMIT = 64  # lambda-v1.json InstanceLaunchRequest.name maxLength
+NAME_TAG = "actor-run-name"
+
+
+class LambdaSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    api_url: str = "https://cloud.lambda.ai"
+    api_key_env: str = "LAMBDA_API_KEY"
+    file_system: str = ""
+
+
+# What a launch's refusal means: Lambda names each with `error.code` (branch on it, never on the
+# message: lambda.md §1). Anything else, a 5xx (`provider/*`) or no answer, is ambiguous_create.
+# (status, error.code, code, the contract line it comes from)
+LAUNCH_ANSWERS: list[tuple[int, str, Code, str]] = [
+    (400, "instance-operations/launch/insufficient-capacity", Code.NO_CAPACITY,
+     "lambda.md §4: 400 instance-operations/launch/insufficient-capacity"),
+    (400, "global/quota-exceeded", Code.QUOTA, "lambda.md §4: 400 global/quota-exceeded (the next account)"),
+    (400, "global/invalid-parameters", Code.LAUNCH_FAILED, "lambda.md §4: 400 global/invalid-parameters"),
+    (400, "instance-operations/launch/file-system-in-wrong-region", Code.LAUNCH_FAILED,
+     "lambda.md §4: 400 instance-operations/launch/file-system-in-wrong-region"),
+    (400, "global/object-does-not-exist", Code.LAUNCH_FAILED, "lambda.md §4: 400/404 global/object-does-not-exist"),
+    (404, "global/object-does-not-exist", Code.LAUNCH_FAILED, "lambda.md §4: 400/404 global/object-does-not-exist"),
+    (401, "global/invalid-api-key", Code.GUARD, "lambda.md §4: 401 global/invalid-api-key"),
+    (403, "global/account-inactive", Code.GUARD, "lambda.md §4: 403 global/account-inactive"),
+    (403, "global/invalid-address", Code.GUARD, "lambda.md §4: 403 global/invalid-address"),
+]
+
+# status -> ours (lambda-v1.json InstanceStatus; lambda.md §3). `terminating` is not gone yet:
+# a deletion is proven only by `terminated` or a 404.
+INSTANCE_STATES: dict[str, Literal["pending", "ready", "failed", "gone"]] = {
+    "booting": "pending", "active": "ready", "unhealthy": "pending", "terminating": "failed",
+    "terminated": "gone", "preempted": "gone",
+}
+
+
+def error_code(resp: httpx.Response) -> str:
+    body = body_json(resp)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("code", ""))
+    return ""
+
+
+def classify_launch(status: int, code: str) -> Code | None:
+    """The failure a launch's refusal means, or None when it proves nothing (ambiguous)."""
+    for want, want_code, ours, _ in LAUNCH_ANSWERS:
+        if status == want and code == want_code:
+            return ours
+    if status in (401, 403):
+        return Code.GUARD
+    return None
+
+
+def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
+    status = str(inst.get("status", ""))
+    state = INSTANCE_STATES.get(status, "pending")
+    ip = str(inst.get("ip") or "")
+    if state == "ready" and not ip:
+        state = "pending"
+    tags = {t.get("key"): t.get("value") for t in inst.get("tags") or []}
+    itype = inst.get("instance_type") or {}
+    return Seen(
+        id=str(inst.get("id", "")), name=str(tags.get(NAME_TAG) or inst.get("name") or ""), state=state,
+        detail=status, address=ip, port=port, user=user,
+        hourly_usd=float(itype.get("price_cents_per_hour") or 0) / 100.0,
+        region=str((inst.get("region") or {}).get("name", "")), gpu=our_name(str(itype.get("name", "")), VENDOR),
+    )
+
+
+class LambdaCloud(RentedCloud):
+    name = VENDOR
+    settings: LambdaSettings
+
+    def __init__(self, settings: LambdaSettings, state_dir: Path, *, transport: httpx.AsyncBaseTransport | None = None
+                 ) -> None:
+        super().__init__(settings, state_dir)
+        key = api_key(self.name, settings.api_key_env)
+        self._public_key = public_key(self.name, settings.ssh_key)
+        self.api = ProviderAPI(self.name, settings.api_url, {"Authorization": f"Bearer {key}"},
+                               timeout_s=settings.timeout_s, transport=transport)
+        self._key_name = ""
+        self._key_lock = trio.Lock()
+
+    def _refused(self, what: str, resp: httpx.Response) -> Exception:
+        if is_auth_refusal(resp.status_code):
+            return LaunchRefused(f"lambda: {what}: the key was refused: {short(resp)}", code=Code.GUARD)
+        return NoAnswer(f"lambda: {what}: {short(resp)}")
+
+    async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        resp = await self.api.call("GET", "/api/v1/instance-types")
+        if resp.status_code != 200:
+            raise self._refused("instance types", resp)
+        wanted = vendor_ids(candidate.gpu, VENDOR)
+        out = []
+        for type_name, item in ((body_json(resp) or {}).get("data") or {}).items():
+            if wanted and type_name not in wanted:
+                continue
+            price = float(item["instance_type"]["price_cents_per_hour"]) / 100.0
+            if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
+                continue
+            for region in item.get("regions_with_capacity_available") or []:
+                if candidate.regions and region["name"] not in candidate.regions:
+                    continue
+                ours = candidate.gpu or our_name(type_name, VENDOR)
+                out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
+                                 kind=type_name))
+        out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
+        return out
+
+    async def _ssh_key_name(self) -> str:
+        """The name of an ssh-key holding our public key: found, or registered once."""
+        async with self._key_lock:
+            if self._key_name:
+                return self._key_name
+            mine = " ".join(self._public_key.split()[:2])
+            resp = await self.api.call("GET", "/api/v1/ssh-keys")
+            if resp.status_code != 200:
+                raise self._refused("ssh keys", resp)
+            for k in (body_json(resp) or {}).get("data") or []:
+                if " ".join(str(k.get("public_key", "")).split()[:2]) == mine:
+                    self._key_name = str(k["name"])
+                    return self._key_name
+            name = "actor-run-" + hashlib.sha256(mine.encode()).hexdigest()[:12]
+            resp = await self.api.call("POST", "/api/v1/ssh-keys", json={"name": name, "public_key": mine})
+            if resp.status_code != 200:
+                raise self._refused("registering the ssh key", resp)
+            self._key_name = name
+            return name
+
+    async def _create(self, offer: Offer, name: str, deadline: float) -> str:
+        try:
+            key_name = await self._ssh_key_name()
+        except NoAnswer as exc:  # nothing was launched yet: a clean refusal
+            raise LaunchRefused(f"lambda: {exc}", code=Code.LAUNCH_FAILED) from exc
+        body: dict[str, Any] = {
+            "region_name": offer.region, "instance_type_name": offer.kind or vendor_ids(offer.gpu, VENDOR)[0],
+            "ssh_key_names": [key_name], "name": vendor_name(name, NAME_LIMIT),
+            "tags": [{"key": NAME_TAG, "value": name}],
+        }
+        if self.settings.file_system:
+            body["file_system_names"] = [self.settings.file_system]
+        try:
+            resp = await self.api.call("POST", "/api/v1/instance-operations/launch", json=body)
+        except NotSent as exc:  # it never left: nothing can have been made
+            raise LaunchRefused(f"lambda: the launch of {name}: {exc}", code=Code.LAUNCH_FAILED) from exc
+        except NoAnswer as exc:
+            raise LaunchAmbiguous(f"lambda: the launch of {name}: {exc}") from exc
+        if resp.status_code == 200:
+            ids = ((body_json(resp) or {}).get("data") or {}).get("instance_ids") or []
+            if ids:
+                return str(ids[0])
+            raise LaunchAmbiguous(f"lambda: the launch of {name} was accepted without an id: {short(resp)}")
+        code = classify_launch(resp.status_code, error_code(resp))
+        if code is None:
+            raise LaunchAmbiguous(f"lambda: the launch of {name}: {short(resp)}")
+        raise LaunchRefused(f"lambda: the launch of {name} was refused: {short(resp)}", code=code)
+
+    def _seen(self, inst: dict[str, Any]) -> Seen:
+        return seen_instance(inst, self.settings.user, self.settings.ssh_port)
+
+    async def _read(self, machine_id: str) -> Seen | None:
+        resp = await self.api.call("GET", f"/api/v1/instances/{machine_id}")
+        if resp.status_code == 404:
+            return None
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"lambda: reading {machine_id}: the key was refused: {short(resp)}")
+        if resp.status_code != 200:
+            raise NoAnswer(f"lambda: reading {machine_id}: {short(resp)}")
+        return self._seen((body_json(resp) or {}).get("data") or {})
+
+    async def _list(self) -> list[Seen]:
+        resp = await self.api.call("GET", "/api/v1/instances")
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"lambda: listing instances: the key was refused: {short(resp)}")
+        if resp.status_code != 200:
+            raise NoAnswer(f"lambda: listing instances: {short(resp)}")
+        return [self._seen(i) for i in (body_json(resp) or {}).get("data") or []]
+
+    async def _delete_call(self, machine_id: str) -> None:
+        resp = await self.api.call("POST", "/api/v1/instance-operations/terminate",
+                                   json={"instance_ids": [machine_id]})
+        if resp.status_code in (200, 404):  # lambda.md §5: an unknown id is 404 global/object-does-not-exist
+            return
+        if is_auth_refusal(resp.status_code):
+            raise DeleteUnconfirmed(f"lambda: terminating {machine_id}: the key was refused: {short(resp)}")
+        raise NoAnswer(f"lambda: terminating {machine_id}: {short(resp)}")
+
+    def _deadline_script(self, machine: Machine) -> str:
+        return shutdown_script(machine.deadline, self.settings.shutdown_command)
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+
+__all__ = ["INSTANCE_STATES", "LAUNCH_ANSWERS", "LambdaCloud", "LambdaSettings", "classify_launch", "seen_instance"]

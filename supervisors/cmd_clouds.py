@@ -1,0 +1,123 @@
+"""`actor-run clouds check [NAME] [--batch FILE]`: does my key work, and what could I rent now?
+
+For each rented cloud (NAME, or the ones a batch's candidates name, or all of them) it makes only
+read-only calls: the list of machines (the key works; our machines alive) and the catalog (which
+of the candidates' GPUs are in stock where, at what price). Settings come from the batch's
+`[clouds.<name>]` table, else the defaults. A cloud without its key is named with the variable to
+set (exit 2); a key refused or an API that does not answer is exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from actor_run.protocols.clouds import Cloud, make_cloud
+from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.names import PREFIX
+from actor_run.protocols.specs import CandidateSpec, load_batch
+
+RENTED = ("hyperstack", "lambda", "runpod")
+GPUS = ("H100", "H200", "A100-80G", "L40S", "RTX4090")  # what is asked for without a batch
+CALL_TIMEOUT_S = 60.0
+
+EXAMPLE = """examples:
+  actor-run clouds check                         # every rented cloud (one without its key names the variable)
+  actor-run clouds check runpod                  # RunPod only (RUNPOD_API_KEY)
+  actor-run clouds check --batch examples/runpod.toml   # the batch's settings and candidates
+"""
+
+
+def add_parser(sub: Any) -> None:
+    clouds = sub.add_parser("clouds", help="check a rented cloud's key, stock and our machines there",
+                            epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = clouds.add_subparsers(dest="clouds_command", required=True)  # the parent's class: one-line errors
+    check = what.add_parser("check", help="read-only calls: the key, the stock, our machines alive", epilog=EXAMPLE,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("name", nargs="?", choices=RENTED, help="one cloud (default: each one the batch names, or all)")
+    check.add_argument("--batch", help="a batch file: its [clouds.<name>] settings and its candidates' GPUs")
+    check.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, list[CandidateSpec]]]:
+    """The clouds to check, their settings and the candidates to ask each about."""
+    settings: dict[str, dict[str, Any]] = {}
+    candidates: dict[str, list[CandidateSpec]] = {}
+    if args.batch:
+        batch = load_batch(args.batch, set(RENTED) | {"local", "sim", "ssh"})
+        settings = dict(batch.spec.clouds)
+        for c in batch.spec.candidates:
+            if c.cloud in RENTED:
+                candidates.setdefault(c.cloud, []).append(c)
+    names = [args.name] if args.name else (sorted(candidates) or list(RENTED))
+    for name in names:
+        candidates.setdefault(name, [CandidateSpec(cloud=name, gpu=g) for g in GPUS])
+    return names, settings, candidates
+
+
+async def _check(cloud: Cloud, candidates: list[CandidateSpec]) -> tuple[list[str], bool]:
+    lines: list[str] = []
+    try:
+        with trio.fail_after(CALL_TIMEOUT_S):
+            ours = await cloud.list_ours(PREFIX)
+    except (ActorRunError, trio.TooSlowError) as exc:
+        refused = isinstance(exc, LaunchError) or "refused" in str(exc)
+        return [f"  the key was refused: {exc}" if refused else f"  no answer: {exc}"], False
+    lines.append(f"  the key works; {len(ours)} machine(s) of ours alive")
+    for m in ours:
+        left = m.deadline - time.time()
+        lines.append(f"    {m.name}  {m.region}  ${m.hourly_usd:.2f}/h  deadline in {left / 60:.0f} min")
+    ok = True
+    for i, c in enumerate(candidates):
+        try:
+            with trio.fail_after(CALL_TIMEOUT_S):
+                offers: list[Offer] = await cloud.offers(c, i)
+        except (ActorRunError, trio.TooSlowError) as exc:
+            lines.append(f"  {c.gpu or 'any GPU'}: the catalog did not answer: {exc}")
+            ok = False
+            continue
+        if not offers:
+            lines.append(f"  {c.gpu or 'any GPU'}: out of stock" + (f" in {', '.join(c.regions)}" if c.regions else ""))
+        for o in offers:
+            lines.append(f"  {o.gpu}: in stock in {o.region} at ${o.hourly_usd:.2f}/h ({o.kind})")
+    return lines, ok
+
+
+def cmd_clouds(args: argparse.Namespace) -> int:
+    try:
+        names, settings, candidates = _plan(args)
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return 2
+    state = Path(args.state_dir)
+    missing, failed = False, False
+    for name in names:
+        print(f"{name}:")
+        try:
+            cloud = make_cloud(name, settings.get(name, {}), state)
+        except SpecError as exc:
+            print(f"  cannot check: {exc.problem}")
+            missing = True
+            continue
+
+        async def run(cloud: Cloud = cloud, name: str = name) -> tuple[list[str], bool]:
+            try:
+                return await _check(cloud, candidates[name])
+            finally:
+                await cloud.aclose()
+
+        lines, ok = trio.run(run)
+        print("\n".join(lines))
+        failed = failed or not ok
+    if missing:
+        return 2
+    return 1 if failed else 0
+
+
+__all__ = ["add_parser", "cmd_clouds"]

@@ -1,0 +1,251 @@
+"""A fake Lambda Cloud API (instances, instance types, ssh keys) on loopback, held to Lambda's
+OpenAPI document; its instances are real sshd logins, each on a loopback address of its own and
+one port (as Lambda's answer on their own IP, port 22).
+
+Faults, as in fakes/runpod.py: `stock[(instance type, region)]`, `create_500_made`, `create_500`,
+`stuck` (booting for ever), `lag_reads`, `delete_fail`, `rate_limit(n, s)`, `token`, `ready_after`;
+`vanish(id)`; `no_stock(gpu)`. Terminated instances answer `terminated` once, then 404.
+"""
+
+from __future__ import annotations
+
+import getpass
+import itertools
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from sshd import free_port
+from werkzeug.wrappers import Request, Response
+
+from actor_run.protocols.clouds.gpus import vendor_ids
+from actor_run.protocols.messages import Offer
+from fakes.machines import Boxes
+from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+
+DOCUMENT = OPENAPI / "lambda-v1.json"
+
+TYPES = {  # name -> (description, gpu description, cents per hour)
+    "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249),
+    "gpu_1x_a100_sxm4_80gb": ("1x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 179),
+    "gpu_1x_a6000": ("1x A6000 (48 GB)", "RTX A6000 (48 GB)", 80),
+}
+REGIONS = {"us-east-1": "Virginia, USA", "us-west-1": "California, USA"}
+NO_ACTION = {"available": False, "reason_code": "vm-has-not-launched", "reason_description": "not yet"}
+
+
+def error(status: int, code: str, message: str, suggestion: str | None = None) -> Response:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if suggestion is not None:
+        body["suggestion"] = suggestion
+    return json_response({"error": body}, status)
+
+
+class FakeLambda(OpenAPIFake):
+    CLOUD = "lambda"
+    KEY_VAR = "LAMBDA_API_KEY"
+    GPUS = ("H100", "A100-80G")
+
+    def settings(self) -> dict[str, Any]:
+        return {"user": getpass.getuser(), "ssh_port": self.port, "shutdown_command": "touch $HOME/shutdown-asked"}
+
+    def sample_offer(self) -> Offer:
+        return Offer(cloud="lambda", region="us-east-1", gpu="A100-80G", hourly_usd=1.79, kind="gpu_1x_a100_sxm4_80gb")
+
+    def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
+        super().__init__(DOCUMENT, token=token)
+        self.undocumented = {
+            429: "lambda.md §1: excess requests are answered HTTP 429; the body is not specified",
+            500: "lambda.md §4: 5xx / provider/* upstream trouble",
+        }
+        self.boxes = Boxes(Path(dir) / "instances")
+        self.virtual = virtual
+        self.port = free_port()  # every instance answers SSH on its own address, this port
+        self.instances: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, dict[str, str]] = {}
+        self.stock: dict[tuple[str, str], int] = {
+            ("gpu_1x_a100_sxm4_80gb", "us-east-1"): 4, ("gpu_1x_a100_sxm4_80gb", "us-west-1"): 4,
+            ("gpu_1x_h100_pcie", "us-west-1"): 2, ("gpu_1x_a6000", "us-east-1"): 8,
+        }
+        self.create_500_made = 0
+        self.create_500 = 0
+        self.stuck = False
+        self.lag_reads = 0
+        self.delete_fail = 0
+        self.ready_after = 1
+        self.billed: list[tuple[str, float, float]] = []
+        self._addresses = itertools.count(2)
+        self._routes()
+
+    def unauthorized(self) -> Response:
+        return error(401, "global/invalid-api-key", "API key was invalid, expired, or deleted.",
+                     "Check your API key or create a new one, then try again.")
+
+    def too_many(self, retry_after: float) -> Response:
+        return json_response({"error": {"code": "global/rate-limited", "message": "Too many requests."}}, 429,
+                             headers={"Retry-After": f"{int(retry_after)}"})
+
+    def not_found(self) -> Response:
+        return error(404, "global/object-does-not-exist", "Specified instance does not exist.")
+
+    def invalid(self, problem_text: str) -> Response:
+        return error(400, "global/invalid-parameters", problem_text)
+
+    # --- instances --------------------------------------------------------------------------------
+
+    def _type(self, name: str) -> dict[str, Any]:
+        desc, gpu, cents = TYPES[name]
+        return {"name": name, "description": desc, "gpu_description": gpu, "price_cents_per_hour": cents,
+                "specs": {"vcpus": 26, "memory_gib": 200, "storage_gib": 1000, "gpus": 1}}
+
+    def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in inst.items() if not k.startswith("_")}
+
+    def _advance(self, inst: dict[str, Any]) -> None:
+        inst["_reads"] += 1
+        if inst["status"] == "booting" and not self.stuck and inst["_reads"] >= self.ready_after:
+            inst["status"] = "active"
+            inst["ip"] = inst["_address"]
+            inst["actions"] = {k: {"available": True} for k in inst["actions"]}
+        elif inst["status"] == "terminating":
+            inst["status"] = "terminated"
+        elif inst["status"] == "terminated":
+            self.instances.pop(inst["id"], None)
+
+    def _hidden(self, inst: dict[str, Any]) -> bool:
+        if inst["_lag"] > 0:
+            inst["_lag"] -= 1
+            return True
+        return False
+
+    def _make(self, body: dict[str, Any]) -> dict[str, Any]:
+        inst_id = secrets.token_hex(16)
+        key = self.keys[body["ssh_key_names"][0]]["public_key"]
+        address = f"127.0.0.{next(self._addresses)}"
+        if not self.virtual:
+            box = self.boxes.start(inst_id, key, address=address, port=self.port)
+            user = box.user
+        else:
+            user = "ubuntu"
+        region = body["region_name"]
+        inst = {
+            "id": inst_id, "name": body.get("name", ""), "status": "booting", "ssh_key_names": body["ssh_key_names"],
+            "file_system_names": body.get("file_system_names", []), "region": {"name": region,
+                                                                               "description": REGIONS[region]},
+            "instance_type": self._type(body["instance_type_name"]), "hostname": f"host-{inst_id[:8]}",
+            "actions": {k: dict(NO_ACTION) for k in ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
+            "tags": body.get("tags", []),
+            "_reads": 0, "_lag": self.lag_reads, "_address": address, "_user": user, "_t0": time.time(),
+        }
+        self.instances[inst_id] = inst
+        self.stock[(body["instance_type_name"], region)] -= 1
+        return inst
+
+    def _end(self, inst: dict[str, Any]) -> None:
+        """Billing stops, stock comes back and the machine goes; the record says terminating."""
+        if inst["status"] in ("terminating", "terminated", "preempted"):
+            return
+        itype = inst["instance_type"]["name"]
+        self.stock[(itype, inst["region"]["name"])] += 1
+        self.billed.append((self._name(inst), time.time() - inst["_t0"], inst["instance_type"]["price_cents_per_hour"]
+                            / 100))
+        self.boxes.vanish(inst["id"])
+
+    def _name(self, inst: dict[str, Any]) -> str:
+        tags = {t["key"]: t["value"] for t in inst.get("tags", [])}
+        return str(tags.get("actor-run-name") or inst["name"])
+
+    def vanish(self, inst_id: str) -> None:
+        with self.lock:
+            inst = self.instances[inst_id]
+            self._end(inst)
+            inst["status"] = "preempted"
+
+    def no_stock(self, gpu: str) -> None:
+        with self.lock:
+            for key in self.stock:
+                if key[0] in vendor_ids(gpu, "lambda"):
+                    self.stock[key] = 0
+
+    def alive(self) -> list[str]:
+        """Instances that hold a machine (and bill): neither terminated, terminating nor preempted."""
+        with self.lock:
+            return sorted(self._name(i) for i in self.instances.values()
+                          if i["status"] not in ("terminating", "terminated", "preempted"))
+
+    def _routes(self) -> None:
+        @self.route("GET", "/api/v1/instance-types")
+        def types(req: Request) -> Response:
+            data = {}
+            for name in TYPES:
+                regions = [{"name": r, "description": REGIONS[r]} for r in REGIONS if self.stock.get((name, r), 0) > 0]
+                data[name] = {"instance_type": self._type(name), "regions_with_capacity_available": regions}
+            return json_response({"data": data})
+
+        @self.route("GET", "/api/v1/ssh-keys")
+        def list_keys(req: Request) -> Response:
+            return json_response({"data": list(self.keys.values())})
+
+        @self.route("POST", "/api/v1/ssh-keys")
+        def add_key(req: Request) -> Response:
+            body = req.get_json()
+            key = {"id": secrets.token_hex(16), "name": body["name"], "public_key": body["public_key"]}
+            self.keys[body["name"]] = key
+            return json_response({"data": key})
+
+        @self.route("POST", "/api/v1/instance-operations/launch")
+        def launch(req: Request) -> Response:
+            body = req.get_json()
+            if self.create_500 > 0:
+                self.create_500 -= 1
+                return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")
+            if body["ssh_key_names"][0] not in self.keys:
+                return error(400, "global/object-does-not-exist", "Specified SSH key does not exist.",
+                             "Check the key's name")
+            if self.stock.get((body["instance_type_name"], body["region_name"]), 0) <= 0:
+                return error(400, "instance-operations/launch/insufficient-capacity",
+                             "Not enough capacity to fulfill launch request.")
+            inst = self._make(body)
+            if self.create_500_made > 0:
+                self.create_500_made -= 1
+                return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")
+            return json_response({"data": {"instance_ids": [inst["id"]]}})
+
+        @self.route("GET", "/api/v1/instances")
+        def listing(req: Request) -> Response:
+            live = [self._view(i) for i in list(self.instances.values())
+                    if i["status"] != "terminated" and not self._hidden(i)]
+            return json_response({"data": live})
+
+        @self.route("GET", "/api/v1/instances/{id}")
+        def read(req: Request, id: str) -> Response:
+            inst = self.instances.get(id)
+            if inst is None or self._hidden(inst):
+                return self.not_found()
+            view = self._view(inst)
+            self._advance(inst)
+            if inst["status"] == "active" and view["status"] == "booting":
+                view = self._view(inst)
+            return json_response({"data": view})
+
+        @self.route("POST", "/api/v1/instance-operations/terminate")
+        def terminate(req: Request) -> Response:
+            if self.delete_fail > 0:
+                self.delete_fail -= 1
+                return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")
+            ids = req.get_json()["instance_ids"]
+            if any(i not in self.instances for i in ids):
+                return self.not_found()
+            done = []
+            for i in ids:
+                inst = self.instances[i]
+                self._end(inst)
+                if inst["status"] not in ("terminated", "preempted"):
+                    inst["status"] = "terminating"
+                done.append(self._view(inst))
+            return json_response({"data": {"terminated_instances": done}})
+
+    def stop(self) -> None:
+        super().stop()
+        self.boxes.stop_all()

@@ -1,0 +1,197 @@
+"""Every rented cloud against its fake provider on loopback (held to the vendor's OpenAPI
+document, machines that are real sshd logins): launch, connect, verified delete, and each fault
+the issue names, with the same assertions for every vendor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.keys import client_key
+from fakes.providers import FAKES
+
+from actor_run.actors import Reactor
+from actor_run.protocols.clouds import make_cloud
+from actor_run.protocols.failures import Code, LaunchAmbiguous, LaunchRefused, MachineGone, SpecError
+from actor_run.protocols.specs import CandidateSpec
+
+
+@pytest.fixture(params=sorted(FAKES))
+def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    server = FAKES[request.param](tmp_path / "fake").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert server.violations == []
+
+
+def make(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
+    monkeypatch.setenv(fake.KEY_VAR, "test-key")
+    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
+           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 10.0, **fake.settings(), **extra}
+    return make_cloud(fake.CLOUD, raw, tmp_path / "state")
+
+
+@pytest.fixture
+def cloud(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    return make(fake, tmp_path, monkeypatch)
+
+
+def name(n: int = 1, deadline: float | None = None) -> str:
+    return f"ar-t-{n}-a0-0123abcd-d{int(deadline or time.time() + 3600)}"
+
+
+def test_a_missing_key_names_the_variable(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fake.KEY_VAR, raising=False)
+    with pytest.raises(SpecError, match=fake.KEY_VAR):
+        make_cloud(fake.CLOUD, {"ssh_key": str(client_key(tmp_path / "k"))}, tmp_path)
+
+
+def test_a_machine_is_launched_connected_and_deleted_for_certain(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    n = name()
+    offer = fake.sample_offer()
+    machine = reactor.call(cloud.launch, offer, n, time.time() + 3600, timeout=30)
+    assert machine.hourly_usd == offer.hourly_usd
+    assert machine.region == offer.region
+    ws = reactor.call(cloud.connect, machine, timeout=30)
+    home = fake.boxes.boxes[machine.id].home
+    assert ws.root == str(home / ".actor-run")  # the machine's own HOME, through ~
+    assert (home / ".actor-run" / "deadline.sh").is_file()
+    assert [m.name for m in reactor.call(cloud.list_ours, "ar-", timeout=30)] == [n]
+    reactor.call(ws.aclose, timeout=30)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+    assert reactor.call(cloud.list_ours, "ar-", timeout=30) == []
+
+
+def test_no_stock_is_a_clean_no_capacity(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    fake.no_stock(fake.sample_offer().gpu)
+    assert reactor.call(cloud.offers, CandidateSpec(cloud=fake.CLOUD, gpu=fake.sample_offer().gpu), 0,
+                        timeout=30) == []
+    with pytest.raises(LaunchRefused) as info:  # stock gone between the offer and the create
+        reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
+    assert info.value.code is Code.NO_CAPACITY
+    assert not isinstance(info.value, LaunchAmbiguous)
+    assert fake.alive() == []
+
+
+def test_a_create_answered_500_that_made_a_machine_is_found_by_name_and_deleted(
+        reactor: Reactor, cloud: Any, fake: Any) -> None:
+    with fake.lock:
+        fake.create_500_made = 1
+        fake.lag_reads = 2  # and the listing lags the create
+    n = name()
+    with pytest.raises(LaunchAmbiguous):
+        reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=30)
+    assert fake.alive() == [n]
+    reactor.call(cloud.delete, n, "", timeout=30)  # by name: what the lease does after ambiguous_create
+    assert fake.alive() == []
+    assert [b[0] for b in fake.billed] == [n]
+
+
+def test_a_429_is_waited_out_as_asked(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    fake.rate_limit(1, retry_after=1)
+    t0 = time.monotonic()
+    offers = reactor.call(cloud.offers, CandidateSpec(cloud=fake.CLOUD, gpu="A100-80G"), 0, timeout=30)
+    assert offers
+    assert time.monotonic() - t0 >= 1.0
+    assert cloud.api.statistics().rate_limited == 1
+    assert fake.rate_limited_sent == 1
+
+
+def test_a_refused_key_is_guard(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    fake.token = "another-key"
+    with pytest.raises(LaunchRefused) as info:
+        reactor.call(cloud.offers, CandidateSpec(cloud=fake.CLOUD, gpu="A100-80G"), 0, timeout=30)
+    assert info.value.code is Code.GUARD
+    with pytest.raises(LaunchRefused) as info:
+        reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
+    assert info.value.code is Code.GUARD
+    assert fake.alive() == []
+
+
+def test_a_machine_stuck_starting_is_launch_failed_and_deleted(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=0.5)
+    fake.stuck = True
+    n = name()
+    with pytest.raises(LaunchAmbiguous) as info:
+        reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=30)
+    assert info.value.code is Code.LAUNCH_FAILED
+    reactor.call(cloud.delete, n, "", timeout=30)
+    assert fake.alive() == []
+
+
+def test_a_delete_that_fails_once_is_verified_and_asked_again(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    n = name()
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=30)
+    fake.delete_fail = 1
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+    assert [s for _, _, s in fake.calls if s >= 500] == [500]
+
+
+def test_a_machine_that_vanishes_is_machine_gone(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    n = name()
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=30)
+    ws = reactor.call(cloud.connect, machine, timeout=30)
+    fake.vanish(machine.id)
+    with pytest.raises(MachineGone):
+        reactor.call(ws.host.run, "true", timeout=30)
+    reactor.call(ws.aclose, timeout=30)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+
+
+@pytest.mark.parametrize("cloud", sorted(FAKES))
+def test_the_example_batch_of_each_vendor_is_valid(cloud: str) -> None:
+    from actor_run.protocols.clouds import known_clouds, parse_settings
+    from actor_run.protocols.specs import load_batch
+
+    example = Path(__file__).resolve().parents[3] / "examples" / f"{cloud}.toml"
+    batch = load_batch(str(example), known_clouds())
+    assert {c.cloud for c in batch.spec.candidates} == {cloud}
+    assert parse_settings(cloud, batch.spec.clouds[cloud]).api_key_env == FAKES[cloud].KEY_VAR
+
+
+def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from sshd import free_port
+
+    cloud = make(fake, tmp_path, monkeypatch, api_url=f"http://127.0.0.1:{free_port()}{fake.base_path}")
+    with pytest.raises(LaunchRefused) as info:  # the request never left: nothing can have been made
+        reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
+    assert info.value.code is Code.LAUNCH_FAILED
+    assert not isinstance(info.value, LaunchAmbiguous)
+
+
+@pytest.mark.parametrize("fake", ["hyperstack", "lambda"], indirect=True)
+def test_a_vm_shuts_itself_down_at_its_deadline(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    n = name(deadline=time.time() + 2)
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 2, timeout=30)
+    ws = reactor.call(cloud.connect, machine, timeout=30)
+    reactor.call(ws.aclose, timeout=30)
+    asked = fake.boxes.boxes[machine.id].home / "shutdown-asked"  # the fake's shutdown_command leaves this
+    end = time.monotonic() + 30
+    while not asked.exists():  # waiting on the machine's own timer, bounded
+        assert time.monotonic() < end, "the machine never ran its shutdown"
+        time.sleep(0.1)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+
+
+def test_the_answer_tables_say_quota_for_an_exhausted_account() -> None:
+    from actor_run.protocols.clouds import hyperstack, lambdacloud
+
+    assert lambdacloud.classify_launch(400, "global/quota-exceeded") is Code.QUOTA
+    assert lambdacloud.classify_launch(400, "instance-operations/launch/insufficient-capacity") is Code.NO_CAPACITY
+    assert lambdacloud.classify_launch(502, "provider/internal-unavailable") is None  # ambiguous
+    assert hyperstack.classify_create(400, {"status": False, "message": "Insufficient balance to create the resource"}
+                                      ) is Code.QUOTA
+    assert hyperstack.classify_create(200, {"status": False, "message": "no flavor stock"}) is Code.NO_CAPACITY
+    assert hyperstack.classify_create(200, {"status": True}) is None
+    assert hyperstack.classify_create(409, {"status": False}) is None  # our unique name exists: ours made it

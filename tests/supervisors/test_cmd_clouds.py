@@ -1,0 +1,43 @@
+"""`actor-run clouds check` against each fake provider: read-only calls only, what it finds, and
+the variable to set when the key is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.batch_kit import cli, write_batch
+from fakes.providers import FAKES
+
+
+@pytest.fixture(params=sorted(FAKES))
+def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    server = FAKES[request.param](tmp_path / "fake").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert server.violations == []
+
+
+def test_check_reads_only_and_says_what_it_found(tmp_path: Path, fake: Any) -> None:
+    fake.no_stock(fake.GPUS[0])
+    batch = write_batch(tmp_path, fake.CLOUD, fake.url, gpus=list(fake.GPUS), seeds=[1], settings=fake.settings())
+    done = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the key works; 0 machine(s) of ours alive" in done.stdout
+    assert f"{fake.GPUS[0]}: out of stock" in done.stdout
+    assert f"{fake.GPUS[1]}: in stock in" in done.stdout
+    assert {m for m, _, _ in fake.calls} == {"GET"}  # nothing made, nothing changed
+    refused = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR, key="wrong")
+    assert refused.returncode == 1
+    assert "the key was refused" in refused.stdout
+    assert "wrong" not in refused.stdout + refused.stderr
+
+
+def test_check_without_a_key_names_the_variable(tmp_path: Path) -> None:
+    done = cli(tmp_path, "clouds", "check", "lambda", key_var="UNRELATED")
+    assert done.returncode == 2
+    assert "set the environment variable LAMBDA_API_KEY" in done.stdout
