@@ -24,6 +24,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
     "runpod-serverless": ("actor_run.protocols.clouds.runpod_serverless", "ServerlessSettings", "ServerlessCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
+    "skypilot": ("actor_run.protocols.clouds.skypilot", "SkyPilotSettings", "SkyPilotCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
     "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),

@@ -1,0 +1,214 @@
+"""The `sky` command line (SkyPilot 0.14, client-server), run as a bounded subprocess on the reactor.
+
+Every call is a separate `sky` process with its own time limit (`SkyHung` past it: the process is
+killed, the API server may still act on what it was sent). Since SkyPilot 0.8 a launch or a down
+is a *request* on SkyPilot's API server: submitted with `--async`, the CLI prints
+`Submitted sky.<verb> request: <uuid>` and exits 0, and the request goes on whether or not its
+client does. `sky api status -a -v <id> -o json` says where it stands: PENDING, WAITING, RUNNING,
+then SUCCEEDED, FAILED or CANCELLED. Request names come as `sky.launch` or bare `launch`
+depending on the server's version; both are accepted. Colour codes are stripped from all output,
+and JSON is read from the first line that starts with `[` (the CLI may print a warning first).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from typing import TypeVar
+
+import msgspec
+import trio
+
+from actor_run.protocols.failures import ActorRunError, SpecError
+
+T = TypeVar("T")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SUBMITTED = re.compile(r"Submitted sky\.(?P<verb>[a-z_.]+) request: (?P<id>[0-9a-f]{8}-[0-9a-f-]{27})")
+FINISHED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+ACTIVE = frozenset({"PENDING", "WAITING", "RUNNING"})
+KILL_GRACE_S = 2.0  # after its time limit: TERM, then KILL this much later
+
+
+class SkyHung(ActorRunError):
+    """A `sky` command gave no answer within its time limit (it was killed)."""
+
+
+class SkyFailed(ActorRunError):
+    """A `sky` command exited non-zero or printed what could not be understood."""
+
+
+class SkyOutput(msgspec.Struct, frozen=True, kw_only=True):
+    code: int
+    out: str
+    err: str
+
+    def tail(self, n: int = 400) -> str:
+        text = (self.err.strip() or self.out.strip())
+        return text[-n:]
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """One request on SkyPilot's API server, as `sky api status -o json` lists it."""
+
+    request_id: str
+    name: str = ""
+    status: str = ""
+    cluster_name: str | None = None
+    created_at: float = 0.0
+    user_id: str = ""
+
+    @property
+    def verb(self) -> str:
+        return self.name.removeprefix("sky.")
+
+
+class Cluster(msgspec.Struct, frozen=True, kw_only=True):
+    """One cluster record from `sky status -o json` (the fields this project reads)."""
+
+    name: str
+    status: str = ""  # INIT | UP | STOPPED
+    launched_at: float | None = None
+    region: str | None = None
+    cluster_name_on_cloud: str | None = None
+    resources_str: str | None = None
+
+
+_requests = msgspec.json.Decoder(list[Request])
+_clusters = msgspec.json.Decoder(list[Cluster])
+
+
+def strip(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def submitted(text: str) -> str | None:
+    """The request id a `--async` command printed, or None."""
+    m = _SUBMITTED.search(strip(text))
+    return m.group("id") if m else None
+
+
+def _decode(text: str, decoder: msgspec.json.Decoder[list[T]], what: str) -> list[T]:
+    """The JSON list a command printed: from the first line starting with `[` that decodes (a
+    warning such as `[WARNING] ...` may come before it)."""
+    text = strip(text)
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("["):
+            try:
+                return decoder.decode("".join(lines[i:]).encode())
+            except msgspec.DecodeError:
+                continue
+    raise SkyFailed(f"{what}: no JSON list in its output: {text.strip()[-200:]!r}")
+
+
+class SkyCli:
+    """`sky` as configured: the command (split like a shell would), the API server's endpoint."""
+
+    def __init__(self, command: str, *, api_server: str = "", timeout_s: float = 20.0) -> None:
+        self.argv = shlex.split(command)
+        if not self.argv:
+            raise SpecError("clouds.skypilot.sky", "is empty")
+        if shutil.which(self.argv[0]) is None:
+            raise SpecError("clouds.skypilot.sky", f"{self.argv[0]} was not found: is SkyPilot installed?")
+        self.api_server = api_server
+        self.timeout_s = timeout_s
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.api_server:
+            env["SKYPILOT_API_SERVER_ENDPOINT"] = self.api_server
+        return env
+
+    async def run(self, *args: str, timeout: float | None = None) -> SkyOutput:
+        """Run `sky <args>`; SkyHung past the time limit, SpecError if the command is not there."""
+        limit = self.timeout_s if timeout is None else timeout
+
+        async def deliver_cancel(proc: trio.Process) -> None:
+            proc.terminate()
+            await trio.sleep(KILL_GRACE_S)
+            proc.kill()
+
+        with trio.move_on_after(limit) as scope:
+            try:
+                done = await trio.run_process(
+                    [*self.argv, *args], stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+                    env=self._env(), start_new_session=True,  # a Ctrl-C of ours must not stop a teardown
+                    deliver_cancel=deliver_cancel,
+                )
+            except FileNotFoundError as exc:
+                raise SpecError("clouds.skypilot.sky", f"{self.argv[0]} was not found: is SkyPilot installed?") from exc
+            return SkyOutput(code=done.returncode, out=done.stdout.decode(errors="replace"),
+                             err=done.stderr.decode(errors="replace"))
+        assert scope.cancelled_caught
+        raise SkyHung(f"sky {' '.join(args[:2])}: no answer within {limit:.0f} s")
+
+    async def requests(self, *ids: str) -> list[Request]:
+        """Requests, finished ones included (`-v`: only then is `cluster_name` filled in)."""
+        # listing them all: SkyPilot shows 50 unless told otherwise
+        res = await self.run("api", "status", "-a", "-v", "-o", "json", *(ids or ("-l", "1000")))
+        if res.code != 0:
+            raise SkyFailed(f"sky api status exited {res.code}: {res.tail()}")
+        return _decode(res.out, _requests, "sky api status")
+
+    async def request(self, request_id: str) -> Request | None:
+        for r in await self.requests(request_id):
+            if r.request_id.startswith(request_id) or request_id.startswith(r.request_id):
+                return r
+        return None
+
+    async def cancel(self, *ids: str) -> None:
+        res = await self.run("api", "cancel", "-y", *ids)
+        if res.code != 0:
+            raise SkyFailed(f"sky api cancel exited {res.code}: {res.tail()}")
+
+    async def logs(self, request_id: str) -> str:
+        """What the request printed; for a failed one, the remote exception (exit 1 then)."""
+        res = await self.run("api", "logs", request_id)
+        return strip(res.out + "\n" + res.err)
+
+    async def clusters(self, *names: str, all_users: bool = False) -> list[Cluster]:
+        args = ["status", "-o", "json", *(["-u"] if all_users else []), *names]
+        res = await self.run(*args)
+        if res.code != 0:
+            raise SkyFailed(f"sky status exited {res.code}: {res.tail()}")
+        return _decode(res.out, _clusters, "sky status")
+
+    async def head_ip(self, name: str) -> str:
+        res = await self.run("status", "--ip", name)
+        words = strip(res.out).split()
+        if res.code != 0 or not words:
+            raise SkyFailed(f"sky status --ip {name} exited {res.code}: {res.tail()}")
+        return words[-1]
+
+    async def hourly_price(self, accelerator: str, infra: str, *, spot: bool) -> float | None:
+        """The cheapest hourly price `sky show-gpus` reports for the accelerator there, or None."""
+        res = await self.run("show-gpus", accelerator, "--infra", infra)
+        if res.code != 0:
+            return None
+        return cheapest(strip(res.out), spot=spot)
+
+
+def cheapest(table: str, *, spot: bool) -> float | None:
+    """The lowest HOURLY_PRICE (or HOURLY_SPOT_PRICE) of a `sky show-gpus` table; None if absent."""
+    column = "HOURLY_SPOT_PRICE" if spot else "HOURLY_PRICE"
+    header: list[str] | None = None
+    prices: list[float] = []
+    for line in table.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if column in cells:
+            header = cells
+            continue
+        if header is None or len(cells) != len(header):
+            header = None if not line.strip() else header
+            continue
+        m = re.search(r"\d+(?:\.\d+)?", cells[header.index(column)])
+        if m:
+            prices.append(float(m.group()))
+    return min(prices) if prices else None
+
+
+__all__ = ["ACTIVE", "FINISHED", "Cluster", "Request", "SkyCli", "SkyFailed", "SkyHung", "SkyOutput", "cheapest",
+           "strip", "submitted"]

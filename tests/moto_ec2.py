@@ -1,0 +1,67 @@
+"""A moto EC2 server on loopback for tests (ThreadedMotoServer), and what a test asks of it.
+
+    with MotoEc2() as ec2:          # started on 127.0.0.1:<free port>; ec2.endpoint for boto3
+        ec2.live("ar-")             # instances tagged by SkyPilot with a cluster name starting so
+        ec2.shutdown_behavior(id)   # as describe-instance-attribute reads it
+
+Nothing reaches AWS: every client is built with `endpoint_url` and dummy credentials (fake_sky.aws_env).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import boto3
+from fake_sky import LIVE, aws_env
+from moto.server import ThreadedMotoServer
+from sshd import free_port
+
+
+class MotoEc2:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        self.reset()  # moto's backends are one per process, shared by every server in it
+        self.instances()  # its EC2 backend is built on first use: not inside a test's time limit
+
+    def client(self, region: str = "us-east-1") -> Any:
+        env = aws_env()
+        return boto3.client("ec2", region_name=region, endpoint_url=self.endpoint,
+                            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                            aws_session_token=env["AWS_SESSION_TOKEN"])
+
+    def instances(self, prefix: str = "ar-", region: str = "us-east-1",
+                  states: list[str] | None = None) -> list[dict[str, Any]]:
+        filters = [{"Name": "tag:skypilot-cluster-name", "Values": [f"{prefix}*"]}]
+        if states:
+            filters.append({"Name": "instance-state-name", "Values": states})
+        got = self.client(region).describe_instances(Filters=filters)
+        return [i for r in got["Reservations"] for i in r["Instances"]]
+
+    def live(self, prefix: str = "ar-", region: str = "us-east-1") -> list[dict[str, Any]]:
+        return self.instances(prefix, region, LIVE)
+
+    def shutdown_behavior(self, instance_id: str, region: str = "us-east-1") -> str:
+        got = self.client(region).describe_instance_attribute(InstanceId=instance_id,
+                                                              Attribute="instanceInitiatedShutdownBehavior")
+        return str(got["InstanceInitiatedShutdownBehavior"]["Value"])
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
+                               timeout=30).close()
+
+    def stop(self) -> None:
+        try:
+            self.reset()
+        finally:
+            self.server.stop()
+
+    def __enter__(self) -> MotoEc2:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
