@@ -83,6 +83,18 @@ class LedgerPort(Protocol):
     def queue_gone(self, name: str, at: float, reason: str) -> Pending: ...
     def record_delete_failed(self, name: str, detail: str) -> None: ...
 
+    def still_holds(self, name: str) -> bool:
+        """False once another controller is known to have taken over the job of the machine `name`
+        (a shared ledger's fencing): the machine is then that controller's to keep or delete, not
+        ours. Answers from what this process knows, at once."""
+        ...
+
+    def check_hold(self, name: str) -> Pending | None:
+        """Ask the ledger whether the job of the machine `name` is still ours (queued; once it is
+        done, `still_holds` has the ledger's answer); None when there is nothing to ask (not a
+        shared ledger, or not a job this controller claimed)."""
+        ...
+
 
 class Context:
     """What an attempt's actors share: the reactor, the clouds, the ledger and where events go.

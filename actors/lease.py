@@ -76,6 +76,10 @@ class _RefusalRecorded(Message, frozen=True, kw_only=True):
     failed: LeaseFailed
 
 
+class _HoldChecked(Message, frozen=True, kw_only=True):
+    """The ledger checked whether this controller still holds the machine's job (a shared ledger)."""
+
+
 class LeaseActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  launch_timeout_s: float) -> None:
@@ -91,6 +95,8 @@ class LeaseActor(Actor):
         self._launching: Task | None = None
         self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
+        self._hold_checked = False
+        self._deleting = False  # the delete task was spawned: its answer sets _delete_done
         self._delete_asked_at: float | None = None  # when the delete that the provider confirmed went out
 
     def handle(self, message: Any) -> Any:
@@ -110,6 +116,8 @@ class LeaseActor(Actor):
                 self.stop_when_idle()  # the machine is gone and the ledger has it: nothing left to hold
             case _RefusalRecorded(failed=failed):
                 self.tell_parent(failed)
+            case _HoldChecked():
+                self._begin_delete()
             case _:
                 raise TypeError(f"LeaseActor cannot handle {message!r}")
 
@@ -291,9 +299,28 @@ class LeaseActor(Actor):
             return
         self._begin_delete()
 
+    def _let_go(self) -> bool:
+        """The job was taken over by another controller (the ledger's fencing said so): its machine
+        is the adopter's now, so it is left as it is and nothing more is written about it."""
+        if self.name is None or self.ctx.ledger.still_holds(self.name):
+            return False
+        self._announce_released(False, "left to the controller that took over its job", time.time())
+        return True
+
     def _begin_delete(self) -> None:
         assert self.name is not None
         assert self.offer is not None
+        if not self._hold_checked:
+            # on a shared ledger, ask it first (without holding a thread) whether the job is still ours
+            self._hold_checked = True
+            pending = self.ctx.ledger.check_hold(self.name)
+            if pending is not None:
+                self._tell_self_when(pending, _HoldChecked())
+                return
+        if self._let_go():
+            self.stop()
+            return
+        self._deleting = True
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
         self.spawn(self._delete_recorded, self.name, machine_id, self._cloud_key(), reply=lambda r: _Deleted(result=r))
@@ -344,10 +371,21 @@ class LeaseActor(Actor):
         self.tell_parent(event)
 
     def _release_blocking(self) -> None:
-        """On the actor's thread: make sure the machine is gone before this actor is."""
+        """On the actor's thread: make sure the machine is gone before this actor is (unless the
+        shared ledger says the job is another controller's now: asked here, waiting up to the
+        bound on any waited ledger write)."""
         if self._released.is_set():
             return
-        if self._releasing:
+        if not self._deleting:  # (once the delete is out, it is this controller's to finish)
+            pending = self.ctx.ledger.check_hold(self.name) if self.name is not None else None
+            if pending is not None:
+                checked = Flag()
+                pending.when_done(lambda _error: checked.set())
+                with blocking():
+                    checked.wait(INTENT_WAIT_S)
+            if self._let_go():
+                return
+        if self._deleting:
             # the reactor is already deleting it: its answer cannot reach a stopped actor, so wait here
             with blocking():
                 finished = self._delete_done.wait(self.ctx.delete_timeout_s + 10)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
-# rsync and Chromium, for the report's page, through apt when missing; the package and its test
-# extras in .venv), then runs ruff, mypy and pytest.
+# rsync, Chromium (for the report's page) and PostgreSQL through apt when missing; the package and
+# its test extras in .venv), then runs ruff, mypy and pytest. The tests start their own sshd and
+# their own throwaway PostgreSQL cluster (tests/pg.py).
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -10,6 +11,8 @@ command -v rsync >/dev/null 2>&1 || need="$need rsync"
 command -v ssh >/dev/null 2>&1 || need="$need openssh-client"
 command -v ps >/dev/null 2>&1 || need="$need procps"
 command -v chromium >/dev/null 2>&1 || need="$need chromium"  # opens `actor-run report`'s page in a test
+# Debian keeps initdb and pg_ctl in /usr/lib/postgresql/<version>/bin, off PATH (tests/pg.py looks there)
+command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
 if [ -n "$need" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null

@@ -11,6 +11,7 @@ console.py.
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
     actor-run clouds check [NAME] [--batch FILE]
+    actor-run worker --ledger postgresql://... [--concurrency N]   (cmd_worker.py: a shared ledger)
 """
 
 from __future__ import annotations
@@ -29,8 +30,17 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors import cmd_clouds, cmd_cost, cmd_logs, cmd_report, cmd_resume, cmd_runs, cmd_sweep
-from actor_run.supervisors.console import Exit, Interrupts, configure_logging, watch
+from actor_run.supervisors import (
+    cmd_clouds,
+    cmd_cost,
+    cmd_logs,
+    cmd_report,
+    cmd_resume,
+    cmd_runs,
+    cmd_sweep,
+    cmd_worker,
+)
+from actor_run.supervisors.console import Exit, Interrupts, configure_logging, usage_error, watch
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.runlog import event_logger, open_run_log
 from actor_run.supervisors.runner import Runner, default_state_dir
@@ -46,6 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 RUN_EXAMPLE = """example:
   actor-run run examples/seeds.toml --out results/
+  actor-run run examples/sim.toml --ledger postgresql://team@db.example/actor_run --submit-only
 """
 
 
@@ -60,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--ledger")
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
+    cmd_worker.add_run_arguments(run)
+    cmd_worker.add_worker_parser(sub)
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
     cmd_resume.add_parser(sub)
@@ -117,10 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     if args.state_dir is None:
         args.state_dir = str(default_state_dir())
+    try:
+        shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
+    except SpecError as exc:
+        return usage_error(str(exc))
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": cmd_run, "runs": cmd_runs.cmd_runs, "status": cmd_runs.cmd_status, "sweep": cmd_sweep.cmd_sweep,
-        "resume": cmd_resume.cmd_resume, "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs,
-        "report": cmd_report.cmd_report, "clouds": cmd_clouds.cmd_clouds,
+        "run": cmd_worker.cmd_run_shared if shared else cmd_run, "runs": cmd_runs.cmd_runs,
+        "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
+        "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
+        "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
+        "clouds": cmd_clouds.cmd_clouds,
     }
     return commands[args.command](args)
 

@@ -32,6 +32,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     status = sub.add_parser("status", help=STATUS_HELP, description=STATUS_HELP, epilog=STATUS_EXAMPLE,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     status.add_argument("--run", help="the run to show (default: the latest)")
+    status.add_argument("--follow", action="store_true",
+                        help="print job state changes (every controller's) until none is queued or running")
+    status.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     for p in (runs, status):
         p.add_argument("--json", action="store_true", help="one JSON object per line")
         p.add_argument("--ledger")
@@ -39,10 +42,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def run_state(run: RunRow, live: set[str]) -> str:
-    """running (its controller is alive), abandoned (unfinished, its controller gone: `actor-run
-    resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
+    """running (its controller is alive, or on a shared ledger a live worker holds a job of it),
+    queued (on a shared ledger: jobs wait for a worker), abandoned (unfinished, its controller
+    gone: `actor-run resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
     if run.unfinished:
-        return "running" if run.owner in live and run.state == "running" else "abandoned"
+        if (run.owner in live and run.state == "running") or run.held:
+            return "running"
+        return "queued" if run.queued else "abandoned"
     if run.jobs == 0:
         return "running" if run.owner in live and run.state == "running" else "empty"
     return "failed" if run.failed else "succeeded"

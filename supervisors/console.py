@@ -16,6 +16,7 @@ from loguru import logger
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger_db import resolve as resolve_ledger
 from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.view import View
 
@@ -78,11 +79,10 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
     return [ended[k] for k in keys]
 
 
-def ledger_path(args: argparse.Namespace) -> Path:
-    """The ledger a command uses: --ledger, else the one in the state folder."""
-    if args.ledger:
-        return Path(args.ledger).expanduser()
-    return Path(args.state_dir) / "ledger.sqlite" if args.state_dir else default_ledger_path()
+def ledger_path(args: argparse.Namespace) -> Path | str:
+    """The ledger a command uses: --ledger, else $ACTOR_RUN_LEDGER, else the one in the state
+    folder (a file's path, or a postgresql:// URL)."""
+    return resolve_ledger(args.ledger, Path(args.state_dir) if args.state_dir else default_ledger_path().parent)
 
 
 def open_reader(args: argparse.Namespace) -> LedgerReader:

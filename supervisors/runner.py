@@ -20,6 +20,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import os
 import secrets
 import threading
 import uuid
@@ -37,10 +38,11 @@ from actor_run.actors.pool import POOL, PooledActor, blocking
 from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
-from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted
+from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted, unredacted
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.ledger_db import resolve as resolve_ledger
 from actor_run.supervisors.offers import OfferBook
 from actor_run.supervisors.reservations import settle_reservations
 from actor_run.supervisors.resume import ResumeItem, plan_resume
@@ -76,6 +78,13 @@ class _Spent(Message, frozen=True, kw_only=True):
 
     key: str
     usd: float
+
+
+class _Abandon(Message, frozen=True, kw_only=True):
+    """Another controller holds these jobs now (the ledger's fencing): stop them without touching
+    their machines or writing anything more about them."""
+
+    keys: frozenset[str]
 
 
 class _CancelJob(Message, frozen=True, kw_only=True):
@@ -128,6 +137,8 @@ class BatchSupervisor(PooledActor):
                 if key in self.running:
                     self.live_usd[key] = usd
                     self._check_budget()
+            case _Abandon(keys=keys):
+                self._abandon(keys)
             case _CancelJob(key=key, failure=failure, detail=detail):
                 self._cancel_one(key, Cancel(failure=failure, detail=detail))
             case Cancel() as c:
@@ -162,6 +173,25 @@ class BatchSupervisor(PooledActor):
         ref = self.running.get(key)
         if ref is not None:
             ref.tell(c)
+
+    def _abandon(self, keys: frozenset[str]) -> None:
+        """Each lease lets its machine go (LeaseActor._let_go): the adopter has it. The job ends
+        here `canceled` for this controller's handles; the ledger refuses to record that end."""
+        for s in list(self.pending):
+            if s.job.key in keys:
+                self.pending.remove(s)
+                self._end_unstarted(s.job, Cancel(failure=Code.CANCELED, detail="taken over by another controller"))
+        for key in keys:
+            ref = self.running.pop(key, None)
+            if ref is None:
+                continue
+            self.live_usd.pop(key, None)
+            ref.stop(block=False)
+            name, _, seed = key.rpartition("/seed-")
+            e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.CANCELED,
+                         detail="taken over by another controller (this controller's lease expired)")
+            self.on_end(e)
+        self._fill()
 
     def _cancel_all(self, c: Cancel) -> None:
         if self.stopped is None:
@@ -230,9 +260,10 @@ class Runner:
     def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
-                 sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "") -> None:
+                 sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
-        self.ledger_path = Path(ledger).expanduser() if ledger else self.state_dir / "ledger.sqlite"
+        self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
+        self.lease_s = lease_s
         self.out_dir = Path(out_dir).expanduser().resolve()
         self.concurrency = concurrency
         self.budget_usd = budget_usd
@@ -280,7 +311,8 @@ class Runner:
 
     def _open_parts(self) -> None:
         self.reactor.start()
-        self.ledger = Ledger(self.ledger_path, self.owner, run=self.run)
+        self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s)
+        self.ledger.on_stale = self._lost
         self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
@@ -293,12 +325,23 @@ class Runner:
             self.swept = self.sweep()
 
     def _beat(self) -> None:
+        # on a shared ledger the beat renews a lease: three renewals per lease period
+        period = min(OWNER_BEAT_S, self.lease_s / 3) if self.ledger.backend.fenced else OWNER_BEAT_S
+
         def beat() -> None:
             if self._open:
-                self.ledger.beat_owner()
-                self._beat_task = self.reactor.call_later(OWNER_BEAT_S, beat, name="owner-beat")
+                if not self.ledger.beat_owner():
+                    self._lost(set(self.ledger.tokens))
+                self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
 
-        self._beat_task = self.reactor.call_later(OWNER_BEAT_S, beat, name="owner-beat")
+        self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
+
+    def _lost(self, keys: set[str]) -> None:
+        """On the ledger's thread: these jobs are no longer this controller's (fencing)."""
+        logger.warning("{} job(s) taken over by another controller: letting them go", len(keys))
+        if self._batch is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._batch.tell(_Abandon(keys=frozenset(keys)))
 
     def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
         """Cancel every job not finished: each running attempt deletes its machine first."""
@@ -416,6 +459,34 @@ class Runner:
         self._batch_tell(_Submit(job=job))
         return handle
 
+    def enqueue(self, job: Job) -> None:
+        """Record the job as queued in this Runner's run, for any controller's `claim` (a shared
+        ledger); nothing runs here."""
+        self.start_run()
+        self.check(job)
+        self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
+                               state="queued", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
+                               run=self.run)
+
+    def claim(self, most: int) -> list[JobHandle]:
+        """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its
+        run, its results where that run said. Secrets the ledger kept out of a job's spec come from
+        this process's environment."""
+        handles = []
+        for claimed in self.ledger.claim_queued(most):
+            job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), dict(os.environ))
+            if missing:
+                logger.warning("{}: env {} was kept out of the ledger (secret); set it for this worker",
+                               job.key, ", ".join(missing))
+            for c in job.candidates:
+                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+            handle = JobHandle(self, job)
+            handle.run = claimed.run
+            self.handles[job.key] = handle
+            handles.append(handle)
+            self._batch_tell(_Submit(job=job, seed_dir=claimed.out_dir))
+        return handles
+
     def _batch_tell(self, message: Message) -> None:
         if self._batch is None:
             raise RuntimeError("the Runner is not open")
@@ -482,11 +553,13 @@ class Runner:
             # does not wait for the commit meanwhile
             durable.when_done(lambda _error: h._resolve(e))
 
-    def resume(self, run: str | None = None) -> list[JobHandle]:
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
         Each job keeps its run: its rows go there and its results to the folder that run recorded.
         Jobs of another run with the key of one taken here are left for a later call. Then the
-        dead owners' remaining machines are swept."""
+        dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
+        a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner, run=run)
@@ -501,12 +574,12 @@ class Runner:
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
             if not self.ledger.claim_job(job.key, item.from_owner, item.run):
                 continue  # another resumer took it
-            if item.run not in runs:
+            if take_runs and item.run not in runs:
                 runs.add(item.run)
                 self.ledger.take_run(item.run)
                 self._driven.add(item.run)
             if item.reattach is not None:
-                self.ledger.adopt_machine(item.reattach.machine.name)
+                self.ledger.adopt_machine(item.reattach.machine.name, job.key)
             for c in job.candidates:
                 raw = job.clouds.get(c.cloud, {})
                 for account in accounts_of(raw):
@@ -517,14 +590,17 @@ class Runner:
             handle.run = item.run
             self.handles[job.key] = handle
             taken.append((item, handle))
-        self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
-        self.ledger.flush()
-        reader = LedgerReader(self.ledger_path)
-        try:
-            reservations = reader.reservations()
-        finally:
-            reader.close()
-        spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
+        if sweep_after or taken:
+            self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
+        spent_before: dict[str, float] = {}
+        if taken:
+            self.ledger.flush()
+            reader = LedgerReader(self.ledger_path)
+            try:
+                reservations = reader.reservations()
+            finally:
+                reader.close()
+            spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
         for item, _ in taken:
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
                                      offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),

@@ -1,12 +1,17 @@
 """The ledger's tables and how a ledger file written by an older actor-run is brought up to date.
 
 The schema version is kept in the file itself (SQLite's `PRAGMA user_version`; 0 in a file that
-predates versions, or a new empty one). `MIGRATIONS` is an ordered list of numbered steps; opening
-a ledger applies, in order, every step whose number is above the file's version, each in its own
-transaction that also sets the version, so a step is applied whole or not at all, and two processes
-opening the same old file at once apply it once (the second finds the version already moved once it
-holds the write lock). A file whose version is above the last step was written by a newer
-actor-run: it is refused, never rewritten.
+predates versions, or a new empty one); in a PostgreSQL ledger, in its table `schema_version`.
+The steps are written in SQLite's dialect and run on PostgreSQL through the connection the
+backend gives (supervisors/ledger_db.py translates each statement); there a step's transaction
+first takes an advisory lock, where SQLite takes its write lock.
+
+`MIGRATIONS` is an ordered list of numbered steps; opening a ledger applies, in order, every step
+whose number is above the file's version, each in its own transaction that also sets the version,
+so a step is applied whole or not at all, and two processes opening the same old file at once
+apply it once (the second finds the version already moved once it holds the write lock). A file
+whose version is above the last step was written by a newer actor-run: it is refused, never
+rewritten.
 
 To change the schema, append a step: `Migration(version=<last + 1>, name=..., statements=[...])`
 for plain SQL, or `apply=` for a function of the connection (a table rebuild, a data fix). Never
@@ -19,6 +24,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import PurePath
+from typing import Any
 
 import msgspec
 
@@ -57,7 +63,15 @@ _V1_TABLES = (
 _V1_ADDED = {"machines": {"resumable": "INTEGER DEFAULT 0", "machine": "TEXT", "offer": "TEXT"}}
 
 
+def _is_postgres(conn: Any) -> bool:
+    return hasattr(conn, "raw")  # ledger_db._PgConn: a psycopg connection that takes our SQL
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    if _is_postgres(conn):
+        return {row[0] for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = ?", (table,)).fetchall()}
     return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
@@ -103,6 +117,10 @@ _LEGACY_RUN = "coalesce(nullif(substr(owner, 1, 8), ''), 'legacy')"
 def _v2(conn: sqlite3.Connection) -> None:
     for sql in _V2_NEW:
         conn.execute(sql)
+        if sql.endswith("RENAME TO jobs_v1") and _is_postgres(conn):  # an index's name is its own there
+            conn.execute("ALTER INDEX IF EXISTS jobs_pkey RENAME TO jobs_v1_pkey")
+        if sql.endswith("RENAME TO attempts_v1") and _is_postgres(conn):
+            conn.execute("ALTER INDEX IF EXISTS attempts_pkey RENAME TO attempts_v1_pkey")
     runs: dict[str, tuple[str, str, float, float, bool]] = {}  # id -> owner, out_dir, started, ended, unfinished
     rows = conn.execute(f"SELECT {_LEGACY_RUN}, owner, out_dir, updated, state FROM jobs_v1").fetchall()
     for run, owner, out_dir, updated, state in rows:
@@ -148,14 +166,24 @@ _V3_NEW = (
     "CREATE INDEX reservations_state ON reservations (state)",
 )
 
+# version 4: owners across machines. An owner's lease (seconds since the epoch, by the database's
+# clock) that it renews and that nobody renews once it has run out; a job claim's fencing token;
+# the queue of jobs waiting for a worker, oldest first.
+_V4 = (
+    "ALTER TABLE owners ADD COLUMN lease_until REAL",
+    "ALTER TABLE jobs ADD COLUMN token TEXT",
+    "CREATE INDEX jobs_queue ON jobs (state, updated)",
+)
+
 
 MIGRATIONS: list[Migration] = [
     Migration(version=1, name="the tables before versions", apply=_v1),
     Migration(version=2, name="runs: jobs, attempts and events keyed by run", apply=_v2),
     Migration(version=3, name="reservations: money set aside before each lease, then charged", statements=_V3_NEW),
+    Migration(version=4, name="owner leases, claim tokens, the job queue", statements=_V4),
     # a run the provider names by a handle (a RunPod serverless queue job: {endpoint_id, job_id}),
     # recorded before its submit returns, so resume follows the job instead of submitting it again
-    Migration(version=4, name="machines.handle: a queue job's handle",
+    Migration(version=5, name="machines.handle: a queue job's handle",
               statements=("ALTER TABLE machines ADD COLUMN handle TEXT",)),
 ]
 
@@ -165,8 +193,29 @@ def current_version() -> int:
 
 
 def version_of(conn: sqlite3.Connection) -> int:
+    if _is_postgres(conn):
+        # the table is made when the backend connects (ledger_db.py): a plain read here sees what a
+        # migrator that held the lock before committed (a catalog lookup could still miss its table)
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        return int(row[0]) if row[0] is not None else 0
     version: int = conn.execute("PRAGMA user_version").fetchone()[0]
     return version
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """A step's transaction, holding the lock that keeps a second migrator out until it ends."""
+    if _is_postgres(conn):
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(7346115)")
+    else:
+        conn.execute("BEGIN IMMEDIATE")
+
+
+def _set_version(conn: sqlite3.Connection, version: int) -> None:
+    if _is_postgres(conn):
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+    else:
+        conn.execute(f"PRAGMA user_version = {int(version)}")
 
 
 def migrate(conn: sqlite3.Connection, steps: list[Migration] | None = None) -> int:
@@ -184,7 +233,7 @@ def migrate(conn: sqlite3.Connection, steps: list[Migration] | None = None) -> i
     if found == last:
         return found
     for step in steps:
-        conn.execute("BEGIN IMMEDIATE")  # the write lock: a second opener waits here, then sees the new version
+        _begin(conn)  # the write lock: a second opener waits here, then sees the new version
         try:
             if version_of(conn) >= step.version:
                 conn.execute("ROLLBACK")
@@ -193,7 +242,7 @@ def migrate(conn: sqlite3.Connection, steps: list[Migration] | None = None) -> i
                 conn.execute(sql)
             if step.apply is not None:
                 step.apply(conn)
-            conn.execute(f"PRAGMA user_version = {int(step.version)}")
+            _set_version(conn, step.version)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

@@ -3,7 +3,8 @@
 A machine the provider lists under our prefix goes when one of these holds:
 (a) its owner is known to this ledger (an owners row, or the machine's own row) and proven dead:
     closed, or its pid is gone or is another process (start time) on this computer, or silent
-    past the beat window elsewhere (ledger.owner_is_alive); a machine the ledger marks resumable
+    past the beat window elsewhere (ledger.owner_is_alive); on a shared (PostgreSQL) ledger, its
+    lease has run out; a machine the ledger marks resumable
     (adopted by a resume) is left to that resume unless (b) or (c) holds;
 (b) it is past its deadline + grace, whoever owns it;
 (c) the machine itself shows it is abandoned: the newest controller heartbeat stamp its host's
@@ -84,7 +85,10 @@ def read_owners(reader: LedgerReader, *, now: float, also_alive: Iterable[str] =
                 declared_dead: Iterable[str] = ()) -> Owners:
     rows = reader.owners()
     dead = frozenset(declared_dead)
-    alive = {o.id for o in rows if owner_is_alive(o, now=now)} | set(also_alive)
+    # a shared ledger's owners live by the leases they renew (the database's clock, one answer for
+    # every host); a file's by pid and start time here, by their beat elsewhere
+    live = reader.live_owners() if reader.backend.fenced else {o.id for o in rows if owner_is_alive(o, now=now)}
+    alive = live | set(also_alive)
     alive = {a for a in alive if a not in dead and a[:8] not in dead}
     return Owners(alive=frozenset(alive | {a[:8] for a in alive}),
                   known=frozenset({o.id for o in rows} | {o.id[:8] for o in rows}), dead=dead)

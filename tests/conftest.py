@@ -22,6 +22,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
 from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
 
 from actor_run.actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
@@ -73,6 +74,28 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server (tests/pg.py), one for the session, stopped and removed afterwards."""
+    server = Postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | Path]:
+    """A fresh ledger of each backend: an SQLite file under tmp_path, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield tmp_path / "state" / "ledger.sqlite"
+        return
+    from actor_run.supervisors.ledger_db import close_pools
+
+    yield request.getfixturevalue("postgres").create_database()
+    close_pools()  # the read pool's threads are this test's
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""supervisors/ledger.py: SQLite in WAL mode, one writer thread, readers of their own."""
+"""supervisors/ledger.py: one writer thread, readers of their own, on both backends (SQLite in WAL
+mode, PostgreSQL): every test that takes `db` runs once against each."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +25,65 @@ from actor_run.supervisors.ledger import (
     LedgerError,
     LedgerReader,
     OwnerRow,
-    _run,
-    _run_all,
-    _run_many,
+    StaleClaim,
     owner_is_alive,
     process_start_time,
 )
+from actor_run.supervisors.ledger_batch import _run, _run_all, _run_many
+
+
+class Db:
+    """The test's own view of a ledger, as another process would have it: plain connections."""
+
+    def __init__(self, location: str | Path) -> None:
+        self.location = location
+        self.postgres = isinstance(location, str)
+
+    def _connect(self) -> Any:
+        if self.postgres:
+            import psycopg
+
+            return psycopg.connect(str(self.location), autocommit=True)
+        return sqlite3.connect(self.location, isolation_level=None)
+
+    def raw(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        conn = self._connect()
+        try:
+            if self.postgres:
+                sql = sql.replace("?", "%s")
+            cur = conn.execute(sql, args)
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+        finally:
+            conn.close()
+
+    @contextmanager
+    def writes_held(self) -> Iterator[None]:
+        """Another connection holds the ledger's tables: the writer's transactions wait meanwhile."""
+        conn = self._connect()
+        try:
+            if self.postgres:
+                conn.execute("BEGIN")
+                conn.execute("LOCK TABLE owners, jobs, machines, events, attempts IN EXCLUSIVE MODE")
+            else:
+                conn.execute("BEGIN IMMEDIATE")
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+            conn.close()
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "ledger.sqlite"
+def path(ledger_location: str | Path) -> str | Path:
+    return ledger_location
 
 
 @pytest.fixture
-def ledgers(path: Path) -> Iterator[Callable[..., Ledger]]:
+def db(path: str | Path) -> Db:
+    return Db(path)
+
+
+@pytest.fixture
+def ledgers(path: str | Path) -> Iterator[Callable[..., Ledger]]:
     made: list[Ledger] = []
 
     def make(owner: str | None = None) -> Ledger:
@@ -51,20 +97,11 @@ def ledgers(path: Path) -> Iterator[Callable[..., Ledger]]:
 
 
 @pytest.fixture
-def reader(path: Path, ledgers: Callable[..., Ledger]) -> Iterator[LedgerReader]:
+def reader(path: str | Path, ledgers: Callable[..., Ledger]) -> Iterator[LedgerReader]:
     ledgers()  # the file and its schema
     r = LedgerReader(path)
     yield r
     r.close()
-
-
-def raw(path: Path, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    """A plain sqlite3 connection of the test's own: what another process would see."""
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 def intent(led: Ledger, name: str = "ar-j-1-a0-0123abcd-d1", **kw: object) -> str:
@@ -79,17 +116,17 @@ def intent(led: Ledger, name: str = "ar-j-1-a0-0123abcd-d1", **kw: object) -> st
     return name
 
 
-def test_the_ledger_is_in_wal_mode(path: Path, ledgers: Callable[..., Ledger]) -> None:
-    ledgers()
-    assert raw(path, "PRAGMA journal_mode") == [("wal",)]
-    assert path.with_name(path.name + "-wal").exists()
+def test_the_sqlite_ledger_is_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    Ledger(path, "o").close()
+    assert Db(path).raw("PRAGMA journal_mode") == [("wal",)]
 
 
-def test_record_intent_is_durable_before_it_returns(path: Path, ledgers: Callable[..., Ledger]) -> None:
+def test_record_intent_is_durable_before_it_returns(db: Db, ledgers: Callable[..., Ledger]) -> None:
     led = ledgers("f" * 32)
     for i in range(20):  # every time, not by luck of the writer thread's timing
         name = intent(led, f"ar-j-1-a{i}-ffffffff-d1")
-        assert raw(path, "SELECT owner, state, phase FROM machines WHERE name=?", (name,)) == [
+        assert db.raw("SELECT owner, state, phase FROM machines WHERE name=?", (name,)) == [
             ("f" * 32, "alive", "requested")
         ]
 
@@ -184,7 +221,7 @@ def test_an_owner_on_another_host_is_alive_while_it_beats() -> None:
 
 
 def test_registered_owners_are_alive_until_closed(
-    ledgers: Callable[..., Ledger], reader: LedgerReader, path: Path
+    ledgers: Callable[..., Ledger], reader: LedgerReader, db: Db
 ) -> None:
     a, b = ledgers(), ledgers()
     a.register_owner()
@@ -193,14 +230,11 @@ def test_registered_owners_are_alive_until_closed(
     b.close_owner()
     assert a.owner in reader.live_owners()
     assert b.owner not in reader.live_owners()
-    # an owner row for a process that is gone
-    raw_conn = sqlite3.connect(path)
-    raw_conn.execute(
-        "INSERT INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
-        ("dead", _dead_pid(), time.time(), socket.gethostname(), time.time()),
+    # an owner row for a process that is gone (SQLite: its pid; PostgreSQL: its lease expired)
+    db.raw(
+        "INSERT INTO owners (id, pid, started, host, beat, closed, lease_until) VALUES (?,?,?,?,?,0,?)",
+        ("dead", _dead_pid(), time.time(), socket.gethostname(), time.time(), time.time() - 1),
     )
-    raw_conn.commit()
-    raw_conn.close()
     assert "dead" in {o.id for o in reader.owners()}
     assert "dead" not in reader.live_owners()
 
@@ -230,7 +264,7 @@ def test_events_are_stored_as_json_with_their_type(ledgers: Callable[..., Ledger
     assert reader.events("other/seed-1") == []
 
 
-def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader, path: Path) -> None:
+def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader, db: Db) -> None:
     led = ledgers()
     led.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/out/j/seed-1")
     led.record_attempt(
@@ -258,7 +292,7 @@ def test_jobs_and_attempts(ledgers: Callable[..., Ledger], reader: LedgerReader,
         "attempts": 1,
         "usd": 0.5,
     }
-    assert raw(path, "SELECT job, attempt, state, failure FROM attempts") == [("j/seed-1", 0, "failed", "stalled")]
+    assert db.raw("SELECT job, attempt, state, failure FROM attempts") == [("j/seed-1", 0, "failed", "stalled")]
 
 
 def test_clouds_are_remembered_once(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
@@ -278,21 +312,16 @@ def test_a_closed_ledger_refuses_writes(ledgers: Callable[..., Ledger]) -> None:
 
 
 def test_a_bad_write_fails_alone_and_the_rest_of_its_batch_commits(
-    path: Path, ledgers: Callable[..., Ledger], reader: LedgerReader,
+    db: Db, ledgers: Callable[..., Ledger], reader: LedgerReader,
 ) -> None:
     led = ledgers()
     name = intent(led)
     # another connection holds the write lock: the writes below queue up and commit together
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with db.writes_held():
         bad = led._queue_op(("INSERT INTO no_such_table (x) VALUES (?)", (1,)), tracked=True)
         gone = led.queue_gone(name, 456.0, "deleted")
         other = led.queue_intent(name="m-other", cloud="sim", job="j/seed-2", seed=2, attempt=0, deadline=1.0)
         time.sleep(0.2)
-    finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
     assert bad is not None
     with pytest.raises(LedgerError, match="no_such_table"):
         bad.wait(10)
@@ -305,7 +334,7 @@ def test_a_bad_write_fails_alone_and_the_rest_of_its_batch_commits(
 
 
 def test_runs_of_one_statement_commit_as_if_row_by_row(
-    path: Path, ledgers: Callable[..., Ledger], reader: LedgerReader,
+    db: Db, ledgers: Callable[..., Ledger], reader: LedgerReader,
 ) -> None:
     """Writes queued while the lock is held commit in one batch, where runs of one statement become
     multi-row statements: every row ends up as one write at a time would leave it."""
@@ -313,14 +342,9 @@ def test_runs_of_one_statement_commit_as_if_row_by_row(
     names = [f"m-{i}" for i in range(1200)]  # more rows than one statement takes
 
     def held(queue: Callable[[], list[Any]]) -> None:
-        blocker = sqlite3.connect(path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
-        try:
+        with db.writes_held():
             pending = queue()
             time.sleep(0.2)
-        finally:
-            blocker.execute("ROLLBACK")
-            blocker.close()
         for w in pending:
             w.wait(30)
 
@@ -329,7 +353,7 @@ def test_runs_of_one_statement_commit_as_if_row_by_row(
                  + [led.queue_gone(n, float(i), "deleted") for i, n in enumerate(names) if i % 3 == 0])
     # the same machine twice in one run: the later write wins, as row by row
     held(lambda: [led.queue_gone("m-1", 7.0, "first"), led.queue_gone("m-1", 8.0, "second")])
-    rows = {r[0]: r[1:] for r in raw(path, "SELECT name, state, gone, reason, seed FROM machines")}
+    rows = {r[0]: r[1:] for r in db.raw("SELECT name, state, gone, reason, seed FROM machines")}
     assert len(rows) == 1200
     for i, n in enumerate(names):
         expected = ("deleted", float(i), "deleted", i) if i % 3 == 0 else ("alive", None, None, i)
@@ -353,10 +377,14 @@ def test_a_run_that_could_differ_from_row_by_row_is_written_row_by_row() -> None
     assert results[0] == results[1] == [("a", "z"), ("b", "z")]
 
 
-def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_effect() -> None:
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_effect(
+    engine: str, request: pytest.FixtureRequest,
+) -> None:
     """A batch of writes to three tables, interleaved (as a thousand attempts queue them): taken
-    table by table between function ops, as a few multi-row statements, it leaves what one write
-    after the other leaves; a function op still sees every write queued before it."""
+    table by table between function ops, as a few multi-row statements (SQLite) or pipelined runs
+    (PostgreSQL), it leaves what one write after the other leaves; a function op still sees every
+    write queued before it."""
     ops: list[Any] = []
     seen: list[int] = []
     for i in range(300):
@@ -366,30 +394,168 @@ def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_ef
             ops.append(lambda c: seen.append(c.execute("SELECT count(*) FROM events").fetchone()[0]))
         ops.append(("UPDATE jobs SET state=? WHERE key=?", (f"u{i}", f"j{i}")))
 
-    def fresh() -> sqlite3.Connection:
-        conn = sqlite3.connect(":memory:", isolation_level=None)
+    made: list[Any] = []
+
+    def fresh() -> Any:
+        if engine == "sqlite":
+            conn: Any = sqlite3.connect(":memory:", isolation_level=None)
+        else:  # a connection that takes the ledger's SQL, as the writer's does (ledger_db.py)
+            import psycopg
+
+            from actor_run.supervisors.ledger_db import PostgresBackend, _PgConn
+
+            url = request.getfixturevalue("postgres").create_database()
+            backend = PostgresBackend(url)
+            conn = _PgConn(psycopg.connect(url, autocommit=True), backend)
+        made.append(conn)
         conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, t REAL, body TEXT)")
         conn.execute("CREATE TABLE jobs (key TEXT PRIMARY KEY, state TEXT)")
         conn.execute("CREATE TABLE machines (name TEXT PRIMARY KEY, state TEXT)")
         conn.executemany("INSERT INTO jobs VALUES (?, '')", [(f"j{i}",) for i in range(300)])
+        if engine != "sqlite":
+            backend._load_tables(conn)  # the primary keys INSERT OR REPLACE becomes an upsert on
         return conn
 
-    def state(conn: sqlite3.Connection) -> list[list[Any]]:
-        return [conn.execute(sql).fetchall() for sql in ("SELECT t, body FROM events ORDER BY id",
-                                                         "SELECT name, state FROM machines ORDER BY name",
-                                                         "SELECT key, state FROM jobs ORDER BY key")]
+    def state(conn: Any) -> list[list[Any]]:
+        return [[tuple(r) for r in conn.execute(sql).fetchall()]
+                for sql in ("SELECT t, body FROM events ORDER BY id", "SELECT name, state FROM machines ORDER BY name",
+                            "SELECT key, state FROM jobs ORDER BY key")]
 
-    one_by_one = fresh()
-    for op in ops:
-        _run(one_by_one, op)
-    grouped, statements = fresh(), []
-    grouped.set_trace_callback(statements.append)
-    _run_all(grouped, ops)
-    grouped.set_trace_callback(None)
-    assert state(grouped) == state(one_by_one)
-    assert seen == [151, 151]  # both ways, the function saw the 151 events queued before it
-    assert len(statements) <= 12, statements[:20]
+    try:
+        one_by_one = fresh()
+        for op in ops:
+            _run(one_by_one, op)
+        grouped, statements = fresh(), []
+        if engine == "sqlite":
+            grouped.set_trace_callback(statements.append)
+        _run_all(grouped, ops)
+        if engine == "sqlite":
+            grouped.set_trace_callback(None)
+            assert len(statements) <= 12, statements[:20]
+        assert state(grouped) == state(one_by_one)
+        assert seen == [151, 151]  # both ways, the function saw the 151 events queued before it
+    finally:
+        for conn in made:
+            conn.close()
 
+
+# --- migrations --------------------------------------------------------------------------------------
+
+
+def test_every_migration_applies_once_when_controllers_open_a_ledger_together(path: str | Path, db: Db) -> None:
+    """Four controllers open a new ledger at once: each step runs once (on PostgreSQL, one row per
+    step in schema_version; a second run of a step's CREATE TABLE would have failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from actor_run.supervisors.schema import current_version
+
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda i: Ledger(path, f"o{i}"), range(4)))
+    for led in made:
+        led.close()
+    if db.postgres:
+        assert db.raw("SELECT version FROM schema_version ORDER BY version") == [
+            (n,) for n in range(1, current_version() + 1)]
+    else:
+        assert db.raw("PRAGMA user_version") == [(current_version(),)]
+
+
+def test_postgresql_statements_are_translated_from_the_sqlite_dialect() -> None:
+    from actor_run.supervisors.ledger_db import _ddl, _translate
+
+    tables = {"m": (["name"], ["name", "state", "phase", "gone"])}
+    assert _translate("INSERT OR REPLACE INTO m (name, state) VALUES (?,?)", tables) == (
+        "INSERT INTO m (name, state) VALUES (%s,%s) ON CONFLICT (name) DO UPDATE SET state=EXCLUDED.state,"
+        " phase=DEFAULT, gone=DEFAULT")
+    assert _translate("INSERT OR IGNORE INTO m (name) VALUES (?)", tables) == (
+        "INSERT INTO m (name) VALUES (%s) ON CONFLICT DO NOTHING")
+    assert _translate("UPDATE m SET state='a?%' WHERE name LIKE ?", tables) == (
+        "UPDATE m SET state='a?%' WHERE name LIKE %s")  # nothing inside quotes changes
+    assert _translate("SELECT 1 % 2", tables) == "SELECT 1 %% 2"
+    assert _ddl("CREATE TABLE e (id INTEGER PRIMARY KEY, n INTEGER, t REAL, b BLOB)") == (
+        "CREATE TABLE e (id BIGSERIAL PRIMARY KEY, n BIGINT, t DOUBLE PRECISION, b BYTEA)")
+
+
+def test_a_postgresql_url_is_described_without_its_password() -> None:
+    from actor_run.supervisors.ledger_db import describe
+
+    assert describe("postgresql://team:s3cret@db.example/ledger") == "postgresql://team:***@db.example/ledger"
+    assert "s3cret" not in describe("postgres://u:s3cret@h:5432/d?sslmode=require")
+
+
+# --- owners across machines: leases and fencing tokens (PostgreSQL) --------------------------------
+
+
+def _wait(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def pg_url(postgres: Any) -> Iterator[str]:
+    from actor_run.supervisors.ledger_db import close_pools
+
+    yield postgres.create_database()
+    close_pools()
+
+
+def test_an_owner_whose_lease_expired_is_dead_for_everyone_and_is_never_renewed(pg_url: str) -> None:
+    a, b = Ledger(pg_url, "a" * 32, lease_s=1.0), Ledger(pg_url, "b" * 32, lease_s=600.0)
+    reader = LedgerReader(pg_url)
+    try:
+        a.register_owner()
+        b.register_owner()
+        assert {a.owner, b.owner} <= reader.live_owners()
+        _wait(lambda: a.owner not in reader.live_owners())  # the database's clock passed a's lease
+        assert b.owner in reader.live_owners()
+        lease = [o.lease_until for o in reader.owners() if o.id == a.owner]
+        assert a.beat_owner()  # the renewal is queued, and refused: an expired lease stays expired
+        with pytest.raises(StaleClaim, match="lease expired"):
+            a.flush()  # and from now on this controller writes nothing at all
+        assert a.lease_lost
+        assert [o.lease_until for o in reader.owners() if o.id == a.owner] == lease
+        assert not a.beat_owner()
+        assert a.owner not in reader.live_owners()
+    finally:
+        a.close()
+        b.close()
+        reader.close()
+
+
+def test_a_controller_whose_claim_was_taken_writes_nothing_more_for_that_job(pg_url: str) -> None:
+    old, new = Ledger(pg_url, "o" * 32), Ledger(pg_url, "n" * 32)
+    lost: list[set[str]] = []
+    old.on_stale = lost.append
+    try:
+        old.register_owner()
+        new.register_owner()
+        old.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/o")
+        old.record_job(key="k/seed-1", name="k", seed=1, spec=b"{}", state="running", out_dir="/o")
+        old.record_intent(name="m-1", cloud="sim", job="j", seed=1, attempt=0, deadline=1.0)
+        assert new.claim_job("j/seed-1", old.owner)  # as an adopter does once old's lease is gone
+        assert not new.claim_job("j/seed-1", old.owner)  # once
+        end = old.record_job_end(key="j/seed-1", state="succeeded", failure=None, detail="", attempts=1, usd=0)
+        with pytest.raises(StaleClaim):
+            end.wait(10)
+        with pytest.raises(StaleClaim):
+            old.record_gone("m-1", 2.0, "deleted")
+        assert not old.still_holds("m-1")
+        old.record_event(JobEnded(job="k", seed=1, attempt=0, outcome="succeeded", attempts=1))  # still its own
+        old.flush()
+        assert lost == [{"j/seed-1"}]
+        reader = LedgerReader(pg_url)
+        try:
+            jobs = {j["key"]: j for j in reader.jobs()}
+            assert (jobs["j/seed-1"]["owner"], jobs["j/seed-1"]["state"]) == (new.owner, "running")
+            assert reader.machine("m-1").state == "alive"  # type: ignore[union-attr]  # the adopter's now
+            assert [e["job"] for e in reader.events()] == ["k/seed-1"]
+        finally:
+            reader.close()
+    finally:
+        old.close()
+        new.close()
 
 def test_two_runs_of_one_job_keep_their_own_rows(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
     first, second = ledgers(), ledgers()
@@ -414,3 +580,17 @@ def test_two_runs_of_one_job_keep_their_own_rows(ledgers: Callable[..., Ledger],
     runs = reader.runs()
     assert [(r.id, r.owner, r.state, r.jobs, r.failed, r.usd) for r in runs] == [
         ("run00001", first.owner, "ended", 1, 1, 0.5), ("run00002", second.owner, "ended", 1, 1, 0.5)]
+
+
+def test_a_running_job_of_a_dead_owner_is_an_orphan(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    a, b = ledgers(), ledgers()
+    a.register_owner()
+    b.register_owner()
+    a.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/o")
+    b.record_job(key="k/seed-1", name="k", seed=1, spec=b"{}", state="queued", out_dir="/o")
+    a.flush()
+    b.flush()
+    assert not reader.has_orphans(me=b.owner)  # its owner lives; a queued job is nobody's yet
+    a.close_owner()
+    assert reader.has_orphans(me=b.owner)
+    assert not reader.has_orphans(me=a.owner)  # one's own jobs are not orphans to oneself

@@ -78,7 +78,8 @@ def test_a_ledger_of_the_landed_version_opens_without_loss(tmp_path: Path) -> No
     rows = old_ledger(path)
     reader = LedgerReader(path)
     try:
-        assert version_of(reader._conn) == current_version() == MIGRATIONS[-1].version
+        with reader.backend.reading() as conn:
+            assert version_of(conn) == current_version() == MIGRATIONS[-1].version
         runs = {r.id: r for r in reader.runs()}
         # one run per owner of the old jobs, its results where its jobs' seed folders are
         assert set(runs) == {A[:8], B[:8]}

@@ -36,18 +36,27 @@ def _dead_pid() -> int:
 
 
 class World:
-    """A sim provider and a ledger shared by a dead controller and a live one (this process)."""
+    """A sim provider and a ledger (an SQLite file, or a shared PostgreSQL one) shared by a dead
+    controller and a live one (this process)."""
 
-    def __init__(self, tmp_path: Path, state_dir: Path) -> None:
+    def __init__(self, tmp_path: Path, state_dir: Path, location: str | Path) -> None:
         self.tmp = tmp_path
         self.state = state_dir
-        self.ledger_path = state_dir / "ledger.sqlite"
+        self.ledger_path = location if isinstance(location, str) else state_dir / "ledger.sqlite"
         self.cloud = SimCloud(SimSettings(**SIM), state_dir)  # type: ignore[arg-type]
         self.sim_dir = self.cloud.dir
         self.dead = Ledger(self.ledger_path, uuid.uuid4().hex)
         self.live = Ledger(self.ledger_path, uuid.uuid4().hex)
-        self.live.register_owner()  # this process, with its start time: alive
+        self.live.register_owner()  # this process, with its start time (and on PostgreSQL its lease): alive
         self.live.record_cloud("sim", SIM)
+        self.url = location if isinstance(location, str) else None
+        if self.url is not None:
+            # a teammate's controller whose lease runs out once it has written its intents
+            # (expire_dead), on a host where a process with its pid lives (this one): dead for
+            # everyone then, whatever its pid says
+            self.dead.register_owner()
+            self.expire_dead()
+            return
         conn = sqlite3.connect(self.ledger_path)  # a controller that was killed: its pid is gone
         conn.execute(
             "INSERT INTO owners (id, pid, started, host, beat, closed) VALUES (?,?,?,?,?,0)",
@@ -55,6 +64,28 @@ class World:
         )
         conn.commit()
         conn.close()
+
+    def expire_dead(self) -> None:
+        assert self.url is not None
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            conn.execute("UPDATE owners SET lease_until = %s, host = 'laptop' WHERE id = %s",
+                         (time.time() - 1, self.dead.owner))
+
+    def intent(self, owner: Ledger, name: str, *, job: str, seed: int, deadline: float) -> None:
+        """The intent `owner` recorded before launching `name`."""
+        if owner is self.dead and self.url is not None:
+            # the row it left, written while its lease held (it refuses every write now)
+            import psycopg
+
+            with psycopg.connect(self.url) as conn:
+                conn.execute(
+                    "INSERT INTO machines (name, cloud, owner, run, job, seed, attempt, deadline, state, phase,"
+                    " created) VALUES (%s,'sim',%s,'',%s,%s,0,%s,'alive','requested',%s)",
+                    (name, owner.owner, job, seed, deadline, time.time()))
+            return
+        owner.record_intent(name=name, cloud="sim", job=job, seed=seed, attempt=0, deadline=deadline)
 
     def machine(
         self,
@@ -72,14 +103,13 @@ class World:
         name = name or encode_name(job, seed, 0, owner_id, deadline)
         if record:
             assert isinstance(owner, Ledger)
-            owner.record_intent(
-                name=name, cloud="sim", job=f"{job}/seed-{seed}", seed=seed, attempt=0, deadline=deadline
-            )
+            self.intent(owner, name, job=f"{job}/seed-{seed}", seed=seed, deadline=deadline)
         trio.run(self.cloud.launch, Offer(cloud="sim", region="us-east", gpu="A100"), name, deadline)
         return name
 
     def sweep(self, *, dry_run: bool = False, grace_s: float = 600.0) -> dict[str, SweepAction]:
-        with Runner(out_dir=self.tmp / "out", state_dir=self.state, sweep_on_start=False, sweep_grace_s=grace_s) as r:
+        with Runner(out_dir=self.tmp / "out", state_dir=self.state, ledger=self.ledger_path, sweep_on_start=False,
+                    sweep_grace_s=grace_s) as r:
             return {a.machine: a for a in r.sweep(dry_run=dry_run)}
 
     def row(self, name: str) -> Any:
@@ -97,8 +127,9 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path, state_dir: Path) -> Iterator[World]:
-    w = World(tmp_path, state_dir)
+def world(tmp_path: Path, state_dir: Path, ledger_location: str | Path) -> Iterator[World]:
+    """Every test of this module runs on both backends."""
+    w = World(tmp_path, state_dir, ledger_location)
     yield w
     w.close()
 
@@ -161,7 +192,7 @@ def test_machines_not_ours_are_never_touched(world: World) -> None:
 
 def test_ledger_rows_of_machines_the_provider_no_longer_lists_are_closed(world: World) -> None:
     name = encode_name("ghost", 1, 0, world.dead.owner, time.time() + 3600)
-    world.dead.record_intent(name=name, cloud="sim", job="ghost/seed-1", seed=1, attempt=0, deadline=time.time() + 3600)
+    world.intent(world.dead, name, job="ghost/seed-1", seed=1, deadline=time.time() + 3600)
     kept = encode_name("ghost", 2, 0, world.live.owner, time.time() + 3600)
     world.live.record_intent(name=kept, cloud="sim", job="ghost/seed-2", seed=2, attempt=0, deadline=time.time() + 3600)
     actions = world.sweep()
@@ -187,7 +218,7 @@ def test_dry_run_deletes_nothing(world: World) -> None:
 
 def test_a_runner_sweeps_when_it_opens(world: World) -> None:
     name = world.machine(world.dead)
-    with Runner(out_dir=world.tmp / "out", state_dir=world.state) as r:
+    with Runner(out_dir=world.tmp / "out", state_dir=world.state, ledger=world.ledger_path) as r:
         assert [(a.machine, a.action) for a in r.swept] == [(name, "deleted")]
     assert sim_machines(world.sim_dir) == []
 

@@ -1,0 +1,92 @@
+"""A real PostgreSQL server for tests and benches: a throwaway cluster made with `initdb` in a
+temporary folder, started with `pg_ctl`, listening only on a unix socket inside that folder.
+
+    server = Postgres()                   # started (trust auth, superuser `postgres`)
+    url = server.create_database()        # a fresh, empty database: postgresql://...
+    server.stop()                         # always: stops it and removes the folder
+
+initdb refuses to run as root: as root, the cluster is made and run as the `postgres` user (made
+by Debian's postgresql package) or `nobody`. Binaries are found on PATH or in Debian's
+/usr/lib/postgresql/<version>/bin (scripts/test.sh installs the package when none is there).
+Importable from any test or bench (no pytest here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+START_TIMEOUT_S = 60
+
+
+def _bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                      key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    if not versions:
+        raise RuntimeError(f"PostgreSQL's {name} is not installed (scripts/test.sh installs Debian's postgresql)")
+    return versions[-1]
+
+
+def _as_user() -> list[str]:
+    """The prefix that runs a command as a user initdb accepts (not root)."""
+    if os.geteuid() != 0:
+        return []
+    for user in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(user)
+            return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--"]
+    raise RuntimeError("running as root and no `postgres` or `nobody` user to run PostgreSQL as")
+
+
+class Postgres:
+    def __init__(self, *, settings: dict[str, str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="actor-run-pg-"))
+        self.data = self.dir / "data"
+        self.socket_dir = self.dir
+        prefix = _as_user()
+        if prefix:
+            user = prefix[2]
+            pw = pwd.getpwnam(user)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        self._prefix = prefix
+        subprocess.run([*prefix, _bin("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                        "-E", "UTF8", "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        options = {"listen_addresses": "''", "unix_socket_directories": f"'{self.socket_dir}'", "fsync": "off",
+                   "max_connections": "200", **(settings or {})}
+        opts = " ".join(f"-c {k}={v}" for k, v in options.items())
+        subprocess.run([*prefix, _bin("pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"),
+                        "-w", "-t", str(START_TIMEOUT_S), "start"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+        self.url = self.url_for("postgres")
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql://postgres@/{database}?host={self.socket_dir}"
+
+    def create_database(self) -> str:
+        import psycopg
+
+        name = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url_for(name)
+
+    def pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def stop(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                subprocess.run([*self._prefix, _bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
+                                "stop"], check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
