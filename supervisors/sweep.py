@@ -223,7 +223,7 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
     return failed + actions, doomed
 
 
-async def reclaimable(machines: list[Machine], ledger_path: Path, *, grace_s: float = 600.0,
+async def reclaimable(machines: list[Machine], ledger_path: str | Path, *, grace_s: float = 600.0,
                       keep_owner: str | None = None) -> list[Machine]:
     """Of machines a cloud just listed, those the sweep's rules let go now (the ledger and the
     owners read after the listing, as `plan` does). A machine only its host's stamp could condemn
