@@ -1,4 +1,28 @@
-"""actor-run: run GPU jobs on rented machines in attempts (always deleted, retried, metered)."""
+"""actor-run: run GPU jobs on rented machines in attempts (always deleted, retried, metered).
+
+The public API is what this module exports (`__all__`); everything under `actor_run.actors`,
+`actor_run.protocols` and `actor_run.supervisors` is internal and may change.
+
+    from actor_run import Batch, Runner
+
+    batch = Batch.load("sweep.toml")                 # or Batch.build(name=..., command=..., seeds=[...])
+    with Runner(out_dir="out", concurrency=batch.policy.concurrency) as runner:
+        handles = [runner.submit(job) for job in batch.jobs()]
+        for h in handles:
+            ended = h.result()                       # a JobEnded: outcome, failure, attempts, usd
+            # in asyncio or trio: ended = await h.wait_async()
+
+- `Runner`, `JobHandle`: run jobs, wait for them, cancel them; every machine deleted on close.
+- `Job`, `Batch`, `Policy`, `Candidate`: what to run, how often to retry, where.
+- `UserConfig`: the user's settings file (`[clouds.*]` tables merged under a batch's own).
+- Events (`Event` and its subclasses): what `Runner.subscribe` callbacks receive, in order per
+  attempt: `AttemptStarted`, `LeaseRequested`, `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
+  `Progress`..., `Exited` | `Stalled`, `Fetched`, `Released`, `AttemptEnded`, then `Retrying` or
+  `JobEnded` for the job (`Reserved` and `Charged` are the budget's, `Metered` the running cost).
+  `encode(event)` / `decode_event(data)` are the JSON form `--json` prints.
+- `Code`: every failure's code (`no_capacity`, `job_failed`, ...); `SpecError`: bad input, naming
+  the field; `ActorRunError`: the base of every exception raised on purpose.
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -7,4 +31,79 @@ try:
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+from actor_run.protocols.failures import ActorRunError, Code, SpecError
+from actor_run.protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    Charged,
+    CheckpointSaved,
+    Event,
+    Exited,
+    Fetched,
+    InputRef,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    LeaseRequested,
+    Machine,
+    Metered,
+    Offer,
+    Progress,
+    Released,
+    Reserved,
+    Retrying,
+    Stalled,
+    TransferFailed,
+    Uploaded,
+    Usage,
+    decode_event,
+    encode,
+)
+from actor_run.protocols.specs import Batch, Job, load_batch
+from actor_run.protocols.specs import CandidateSpec as Candidate
+from actor_run.protocols.specs import PolicySpec as Policy
+from actor_run.supervisors.config import UserConfig, load_config
+from actor_run.supervisors.runner import JobHandle, Runner
+
+__all__ = [
+    "ActorRunError",
+    "AttemptEnded",
+    "AttemptStarted",
+    "Batch",
+    "Candidate",
+    "Charged",
+    "CheckpointSaved",
+    "Code",
+    "Event",
+    "Exited",
+    "Fetched",
+    "InputRef",
+    "Job",
+    "JobEnded",
+    "JobHandle",
+    "JobStarted",
+    "LeaseFailed",
+    "LeaseRequested",
+    "Leased",
+    "Machine",
+    "Metered",
+    "Offer",
+    "Policy",
+    "Progress",
+    "Released",
+    "Reserved",
+    "Retrying",
+    "Runner",
+    "SpecError",
+    "Stalled",
+    "TransferFailed",
+    "Uploaded",
+    "Usage",
+    "UserConfig",
+    "__version__",
+    "decode_event",
+    "encode",
+    "load_batch",
+    "load_config",
+]

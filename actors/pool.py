@@ -71,6 +71,8 @@ class ActorPool:
         for good): for work nobody waits on, out of a burst's way (an actor's stop once its end is
         told; the attempt's watchers, started while its create is out)."""
         with self._cond:
+            if not self._later:
+                self._since_later = 0  # count this one's wait from now, not from the last tell put off
             self._later.append((ref, message))
             if self._workers - self._idle - self._blocked > 0:
                 return  # a running worker takes it when it runs out of turns

@@ -22,6 +22,10 @@ import msgspec
 
 
 class Code(enum.StrEnum):
+    """Every failure's code (a str: `"job_failed"`); `POLICIES` says what each one leads to: the
+    transient ones (no_capacity, quota, launch_failed, ambiguous_create, preempted, stalled,
+    unreachable) walk on or are retried on a fresh machine, the others end the job."""
+
     NO_CAPACITY = "no_capacity"
     QUOTA = "quota"  # the account is out of quota or balance: the same place on the next account
     LAUNCH_FAILED = "launch_failed"

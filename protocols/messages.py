@@ -77,6 +77,9 @@ class InputRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an attempt's machine cost: `usd` for `seconds` leased (`at_least`: deletion unconfirmed,
+    billed up to the machine's deadline)."""
+
     usd: float = 0.0
     seconds: float = 0.0
     at_least: bool = False  # deletion unconfirmed: billed up to the deadline
@@ -99,6 +102,8 @@ class Event(Message, frozen=True, kw_only=True):
 
 
 class AttemptStarted(Event, frozen=True, kw_only=True):
+    """An attempt began: `offer` is the place it will try to lease (attempt numbers count from 0)."""
+
     offer: Offer
 
 
@@ -111,10 +116,14 @@ class LeaseRequested(Event, frozen=True, kw_only=True):
 
 
 class Leased(Event, frozen=True, kw_only=True):
+    """The provider made the machine and the ledger holds it: from here it is deleted, whatever happens."""
+
     machine: Machine
 
 
 class LeaseFailed(Event, frozen=True, kw_only=True):
+    """No machine was leased for this attempt (`failure` says why: `no_capacity`, `launch_failed`, ...)."""
+
     failure: Code
     detail: str = ""
     machine: Machine | None = None  # made, then it failed (it never answered): it bills until deleted
@@ -122,6 +131,8 @@ class LeaseFailed(Event, frozen=True, kw_only=True):
 
 
 class Uploaded(Event, frozen=True, kw_only=True):
+    """The code and inputs are on the machine (content-addressed: unchanged files were not sent again)."""
+
     bytes_sent: int = 0
     seconds: float = 0.0
     code: str | None = None  # the code snapshot's hash
@@ -138,37 +149,51 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 
 
 class TransferFailed(Event, frozen=True, kw_only=True):
+    """An upload or a fetch failed; the attempt ends with `failure`."""
+
     failure: Code
     detail: str = ""
     taken_at: float | None = None  # preempted: when the provider took the machine, if it says
 
 
 class JobStarted(Event, frozen=True, kw_only=True):
+    """The command is running on the machine as process `pid`."""
+
     pid: int
 
 
 class Progress(Event, frozen=True, kw_only=True):
+    """A line the job appended to `$ACTOR_RUN_PROGRESS` (`line`, its JSON; `stage` from it)."""
+
     stage: str = ""
     line: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Exited(Event, frozen=True, kw_only=True):
+    """The command ended with `exit_code` (0: success; anything else is `job_failed`)."""
+
     exit_code: int
     billed_s: float = -1.0  # a provider that bills the run by the second (serverless): its seconds; -1 not so
 
 
 class Stalled(Event, frozen=True, kw_only=True):
+    """The job wrote no progress within its window (or its machine went silent): the attempt ends."""
+
     failure: Code = Code.STALLED
     detail: str = ""
     taken_at: float | None = None  # preempted: when the provider took the machine, if it says (its bill stops there)
 
 
 class Fetched(Event, frozen=True, kw_only=True):
+    """`out/`, the log and the progress file are back on this computer, under the job's out folder."""
+
     bytes_received: int = 0
     seconds: float = 0.0
 
 
 class Metered(Event, frozen=True, kw_only=True):
+    """The attempt's cost so far (`usd`), sent every few seconds while its machine is leased."""
+
     usd: float
     reserved_usd: float = 0.0  # this attempt's reservation (0: none was made)
 
@@ -205,6 +230,9 @@ class Released(Event, frozen=True, kw_only=True):
 
 
 class AttemptEnded(Event, frozen=True, kw_only=True):
+    """The attempt is over and its machine is released: outcome, failure code, cost (`usage`) and
+    the seconds of each phase (`phases`)."""
+
     outcome: str  # "succeeded" | "failed"
     failure: Code | None = None
     detail: str = ""
@@ -215,12 +243,17 @@ class AttemptEnded(Event, frozen=True, kw_only=True):
 
 
 class Retrying(Event, frozen=True, kw_only=True):
+    """The job tries again after `delay_s` on `offer`, because the last attempt failed with `failure`."""
+
     failure: Code
     delay_s: float
     offer: Offer
 
 
 class JobEnded(Event, frozen=True, kw_only=True):
+    """The job is over, exactly once per submitted job: `outcome` "succeeded" or "failed" (with its
+    `failure` code and `detail`), how many attempts it took, what it cost in all, where its outputs are."""
+
     outcome: str
     failure: Code | None = None
     detail: str = ""
@@ -310,9 +343,11 @@ _event_decoder = msgspec.json.Decoder(EVENTS)
 
 
 def encode(msg: Message) -> bytes:
+    """A message as one line of JSON (its `type` tag first), as `--json` prints events."""
     return _encoder.encode(msg)
 
 
 def decode_event(data: bytes | str) -> Event:
+    """An event back from its JSON (a line of `--json` output); msgspec.ValidationError if it is not one."""
     result: Event = _event_decoder.decode(data)
     return result

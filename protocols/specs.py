@@ -1,8 +1,10 @@
 """What users write: a batch file (TOML) with a job, a retry policy, candidate places and cloud settings.
 
-`load_batch(path)` decodes it with msgspec (unknown keys refused), checks every value and resolves
-paths relative to the file; a problem raises `SpecError` naming the field (`policy.concurrency:
-expected int >= 1, got -2`). `Job` is one seed of a batch: what the Runner runs.
+`load_batch(path)` (also `Batch.load`) decodes it with msgspec (unknown keys refused), checks every
+value and resolves paths relative to the file; a problem raises `SpecError` naming the field
+(`policy.concurrency: expected int >= 1, got -2`). `Batch.build(...)` makes the same thing in code.
+`Job` is one seed of a batch: what the Runner runs. The public names (`actor_run.Policy`,
+`actor_run.Candidate`) of `PolicySpec` and `CandidateSpec` are in actor_run/__init__.py.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a job is retried and watched (`[policy]`; public as `actor_run.Policy`).
+
+    A job gets at most `max_attempts` attempts, each on a fresh machine; a transient failure waits
+    `backoff_s` (doubling, with jitter, up to `backoff_max_s`) before the next. An attempt whose job
+    writes no progress for `setup_grace_s` (before its first work stage) or `stall_after_s` (after)
+    ends `stalled`. `concurrency` and `budget_usd` are the batch's: the CLI hands them to the Runner.
+    Every field has a default; `check_policy` (run by the Runner) refuses impossible values."""
+
     max_attempts: int = 3
     concurrency: int = 4
     budget_usd: float | None = None
@@ -51,6 +61,10 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One place a job may run (`[[candidates]]`; public as `actor_run.Candidate`): a cloud and,
+    optionally, a GPU class, regions (or, for `ssh`, host names) and a price ceiling. A job walks
+    its candidates in order: when one has no capacity the next is tried."""
+
     cloud: str = "local"
     gpu: str = ""
     regions: list[str] = msgspec.field(default_factory=list)
@@ -70,7 +84,14 @@ class BatchFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
-    """One seed of a batch, with everything needed to run it; paths are absolute."""
+    """One seed of a batch, with everything needed to run it: what `Runner.submit` takes.
+
+    `command` runs in a shell on the machine, in a copy of the folder `code`, with `$ACTOR_RUN_SEED`,
+    `$ACTOR_RUN_ATTEMPT`, `$ACTOR_RUN_IN` (the `inputs`), `$ACTOR_RUN_OUT` (fetched back) and
+    `$ACTOR_RUN_PROGRESS` set, plus `env`. Exit 0 is success; any other exit is the job's own
+    failure (`job_failed`, not retried). `code` and `inputs` are absolute paths on this computer
+    (`Batch` makes them so). `clouds` holds `[clouds.<name>]` tables, merged over the user's
+    settings. `key` (`name/seed-<seed>`) names the job in the Runner, the ledger and the events."""
 
     name: str
     command: str
@@ -95,8 +116,40 @@ def job_key(name: str, seed: int) -> str:
 
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """A checked batch: one job template, its seeds, a policy, candidates and cloud tables.
+
+    Made by `Batch.load(path)` from a TOML batch file or by `Batch.build(...)` in code; both check
+    every value (a `SpecError` names the field) and make `code` and `inputs` absolute. `jobs()` gives
+    one `Job` per seed, in the order of `seeds`, for `Runner.submit`."""
+
     spec: BatchFile
-    base: str  # the folder the batch file is in
+    base: str  # the folder the batch file is in (or the folder `build` resolved paths against)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Batch:
+        """Read and check a batch file (its clouds must be known ones); see `load_batch`."""
+        from actor_run.protocols.clouds import known_clouds  # clouds/ imports this module
+
+        return load_batch(path, known_clouds())
+
+    @classmethod
+    def build(cls, *, name: str, command: str, seeds: list[int], code: str | Path | None = None,
+              inputs: dict[str, str | Path] | None = None, timeout_s: float = 3600.0,
+              env: dict[str, str] | None = None, policy: PolicySpec | None = None,
+              candidates: list[CandidateSpec] | None = None, clouds: dict[str, dict[str, Any]] | None = None,
+              base: str | Path = ".") -> Batch:
+        """A batch made in code, checked like a batch file; relative paths are taken from `base`."""
+        from actor_run.protocols.clouds import known_clouds
+
+        job = JobSpec(name=name, command=command, seeds=list(seeds), code=None if code is None else str(code),
+                      inputs={k: str(v) for k, v in (inputs or {}).items()}, timeout_s=timeout_s, env=dict(env or {}))
+        spec = BatchFile(job=job, policy=policy or PolicySpec(), candidates=list(candidates or []),
+                         clouds=dict(clouds or {}))
+        return _checked(spec, Path(base).expanduser().resolve(), known_clouds())
+
+    @property
+    def policy(self) -> PolicySpec:
+        return self.spec.policy
 
     def jobs(self) -> list[Job]:
         j, p = self.spec.job, self.spec.policy
@@ -114,10 +167,29 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", 
 REDACTED = "<redacted>"
 
 
+# a cloud setting holding a secret (an API key, a key's passphrase); `key` alone is a key's path,
+# and a name ending in `_env` (`api_key_env`) names the environment variable that holds one
+SECRET_SETTING = re.compile(r"(api_?key|token|secret|passw|passphrase|credential|auth|access_key|private_key)",
+                            re.IGNORECASE)
+
+
+def is_secret_setting(name: str) -> bool:
+    return bool(SECRET_SETTING.search(name)) and not name.lower().endswith("_env")
+
+
+def without_secrets(table: dict[str, Any]) -> dict[str, Any]:
+    """A `[clouds.<name>]` table as the ledger may keep it: settings whose names look secret are
+    left out, at any depth (a resume merges the user's settings again, which supply them)."""
+    return {k: without_secrets(v) if isinstance(v, dict) else v for k, v in table.items()
+            if not is_secret_setting(k)}
+
+
 def redacted(job: Job) -> Job:
-    """The job as the ledger may keep it: env values whose names look secret are replaced."""
+    """The job as the ledger may keep it: env values whose names look secret are replaced, cloud
+    settings whose names look secret are left out."""
     env = {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in job.env.items()}
-    return msgspec.structs.replace(job, env=env)
+    clouds = {name: without_secrets(table) for name, table in job.clouds.items()}
+    return msgspec.structs.replace(job, env=env, clouds=clouds)
 
 
 def unredacted(job: Job, environ: dict[str, str]) -> tuple[Job, list[str]]:
@@ -224,7 +296,11 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
         raise spec_error(exc) from exc
-    base = p.resolve().parent
+    return _checked(spec, p.resolve().parent, known_clouds)
+
+
+def _checked(spec: BatchFile, base: Path, known_clouds: set[str] | None) -> Batch:
+    """Check every value of a batch; make its paths absolute (relative ones are from `base`)."""
     if not spec.job.seeds:
         raise SpecError("job.seeds", "expected a non-empty list of ints, got []")
     if len(set(spec.job.seeds)) != len(spec.job.seeds):

@@ -1,8 +1,8 @@
 #!/bin/sh
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
-# rsync, Chromium (for the report's page) and PostgreSQL through apt when missing; the package and
-# its test extras in .venv), then runs ruff, mypy and pytest. The tests start their own sshd and
-# their own throwaway PostgreSQL cluster (tests/pg.py).
+# rsync, Chromium (for the report's page), PostgreSQL and zsh (for the completion test) through apt
+# when missing; the package and its test extras in .venv), then runs ruff, mypy and pytest. The
+# tests start their own sshd and their own throwaway PostgreSQL cluster (tests/pg.py).
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -13,6 +13,7 @@ command -v ps >/dev/null 2>&1 || need="$need procps"
 command -v chromium >/dev/null 2>&1 || need="$need chromium"  # opens `actor-run report`'s page in a test
 # Debian keeps initdb and pg_ctl in /usr/lib/postgresql/<version>/bin, off PATH (tests/pg.py looks there)
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
+command -v zsh >/dev/null 2>&1 || need="$need zsh"  # the zsh completion script is run by a test
 if [ -n "$need" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null

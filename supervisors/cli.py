@@ -12,6 +12,9 @@ console.py.
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
     actor-run clouds check [NAME] [--batch FILE]
     actor-run worker --ledger postgresql://... [--concurrency N]   (cmd_worker.py: a shared ledger)
+    actor-run config show [BATCH] [--json]
+    actor-run completion bash|zsh
+    actor-run --version; --config PATH (the user settings, supervisors/config.py) before or after any command
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from typing import Any
 
 from loguru import logger
 
+from actor_run import __version__
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.protocols.specs import load_batch
 from actor_run.supervisors import (
     cmd_clouds,
+    cmd_completion,
+    cmd_config,
     cmd_cost,
     cmd_logs,
     cmd_report,
@@ -49,6 +55,10 @@ __all__ = ["Exit", "entry", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # epilogs keep their lines
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> Any:  # one line, exit 2
         sys.stderr.write(f"actor-run: {message}\n")
         raise SystemExit(Exit.USAGE)
@@ -61,7 +71,9 @@ RUN_EXAMPLE = """example:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="actor-run", description="Run GPU jobs on rented machines, in attempts.")
+    p = _Parser(prog="actor-run", description="Run GPU jobs on rented machines, in attempts.",
+                epilog="examples:\n  actor-run run examples/seeds.toml\n  actor-run <command> --help\n")
+    p.add_argument("--version", action="version", version=f"actor-run {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run a batch file (a new run: its id is printed first)", epilog=RUN_EXAMPLE,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,7 +92,21 @@ def _parser() -> argparse.ArgumentParser:
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
     cmd_clouds.add_parser(sub)
+    cmd_config.add_parser(sub)
+    cmd_completion.add_parser(sub)
+    _config_option(p, top=True)  # last: every command registered above gets it
     return p
+
+
+def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """`--config PATH` before or after any command (supervisors/config.py says what it is)."""
+    if "--config" not in p._option_string_actions:  # a command may define its own
+        p.add_argument("--config", metavar="PATH", default=None if top else argparse.SUPPRESS,
+                       help="the user settings file (default: $ACTOR_RUN_CONFIG, else ~/.config/actor-run/config.toml)")
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _config_option(child)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -95,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or batch.spec.policy.concurrency
     events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
-                    budget_usd=batch.spec.policy.budget_usd, batch=str(Path(args.batch).resolve()))
+                    budget_usd=batch.spec.policy.budget_usd, batch=str(Path(args.batch).resolve()),
+                    config=args.config)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
     try:
@@ -126,9 +153,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     configure_logging()
-    if args.state_dir is None:
+    if getattr(args, "state_dir", None) is None:
         args.state_dir = str(default_state_dir())
     try:
         shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
@@ -140,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
         "clouds": cmd_clouds.cmd_clouds,
+        "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
 
 
 def entry() -> None:

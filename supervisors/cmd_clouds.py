@@ -22,6 +22,7 @@ from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX
 from actor_run.protocols.specs import CandidateSpec, load_batch
+from actor_run.supervisors.config import load_config
 
 RENTED = ("hyperstack", "lambda", "runpod")
 GPUS = ("H100", "H200", "A100-80G", "L40S", "RTX4090")  # what is asked for without a batch
@@ -92,6 +93,7 @@ async def _check(cloud: Cloud, candidates: list[CandidateSpec]) -> tuple[list[st
 def cmd_clouds(args: argparse.Namespace) -> int:
     try:
         names, settings, candidates = _plan(args)
+        config = load_config(args.config)  # the user's [clouds.*] tables, the batch's over them
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return 2
@@ -100,7 +102,7 @@ def cmd_clouds(args: argparse.Namespace) -> int:
     for name in names:
         print(f"{name}:")
         try:
-            cloud = make_cloud(name, settings.get(name, {}), state)
+            cloud = make_cloud(name, config.cloud_settings(name, settings.get(name, {})), state)
         except SpecError as exc:
             print(f"  cannot check: {exc.problem}")
             missing = True

@@ -44,7 +44,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if known is None:
             return usage_error(f"run: no run {args.run!r} in this ledger (see `actor-run runs`)")
     events: collections.deque[Event] = collections.deque()
-    runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False)
+    runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False,
+                    config=args.config)
     interrupts = Interrupts(runner)
     ended: list[JobEnded] = []
     logs: dict[str, int] = {}

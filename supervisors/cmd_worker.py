@@ -146,7 +146,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         _check(args)
         runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
-                        concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False)
+                        concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False, config=args.config)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
@@ -168,7 +168,8 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
-                    lease_s=args.lease, sweep_on_start=False, batch=str(Path(args.batch).resolve()))
+                    lease_s=args.lease, sweep_on_start=False, batch=str(Path(args.batch).resolve()),
+                    config=args.config)
     try:
         with runner:
             for job in jobs:

@@ -16,6 +16,7 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import contextlib
@@ -31,6 +32,8 @@ from typing import Any
 import msgspec
 import platformdirs
 import pykka
+import sniffio
+import trio
 from loguru import logger
 
 from actor_run.actors import Context, Reactor, Reattach, Task
@@ -38,8 +41,18 @@ from actor_run.actors.pool import POOL, PooledActor, blocking
 from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
-from actor_run.protocols.specs import Job, check_candidates, check_job, check_policy, job_key, redacted, unredacted
+from actor_run.protocols.specs import (
+    Job,
+    check_candidates,
+    check_job,
+    check_policy,
+    job_key,
+    redacted,
+    unredacted,
+    without_secrets,
+)
 from actor_run.supervisors.budget import Budget, BudgetStatistics
+from actor_run.supervisors.config import UserConfig, resolve_config
 from actor_run.supervisors.job import JobSupervisor
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.ledger_db import resolve as resolve_ledger
@@ -232,7 +245,13 @@ class RunnerStatistics(msgspec.Struct, frozen=True):
 
 
 class JobHandle:
-    """A submitted job: `result()` waits for its `JobEnded`; `cancel()` asks it to stop."""
+    """A submitted job (what `Runner.submit` returns).
+
+    `result(timeout)` blocks until the job's `JobEnded` and returns it; `await wait_async()` does
+    the same without blocking an asyncio or trio event loop; `done()` says whether it ended;
+    `cancel()` asks the job to stop (its machine is deleted first; it then ends `canceled`). The
+    `JobEnded` is in the ledger before any of these return it. Cancelling a task that awaits
+    `wait_async()` stops the wait, not the job."""
 
     def __init__(self, runner: Runner, job: Job) -> None:
         self.job = job
@@ -248,6 +267,37 @@ class JobHandle:
     def done(self) -> bool:
         return self._future.done()
 
+    async def wait_async(self) -> JobEnded:
+        """Wait for the job's `JobEnded` inside an asyncio or trio event loop, without blocking it:
+        the end wakes the loop through its own thread-safe entry (call_soon_threadsafe, a trio token)."""
+        library = sniffio.current_async_library()
+        if library == "trio":
+            token, ended = trio.lowlevel.current_trio_token(), trio.Event()
+
+            def wake_trio(_: object) -> None:
+                with contextlib.suppress(trio.RunFinishedError):  # the loop ended while the job ran
+                    token.run_sync_soon(ended.set)
+
+            self._future.add_done_callback(wake_trio)
+            await ended.wait()
+        elif library == "asyncio":
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def settle() -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            def wake_asyncio(_: object) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed while the job ran
+                    loop.call_soon_threadsafe(settle)
+
+            self._future.add_done_callback(wake_asyncio)
+            await waiter
+        else:
+            raise RuntimeError(f"wait_async runs in asyncio or trio, not {library}")
+        return self._future.result(0)
+
     def _resolve(self, e: JobEnded) -> None:
         with contextlib.suppress(concurrent.futures.InvalidStateError):  # the first end stands
             self._future.set_result(e)
@@ -257,10 +307,27 @@ class JobHandle:
 
 
 class Runner:
+    """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
+
+    Promises: every machine is in the ledger before its create call and is deleted (confirmed by
+    its provider) before `close()` returns; each submitted job ends exactly once with a `JobEnded`
+    (`outcome` "succeeded" or "failed" with a failure `Code`); transient failures are retried on
+    a fresh machine up to the job's `policy.max_attempts`; at most `concurrency` jobs run at once and
+    their total cost stays under `budget_usd` (jobs over it end `budget`).
+
+    Use it as a context manager (or call `open()` / `close()`); `submit(job)` returns a `JobHandle`;
+    `subscribe(fn)` receives every event (on an actor thread: keep `fn` quick); `cancel()` stops
+    everything; `wait()` waits for every submitted job. What one Runner submits is one run: `run` is
+    its id in the ledger (`batch` names it for `actor-run runs`). `config` is the user settings file
+    (a path, a `UserConfig`, or None for `$ACTOR_RUN_CONFIG` / the default file): its `[clouds.*]`
+    tables are merged under each job's own. State (the ledger, known hosts, the local and sim clouds' folders)
+    goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`."""
+
     def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
-                 sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0) -> None:
+                 sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
+                 config: str | Path | UserConfig | None = None) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
@@ -289,6 +356,8 @@ class Runner:
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
+        self._config_arg = config
+        self.config = UserConfig()  # the user's settings, read by open()
 
     # --- opening and closing ---------------------------------------------------------------------
 
@@ -302,6 +371,7 @@ class Runner:
     def open(self) -> None:
         if self.concurrency < 1:
             raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
+        self.config = resolve_config(self._config_arg)  # before anything starts: a bad file is a SpecError
         try:
             self._open_parts()
         except BaseException:
@@ -396,7 +466,7 @@ class Runner:
         check_candidates(job.candidates, known_clouds())
         for i, c in enumerate(job.candidates):
             raw = job.clouds.get(c.cloud, {})
-            known = accounts_of(raw)
+            known = accounts_of(self.config.cloud_settings(c.cloud, raw))  # the user's accounts too
             for account in c.accounts:
                 if account != MAIN and account not in known:
                     listed = ", ".join([MAIN, *known[1:]])
@@ -412,13 +482,17 @@ class Runner:
                     logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
+        """The cloud `name`, built once from the user's settings with `settings` (the job's table)
+        merged over them; the ledger keeps only the job's table, without its secrets."""
         with self._lock:
             if name not in self.clouds:
-                cloud = self.clouds[name] = make_cloud(name, settings, self.state_dir)
+                self.config.parse(name, settings)  # a bad value names its field and its file
+                cloud = self.clouds[name] = make_cloud(name, self.config.cloud_settings(name, settings),
+                                                       self.state_dir)
                 if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
                     cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
                                                       grace_s=self.sweep_grace_s, keep_owner=self.owner)
-                self.ledger.record_cloud(name, settings)
+                self.ledger.record_cloud(name, without_secrets(settings))
             return self.clouds[name]
 
     def start_run(self) -> str:
@@ -582,7 +656,7 @@ class Runner:
                 self.ledger.adopt_machine(item.reattach.machine.name, job.key)
             for c in job.candidates:
                 raw = job.clouds.get(c.cloud, {})
-                for account in accounts_of(raw):
+                for account in accounts_of(self.config.cloud_settings(c.cloud, raw)):
                     with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
                         self._cloud(cloud_key(c.cloud, account), raw)
             handle = JobHandle(self, job)
@@ -646,7 +720,9 @@ class Runner:
                 if name not in clouds:
                     try:
                         clouds[name] = self._cloud(name, settings)
-                    except SpecError:
+                    except SpecError as exc:  # e.g. its settings were in a user config not given now
+                        logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at",
+                                       name, exc)
                         continue
             if "local" not in clouds:
                 clouds["local"] = self._cloud("local", {})

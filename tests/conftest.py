@@ -3,9 +3,12 @@ may outlive it (the autouse `no_leaks` fixture fails the test otherwise)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +24,12 @@ if str(ROOT) not in sys.path:
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+# no test reads the user's own settings (supervisors/config.py): the default config file is looked
+# for in an empty folder, and no ACTOR_RUN_CONFIG is inherited (tests that want one set it)
+os.environ.pop("ACTOR_RUN_CONFIG", None)
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="actor-run-test-config-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
 from pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
 from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)

@@ -48,6 +48,7 @@ class SSHHostSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 22
     user: str = ""  # default: the current user (as asyncssh and ~/.ssh/config decide)
     key: str | None = None  # default: the agent and the keys of ~/.ssh
+    passphrase: str | None = None  # of an encrypted `key`: a secret, for the user config, not a batch file
     root: str = "~/.actor-run"  # the private folder on the host where everything goes
     slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # how many attempts it takes at once
     connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
@@ -163,7 +164,8 @@ class SSHCloud:
     def _new_host(self, host: str, label: str) -> SSHHost:
         cfg = self._settings(host)
         return SSHHost(
-            label, cfg.address, port=cfg.port, user=cfg.user, key=cfg.key, known_hosts=self.known_hosts,
+            label, cfg.address, port=cfg.port, user=cfg.user, key=cfg.key, passphrase=cfg.passphrase,
+            known_hosts=self.known_hosts,
             connect_timeout_s=cfg.connect_timeout_s, loop=self._loop,
         )
 

@@ -184,7 +184,7 @@ class SSHHost:
 
     def __init__(
         self, name: str, address: str, *, known_hosts: Path, port: int = 22, user: str = "",
-        key: str | None = None, connect_timeout_s: float = 10.0, loop: Any = None,
+        key: str | None = None, passphrase: str | None = None, connect_timeout_s: float = 10.0, loop: Any = None,
         bulk_bytes: int = BULK_BYTES, ssh_client: str | None = SSH_CLIENT,
     ) -> None:
         self.name = name
@@ -196,7 +196,9 @@ class SSHHost:
         self.connect_timeout_s = connect_timeout_s
         self._loop = loop
         self.bulk_bytes = bulk_bytes  # uploads from this size on go through `ssh_client` (None: never)
-        self.ssh_client = ssh_client
+        # an encrypted key is unlocked by asyncssh alone: OpenSSH's client would ask for the passphrase
+        self.ssh_client = None if passphrase else ssh_client
+        self._passphrase = passphrase
         self._conn: asyncssh.SSHClientConnection | None = None
         self._conn_lock = trio.Lock()
         self._channel = ShellChannel(self._open_shell, name)
@@ -246,6 +248,8 @@ class SSHHost:
                 options["username"] = self.user
             if self.key:
                 options["client_keys"] = [self.key]
+                if self._passphrase:
+                    options["passphrase"] = self._passphrase
             where = f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
             try:
                 with trio.fail_after(self.connect_timeout_s + 5):

@@ -34,9 +34,9 @@ class Player(PooledActor):
         return None
 
 
-def play(rounds: int) -> list[str]:
-    """A rally of `rounds` turns with a tell put off until idle from the start; the order things
-    happened in (each a turn on the pool)."""
+def play(rounds: int, later: bool = True) -> list[str]:
+    """A rally of `rounds` turns with a tell put off until idle from the start (unless not `later`);
+    the order things happened in (each a turn on the pool)."""
     log: list[str] = []
     done = Flag()
     a = Player.start(log, done, rounds)
@@ -45,9 +45,10 @@ def play(rounds: int) -> list[str]:
         a.tell(("other", b))
         b.tell(("other", a))
         a.tell(("ball", 1))
-        POOL.when_idle(b, "later")
+        if later:
+            POOL.when_idle(b, "later")
         assert done.wait(10)
-        for _ in range(500):  # bounded: the put-off tell goes out once the rally is over
+        for _ in range(500 if later else 0):  # bounded: the put-off tell goes out once the rally is over
             if "later" in log:
                 break
             done.wait(0.01)
@@ -58,6 +59,7 @@ def play(rounds: int) -> list[str]:
 
 
 def test_a_tell_put_off_until_idle_waits_for_the_turns_queued_before_it() -> None:
+    play(rounds=2 * LATER_EVERY, later=False)  # a pool with a history: its turns count for no later tell
     log = play(rounds=LATER_EVERY // 2)
     assert log.index("later") == len(log) - 1  # after every turn of the rally
     assert log.count("turn") == LATER_EVERY // 2

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.batch_kit import cli, write_batch
+from fakes.batch_kit import cli, client_key, write_batch
 from fakes.providers import FAKES
 
 
@@ -41,3 +41,19 @@ def test_check_without_a_key_names_the_variable(tmp_path: Path) -> None:
     done = cli(tmp_path, "clouds", "check", "lambda", key_var="UNRELATED")
     assert done.returncode == 2
     assert "set the environment variable LAMBDA_API_KEY" in done.stdout
+
+
+def test_check_reads_the_settings_from_the_user_config(tmp_path: Path) -> None:
+    name = sorted(FAKES)[0]
+    server = FAKES[name](tmp_path / "fake").start()
+    try:
+        user = tmp_path / "user.toml"
+        # the provider's address and our key live in the user's settings; no batch names them
+        key = client_key(tmp_path / "keys")
+        user.write_text(f'[clouds.{server.CLOUD}]\napi_url = "{server.url}"\nssh_key = "{key}"\n')
+        done = cli(tmp_path, "clouds", "check", server.CLOUD, "--config", str(user), key_var=server.KEY_VAR)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "the key works; 0 machine(s) of ours alive" in done.stdout
+    finally:
+        server.stop()
+    assert server.violations == []
