@@ -26,7 +26,7 @@ import pykka
 
 from actor_run.actors.base import Actor, Context, error_text, failure_text
 from actor_run.actors.heartbeat import HeartbeatActor
-from actor_run.actors.lease import LeaseActor
+from actor_run.actors.lease import LeaseActor, wait_durable
 from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
@@ -81,6 +81,7 @@ class Reattach(msgspec.Struct, frozen=True, kw_only=True):
     work: str
     pid: int
     launched_at: float
+    handle: str = ""  # a queue job's, as recorded: followed instead of a pid
 
 
 def _billed_from(machine: Machine) -> float:
@@ -124,6 +125,7 @@ class AttemptActor(Actor):
         self.work: str | None = None
         self.pid: int | None = None
         self.exit_code: int | None = None
+        self.billed_s = -1.0  # a run billed by the second: its seconds, as the provider reported them
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
@@ -196,6 +198,8 @@ class AttemptActor(Actor):
                     # the job runs already: watch it, anchored at its launch
                     r = self.reattach
                     self.work, self.pid = r.work, r.pid
+                    if r.handle:
+                        self.ctx.workspaces[machine.name].attach(r.work, r.handle)
                     heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
                                          reattached=True))
                     return None
@@ -223,9 +227,10 @@ class AttemptActor(Actor):
                 self._started(result)
             case Progress(line=line):
                 self._maybe_checkpoint(line)
-            case Exited(exit_code=code) as event:
+            case Exited(exit_code=code, billed_s=billed_s) as event:
                 self._phase("run")
                 self.exit_code = code
+                self.billed_s = billed_s
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
                     assert self.transfer is not None  # started on Leased, before any job could exit
@@ -279,7 +284,14 @@ class AttemptActor(Actor):
             inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s, resume=up.resume,
             request=json.dumps({"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}).encode(),
         )
-        self.spawn(ws.start, launch, reply=lambda r: _Started(result=r))
+        ledger, name, work, soon = self.ctx.ledger, self.machine.name, self.work, self.ctx.reactor.soon
+
+        async def record(handle: str) -> None:
+            """On the reactor, before a submit returns: a run the provider names by a handle (a
+            queue job) is followed by it after a crash (resume), so it is durable first."""
+            await wait_durable(ledger.queue_handle(name, work, handle, time.time()), soon, "the queue job's handle")
+
+        self.spawn(ws.start, launch, record, reply=lambda r: _Started(result=r))
 
     def _started(self, result: Result[int]) -> None:
         if isinstance(result, outcome.Error):
@@ -339,7 +351,8 @@ class AttemptActor(Actor):
         # a preempted machine stops billing when the provider takes it (we heard of it a poll later
         # at most), not when the delete that follows is confirmed
         end = event.t if self.taken_at is None or not event.confirmed else min(event.t, self.taken_at)
-        usage = (usage_between(self.machine, self.metered_from, end, confirmed=event.confirmed)
+        usage = (usage_between(self.machine, self.metered_from, end, confirmed=event.confirmed,
+                               billed_s=self.billed_s)
                  if self.machine is not None else Usage())
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing

@@ -56,6 +56,7 @@ class _Polled(Message, frozen=True, kw_only=True):
     error: Any = None  # the exception of a failed poll
     first: bool = False
     mtime: float = 0.0
+    billed_s: float = -1.0
 
 
 class _LoopEnded(Message, frozen=True, kw_only=True):
@@ -129,7 +130,7 @@ class _Watch:
         due = (self.lines or self.log) and now - self.last_told >= self.report_s
         if urgent or due or self.quiet >= self.idle_every:
             self.tell(_Polled(state=res.state, exit_code=res.exit_code, lines=self.lines, log=bytes(self.log),
-                              first=self.first, mtime=self.mtime))
+                              first=self.first, mtime=self.mtime, billed_s=res.billed_s))
             self.lines, self.log = [], bytearray()
             self.quiet, self.first, self.last_told = 0, False, now
         self.state = res.state
@@ -247,7 +248,8 @@ class HeartbeatActor(Actor):
         self._take_progress(p.lines, seen)
         if p.state == "exited":
             self.exited = True
-            self.tell_parent(Exited(**self.head, exit_code=p.exit_code if p.exit_code is not None else -1))
+            self.tell_parent(Exited(**self.head, exit_code=p.exit_code if p.exit_code is not None else -1,
+                                    billed_s=p.billed_s))
             return
         if p.state in ("lost", "gone"):
             self._stall(Code.STALLED, "the job's process vanished without an exit code")

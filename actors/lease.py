@@ -138,7 +138,7 @@ class LeaseActor(Actor):
         timeout = self.launch_timeout_s
 
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
-            await _durable(intent, soon)
+            await wait_durable(intent, soon)
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
             # once: each cancel scope costs the reactor tens of microseconds)
@@ -425,12 +425,14 @@ class LeaseActor(Actor):
 
 
 class IntentNotRecorded(ActorRunError):
-    """The ledger could not record the intent: no create call went out."""
+    """The ledger could not record a row the next step waits for (a lease's intent: no create call
+    went out; a queue job's handle: the attempt ends, and deleting its endpoint ends the job)."""
 
 
-async def _durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) -> None:
+async def wait_durable(pending: Pending, soon: Callable[[Callable[[], Any]], None], what: str = "the intent") -> None:
     """Wait (on the reactor) until the ledger has `pending`; raise IntentNotRecorded if it failed.
-    Under load the commit is often in before the launch task runs: then nothing is waited for."""
+    Under load the commit is often in before the launch task runs: then nothing is waited for.
+    `what` names the row in the error (a lease's intent, a queue job's handle)."""
     committed = trio.Event()
     answers: list[BaseException | None] = []
     inline = True  # when_done is calling back at once, on this thread
@@ -447,9 +449,9 @@ async def _durable(pending: Pending, soon: Callable[[Callable[[], Any]], None]) 
         with trio.move_on_after(INTENT_WAIT_S) as waited:
             await committed.wait()
         if waited.cancelled_caught:
-            raise IntentNotRecorded(f"the ledger did not commit the intent within {INTENT_WAIT_S:.0f} s")
+            raise IntentNotRecorded(f"the ledger did not commit {what} within {INTENT_WAIT_S:.0f} s")
     if answers[0] is not None:
-        raise IntentNotRecorded(f"the ledger could not record the intent: {answers[0]}")
+        raise IntentNotRecorded(f"the ledger could not record {what}: {answers[0]}")
 
 
 def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:

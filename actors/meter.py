@@ -53,8 +53,14 @@ def guard_after_s(hourly_usd: float, reserved_usd: float) -> float:
     return max(0.0, reserved_s - min(RELEASE_ALLOWANCE_S, reserved_s / 10))
 
 
-def usage_between(machine: Machine, start: float, end: float, *, confirmed: bool) -> Usage:
-    """What a machine cost from `start` to `end` (at most its deadline; all of it if unconfirmed)."""
+def usage_between(machine: Machine, start: float, end: float, *, confirmed: bool, billed_s: float = -1.0) -> Usage:
+    """What a machine cost from `start` to `end` (at most its deadline; all of it if unconfirmed).
+    A run billed by the second (`billed_s` >= 0: a serverless worker's execution time) costs those
+    seconds at the machine's rate, at most up to the deadline."""
+    if billed_s >= 0:
+        cap = machine.deadline - start if machine.deadline > 0 else billed_s
+        seconds = max(0.0, min(billed_s, cap))
+        return Usage(usd=machine.hourly_usd * seconds / 3600.0, seconds=seconds, at_least=not confirmed)
     if not confirmed and machine.deadline > 0:
         end = max(end, machine.deadline)
     elif machine.deadline > 0:

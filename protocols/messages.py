@@ -173,6 +173,7 @@ class Exited(Event, frozen=True, kw_only=True):
     """The command ended with `exit_code` (0: success; anything else is `job_failed`)."""
 
     exit_code: int
+    billed_s: float = -1.0  # a provider that bills the run by the second (serverless): its seconds; -1 not so
 
 
 class Stalled(Event, frozen=True, kw_only=True):

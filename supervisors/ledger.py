@@ -535,6 +535,14 @@ class Ledger:
 
         self._submit(op, fence=self._machine_fence(name))
 
+    def queue_handle(self, name: str, work: str, handle: str, launched_at: float) -> Waiter:
+        """A run the provider names by a handle (a queue job), queued: the Waiter says when it is
+        durable (the submit does not return before). The row is `running` from then on."""
+        row = (work, launched_at, handle, name)
+        return self._track((
+            "UPDATE machines SET phase='running', work=?, pid=0, launched_at=?, handle=? WHERE name=?", row),
+            self._machine_fence(name))
+
     def record_gone(self, name: str, at: float, reason: str) -> None:
         """Durable before it returns."""
         self.queue_gone(name, at, reason).wait()
@@ -672,6 +680,7 @@ class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     machine: str | None = None
     offer: str | None = None
     run: str | None = None
+    handle: str | None = None  # a queue job's {endpoint_id, job_id}, JSON
 
 
 class LedgerReader:

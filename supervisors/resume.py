@@ -35,7 +35,8 @@ class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
-    running = [r for r in rows if r.state == "alive" and r.phase == "running" and r.machine and r.work and r.pid]
+    running = [r for r in rows
+               if r.state == "alive" and r.phase == "running" and r.machine and r.work and (r.pid or r.handle)]
     return max(running, key=lambda r: r.attempt) if running else None
 
 
@@ -58,10 +59,9 @@ def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> lis
         if best is not None and best.owner not in live:
             assert best.machine is not None
             assert best.work is not None
-            assert best.pid is not None
             machine = msgspec.json.decode(best.machine, type=Machine)
-            reattach = Reattach(machine=machine, work=best.work, pid=best.pid,
-                                launched_at=best.launched_at or machine.created_at)
+            reattach = Reattach(machine=machine, work=best.work, pid=best.pid or 0,
+                                launched_at=best.launched_at or machine.created_at, handle=best.handle or "")
             offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
             first = best.attempt
         items.append(ResumeItem(job=job, from_owner=row["owner"], run=row["run"], seed_dir=row["out_dir"] or None,

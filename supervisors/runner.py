@@ -38,7 +38,7 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Reattach, Task
 from actor_run.actors.pool import POOL, PooledActor, blocking
-from actor_run.protocols.clouds import MAIN, Cloud, accounts_of, cloud_key, known_clouds, make_cloud
+from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
 from actor_run.protocols.specs import (
@@ -59,7 +59,7 @@ from actor_run.supervisors.ledger_db import resolve as resolve_ledger
 from actor_run.supervisors.offers import OfferBook
 from actor_run.supervisors.reservations import settle_reservations
 from actor_run.supervisors.resume import ResumeItem, plan_resume
-from actor_run.supervisors.sweep import SweepAction, sweep
+from actor_run.supervisors.sweep import SweepAction, reclaimable, sweep
 
 OWNER_BEAT_S = 30.0
 
@@ -487,7 +487,11 @@ class Runner:
         with self._lock:
             if name not in self.clouds:
                 self.config.parse(name, settings)  # a bad value names its field and its file
-                self.clouds[name] = make_cloud(name, self.config.cloud_settings(name, settings), self.state_dir)
+                cloud = self.clouds[name] = make_cloud(name, self.config.cloud_settings(name, settings),
+                                                       self.state_dir)
+                if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
+                    cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
+                                                      grace_s=self.sweep_grace_s, keep_owner=self.owner)
                 self.ledger.record_cloud(name, without_secrets(settings))
             return self.clouds[name]
 

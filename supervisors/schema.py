@@ -181,6 +181,10 @@ MIGRATIONS: list[Migration] = [
     Migration(version=2, name="runs: jobs, attempts and events keyed by run", apply=_v2),
     Migration(version=3, name="reservations: money set aside before each lease, then charged", statements=_V3_NEW),
     Migration(version=4, name="owner leases, claim tokens, the job queue", statements=_V4),
+    # a run the provider names by a handle (a RunPod serverless queue job: {endpoint_id, job_id}),
+    # recorded before its submit returns, so resume follows the job instead of submitting it again
+    Migration(version=5, name="machines.handle: a queue job's handle",
+              statements=("ALTER TABLE machines ADD COLUMN handle TEXT",)),
 ]
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import msgspec
 import trio
@@ -220,6 +221,29 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
     cloud_of = {m.name: (clouds[c], m) for c, ms in listed.items() for m in ms}
     doomed = [cloud_of[a.machine] for a in actions if a.action == "delete"]
     return failed + actions, doomed
+
+
+async def reclaimable(machines: list[Machine], ledger_path: str | Path, *, grace_s: float = 600.0,
+                      keep_owner: str | None = None) -> list[Machine]:
+    """Of machines a cloud just listed, those the sweep's rules let go now (the ledger and the
+    owners read after the listing, as `plan` does). A machine only its host's stamp could condemn
+    stays: reclaiming frees quota, it does not wait on hosts."""
+    def read() -> tuple[Owners, list[MachineRow]]:
+        reader = LedgerReader(ledger_path)
+        try:
+            return (read_owners(reader, now=time.time(), also_alive=[keep_owner] if keep_owner else []),
+                    reader.machines())
+        finally:
+            reader.close()
+
+    owners, rows = await trio.to_thread.run_sync(read)
+    by_name, now = {r.name: r for r in rows}, time.time()
+    out = []
+    for m in machines:
+        v = decide(m, by_name.get(m.name), owners, now=now, grace_s=grace_s)
+        if v is not None and v.action == "delete":
+            out.append(m)
+    return out
 
 
 async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger | None, *, dry_run: bool = False,

@@ -15,13 +15,14 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds.base import Cloud
+from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("actor_run.protocols.clouds.local", "LocalSettings", "LocalCloud"),
+    "runpod-serverless": ("actor_run.protocols.clouds.runpod_serverless", "ServerlessSettings", "ServerlessCloud"),
     "sim": ("actor_run.protocols.clouds.sim", "SimSettings", "SimCloud"),
     "skypilot": ("actor_run.protocols.clouds.skypilot", "SkyPilotSettings", "SkyPilotCloud"),
     "ssh": ("actor_run.protocols.clouds.ssh", "SSHSettings", "SSHCloud"),
@@ -98,6 +99,6 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 
 __all__ = [
-    "MAIN", "Cloud", "account_settings", "accounts_of", "cloud_key", "known_clouds", "make_cloud", "parse_settings",
-    "split_key",
+    "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "cloud_key", "known_clouds",
+    "make_cloud", "parse_settings", "split_key",
 ]

@@ -9,7 +9,8 @@ Every method is a trio coroutine that runs on the reactor.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import Machine, Offer
@@ -42,3 +43,14 @@ class Cloud(Protocol):
 
     async def aclose(self) -> None:
         ...
+
+
+Reclaim = Callable[[list[Machine]], Awaitable[list[Machine]]]
+
+
+@runtime_checkable
+class Reclaiming(Protocol):
+    """A cloud that may free quota by deleting machines of ours nobody needs: the Runner installs
+    `reclaim`, which answers which of the given machines the sweep's rules let go."""
+
+    reclaim: Reclaim | None

@@ -32,7 +32,7 @@ import trio
 from actor_run.protocols.failures import MachineGone
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
-from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult
+from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
 
 
 class Held(Protocol):
@@ -209,7 +209,10 @@ class VirtualWorkspace:
     async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int:
         return await self._publish(path, digest)
 
-    async def start(self, launch: Launch) -> int:
+    def attach(self, work: str, handle: str) -> None:
+        return None
+
+    async def start(self, launch: Launch, record: Record | None = None) -> int:
         await self._guard()
         job = VirtualJob(next(_pids), trio.current_time())
         self._machine.jobs[launch.work] = job

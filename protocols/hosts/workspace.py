@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import tarfile
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +56,10 @@ class PollResult(msgspec.Struct, frozen=True, kw_only=True):
     log_size: int
     progress_mtime: float = 0.0  # unix times of the last write to each (0: unknown)
     log_mtime: float = 0.0
+    billed_s: float = -1.0  # at the end of a run the provider bills by the second: its seconds (-1: not so)
+
+
+Record = Callable[[str], Awaitable[None]]  # makes a run's handle durable (the ledger) before start returns
 
 
 class HostBeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,7 +98,15 @@ class Workspace(Protocol):
     def work_dir(self, job: str, seed: int, attempt: int) -> str: ...
     async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int: ...
     async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int: ...
-    async def start(self, launch: Launch) -> int: ...
+    async def start(self, launch: Launch, record: Record | None = None) -> int:
+        """Start the job; its pid. A workspace whose run is named by a handle the provider hands out
+        (a queue job) awaits `record(handle)` before it returns, so no crash can lose the handle."""
+        ...
+
+    def attach(self, work: str, handle: str) -> None:
+        """Follow a run an earlier controller started, by the handle it recorded ("" for none)."""
+        ...
+
     async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult: ...
     async def beat(self, work: str) -> None: ...
 
@@ -183,7 +196,10 @@ class ShellWorkspace:
         # the incoming folder is made by put() of a file into incoming/data
         return await self._publish(folder, incoming, path, f"{incoming}/data", finish)
 
-    async def start(self, launch: Launch) -> int:
+    def attach(self, work: str, handle: str) -> None:
+        return None  # the work folder and the pid are all a machine's job needs
+
+    async def start(self, launch: Launch, record: Record | None = None) -> int:
         links = [
             (f"{self.root}/objects/{i.sha256}/data", f"{launch.work}/in/{i.name}/{i.basename}") for i in launch.inputs
         ]

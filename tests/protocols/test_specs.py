@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import JobEnded, Leased
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec, load_batch
@@ -44,6 +44,9 @@ def test_load_the_examples() -> None:
     assert j.inputs == {"data": str(EXAMPLES / "data" / "train.txt")}
     assert j.policy.concurrency == 3
     assert j.policy.poll_s == 0.5
+    sls = load_batch(EXAMPLES / "serverless.toml", known_clouds()).jobs()
+    assert [c.gpu for c in sls[0].candidates] == ["A100-80G", "H100"]
+    assert parse_settings("runpod-serverless", sls[0].clouds["runpod-serverless"]).throttled_grace_s == 300
     sim = load_batch(EXAMPLES / "sim.toml", known_clouds()).jobs()
     assert [c.cloud for c in sim[0].candidates] == ["sim", "sim"]
     assert sim[0].candidates[0] == CandidateSpec(

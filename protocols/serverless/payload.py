@@ -1,0 +1,91 @@
+"""The payload a serverless job carries, both sides of it: the controller packs, the worker unpacks.
+
+A payload is the `input` of one queue job::
+
+    {"actor_run": 1, "command": ..., "seed": ..., "attempt": ..., "env": {...}, "request": "...",
+     "archive": {"sha256": <hex of the bytes>, "inline": <base64 of a tar.gz>}, "code": true,
+     "resume": false, "stream_s": 1.0}
+
+The archive is content-addressed (its sha256 is checked before anything is unpacked) and holds
+`code/` (the code snapshot) and `in/<name>/<basename>` (each input, file or folder), `in/resume/`
+(a checkpoint from an earlier attempt). Output goes back the same way: `out/` and
+`progress.jsonl` in a tar.gz, with its sha256.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+# RunPod's /run takes a body up to 10 MB; base64 makes 4 bytes of 3, and the rest of the body is small
+PAYLOAD_LIMIT = 10 * 1000 * 1000
+INLINE_LIMIT = PAYLOAD_LIMIT * 3 // 4 - 64 * 1024
+
+
+class PayloadError(Exception):
+    """The payload is malformed or its archive does not match its hash (the sender's fault)."""
+
+
+def pack(entries: list[tuple[str, Path | bytes]]) -> bytes:
+    """A tar.gz of `(name in the archive, local file or folder, or a tar's bytes to splice in)`;
+    links are kept as links, never followed."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for arcname, src in entries:
+            if isinstance(src, bytes):
+                with tarfile.open(fileobj=io.BytesIO(src)) as inner:
+                    for m in inner.getmembers():
+                        m.name = f"{arcname}/{m.name}" if m.name not in ("", ".") else arcname
+                        tar.addfile(m, inner.extractfile(m) if m.isfile() else None)
+            else:
+                tar.add(src, arcname=arcname)
+    return buf.getvalue()
+
+
+def tar_folder(folder: Path) -> bytes:
+    """An uncompressed tar of a folder's contents (names relative to it), links kept as links."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for p in sorted(folder.iterdir()):
+            tar.add(p, arcname=p.name)
+    return buf.getvalue()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_blob(data: bytes) -> dict[str, str]:
+    return {"sha256": sha256(data), "inline": base64.b64encode(data).decode()}
+
+
+def decode_blob(blob: Any) -> bytes:
+    """The bytes of `{"sha256", "inline"}`, checked against the hash."""
+    if not isinstance(blob, dict) or not isinstance(blob.get("inline"), str) or not isinstance(blob.get("sha256"), str):
+        raise PayloadError("an archive needs `sha256` and `inline`")
+    data = base64.b64decode(blob["inline"])
+    if sha256(data) != blob["sha256"]:
+        raise PayloadError(f"the archive's sha256 is {sha256(data)}, not {blob['sha256']}")
+    return data
+
+
+def unpack(data: bytes, dest: Path) -> None:
+    """Extract regular files and folders only (links may point anywhere on the worker: skipped),
+    never outside `dest`."""
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data))  # noqa: SIM115 - closed by the `with` below; its open alone may raise
+    except tarfile.TarError as exc:
+        raise PayloadError(f"the archive is not a tar.gz: {exc}") from exc
+    with tar:
+        members = [m for m in tar.getmembers()
+                   if (m.isfile() or m.isdir() or m.issym()) and not m.name.startswith("/")
+                   and ".." not in Path(m.name).parts]
+        try:
+            tar.extractall(dest, members=members, filter="data")
+        except tarfile.FilterError as exc:
+            raise PayloadError(f"the archive holds {exc.tarinfo.name!r}, which points outside it") from exc
