@@ -21,6 +21,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,6 +128,21 @@ class Backend:
             raise LedgerError(f"{self.describe()}: could not bring the ledger up to date: {exc}") from exc
 
 
+def _set_wal(conn: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """WAL mode. Switching a new file to it takes an exclusive lock, and SQLite answers "database is
+    locked" at once (no busy wait) to the other connections that open it at the same moment (several
+    controllers starting on one new ledger): try again, within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SqliteBackend(Backend):
     name = "sqlite"
     errors = (sqlite3.Error,)
@@ -140,7 +156,7 @@ class SqliteBackend(Backend):
     def connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _set_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
         self.migrate(conn)
