@@ -1,7 +1,9 @@
 """The workspace of a RunPod serverless endpoint: the attempt's run is one queue job.
 
 There is no machine to log into. `publish_*` keep the code snapshot and the inputs' paths here;
-`start` packs them into one content-addressed archive (payload.py), submits `/run` and hands the
+`start` packs them into one content-addressed archive (payload.py) (inline up to the limit; above
+it, put once under its sha256 in the user's object store, the payload carrying a presigned GET
+URL, its size and hash), submits `/run` and hands the
 job's handle `{endpoint_id, job_id}` to `record` (the ledger) before it returns; `poll` reads
 `/stream/{job}` (its status and the new chunks the handler yielded), and `/health` while the job
 is queued; `fetch` unpacks the `out/` archive of the job's last chunk. `aclose` (the lease's, before
@@ -15,6 +17,7 @@ What a poll makes of the platform's answers (contract §11):
 | IN_QUEUE, unhealthy workers for `unhealthy_grace_s` and none running | Refused(launch_failed) |
 | IN_PROGRESS / RUNNING | running (the heartbeat judges the stall window from the chunks) |
 | COMPLETED, or FAILED after the handler's last chunk | exited, with the job's exit code |
+| FAILED, the worker could not have the archive (download, size, hash) | Refused(input) |
 | FAILED otherwise (the handler's own error) | Refused(job_failed) |
 | CANCELLED, TIMED_OUT (by the platform) | MachineGone (preempted) |
 | 404 for a job we submitted (its TTL passed) | Refused(unreachable) |
@@ -30,19 +33,23 @@ from typing import Any
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.object_store import ObjectStore
 from actor_run.protocols.clouds.rp_api import RunPodApi
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import tree_size
 from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
 from actor_run.protocols.serverless import (
     INLINE_LIMIT,
+    INPUT_ERROR,
     PayloadError,
     decode_blob,
     encode_blob,
     pack,
     tar_folder,
     unpack,
+    url_blob,
 )
+from actor_run.protocols.serverless.payload import sha256
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
@@ -80,8 +87,10 @@ class _Job:
 
 
 class ServerlessWorkspace:
-    def __init__(self, api: RunPodApi, endpoint_id: str, graces: Graces, deadline: float) -> None:
+    def __init__(self, api: RunPodApi, endpoint_id: str, graces: Graces, deadline: float, *,
+                 store: ObjectStore | None = None, inline_limit: int = INLINE_LIMIT) -> None:
         self.api, self.endpoint_id, self.graces, self.deadline = api, endpoint_id, graces, deadline
+        self.store, self.inline_limit = store, inline_limit
         self.root = f"runpod-serverless:{endpoint_id}"
         self.code: dict[str, bytes] = {}  # digest -> tar of the snapshot (its folder is gone after publish)
         self.inputs: dict[str, Path] = {}  # digest -> the local file or folder
@@ -114,17 +123,24 @@ class ServerlessWorkspace:
 
     async def start(self, launch: Launch, record: Record | None = None) -> int:
         archive = await trio.to_thread.run_sync(self._pack, launch)
-        if len(archive) > INLINE_LIMIT:
+        if len(archive) <= self.inline_limit:
+            blob: dict[str, Any] = encode_blob(archive)
+        elif self.store is not None:
+            digest = sha256(archive)
+            url = await self.store.share(archive, digest, self.deadline)
+            blob = url_blob(url, digest, len(archive))
+        else:
             sizes = ", ".join(f"{r.name} {tree_size(self.inputs[r.sha256])} bytes" for r in launch.inputs)
             raise Refused(Code.INPUT, f"the job's code and inputs pack to {len(archive)} bytes, over the "
-                          f"{INLINE_LIMIT} a RunPod /run payload carries inline ({sizes or 'code only'}); "
-                          "network volumes and object stores are not supported for this cloud yet")
+                          f"{self.inline_limit} a RunPod /run payload carries inline ({sizes or 'code only'}); "
+                          "name an S3-compatible store in [clouds.runpod-serverless] object_store "
+                          "(network volumes are not supported for this cloud yet)")
         request = launch.request.decode(errors="replace")
         seed = launch.env.get("ACTOR_RUN_SEED", "0")
         attempt = launch.env.get("ACTOR_RUN_ATTEMPT", "0")
         env = {k: v for k, v in launch.env.items() if k not in ("ACTOR_RUN_SEED", "ACTOR_RUN_ATTEMPT")}
         payload = {"actor_run": 1, "command": launch.command, "seed": int(seed), "attempt": int(attempt),
-                   "env": env, "request": request, "archive": encode_blob(archive), "code": bool(launch.code),
+                   "env": env, "request": request, "archive": blob, "code": bool(launch.code),
                    "stream_s": self.graces.stream_s}
         left_ms = max(5_000, int((self.deadline - time.time()) * 1000))
         body = {"input": payload, "policy": {"executionTimeout": left_ms, "ttl": int(self.graces.ttl_s * 1000)}}
@@ -243,6 +259,8 @@ class ServerlessWorkspace:
             raise MachineGone(f"the platform ended queue job {job.handle.job_id}: {status}")
         if job.exit_code is None:
             error = body.get("error") or "no exit code in its output"
+            if str(error).startswith(INPUT_ERROR):  # the worker could not have the archive as sent
+                raise Refused(Code.INPUT, f"queue job {job.handle.job_id}: {str(error)[:500]}")
             raise Refused(Code.JOB_FAILED, f"queue job {job.handle.job_id} {status}: {str(error)[:500]}")
 
     def executed_s(self, work: str) -> float:

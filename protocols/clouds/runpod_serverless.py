@@ -16,6 +16,8 @@ job on its queue (rp_queue.py), and the worker image runs actor-run's own handle
 - `delete`: `DELETE /v2/serverless/{id}` (which also deletes its bound template), then a `GET`
   must answer 404: a 5xx is not taken as an answer either way.
 - `list_ours`: `GET /v2/serverless`, ours by name prefix.
+- `object_store`: an S3-compatible store (object_store.py) for archives above `inline_limit`: put
+  once under their sha256, the worker handed only a presigned GET URL.
 The per-second price is kept as the machine's hourly rate; the attempt bills the worker's
 execution time the platform reports (capped at the deadline), not the endpoint's lifetime.
 """
@@ -31,6 +33,7 @@ import msgspec
 from actor_run.protocols.clouds.base import Reclaim
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.clouds.http import NotSent
+from actor_run.protocols.clouds.object_store import ObjectStore, ObjectStoreSettings
 from actor_run.protocols.clouds.rented import api_key
 from actor_run.protocols.clouds.rp_api import Answer, RunPodApi
 from actor_run.protocols.clouds.rp_queue import Graces, ServerlessWorkspace
@@ -46,6 +49,7 @@ from actor_run.protocols.failures import (
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import PREFIX, parse_name
+from actor_run.protocols.serverless import INLINE_LIMIT
 from actor_run.protocols.specs import CandidateSpec
 
 VENDOR = "runpod"
@@ -85,6 +89,9 @@ class ServerlessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     unhealthy_grace_s: Annotated[float, msgspec.Meta(gt=0)] = 240.0
     stream_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     ttl_s: Annotated[float, msgspec.Meta(ge=10, le=7 * 24 * 3600)] = 24 * 3600.0  # runpod.md §11: 10 s - 7 d
+    # an archive above inline_limit goes through this store (a presigned URL in the payload)
+    object_store: ObjectStoreSettings | None = None
+    inline_limit: Annotated[int, msgspec.Meta(ge=1, le=INLINE_LIMIT)] = INLINE_LIMIT
 
 
 class ServerlessCloud:
@@ -101,6 +108,9 @@ class ServerlessCloud:
                              unhealthy_grace_s=settings.unhealthy_grace_s, stream_s=settings.stream_s,
                              ttl_s=settings.ttl_s)
         self.reclaim: Reclaim | None = None  # the Runner's: which of these may go (the sweep's rules)
+        # one store for every lease, so an archive shared by attempts is put once
+        self.store = (ObjectStore(settings.object_store, "clouds.runpod-serverless.object_store")
+                      if settings.object_store is not None else None)
 
     # --- offers ------------------------------------------------------------------------------------
 
@@ -231,7 +241,8 @@ class ServerlessCloud:
         return gone
 
     async def connect(self, machine: Machine) -> Workspace:
-        return ServerlessWorkspace(self.api, machine.id, self.graces, machine.deadline)
+        return ServerlessWorkspace(self.api, machine.id, self.graces, machine.deadline, store=self.store,
+                                   inline_limit=self.settings.inline_limit)
 
     # --- delete and list ---------------------------------------------------------------------------
 

@@ -3,18 +3,23 @@
 from actor_run.protocols.serverless.handler import JobExited, handle, run
 from actor_run.protocols.serverless.payload import (
     INLINE_LIMIT,
+    INPUT_ERROR,
     PAYLOAD_LIMIT,
+    InputError,
     PayloadError,
     decode_blob,
     encode_blob,
     pack,
     tar_folder,
     unpack,
+    url_blob,
 )
 
 __all__ = [
     "INLINE_LIMIT",
+    "INPUT_ERROR",
     "PAYLOAD_LIMIT",
+    "InputError",
     "JobExited",
     "PayloadError",
     "decode_blob",
@@ -24,4 +29,5 @@ __all__ = [
     "run",
     "tar_folder",
     "unpack",
+    "url_blob",
 ]

@@ -6,6 +6,12 @@ A payload is the `input` of one queue job::
      "archive": {"sha256": <hex of the bytes>, "inline": <base64 of a tar.gz>}, "code": true,
      "resume": false, "stream_s": 1.0}
 
+An archive above the inline limit is put in the user's object store instead, and the payload
+carries `"archive": {"sha256": ..., "size": <bytes>, "url": <a presigned GET URL>}`: the worker
+downloads it (no credentials of the store ever reach it) and checks size and hash; a mismatch,
+or a URL that does not answer, is an `InputError` (its text starts with `INPUT_ERROR`, which the
+controller reads as the attempt's `input` failure).
+
 The archive is content-addressed (its sha256 is checked before anything is unpacked) and holds
 `code/` (the code snapshot) and `in/<name>/<basename>` (each input, file or folder), `in/resume/`
 (a checkpoint from an earlier attempt). Output goes back the same way: `out/` and
@@ -15,9 +21,12 @@ The archive is content-addressed (its sha256 is checked before anything is unpac
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import tarfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +36,27 @@ PAYLOAD_LIMIT = 10 * 1000 * 1000
 INLINE_LIMIT = PAYLOAD_LIMIT * 3 // 4 - 64 * 1024
 
 
+INPUT_ERROR = "actor-run input: "
+
+
 class PayloadError(Exception):
     """The payload is malformed or its archive does not match its hash (the sender's fault)."""
+
+
+class InputError(PayloadError):
+    """The job's archive could not be had as sent (download failed, size or hash not as named)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(INPUT_ERROR + problem)
 
 
 def pack(entries: list[tuple[str, Path | bytes]]) -> bytes:
     """A tar.gz of `(name in the archive, local file or folder, or a tar's bytes to splice in)`;
     links are kept as links, never followed."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+    # mtime 0 in the gzip header: the same entries pack to the same bytes (the archive's key in a store)
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for arcname, src in entries:
             if isinstance(src, bytes):
                 with tarfile.open(fileobj=io.BytesIO(src)) as inner:
@@ -64,8 +85,37 @@ def encode_blob(data: bytes) -> dict[str, str]:
     return {"sha256": sha256(data), "inline": base64.b64encode(data).decode()}
 
 
+def url_blob(url: str, digest: str, size: int) -> dict[str, Any]:
+    """An archive the worker downloads (from the object store, by a presigned URL)."""
+    return {"sha256": digest, "size": size, "url": url}
+
+
+def fetch_blob(blob: dict[str, Any], timeout_s: float = 300.0) -> bytes:
+    """The bytes behind `{"sha256", "size", "url"}` (urllib, at most `size` bytes read), checked."""
+    url, digest, size = blob.get("url"), blob.get("sha256"), blob.get("size")
+    if not isinstance(url, str) or not isinstance(digest, str) or not isinstance(size, int) or size < 0:
+        raise PayloadError("an archive by URL needs `url`, `sha256` and `size`")
+    if not url.startswith(("https://", "http://")):
+        raise InputError("the archive's URL is not http(s)")
+    where = url.split("?", 1)[0]  # the signature stays out of every message
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            data: bytes = r.read(size + 1)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.code if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+        raise InputError(f"could not download the archive from {where}: {reason}") from None
+    if len(data) != size:
+        got = str(len(data)) if len(data) <= size else f"more than {size}"
+        raise InputError(f"the archive at {where} has {got} bytes, not {size}")
+    if sha256(data) != digest:
+        raise InputError(f"the archive at {where} has sha256 {sha256(data)}, not {digest}")
+    return data
+
+
 def decode_blob(blob: Any) -> bytes:
-    """The bytes of `{"sha256", "inline"}`, checked against the hash."""
+    """The bytes of `{"sha256", "inline"}` (or of `{"sha256", "size", "url"}`), checked against the hash."""
+    if isinstance(blob, dict) and "url" in blob and "inline" not in blob:
+        return fetch_blob(blob)
     if not isinstance(blob, dict) or not isinstance(blob.get("inline"), str) or not isinstance(blob.get("sha256"), str):
         raise PayloadError("an archive needs `sha256` and `inline`")
     data = base64.b64decode(blob["inline"])

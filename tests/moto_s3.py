@@ -1,0 +1,53 @@
+"""A moto S3 server on loopback for tests (ThreadedMotoServer), with a versioned bucket, so a test
+can count how many times an object was put.
+
+    with MotoS3("jobs") as s3:    # s3.endpoint for the settings; s3.client() for the test's own looks
+        s3.versions(key)          # every put of key, oldest last
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import boto3
+from moto.server import ThreadedMotoServer
+from sshd import free_port
+
+ACCESS, SECRET = "AKIAMOTOTESTKEY00001", "moto-test-secret-do-not-ship-0123456789"
+
+
+class MotoS3:
+    def __init__(self, bucket: str) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.bucket = bucket
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        self.reset()  # moto's backends are one per process, shared by every server in it
+        self.client().create_bucket(Bucket=bucket)
+        self.client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    def client(self) -> Any:
+        return boto3.client("s3", region_name="us-east-1", endpoint_url=self.endpoint,
+                            aws_access_key_id=ACCESS, aws_secret_access_key=SECRET)
+
+    def versions(self, key: str) -> list[dict[str, Any]]:
+        got = self.client().list_object_versions(Bucket=self.bucket, Prefix=key)
+        return [v for v in got.get("Versions", []) if v["Key"] == key]
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
+                               timeout=30).close()
+
+    def stop(self) -> None:
+        try:
+            self.reset()
+        finally:
+            self.server.stop()
+
+    def __enter__(self) -> MotoS3:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
