@@ -9,22 +9,16 @@ Nothing reaches AWS: every client is built with `endpoint_url` and dummy credent
 
 from __future__ import annotations
 
-import urllib.request
 from typing import Any
 
 import boto3
 from fake_sky import LIVE, aws_env
-from moto.server import ThreadedMotoServer
-from sshd import free_port
+from moto_server import MotoServer
 
 
-class MotoEc2:
+class MotoEc2(MotoServer):
     def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        self.reset()  # moto's backends are one per process, shared by every server in it
+        super().__init__()
         self.instances()  # its EC2 backend is built on first use: not inside a test's time limit
 
     def client(self, region: str = "us-east-1") -> Any:
@@ -49,19 +43,3 @@ class MotoEc2:
         got = self.client(region).describe_instance_attribute(InstanceId=instance_id,
                                                               Attribute="instanceInitiatedShutdownBehavior")
         return str(got["InstanceInitiatedShutdownBehavior"]["Value"])
-
-    def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
-                               timeout=30).close()
-
-    def stop(self) -> None:
-        try:
-            self.reset()
-        finally:
-            self.server.stop()
-
-    def __enter__(self) -> MotoEc2:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -7,24 +7,18 @@ can count how many times an object was put.
 
 from __future__ import annotations
 
-import urllib.request
 from typing import Any
 
 import boto3
-from moto.server import ThreadedMotoServer
-from sshd import free_port
+from moto_server import MotoServer
 
 ACCESS, SECRET = "AKIAMOTOTESTKEY00001", "moto-test-secret-do-not-ship-0123456789"
 
 
-class MotoS3:
+class MotoS3(MotoServer):
     def __init__(self, bucket: str) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        super().__init__()
         self.bucket = bucket
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        self.reset()  # moto's backends are one per process, shared by every server in it
         self.client().create_bucket(Bucket=bucket)
         self.client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
 
@@ -35,19 +29,3 @@ class MotoS3:
     def versions(self, key: str) -> list[dict[str, Any]]:
         got = self.client().list_object_versions(Bucket=self.bucket, Prefix=key)
         return [v for v in got.get("Versions", []) if v["Key"] == key]
-
-    def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
-                               timeout=30).close()
-
-    def stop(self) -> None:
-        try:
-            self.reset()
-        finally:
-            self.server.stop()
-
-    def __enter__(self) -> MotoS3:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
