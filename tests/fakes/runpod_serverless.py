@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +364,23 @@ class FakeRunPodServerless(FakeRunPod):
         if self._queue_thread is not None:
             self._queue_thread.join(timeout=10)
         super().stop()
+
+
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[FakeRunPodServerless]:
+    """The fake on loopback for one test; when it ends, nothing either side said broke the vendor's
+    document or the queue API's."""
+    server = FakeRunPodServerless(folder).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert server.violations == []
+    assert server.queue_violations == []
+
+
+def settings(fake: FakeRunPodServerless, **extra: Any) -> dict[str, Any]:
+    """`[clouds.runpod-serverless]` pointed at the fake (its key in RP_TEST_KEY, a quick stream poll)."""
+    return {"image": "me/actor-run-worker:1", "rest_url": fake.url, "queue_url": fake.queue_url,
+            "api_key_env": "RP_TEST_KEY", "stream_s": 0.05, **extra}
+

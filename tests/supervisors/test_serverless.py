@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from fakes.runpod_serverless import FakeRunPodServerless
+from fakes.runpod_serverless import FakeRunPodServerless, serving
+from fakes.runpod_serverless import settings as serverless
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import AttemptEnded, Exited
@@ -36,18 +37,9 @@ TRAIN = ('echo "{\\"stage\\": \\"train\\", \\"seed\\": $ACTOR_RUN_SEED}" >> "$AC
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPodServerless]:
     monkeypatch.setenv("RP_TEST_KEY", "test-key")
-    server = FakeRunPodServerless(tmp_path / "fake").start()
-    try:
+    with serving(tmp_path / "fake") as server:
         yield server
-    finally:
-        server.stop()
-    assert server.violations == []
-    assert server.queue_violations == []
 
-
-def serverless(fake: FakeRunPodServerless, **extra: Any) -> dict[str, Any]:
-    return {"image": "me/actor-run-worker:1", "rest_url": fake.url, "queue_url": fake.queue_url,
-            "api_key_env": "RP_TEST_KEY", "stream_s": 0.05, **extra}
 
 
 def job(fake: FakeRunPodServerless, tmp_path: Path, *, gpus: tuple[str, ...] = ("A100-80G",), command: str = TRAIN,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from fakes.runpod_serverless import FakeRunPodServerless
+from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
 
 from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.runpod_serverless import ServerlessCloud
@@ -24,18 +24,9 @@ from actor_run.protocols.specs import CandidateSpec
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeRunPodServerless]:
-    server = FakeRunPodServerless(tmp_path / "fake").start()
-    try:
+    with serving(tmp_path / "fake") as server:
         yield server
-    finally:
-        server.stop()
-    assert server.violations == []
-    assert server.queue_violations == []
 
-
-def settings(fake: FakeRunPodServerless, **extra: Any) -> dict[str, Any]:
-    return {"image": "me/actor-run-worker:1", "rest_url": fake.url, "queue_url": fake.queue_url,
-            "api_key_env": "RP_TEST_KEY", "stream_s": 0.05, **extra}
 
 
 @pytest.fixture

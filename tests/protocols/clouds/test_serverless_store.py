@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import trio
-from fakes.runpod_serverless import FakeRunPodServerless
+from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
 from moto_s3 import ACCESS, SECRET, MotoS3
-from test_runpod_serverless import offer_and_launch, poll_until_raises, run_until_end, settings
+from test_runpod_serverless import offer_and_launch, poll_until_raises, run_until_end
 
 from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.runpod_serverless import ServerlessCloud
@@ -29,13 +29,8 @@ LIMIT = 2048  # the test's inline limit: the code below packs to about 8 KB
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeRunPodServerless]:
-    server = FakeRunPodServerless(tmp_path / "fake").start()
-    try:
+    with serving(tmp_path / "fake") as server:
         yield server
-    finally:
-        server.stop()
-    assert server.violations == []
-    assert server.queue_violations == []
 
 
 @pytest.fixture
