@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actor_run.supervisors.ledger_batch import _run_many
+from actor_run.supervisors.ledger.batch import _run_many
 
 FILES = {"out/result.txt": b"a result\n", "response.json": b'{"exit_code": 0}\n'}
 EVENT_SQL = "INSERT INTO events (t, job, seed, type, body) VALUES (?,?,?,?,?)"

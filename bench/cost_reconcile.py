@@ -36,7 +36,7 @@ from actor_run.protocols.clouds.sim import billing
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.budget import to_micro
-from actor_run.supervisors.cmd_cost import cost_rows
+from actor_run.supervisors.cli.cost import cost_rows
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner
 
