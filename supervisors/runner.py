@@ -37,12 +37,11 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
-from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
+from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, check_cloud_names, cloud_key, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import (
     Job,
-    check_candidates,
     check_job,
     check_policy,
     job_key,
@@ -302,7 +301,7 @@ class Runner(Takeover):
         """Raise SpecError (naming the field) for a job that cannot run; nothing is started."""
         check_job(job, Path("/"))
         check_policy(job.policy)
-        check_candidates(job.candidates, known_clouds())
+        check_cloud_names(job.candidates, job.clouds)
         for i, c in enumerate(job.candidates):
             raw = job.clouds.get(c.cloud, {})
             known = accounts_of(self.config.cloud_settings(c.cloud, raw))  # the user's accounts too
