@@ -6,7 +6,7 @@ each beside one busy thread and alone:
 
   (a) files: for each of `--items` jobs, a folder and two small files (what a fetch leaves);
   (b) SQLite: `--rows` event rows in one transaction, through `executemany` against the ledger's
-      multi-row statements (`supervisors/ledger.py: _run_many`).
+      multi-row statements (`supervisors/ledger/batch.py: _run_many`).
 
 Prints a table, then as its last line one JSON object with the times in ms and
 {"files_slowdown": busy / alone, "sqlite_ratio": executemany / multi-row beside the busy thread}.

@@ -6,7 +6,7 @@
 A batch of N seeds runs through the real Runner on the `sim` cloud with virtual machines, with
 failed launches, machines that never answer and preemptions injected (so there are retries and
 money spent on failures), under a budget that holds about a third of the attempts at once. Then
-`actor-run cost`'s figures (supervisors/cmd_cost.py, read from the ledger) are set beside the
+`actor-run cost`'s figures (supervisors/cli/cost.py, read from the ledger) are set beside the
 sim's own bill (billing.jsonl: per machine, per second, as a provider bills):
 
 - `bill_usd` / `ours_usd`: the totals; `diff_usd` = ours - bill; `ratio` = ours / bill (target 1,

@@ -55,7 +55,7 @@ What is reported (a table, then as the LAST line one JSON object):
   the `runner.cancel()` call until the sim has billed it (deleted); `cancel_empty_s` until every
   one of them is; `cancel_ended_s` until every job said JobEnded; `cancel_peak_threads` while it ran.
 - `leaks`: machines + actors + threads left, each also listed (`leaked_machines`, ...).
-- with `--view`, phase 1 also runs the live view (supervisors/view.py) as `actor-run run` does on a
+- with `--view`, phase 1 also runs the live view (supervisors/views/live.py) as `actor-run run` does on a
   terminal, drawing into a pseudo-terminal of 50 x 200: `view_cpu_s` is the CPU time of the view's
   thread (every event it took, every redraw), `view_cpu_share` that over the process's CPU in
   phase 1, `view_redraws` and `view_redraws_per_s` how often it drew (at most 4 a second).

@@ -108,7 +108,7 @@ def empty_runner_rss(root: Path, scale: float) -> float:
 
 
 class Screen:
-    """`--view`: the live view (supervisors/view.py) in a thread of its own, drawing into a pseudo-
+    """`--view`: the live view (supervisors/views/live.py) in a thread of its own, drawing into a pseudo-
     terminal of `rows` x `cols` whose other end a second thread reads and drops (the terminal). The
     view's CPU is the CPU time of its thread: every event it takes and every redraw (the deque's
     append on the emitting actor threads, a few tens of nanoseconds, is not in it)."""

@@ -1,5 +1,5 @@
 """`actor-run report [RUN] [--out FILE.html]`: a run's report as one self-contained HTML page
-(supervisors/report.py), from what the ledger recorded."""
+(supervisors/views/report.py), from what the ledger recorded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""supervisors/cli.py: `actor-run` as a real subprocess, its state, ledger and outputs under tmp_path.
+"""supervisors/cli/: `actor-run` as a real subprocess, its state, ledger and outputs under tmp_path.
 Exit codes: 0 all succeeded, 1 some job failed, 2 bad input or usage (nothing started), 130 after a
 Ctrl-C whose cleanup finished."""
 

@@ -1,4 +1,4 @@
-"""`actor-run cost` (supervisors/cmd_cost.py) against the sim provider's own bill: a batch with
+"""`actor-run cost` (supervisors/cli/cost.py) against the sim provider's own bill: a batch with
 failed launches, machines that never answer, preemptions, and a `kill -9` of the controller
 followed by `actor-run resume`; the report's total equals the bill to the cent."""
 

@@ -1,4 +1,4 @@
-"""supervisors/cmd_logs.py: `actor-run logs -f` on a running local job prints its lines while the job
+"""supervisors/cli/logs.py: `actor-run logs -f` on a running local job prints its lines while the job
 writes them, follows it onto a fresh machine when it is retried (its first attempt goes silent and
 stalls), and exits when the job has ended. Then the same log, whole and by attempt, without -f."""
 

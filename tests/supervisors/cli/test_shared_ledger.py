@@ -1,4 +1,4 @@
-"""Many controllers, one PostgreSQL ledger (supervisors/cmd_worker.py): real `actor-run` processes
+"""Many controllers, one PostgreSQL ledger (supervisors/cli/worker.py): real `actor-run` processes
 on a real PostgreSQL server (tests/pg.py) share one batch on the sim cloud and one state folder.
 
 The job holds an exclusive lock per seed while it runs: a second copy of a seed running at the

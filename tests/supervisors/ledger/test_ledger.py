@@ -1,4 +1,4 @@
-"""supervisors/ledger.py: one writer thread, readers of their own, on both backends (SQLite in WAL
+"""supervisors/ledger/: one writer thread, readers of their own, on both backends (SQLite in WAL
 mode, PostgreSQL): every test that takes `db` runs once against each."""
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def test_interleaved_writes_to_several_tables_go_table_by_table_with_the_same_ef
     def fresh() -> Any:
         if engine == "sqlite":
             conn: Any = sqlite3.connect(":memory:", isolation_level=None)
-        else:  # a connection that takes the ledger's SQL, as the writer's does (ledger_db.py)
+        else:  # a connection that takes the ledger's SQL, as the writer's does (ledger/db.py)
             import psycopg
 
             from actor_run.supervisors.ledger.db import PostgresBackend, _PgConn

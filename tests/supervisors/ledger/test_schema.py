@@ -1,4 +1,4 @@
-"""supervisors/schema.py: a ledger file written by the landed version (its SCHEMA, kept verbatim
+"""supervisors/ledger/schema.py: a ledger file written by the landed version (its SCHEMA, kept verbatim
 from commit 2e5f0be in data/ledger_schema_2e5f0be.sql) opens in this one without losing a row."""
 
 from __future__ import annotations

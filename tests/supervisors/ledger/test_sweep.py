@@ -1,4 +1,4 @@
-"""supervisors/sweep.py: orphan sweeps over a real sim cloud (its state in a folder) and a real
+"""supervisors/ledger/sweep.py: orphan sweeps over a real sim cloud (its state in a folder) and a real
 ledger: what goes, what stays, and --dry-run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""supervisors/sweep.py's decision as a pure function, over random worlds (hypothesis): what a
+"""supervisors/ledger/sweep.py's decision as a pure function, over random worlds (hypothesis): what a
 sweep may delete, and what it must keep."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""supervisors/view.py: `actor-run run` on a real pseudo-terminal (the view draws with rich), a sim
+"""supervisors/views/live.py: `actor-run run` on a real pseudo-terminal (the view draws with rich), a sim
 batch of the example trainer: the header's counts add up to the batch, progress bars move, dollars
 accrue before any job ends, and a Ctrl-C typed on the terminal still exits 130 with every machine
 deleted."""

@@ -1,4 +1,4 @@
-"""supervisors/runlog.py: `actor-run run` writes its controller's log to a file of the run's under the
+"""supervisors/views/runlog.py: `actor-run run` writes its controller's log to a file of the run's under the
 state folder, every line naming the job and attempt it is about; `actor-run runs` says where."""
 
 from __future__ import annotations
