@@ -62,7 +62,38 @@ _held_decoder = msgspec.json.Decoder(dict[str, int])
 _tmp_ids = itertools.count()  # with the pid, names a record being written (uuid4 is a system call)
 
 
+FOLDER_LOOK_S = 0.05  # guards share one look at the machines folder for this long
+FOLDER_RACY_NS = 50_000_000  # a folder stamp younger than this may hide a change made in its clock tick
 StatKey = tuple[int, int, int]  # (inode, mtime_ns, size) of a record file
+
+
+class _FolderLook:
+    """One process's last look at a machines folder (SimStore.folder_stamp)."""
+
+    __slots__ = ("_stamp", "looked", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.looked = -FOLDER_LOOK_S  # time.monotonic() of the last look
+        self._stamp: int | None = None
+
+    def stamp(self) -> int | None:
+        now = time.monotonic()
+        if now - self.looked >= FOLDER_LOOK_S:
+            self.looked = now
+            try:
+                mtime: int | None = os.stat(self.path).st_mtime_ns
+            except FileNotFoundError:
+                mtime = None
+            self._stamp = mtime if mtime is not None and time.time_ns() - mtime > FOLDER_RACY_NS else None
+        return self._stamp
+
+    def moved(self) -> None:
+        """This process changed the folder: the next stamp is a fresh look."""
+        self.looked = -FOLDER_LOOK_S
+
+
+_LOOKS: dict[str, _FolderLook] = {}  # by machines folder: shared by the stores of this process
 
 
 def place_key(region: str, gpu: str) -> str:
@@ -91,6 +122,7 @@ class SimStore:
         self.machines.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._mutex = threading.Lock()  # this process's threads queue here, not all on the flock
         self._lock_fd: int | None = None  # opened once: an open and a close per call cost more than the lock
+        self._look = _LOOKS.setdefault(os.fspath(self.machines), _FolderLook(os.fspath(self.machines)))
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -112,6 +144,16 @@ class SimStore:
 
     def path(self, name: str) -> Path:
         return self.machines / f"{name}.json"
+
+    def folder_stamp(self) -> int | None:
+        """The machines folder's modification time (ns), or None while it is too recent to vouch
+        for anything. Every create, replace (preempt) or delete of a record, by any process, renames
+        or removes an entry there and so moves it; a change within the same clock tick as the one
+        before may not (the kernel's coarse clock), so a stamp younger than `FOLDER_RACY_NS` is not
+        one (git's "racily clean" rule). One look at the folder serves every store of this process
+        for `FOLDER_LOOK_S`; a change made through any of them is seen at the next call, one made
+        by another process within `FOLDER_LOOK_S`. On the reactor thread."""
+        return self._look.stamp()
 
     def read(self, name: str) -> SimRecord | None:
         if not SAFE_NAME.fullmatch(name):
@@ -204,6 +246,7 @@ class SimStore:
             for tmp in tmps:
                 if tmp not in placed:  # the others were renamed into place
                     tmp.unlink(missing_ok=True)
+            self._look.moved()
         return out
 
     def _admit(self, rec: SimRecord, stock: int, fate: Fate, held: dict[str, int],
@@ -253,6 +296,7 @@ class SimStore:
                 out.append(DeleteUnconfirmed(f"sim: {name} is still there") if left else None)
             if changed:
                 self._save_held(held)
+                self._look.moved()
         return out
 
     def preempt(self, name: str, now: float) -> None:
@@ -264,6 +308,7 @@ class SimStore:
                 at = now if rec.preempt_at is None else min(now, rec.preempt_at)
                 self._write(self.path(name), msgspec.json.encode(
                     msgspec.structs.replace(rec, state="preempted", preempt_at=at)))
+                self._look.moved()
         sandbox = self.sandboxes / name
         if sandbox.exists():
             stop_processes_under(sandbox)
