@@ -621,3 +621,23 @@ def test_a_dead_controllers_preempted_machine_is_settled_up_to_its_preemption(
     charged = {r["attempt"]: (r["charged"], r["seconds"]) for r in reader.reservations()}
     assert charged[0] == pytest.approx((1.0, 10.0))  # $360/h for the 10 s until the preemption
     assert charged[1] == pytest.approx((1.2, 12.0))  # not preempted: until the delete
+
+
+def test_recording_jobs_draws_no_randomness_per_job_and_every_token_differs(
+        ledgers: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fencing token per job, each unique, without a draw from the system's random source per job
+    (uuid4 each: a third of the time submitting 3,000 jobs, each draw a wait for the GIL)."""
+    a, b = ledgers(), ledgers()
+
+    def no_urandom(n: int) -> bytes:
+        raise AssertionError("a draw from os.urandom per job")
+
+    monkeypatch.setattr(os, "urandom", no_urandom)
+    for i in range(200):
+        a.record_job(key=f"j/seed-{i}", name="j", seed=i, spec=b"{}", state="running", out_dir="/o")
+        b.record_job(key=f"k/seed-{i}", name="k", seed=i, spec=b"{}", state="running", out_dir="/o")
+    monkeypatch.undo()
+    tokens = [*a.tokens.values(), *b.tokens.values()]
+    assert len(tokens) == len(set(tokens)) == 400
+    a.flush()
+    b.flush()
