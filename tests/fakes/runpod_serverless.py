@@ -80,6 +80,7 @@ class Worker:
         self.alive = True  # False once the platform stopped it
         self.polled = False  # it has asked for a job (past its start-up)
         self.job: Job | None = None
+        self.idle_since = time.monotonic()
         self.stops: dict[str, float] = {}  # job id to stop -> time.monotonic() it was last told (0: not yet)
 
 
@@ -95,7 +96,8 @@ class FakeRunPodServerless(FakeRunPod):
         self.quota_workers = 1000
         self.delete_500_done = 0
         self.held = False
-        self.queue_calls: list[tuple[str, str, int]] = []
+        self.queue_calls: list[tuple[str, str, int]] = []  # the queue API's users' calls (run, stream, ...)
+        self.worker_calls: list[tuple[str, str, int]] = []  # the workers' (job-take, job-stream, ...)
         self.queue_violations: list[str] = []
         self.submitted: list[str] = []  # job ids in the order /run made them
         self.executed: dict[str, float] = {}  # job id -> seconds a worker ran it
@@ -218,7 +220,8 @@ class FakeRunPodServerless(FakeRunPod):
         parts = req.path.strip("/").split("/")
         with self.lock:
             resp, template = self._queue_answer(req, parts)
-            self.queue_calls.append((req.method, template, resp.status_code))
+            worker = len(parts) > 2 and parts[2] in WORKER_OPS  # the SDK's calls, not the user's
+            (self.worker_calls if worker else self.queue_calls).append((req.method, template, resp.status_code))
             self.changed.notify_all()
         return resp(environ, start_response)
 
@@ -340,10 +343,17 @@ class FakeRunPodServerless(FakeRunPod):
             return json_response({"error": "Unauthorized"}, 401)
         if op == "job-take" and req.method == "GET":
             w.polled = True
-            if req.args.get("job_in_progress") == "0":
-                w.job = None  # the SDK asks with nothing in flight: whatever it had is over
+            if req.args.get("job_in_progress") == "0" and w.job is not None:
+                w.job, w.idle_since = None, time.monotonic()  # nothing in flight: whatever it had is over
             found = self.changed.wait_for(lambda: self._next_for(w), timeout=self.take_wait_s)
             if not found or w.job is not None:
+                e = self.endpoints.get(eid)
+                if w.job is None and e is not None and time.monotonic() - w.idle_since > e["workers"]["idleTimeout"]:
+                    w.alive = False  # idle past the endpoint's idleTimeout: scaled down, as RunPod does
+                    t = threading.Thread(target=self.terminate_workers, kwargs={"only": w.id}, daemon=True,
+                                         name=f"fake-idle-{w.id}")
+                    self._stoppers.append(t)
+                    t.start()
                 return Response(status=204)
             job: Job = found
             job.status, job.started, job.worker, w.job = "IN_PROGRESS", time.time(), w.id, job
@@ -381,7 +391,7 @@ class FakeRunPodServerless(FakeRunPod):
                     job.output = data.get("output")
                     self._end(job, "COMPLETED")
             if job is not None and w.job is job and job.status != "IN_PROGRESS" and op == "job-done":
-                w.job = None
+                w.job, w.idle_since = None, time.monotonic()
             return json_response({})
         self.queue_violations.append(f"{req.method} {req.path}: not a worker call RunPod serves")
         return json_response({"error": "not found"}, 404)
@@ -423,11 +433,12 @@ class FakeRunPodServerless(FakeRunPod):
         self.changed.notify_all()
         self._scale()
 
-    def terminate_workers(self, endpoint: str | None = None, grace_s: float = 10.0) -> None:
-        """Stop workers as the platform stops a container: SIGTERM, then SIGKILL of its process group
-        after `grace_s`."""
+    def terminate_workers(self, endpoint: str | None = None, grace_s: float = 10.0, *, only: str = "") -> None:
+        """Stop workers (of an endpoint, or the one named `only`) as the platform stops a container:
+        SIGTERM, then SIGKILL of its process group after `grace_s`."""
         with self.lock:
-            doomed = [w for w in self.workers.values() if w.alive and endpoint in (None, w.endpoint)]
+            doomed = [w for w in self.workers.values()
+                      if (w.alive or w.id == only) and endpoint in (None, w.endpoint) and only in ("", w.id)]
             for w in doomed:
                 w.alive = False
                 with contextlib.suppress(ProcessLookupError):
