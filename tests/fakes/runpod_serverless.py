@@ -322,6 +322,8 @@ class FakeRunPodServerless(FakeRunPod):
             "RUNPOD_ENDPOINT_ID": e["id"], "RUNPOD_AI_API_KEY": self.worker_key,
             # this machine has no GPU and is shared: the SDK's start-up fitness checks are not the test
             "RUNPOD_SKIP_GPU_CHECK": "true", "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
+            # the SDK prefers ~/.runpod/config.toml's key to RUNPOD_AI_API_KEY: a developer's own stays out
+            "HOME": str(self.dir),
         })
         out = open(self.dir / f"worker-{wid}.log", "ab")  # noqa: SIM115 - the worker's; closed when it is reaped
         proc = subprocess.Popen(self.worker_argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

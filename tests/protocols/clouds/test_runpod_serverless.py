@@ -420,15 +420,20 @@ def generator(job):
 def plain(job):
     raise InputError("could not download the archive from http://store.invalid/a.tar.gz: 404")
 
-runpod.serverless.start({"handler": generator if form == "generator" else plain, "return_aggregate_stream": True})
+async def yielded(job):  # what actor-run's handler does
+    yield {"error": str(InputError("could not download the archive from http://store.invalid/a.tar.gz: 404"))}
+
+handler = {"generator": generator, "plain": plain, "yielded": yielded}[form]
+runpod.serverless.start({"handler": handler, "return_aggregate_stream": True})
 """
 
 
-@pytest.mark.parametrize("form", ["generator", "plain"])
-def test_an_input_failure_raised_in_a_handler_is_input_wherever_the_sdk_puts_it(fake: FakeRunPodServerless,
-                                                                                  cloud_of: Any, form: str) -> None:
-    """A handler that raises (an older image's): the SDK wraps the message (`handler: ... traceback`
-    for a generator, a JSON object for a plain function); the marker is read inside either."""
+@pytest.mark.parametrize("form", ["yielded", "generator", "plain"])
+def test_an_input_failure_is_input_wherever_the_sdk_puts_it(fake: FakeRunPodServerless, cloud_of: Any,
+                                                             form: str) -> None:
+    """A terminal `{"error": ...}` yielded (actor-run's handler: the SDK passes it through as it is),
+    or a handler that raises (an older image's: the SDK wraps the message, `handler: ... traceback`
+    for a generator, a JSON object for a plain function); the marker is read in each."""
     fake.worker_argv = [sys.executable, "-c", RAISING, form]
     cloud = cloud_of()
 
@@ -444,7 +449,8 @@ def test_an_input_failure_raised_in_a_handler_is_input_wherever_the_sdk_puts_it(
 
     trio.run(main)
     error = fake.jobs[fake.submitted[0]].error or ""
-    assert error.startswith("handler: actor-run input: " if form == "generator" else '{"error_type"')
+    assert error.startswith({"yielded": "actor-run input: ", "generator": "handler: actor-run input: ",
+                             "plain": '{"error_type"'}[form])
 
 
 def test_a_big_log_streams_in_chunks_under_the_1_mb_limit(fake: FakeRunPodServerless, cloud_of: Any) -> None:
