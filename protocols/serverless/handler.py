@@ -25,7 +25,8 @@ killed (SIGKILL) when:
   `CancelledError` lands in the generator's `finally`, or, when it lands in the SDK's own await
   between two chunks, the task's done-callback kills it;
 - the generator is closed (`aclose`, or collected) before the command ended;
-- the worker gets SIGTERM (the platform stopping it): a handler chained before the SDK's own.
+- the worker gets SIGTERM (the platform stopping it): a handler chained before the SDK's own (in
+  the SDK's worker loop only, which RUNPOD_WEBHOOK_GET_JOB selects, as it does for the SDK).
 
 Run as a program::
 
@@ -84,7 +85,7 @@ def _chain_sigterm() -> None:
     """Kill every running command on SIGTERM, then do what the handler before ours (the SDK's
     graceful shutdown) does. Installed at the first job: the SDK installs its own after `start`."""
     global _sigterm_chained
-    if _sigterm_chained:
+    if _sigterm_chained or "RUNPOD_WEBHOOK_GET_JOB" not in os.environ:  # only in the SDK's worker loop
         return
     before = signal.getsignal(signal.SIGTERM)
 
@@ -168,6 +169,7 @@ async def run(inp: dict[str, Any], *, scratch: Path | None = None) -> AsyncGener
         yield {"error": "the payload has no command"}
         return
     stream_s = float(inp.get("stream_s", 1.0))
+    _chain_sigterm()
     work = Path(tempfile.mkdtemp(prefix="actor-run-job-", dir=scratch))
     proc: subprocess.Popen[bytes] | None = None
     task = asyncio.current_task()
@@ -186,7 +188,9 @@ async def run(inp: dict[str, Any], *, scratch: Path | None = None) -> AsyncGener
         env = _env(inp, work, code)
         progress = _Tail(work / "progress.jsonl", lines=True)
         log = _Tail(work / "log.txt", lines=False)
-        _chain_sigterm()
+        if _terminated:  # the SIGTERM came while the job was being unpacked: it never starts
+            yield {"error": f"{PREEMPTED_ERROR}the worker was stopped (SIGTERM) before the job started"}
+            return
         proc = _spawn(command, env, work / "log.txt")
         _running[proc.pid] = proc
         if task is not None:
