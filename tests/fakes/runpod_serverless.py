@@ -20,7 +20,11 @@ Faults, set on the instance (under `fake.lock`):
     delete_500_done = n           the next n endpoint deletes delete, then answer 500
     queue_rate_limit(n, s)        the next n queue requests answer 429 with Retry-After s
 `expire(job_id)` forgets a job (its TTL passed: 404); `platform_cancel(job_id)` cancels it as the
-platform would (CANCELLED); `held` = True keeps new jobs queued (no worker takes one) until False.
+platform would (CANCELLED); `held` = True keeps new jobs queued (no worker takes one) until False;
+`terminate_workers()` stops workers as a stopped container is (SIGTERM, SIGKILL after a grace);
+`worker_argv` is the image's command (another handler, e.g. an older image's). What reached the
+workers is kept: `stop_delivered` (when a job's stop first went out), `chunk_sizes` (each stream
+post), `worker_calls`. An idle worker is stopped past its endpoint's `idleTimeout`.
 """
 
 from __future__ import annotations
