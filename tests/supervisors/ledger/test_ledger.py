@@ -524,6 +524,32 @@ def test_an_owner_whose_lease_expired_is_dead_for_everyone_and_is_never_renewed(
         reader.close()
 
 
+def test_every_commit_renews_a_lease_that_still_holds(pg_url: str) -> None:
+    """The owner's beat is a write queued behind the others (thousands in a start burst): each
+    transaction renews the lease itself first, while it holds. Three workers of 3,000 attempts each
+    lost their 30 s leases to that queue (bench/RESULTS.md)."""
+    import psycopg
+
+    a = Ledger(pg_url, "c" * 32, lease_s=600.0)
+    reader = LedgerReader(pg_url)
+    try:
+        a.register_owner()
+        with psycopg.connect(pg_url, autocommit=True) as c:  # its beat not yet through: 5 s left
+            c.execute("UPDATE owners SET lease_until = extract(epoch from clock_timestamp()) + 5 WHERE id = %s",
+                      (a.owner,))
+        short = next(o.lease_until for o in reader.owners() if o.id == a.owner)
+        a.record_job(key="j/seed-1", name="j", seed=1, spec=b"{}", state="running", out_dir="/o")
+        a.flush()  # a plain write, no beat
+        renewed = next(o.lease_until for o in reader.owners() if o.id == a.owner)
+        assert short is not None
+        assert renewed is not None
+        assert renewed > short + 500  # lease_s from that commit
+        assert not a.lease_lost
+    finally:
+        a.close()
+        reader.close()
+
+
 def test_a_controller_whose_claim_was_taken_writes_nothing_more_for_that_job(pg_url: str) -> None:
     old, new = Ledger(pg_url, "o" * 32), Ledger(pg_url, "n" * 32)
     lost: list[set[str]] = []
