@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers >= 1, --jobs >= --workers, --job-seconds >= 0")
     from pg import Postgres
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the workers and the server
     root = Path(tempfile.mkdtemp(prefix="actor-run-bench-scaleout-", dir=args.dir))
     server = Postgres(settings={"fsync": "on", "max_connections": "100",
                                 "shared_preload_libraries": "pg_stat_statements"})

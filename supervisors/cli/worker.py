@@ -79,9 +79,15 @@ def _ledger_states(runner: Runner, run: str | None = None) -> dict[str, str]:
     """Job key -> state, of `run` or (keyed run/key) of every run."""
     reader = LedgerReader(runner.ledger_path)
     try:
-        if run is not None:
-            return {j["key"]: j["state"] for j in reader.jobs(run)}
-        return {f"{j['run']}/{j['key']}": j["state"] for j in reader.jobs()}
+        return reader.job_states(run)
+    finally:
+        reader.close()
+
+
+def _unfinished(runner: Runner) -> int:
+    reader = LedgerReader(runner.ledger_path)
+    try:
+        return reader.unfinished_jobs()
     finally:
         reader.close()
 
@@ -118,12 +124,12 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
         handles += runner.claim(args.concurrency - len(running))
         if _has_orphans(runner):
             handles += runner.resume(sweep_after=False, take_runs=False)
-        if until is not None or getattr(args, "until_idle", False):
-            states = _ledger_states(runner, run if until is not None else None)
-            if until is not None and all(states.get(k) in ENDED for k in until):
+        if until is not None:
+            states = _ledger_states(runner, run)
+            if all(states.get(k) in ENDED for k in until):
                 break
-            if until is None and not any(s in ("queued", "running") for s in states.values()) and not handles:
-                break
+        elif getattr(args, "until_idle", False) and not handles and not _unfinished(runner):
+            break
         stop.wait(args.poll)
     if stop.is_set():
         runner.cancel(detail="interrupted")

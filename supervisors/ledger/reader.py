@@ -100,6 +100,18 @@ class LedgerReader:
         live = self.live_owners() | {me}
         return any(r["owner"] not in live for r in self._rows("SELECT DISTINCT owner FROM jobs WHERE state='running'"))
 
+    def job_states(self, run: str | None = None) -> dict[str, str]:
+        """Job key -> state, of `run`, or (keyed run/key) of every run: what a worker asks every poll,
+        so only those two columns (every job's spec each poll was megabytes at 9,000 jobs)."""
+        if run is not None:
+            return {r["key"]: r["state"] for r in self._rows("SELECT key, state FROM jobs WHERE run=?", (run,))}
+        return {f"{r['run']}/{r['key']}": r["state"] for r in self._rows("SELECT run, key, state FROM jobs")}
+
+    def unfinished_jobs(self) -> int:
+        """How many jobs of any run are queued or running."""
+        rows = self._rows("SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')")
+        return int(next(rows)["n"])
+
     def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
         """Jobs of every run, or of `run`."""
         cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"

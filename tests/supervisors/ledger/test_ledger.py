@@ -667,3 +667,20 @@ def test_recording_jobs_draws_no_randomness_per_job_and_every_token_differs(
     assert len(tokens) == len(set(tokens)) == 400
     a.flush()
     b.flush()
+
+
+def test_a_workers_poll_reads_states_and_a_count_not_every_jobs_spec(
+        ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    """What `actor-run worker` asks every poll: each job's state (of one run, or of all), and how many
+    are still queued or running; never the specs (megabytes at 9,000 jobs, every poll, per worker)."""
+    a = ledgers()
+    a.run = "r1"
+    for i, state in enumerate(("queued", "running", "succeeded", "failed")):
+        a.record_job(key=f"j/seed-{i}", name="j", seed=i, spec=b"{" + b" " * 10_000 + b"}", state=state,
+                     out_dir="/o")
+    a.flush()
+    assert reader.job_states("r1") == {"j/seed-0": "queued", "j/seed-1": "running", "j/seed-2": "succeeded",
+                                       "j/seed-3": "failed"}
+    assert reader.job_states() == {f"r1/j/seed-{i}": s for i, s in
+                                   enumerate(("queued", "running", "succeeded", "failed"))}
+    assert reader.unfinished_jobs() == 2
