@@ -55,13 +55,16 @@ class Takeover:
     def _handle(self, job: Job) -> JobHandle:
         raise NotImplementedError
 
-    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
+               most_new: int | None = None) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
         Each job keeps its run: its rows go there and its results to the folder that run recorded.
         Jobs of another run with the key of one taken here are left for a later call. Then the
         dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
         a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
-        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs. `most_new`: at
+        most that many jobs that need a machine launched (a worker's free slots); a job whose machine
+        runs it is always taken, and watched at once (watching is not a slot)."""
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner, run=run)
@@ -74,6 +77,10 @@ class Takeover:
             held = self.handles.get(job.key)
             if held is not None and not held.done():
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
+            if item.reattach is None and most_new is not None:
+                if most_new < 1:
+                    continue  # left to a worker with a free slot
+                most_new -= 1
             if not self.ledger.claim_job(job.key, item.from_owner, item.run):
                 continue  # another resumer took it
             if take_runs and item.run not in runs:

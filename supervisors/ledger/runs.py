@@ -60,8 +60,10 @@ class RunRecords(LedgerCore):
         owner, now, run, token = self.owner, time.time(), self.run if run is None else run, uuid.uuid4().hex
 
         def op(c: Conn) -> None:
-            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=? AND owner=?"
-                            " AND state='running'", (owner, now, token, run, key, from_owner))
+            # (or token=?: this very claim, committed by a try whose COMMIT answer was cut, counts as won)
+            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=?"
+                            " AND (owner=? OR token=?) AND state='running'", (owner, now, token, run, key, from_owner,
+                                                                            token))
             won.append(cur.rowcount == 1)
 
         try:
@@ -86,6 +88,13 @@ class RunRecords(LedgerCore):
         lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
 
         def op(c: Conn) -> None:
+            # this very claim, committed by a try whose COMMIT answer was cut (a ledger outage): those
+            # rows are this controller's already, and claiming more would leave them unrun
+            rows = c.execute("SELECT run, key, spec, token, out_dir FROM jobs WHERE owner=? AND state='running'"
+                             " AND token LIKE ?", (owner, prefix + "%")).fetchall()
+            if rows:
+                got.append([Claimed(run=r[0], key=r[1], spec=bytes(r[2]), token=r[3], out_dir=r[4]) for r in rows])
+                return
             rows = c.execute(
                 "UPDATE jobs SET owner=?, state='running', updated=?, token=? || run || '/' || key"
                 " WHERE (run, key) IN ("
@@ -120,7 +129,18 @@ class RunRecords(LedgerCore):
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
-        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
-        return self._track((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row),
-            key)
+        now, run = time.time(), self.run_of(key)
+        ended = ("UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?",
+                 (state, failure, detail[:1000], attempts, usd, now, run, key))
+        if not self.backend.fenced:
+            return self._track(ended, key)
+
+        def op(c: Conn) -> None:
+            # a shared run ends with its last job, whoever ran it (its submitter may be long gone); the
+            # run's row locked first, so of two workers ending its last two jobs the later one sees both
+            c.execute("SELECT id FROM runs WHERE id=? FOR UPDATE", (run,))
+            c.execute(*ended)
+            c.execute("UPDATE runs SET ended=?, state='ended' WHERE id=? AND ended IS NULL AND NOT EXISTS"
+                      " (SELECT 1 FROM jobs WHERE run=? AND state IN ('queued', 'running'))", (now, run, run))
+
+        return self._track(op, key)
