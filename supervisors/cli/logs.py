@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
-from actor_run.supervisors.ledger import LedgerError, LedgerReader, RunRow
+from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.ledger.db import read_failures
 
 HELP = "print a job's log; -f follows it as the job writes it, across retries, until the job ends"
 EXAMPLE = """example:
@@ -173,7 +174,7 @@ def _still_running(reader: LedgerReader, run: str, key: str, owner: str) -> str:
             return "ended"
         if not reader.backend.fenced and rows[0]["owner"] not in reader.live_owners():
             return "orphaned"
-    except (LedgerError, *reader.backend.errors):
+    except read_failures(reader.backend):
         return "running"
     return "running"
 

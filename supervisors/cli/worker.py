@@ -30,8 +30,8 @@ from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors.ledger import LedgerError, LedgerReader
-from actor_run.supervisors.ledger.db import ENV, describe, is_url, resolve, wait_for_server
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
@@ -134,11 +134,6 @@ class _Signals:
         self.wake.set()
 
 
-def _reading_failed(runner: Runner) -> tuple[type[BaseException], ...]:
-    """What a ledger read raises while the database is away (the writer rides the outage out)."""
-    return (LedgerError, *runner.ledger.backend.errors)
-
-
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
           mode: str = "hand back") -> bool:
     """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
@@ -177,7 +172,7 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
                     break
                 if until is None and not any(s in ("queued", "running") for s in states.values()) and not handles:
                     break
-        except _reading_failed(runner) as exc:
+        except read_failures(runner.ledger.backend) as exc:  # the database is away: the writer rides it out
             logger.warning("the ledger could not be read this poll ({}); the jobs go on", str(exc).strip()[:200])
         signals.wake.wait(args.poll)
         signals.wake.clear()
@@ -275,7 +270,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
         while True:
             try:
                 jobs = reader.jobs(run)
-            except (LedgerError, *reader.backend.errors) as exc:  # the database restarting: look again
+            except read_failures(reader.backend) as exc:  # the database restarting: look again
                 logger.warning("the ledger could not be read ({}); trying again", str(exc).strip()[:200])
                 time.sleep(args.poll)
                 continue

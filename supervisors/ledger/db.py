@@ -105,6 +105,11 @@ def _first_line(exc: BaseException, url: str) -> str:
     return text.replace(m.group(1), "***") if m and m.group(1) else text
 
 
+def read_failures(backend: Backend) -> tuple[type[BaseException], ...]:
+    """What a read raises when the database cannot answer it (away, restarting): its errors and ours."""
+    return (LedgerError, *backend.errors)
+
+
 def describe(location: str | Path) -> str:
     """The location without a password (for logs and messages)."""
     if not is_url(location):
