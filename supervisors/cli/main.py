@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     try:
         shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
-        if shared:  # reachable? (a worker waits for a database not up yet, bounded; others a few seconds)
+        if shared and args.command not in ("worker", "run"):  # reachable? (those two ask once their input is checked)
             cmd_worker.wait_for_ledger(args)
     except SpecError as exc:
         return usage_error(str(exc))

@@ -196,6 +196,7 @@ def _printer(json_mode: bool) -> object:
 def cmd_worker(args: argparse.Namespace) -> int:
     try:
         _check(args)
+        wait_for_ledger(args)  # a worker may start before its database: it waits, up to --ledger-wait
         runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
                         concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False, config=args.config,
                         outage_s=_wait_s(args))
@@ -214,6 +215,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     try:
         _check(args)
         batch = load_batch(args.batch, known_clouds())
+        wait_for_ledger(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE

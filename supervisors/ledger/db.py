@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from loguru import logger
+
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.supervisors.ledger.schema import SchemaError, migrate
 
@@ -91,6 +93,9 @@ def wait_for_server(url: str, wait_s: float) -> None:
             psycopg.connect(url, connect_timeout=max(1, min(5, int(wait_s) or 1))).close()
             return
         except psycopg.Error as exc:
+            if delay == 0.1 and wait_s > READ_WAIT_S:  # a long wait says so (a short one only if it fails)
+                logger.warning("the ledger {} cannot be reached yet; waiting up to {:g} s for it", describe(url),
+                               wait_s)
             if time.monotonic() + delay > deadline:
                 raise LedgerError(f"the ledger {describe(url)} cannot be reached (waited {wait_s:g} s): "
                                   f"{_first_line(exc, url)}") from exc
