@@ -188,7 +188,8 @@ def test_a_frozen_worker_writes_no_byte_after_its_lease_ran_out(tmp_path: Path, 
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
     assert frozen.finish() == 1
-    assert "lease in the ledger" in frozen.stderr and "Traceback" not in frozen.stderr, frozen.stderr
+    assert "lease in the ledger" in frozen.stderr, frozen.stderr
+    assert "Traceback" not in frozen.stderr, frozen.stderr
     assert adopter.finish() == 0, adopter.stderr
     assert sum(e["owner"] == owner for e in ledger_events(url)) == written  # no row after the lease ran out
     assert {k: (tmp_path / "out" / k / "log.txt").stat().st_size for k in held} == sizes  # no log byte
@@ -214,7 +215,8 @@ def test_sigterm_hands_a_workers_jobs_to_the_other_at_once(tmp_path: Path, url: 
     assert leaving.finish(timeout=60) == 0, leaving.stderr
     assert "handed back 2 job(s)" in leaving.stderr, leaving.stderr
     let_go = [e for e in leaving.events if e["type"] == "Released"]
-    assert len(let_go) == 2 and not any(e["confirmed"] for e in let_go), let_go  # machines left running
+    assert len(let_go) == 2, let_go
+    assert not any(e["confirmed"] for e in let_go), let_go  # its machines left running, for the adopter
 
     def adopted() -> bool:
         return handed <= {f"{e['job']}/seed-{e['seed']}" for e in staying.events if e["type"] == "Leased"}
