@@ -13,8 +13,9 @@ import psutil
 
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.ledger.core import LedgerCore, Waiter
+from actor_run.supervisors.ledger.core import LedgerCore
 from actor_run.supervisors.ledger.db import Conn
+from actor_run.supervisors.ledger.queue import Waiter
 
 
 def process_start_time(pid: int) -> float | None:

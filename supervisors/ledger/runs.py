@@ -8,8 +8,9 @@ import uuid
 
 import msgspec
 
-from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore, StaleClaim, Waiter
+from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore
 from actor_run.supervisors.ledger.db import Conn
+from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
 
 
 class Claimed(msgspec.Struct, frozen=True, kw_only=True):
