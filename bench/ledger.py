@@ -28,7 +28,8 @@ each other (they share its cores: on a 2-core machine, three busy controllers ar
 
 Part 4, a team's day (`--team`, alone: `python bench/ledger.py --team`): two `actor-run worker`
 processes (`--lease 6 --poll 0.5`, concurrency `--team-each` each) on one PostgreSQL ledger, the
-sim cloud's virtual machines, jobs of `--team-job-seconds` (30):
+sim cloud's local sandboxes (a virtual machine lives in one process: no other can reattach to it)
+running `sleep --team-job-seconds` (30):
 - `adoption_s`: one worker is killed -9 once both run their full concurrency; the seconds from
   the kill until the survivor (still at full concurrency) holds every one of the dead worker's
   machines again (its `Leased` event for each, in the ledger). The bound is the lease plus one
@@ -80,17 +81,20 @@ def events_per_s(location: str | Path, n: int) -> float:
         led.close()
 
 
-def sim_settings(n: int, job_s: float, sim_dir: Path) -> dict[str, Any]:
-    return {"virtual": True, "virtual_job_s": job_s, "seed": 1, "state_dir": str(sim_dir),
+def sim_settings(n: int, job_s: float, sim_dir: Path, virtual: bool = True) -> dict[str, Any]:
+    return {"virtual": virtual, "virtual_job_s": job_s, "seed": 1, "state_dir": str(sim_dir),
             "launch_latency_s": LAUNCH_S, "delete_latency_s": DELETE_S,
             "regions": [{"name": "us-east", "gpus": {"A100": {"stock": n, "hourly_usd": 1.8}}}]}
 
 
-def make_jobs(n: int, job_s: float, sim_dir: Path) -> list[Job]:
+def make_jobs(n: int, job_s: float, sim_dir: Path, virtual: bool = True) -> list[Job]:
+    """`n` jobs of `job_s` on the sim cloud: virtual machines (they live in one process), or (not
+    `virtual`) local sandboxes running `sleep`, which another process can reattach to."""
     policy = PolicySpec(poll_s=POLL_S, setup_grace_s=60.0, stall_after_s=30.0 + job_s, lost_after_s=12.0,
                         backoff_s=0.1, backoff_max_s=6.0, max_attempts=1)
-    clouds = {"sim": sim_settings(n, job_s, sim_dir)}
-    return [Job(name="bench", command="true", seed=i, timeout_s=86400.0, policy=policy,
+    clouds = {"sim": sim_settings(n, job_s, sim_dir, virtual)}
+    command = "true" if virtual else f"sleep {job_s:g}"
+    return [Job(name="bench", command=command, seed=i, timeout_s=86400.0, policy=policy,
                 candidates=[CandidateSpec(cloud="sim", gpu="A100")], clouds=clouds) for i in range(n)]
 
 
@@ -229,7 +233,7 @@ def team_batch(url: str, root: Path, n: int, job_s: float) -> None:
     from actor_run.supervisors.runner import Runner
 
     with Runner(ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
-        for job in make_jobs(n, job_s, root / "sim"):
+        for job in make_jobs(n, job_s, root / "sim", virtual=False):
             submitter.enqueue(job)
         submitter.keep_run_open()
         submitter.ledger.flush()
