@@ -232,7 +232,7 @@ def wait_ledger(url: str, condition: Any, timeout: float, what: str) -> Any:
 def team_batch(url: str, root: Path, n: int, job_s: float) -> None:
     from actor_run.supervisors.runner import Runner
 
-    with Runner(ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
+    with Runner(out_dir=root / "out", ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
         for job in make_jobs(n, job_s, root / "sim", virtual=False):
             submitter.enqueue(job)
         submitter.keep_run_open()
@@ -270,7 +270,7 @@ def adoption(url: str, root: Path, each: int, job_s: float) -> float:
         killed = time.time()
 
         def adopted(r: LedgerReader) -> bool:
-            leased = {f"{e['job']}/seed-{e['seed']}" for e in r.events()
+            leased = {e["job"] for e in r.events()  # (a ledger event's job is the job's key)
                       if e["type"] == "Leased" and e["owner"] != victim and float(e["t"]) >= killed}
             return orphans <= leased
 
