@@ -135,14 +135,15 @@ class _Signals:
 
 
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
-          mode: str = "hand back") -> bool:
+          mode: str = "hand back", signals: _Signals | None = None) -> bool:
     """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
     in the ledger, or (with --until-idle) until nothing is queued or running anywhere. Each poll:
     orphans first (every one whose machine runs it, watched at once; those needing a machine up to
     the free slots), then queued jobs up to the free slots. A poll that cannot read the ledger (the
     database restarting) is skipped: the jobs go on. False if this controller's lease was lost
     meanwhile (it let its jobs go)."""
-    signals = _Signals(mode=mode)
+    signals = _Signals(mode=mode) if signals is None else signals
+    mode = signals.mode
     signal.signal(signal.SIGINT, signals)
     signal.signal(signal.SIGTERM, signals)
     handles: list[JobHandle] = []
@@ -194,19 +195,33 @@ def _printer(json_mode: bool) -> object:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """A worker until stopped (or idle). A lease lost (the process frozen past it, or the database
+    away longer than --ledger-wait) ends this owner, whose jobs go to the adopters; the worker then
+    joins again as a new owner, which adopts whatever is orphaned then (its old jobs included, if
+    nobody took them). Stopped by a signal meanwhile, it exits 1."""
     try:
         _check(args)
-        wait_for_ledger(args)  # a worker may start before its database: it waits, up to --ledger-wait
-        runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
-                        concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False, config=args.config,
-                        outage_s=_wait_s(args))
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
-    with runner:
-        runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-        kept = serve(runner, args, until=None, mode="drain" if args.drain else "hand back")
-    return OK if kept else FAILED
+    signals = _Signals(mode="drain" if args.drain else "hand back")
+    while True:
+        try:
+            wait_for_ledger(args)  # a worker may start before its database: it waits, up to --ledger-wait
+            runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
+                            concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False,
+                            config=args.config, outage_s=_wait_s(args))
+        except SpecError as exc:
+            sys.stderr.write(f"actor-run: {exc}\n")
+            return USAGE
+        with runner:
+            runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
+            kept = serve(runner, args, until=None, signals=signals)
+        if kept:
+            return OK
+        if signals.stop.is_set():
+            return FAILED
+        sys.stderr.write("actor-run: joining again as a new worker (it adopts what is orphaned now)\n")
 
 
 def cmd_run_shared(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ URL itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -345,6 +346,10 @@ def _pool(url: str) -> Any:
             import atexit
 
             from psycopg_pool import ConnectionPool
+
+            # the pool logs each failed connect of an outage (python logging's last resort: stderr);
+            # the ledger says once that the database is away, and once that it is back
+            logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
             # a read waits for a connection at most READ_WAIT_S (not psycopg's 30 s): a command on a
             # database that is away says so soon, and a worker's poll is skipped, not stuck

@@ -192,8 +192,9 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
         before = written()
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
-    assert frozen.finish() == 1  # it found its lease expired and let its jobs go
+    assert frozen.finish() == 0  # it found its lease expired, let its jobs go, joined again as a new owner
     assert "lease in the ledger expired" in frozen.stderr
+    assert "joining again as a new worker" in frozen.stderr
     assert "Traceback" not in frozen.stderr
     let_go = [e for e in frozen.events if e["type"] == "Released" and not e["confirmed"]]
     assert len(let_go) == 2, frozen.events  # its two machines, left to the adopter, not deleted

@@ -187,8 +187,9 @@ def test_a_frozen_worker_writes_no_byte_after_its_lease_ran_out(tmp_path: Path, 
         responses = {k: (tmp_path / "out" / k / "response.json").read_bytes() for k in held}
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
-    assert frozen.finish() == 1
+    assert frozen.finish() == 0  # it let its jobs go and joined again as a new owner (nothing left to do)
     assert "lease in the ledger" in frozen.stderr, frozen.stderr
+    assert "joining again as a new worker" in frozen.stderr, frozen.stderr
     assert "Traceback" not in frozen.stderr, frozen.stderr
     assert adopter.finish() == 0, adopter.stderr
     assert sum(e["owner"] == owner for e in ledger_events(url)) == written  # no row after the lease ran out
@@ -356,3 +357,20 @@ def test_status_follow_shows_an_adoption(tmp_path: Path, url: str) -> None:
             follow.communicate()
     assert follow.returncode == 0, err
     assert out.count("adopted from") == 2, out
+
+
+def test_drain_finishes_the_jobs_held_and_takes_no_more(tmp_path: Path, url: str) -> None:
+    """Item 6, `--drain`: the first SIGTERM stops the worker taking jobs; those it holds finish
+    here (not handed back, not canceled), the one still queued stays queued, and it exits 0."""
+    batch = team_batch(tmp_path, seeds=3, steps=16)
+    submit(tmp_path, url, batch)
+    worker = Controller(tmp_path, url, "draining", concurrency=2, extra=("--drain",))
+    worker.wait_for("JobStarted", 2)
+    held = keys_started(worker)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.finish(timeout=120) == 0, worker.stderr
+    assert "draining" in worker.stderr
+    rows = jobs(url)
+    assert {k for k, j in rows.items() if j["state"] == "succeeded"} == held
+    assert [j["state"] for k, j in rows.items() if k not in held] == ["queued"]
+    assert not [e for e in worker.events if e["type"] == "Released" and not e["confirmed"]]  # deleted as usual
