@@ -39,8 +39,9 @@ running `sleep --team-job-seconds` (30):
   fast` once every job runs, and without; from `go` to the last job's end in the ledger, with
   every job's state (`restart_job_states`: all `succeeded`, none canceled). These workers hold a
   15 s lease: the outage a worker rides out is bounded by what is left of its lease, and a
-  restart under load took 4-7 s here (with 6 s leases both workers lost theirs once, joined again
-  as new owners and adopted their own jobs: nothing lost, the wall a lease longer).
+  restart under load took 4-7 s here (with 6 s leases, once, it outlasted both leases: both workers
+  let their jobs go; a worker that loses its lease now joins again as a new owner, which adopts
+  what is orphaned).
 Only loopback: the database listens on a unix socket in a temporary folder. Every wait is bounded.
 """
 
