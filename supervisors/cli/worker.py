@@ -9,6 +9,19 @@ unfinished jobs of owners whose lease expired, as `actor-run resume` does (reatt
 fetch what finished, rerun what is gone): a dead controller's jobs go on within its lease period
 plus one poll. Clouds and their settings come from the batch (stored with each job); secrets from
 each worker's own environment, never from the ledger.
+
+Signals. A worker's first SIGTERM or Ctrl-C hands back: it takes no more jobs, lets go of those it
+holds (their machines keep running; nothing more is written about them, in the ledger or their
+files), closes its owner row so that the other workers adopt them at their next poll, and exits 0.
+A second signal changes nothing (handing back deletes nothing and ends in a moment). With --drain
+the first signal only stops it taking jobs: it finishes those it holds, then exits 0; a second one
+hands them back. `actor-run run` on a shared ledger keeps the Ctrl-C of `run`: cancel its jobs and
+delete their machines.
+
+The database. A worker started before its database waits for it, up to --ledger-wait (default the
+lease); a database that goes away meanwhile is ridden out as long (ledger/core.py); a lease lost
+(frozen past it, or away longer) makes the worker join again as a new owner. Other commands wait a
+few seconds, then say in one line that the database cannot be reached (exit 1).
 """
 
 from __future__ import annotations
