@@ -78,6 +78,37 @@ class RunRecords(LedgerCore):
             return True
         return False
 
+    def claim_jobs(self, wanted: list[tuple[str, str, str]]) -> set[str]:
+        """`claim_job` for each (key, from_owner, run), all in one transaction (one round trip for a
+        dead worker's many jobs: an adopter at full concurrency takes them in one go); the keys won."""
+        if not wanted:
+            return set()
+        owner, now = self.owner, time.time()
+        tokens = {key: uuid.uuid4().hex for key, _, _ in wanted}
+        won: list[set[str]] = []
+
+        def op(c: Conn) -> None:
+            got = set()
+            for key, from_owner, run in wanted:
+                cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=?"
+                                " AND (owner=? OR token=?) AND state='running'",
+                                (owner, now, tokens[key], run, key, from_owner, tokens[key]))
+                if cur.rowcount == 1:
+                    got.add(key)
+            won.append(got)
+
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return set()
+        got = won[-1] if won else set()  # the last run of the op is the one committed
+        for key, _, run in wanted:
+            if key in got:
+                self._run_of[key] = run
+                self.tokens[key] = tokens[key]
+                self.stale.discard(key)
+        return got
+
     def claim_queued(self, most: int) -> list[Claimed]:
         """Claim up to `most` queued jobs of any run, oldest first, each with a fresh fencing token.
         On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE SKIP LOCKED);
