@@ -45,7 +45,10 @@ def ec2(moto_server: MotoEc2) -> MotoEc2:
 
 @pytest.fixture
 def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
-    yield FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint)
+    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, root=tmp_path / "root",
+                   sshd_pidfile=sshd.dir / "sshd.pid")
+    yield fake
+    fake.stop()  # its skylets and their jobs
     power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
 
 
