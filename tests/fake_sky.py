@@ -29,6 +29,7 @@ then). Faults are read from `faults.json` beside the state, which a test may rew
     unavailable: [region, ...]   a launch there FAILS with ResourcesUnavailableError, nothing made
     provision: "fail"            a launch makes its instance, then FAILS (the cluster stays, INIT)
     launch: "never" | "hang"     a launch request stays RUNNING forever / `sky launch` hangs after submitting
+    old_cli: true                `sky gpus` is not a command (a CLI before it; `sky show-gpus` only)
     down: "fail" | "hang"        a down request FAILS / the `sky down` command itself hangs
 
 As a library, `FakeSky` is the test's side: install, set faults, read clusters, forget a cluster
@@ -260,10 +261,12 @@ def down(state: Path, a: argparse.Namespace) -> int:
     if not names:  # command.py _down_or_stop_clusters: a name it does not know is dropped, exit 0
         print("Cluster(s) not found (tip: see `sky status`).")
         return 0
-    print()
+    print("\n")  # its blank line, and the progress bar's (rich, not a terminal)
     for n, rid in zip(names, rids, strict=True):
         _submitted("Terminating", rid)  # the CLI's label for a down: `sky.` + 'Terminating'
-        print(f"Terminating cluster {n}...done.")
+        print(f"\nTerminating cluster {n}...done.")
+    plural = "s" if len(names) > 1 else ""
+    print(f"Terminating {len(names)} cluster{plural} {'━' * 40} 100% 0:00:00")
     if a.async_:
         print("Terminating requests are sent. Check the requests' status with `sky request get <request_id>`.")
     return 0
@@ -413,11 +416,11 @@ def gpus(state: Path, a: argparse.Namespace) -> int:
         rows = [["GPU", "QTY", "CLOUD", "INSTANCE_TYPE", "DEVICE_MEM", "vCPUs", "HOST_MEM", "HOURLY_PRICE",
                  "HOURLY_SPOT_PRICE", "REGION"]]
         for i in items:
-            rows.append([gpu, str(int(i["accelerator_count"])), "AWS", i["instance_type"], f"{i['device_memory']:.0f}GB",
+            rows.append([gpu, str(i["accelerator_count"]), "AWS", i["instance_type"], f"{i['device_memory']:.0f}GB",
                          str(int(i["cpu_count"])), f"{i['memory']:.0f}GB", f"$ {i['price']:.3f}",
                          f"$ {i['spot_price']:.3f}", i["region"]])
         tables.append(_table(rows))
-    print("\n\n".join(tables))
+    print("\n\n".join(tables))  # each table's lines padded to their width, as prettytable does
     return 0
 
 
@@ -565,6 +568,10 @@ def main() -> int:
     if sys.argv[1:2] == ["--skylet"]:
         return skylet(Path(sys.argv[3]), sys.argv[2])
     state = Path(os.environ["FAKE_SKY_STATE"])
+    if sys.argv[1:2] == ["gpus"] and _faults(state).get("old_cli"):  # a CLI before `sky gpus` (click's error)
+        print("Usage: sky [OPTIONS] COMMAND [ARGS]...\nTry 'sky -h' for help.\n\nError: No such command 'gpus'.",
+              file=sys.stderr)
+        return 2
     args = parser().parse_args()
     with (state / "calls.log").open("a") as log:
         log.write(json.dumps(sys.argv[1:]) + "\n")

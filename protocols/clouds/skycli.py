@@ -273,8 +273,8 @@ def lowest_table(text: str, accelerator: str, *, spot: bool) -> float | None:
         if header is None or len(cells) != len(header):
             header = None if not line.strip() else header
             continue
-        if cells[header.index("GPU")] != accelerator or cells[header.index("QTY")] != "1":
-            continue
+        if cells[header.index("GPU")] != accelerator or not re.fullmatch(r"1(?:\.0)?", cells[header.index("QTY")]):
+            continue  # another name the pattern matched, or more than one device (0.14 prints `1.0`)
         m = re.fullmatch(r"\$ ?(\d+(?:\.\d+)?)", cells[header.index(column)])
         if m and float(m.group(1)) > 0:
             prices.append(float(m.group(1)))
