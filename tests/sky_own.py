@@ -40,7 +40,8 @@ def parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
             while isinstance(group, click.Group):
                 rest = [*ctx.protected_args, *ctx.args]  # click keeps the subcommand there
                 name, cmd, args = group.resolve_command(ctx, rest)
-                assert cmd is not None and name is not None
+                assert cmd is not None
+                assert name is not None
                 names.append(name)
                 ctx = cmd.make_context(name, args, parent=ctx)
                 group = cmd

@@ -48,10 +48,10 @@ def test_a_down_request_id_is_read_whatever_the_case_of_its_label() -> None:
 
 SHOW_GPUS_T4 = (  # `sky show-gpus T4:1 --infra aws/us-east-1`: one table per name the pattern matches
     "GPU  QTY  CLOUD  INSTANCE_TYPE  DEVICE_MEM  vCPUs  HOST_MEM  HOURLY_PRICE  HOURLY_SPOT_PRICE  REGION     \n"
-    "T4   1    AWS    g4dn.xlarge    16GB        4      16GB      $ 0.526       $ 0.216            us-east-1  \n"
+    "T4   1.0  AWS    g4dn.xlarge    16GB        4      16GB      $ 0.526       $ 0.216            us-east-1  \n"
     "\n\n"
     "GPU  QTY  CLOUD  INSTANCE_TYPE  DEVICE_MEM  vCPUs  HOST_MEM  HOURLY_PRICE  HOURLY_SPOT_PRICE  REGION     \n"
-    "T4g  1    AWS    g5g.xlarge     16GB        4      8GB       $ 0.420       $ 0.159            us-east-1  \n"
+    "T4g  1.0  AWS    g5g.xlarge     16GB        4      8GB       $ 0.420       $ 0.159            us-east-1  \n"
 )
 
 
@@ -59,7 +59,8 @@ def test_the_price_is_that_of_exactly_the_asked_gpu_name_in_a_table() -> None:
     assert lowest_table(SHOW_GPUS_T4, "T4", spot=False) == 0.526  # not T4g's 0.420
     assert lowest_table(SHOW_GPUS_T4, "T4", spot=True) == 0.216
     assert lowest_table(SHOW_GPUS_T4, "T4g", spot=False) == 0.42
-    missing = "GPU  QTY  CLOUD  INSTANCE_TYPE  HOURLY_PRICE  HOURLY_SPOT_PRICE  REGION\nT4  1  AWS  g4dn.xlarge  -  -  r\n"
+    missing = ("GPU  QTY  CLOUD  INSTANCE_TYPE  HOURLY_PRICE  HOURLY_SPOT_PRICE  REGION\n"
+               "T4   1.0  AWS    g4dn.xlarge    -             -                  us-east-1\n")
     assert lowest_table(missing, "T4", spot=False) is None  # no price is no price, not $0
     not_found = "Resources 'H200' with requested quantity 1 not found on AWS. To show available accelerators, ..."
     assert lowest_table(not_found, "H200", spot=False) is None

@@ -223,8 +223,8 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
 
     assert run(ours) == (False, False)
     for flag, want in (("-T", (False, False)), ("-tt", (True, True))):
-        ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"], stdin=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             end = time.monotonic() + 30
             got = both()
