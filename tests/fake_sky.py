@@ -495,6 +495,9 @@ def has_active_ssh_sessions(sshd_pid: int | None) -> bool:
 
     if sshd_pid is None:
         return False
+    # as SkyPilot does each tick: psutil caches the /dev/pts map at its first use (issue 9524 there)
+    with contextlib.suppress(AttributeError):
+        psutil._psposix.get_terminal_map.cache_clear()  # type: ignore[attr-defined]
     try:
         procs = psutil.Process(sshd_pid).children(recursive=True)
     except psutil.Error:

@@ -11,11 +11,13 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 import trio_asyncio
@@ -205,6 +207,15 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     pid = int((sshd.dir / "sshd.pid").read_text())
     home = tmp_path / "home"
 
+    def session_runs() -> bool:
+        return any(p.name() == "sleep" for p in psutil.Process(pid).children(recursive=True))
+
+    def wait_session(what: str) -> None:
+        end = time.monotonic() + 30
+        while not session_runs() and time.monotonic() < end:  # until its command runs (bounded)
+            threading.Event().wait(0.1)
+        assert session_runs(), what
+
     def both() -> tuple[bool, bool]:
         return own(sky_python, "ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
 
@@ -215,6 +226,7 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
             await host.run("true")
             async with trio.open_nursery() as nursery:  # a command running over our connection meanwhile
                 nursery.start_soon(host.run, "sleep 20")
+                await trio.to_thread.run_sync(wait_session, "actor-run's connection")
                 answer = await trio.to_thread.run_sync(both)
                 nursery.cancel_scope.cancel()
             return answer
@@ -222,15 +234,13 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
             await host.aclose()
 
     assert run(ours) == (False, False)
+    sshd.kill_sessions()  # its `sleep` must not stand for the next session's
     for flag, want in (("-T", (False, False)), ("-tt", (True, True))):
         ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            end = time.monotonic() + 30
-            got = both()
-            while got != want and time.monotonic() < end:  # until the session is set up (bounded)
-                got = both()
-            assert got == want, flag
+            wait_session(flag)
+            assert both() == want, flag
         finally:
             ssh.kill()
             ssh.wait()
