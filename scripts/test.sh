@@ -35,7 +35,7 @@ if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > .venv/.installed
 fi
 # SkyPilot itself, for the tests that run its own parser and outputs (tests/sky_own.py): pinned, in a venv of
-# its own (its dependencies are heavy: about 460 MB, 5-6 minutes to install on a loaded 2-core machine),
+# its own (its dependencies are heavy: about 460 MB, 5-7 minutes to install on a loaded 2-core machine),
 # made once and reused while its pin matches
 SKY_PIN="skypilot==0.14.1"
 if [ "$(cat .venv-sky/pin 2>/dev/null)" != "$SKY_PIN" ]; then
