@@ -208,7 +208,13 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     home = tmp_path / "home"
 
     def session_runs() -> bool:
-        return any(p.name() == "sleep" for p in psutil.Process(pid).children(recursive=True))
+        for p in psutil.Process(pid).children(recursive=True):
+            try:
+                if p.name() == "sleep":
+                    return True
+            except psutil.NoSuchProcess:  # a session's short-lived process, gone meanwhile
+                continue
+        return False
 
     def wait_session(what: str) -> None:
         end = time.monotonic() + 30
