@@ -285,13 +285,17 @@ class SimStore:
                     except DeleteUnconfirmed as exc:  # a process outlived SIGKILL: try again later
                         out.append(exc)
                         continue
-                    remove_tree(sandbox)
                 if rec is not None:
                     self.path(name).unlink()  # under the lock: gone once this returns
+                    self._look.moved()  # the machine's guards see it gone at their next call
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
                     changed = True
                     bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                if sandbox is not None and sandbox.exists():
+                    # after the record: a call that passed its guard before may still write here
+                    with contextlib.suppress(OSError):  # then what it wrote is left: "still there", retried
+                        remove_tree(sandbox)
                 left = sandbox is not None and sandbox.exists()
                 out.append(DeleteUnconfirmed(f"sim: {name} is still there") if left else None)
             if changed:
