@@ -4,8 +4,7 @@ A loop on the reactor (`_Watch.run`) polls every `poll_s`, on the clock every wa
 shares (actors/ticks.py), one round trip each: write `alive` on the host, say whether the job
 runs, read the new progress lines and the new tail of the log. It
 tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
-so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt` (at most every
-`LOG_FLUSH_S`, and all of them by the exit, a stall or the stop); progress
+so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
 lines are emitted as `Progress` (and told to the parent when they name a checkpoint). Where the
 workspace can tell when the job's process ends (`wait_exit`: a pidfd on this computer, the virtual
 job's clock), a poll goes out at once then, so an exit is not left waiting for the next tick. The
@@ -75,10 +74,6 @@ def _only_a_failure(result: Result[None]) -> _LoopEnded | None:
     return None
 
 
-LOG_FLUSH_S = 10.0  # the job's new log bytes are appended to log.txt at most this often (and all of them
-# when the heartbeat stops): a write per report was 5,000 system calls a second at 10,000 jobs, each a
-# wait for the GIL on the actor pool's thread (bench/RESULTS.md); a log a few seconds behind is no loss
-LOG_FLUSH_BYTES = 1 << 16  # ... or once this much is waiting
 REPORT_S = 2.0  # new progress and log are handed to the actor at most this often (a line naming a
 # checkpoint, an exit, an error or the first poll go at once): a UI needs no more, and a job that
 # writes a line per poll would otherwise cost a message per poll
@@ -189,8 +184,6 @@ class HeartbeatActor(Actor):
         self._log_lock = threading.Lock()  # the ledger's writer thread may write too (a shared ledger's fence)
         self._log_closed = False
         self._log_header = log_header.encode()  # written first, by on_start
-        self._log_pending = bytearray()  # the job's log bytes not yet in log.txt
-        self._log_flushed = time.monotonic()
         self.log_from = log_from  # bytes of the job's log already in log.txt (an adopted attempt goes on there)
         self.key = job_key(job, seed)
         # judge the stall window at least four times per window, even when nothing is new
@@ -236,7 +229,6 @@ class HeartbeatActor(Actor):
 
     def _stall(self, code: Code, detail: str, taken_at: float | None = None) -> None:
         self.stalled = True
-        self._flush_log(time.monotonic())
         self.cancel_tasks()
         self.tell_parent(Stalled(**self.head, failure=code, detail=detail, taken_at=taken_at))
 
@@ -264,7 +256,6 @@ class HeartbeatActor(Actor):
         self._take_progress(p.lines, seen)
         if p.state == "exited":
             self.exited = True
-            self._flush_log(time.monotonic())  # the whole log is in log.txt before the parent hears the exit
             self.tell_parent(Exited(**self.head, exit_code=p.exit_code if p.exit_code is not None else -1,
                                     billed_s=p.billed_s))
             return
@@ -288,15 +279,7 @@ class HeartbeatActor(Actor):
     def _take_log(self, log: bytes, seen: float) -> None:
         if log:
             self.last_life = max(self.last_life, seen)
-            self._log_pending += log
-            now = time.monotonic()
-            if len(self._log_pending) >= LOG_FLUSH_BYTES or now - self._log_flushed >= LOG_FLUSH_S:
-                self._flush_log(now)
-
-    def _flush_log(self, now: float) -> None:
-        data, self._log_pending, self._log_flushed = bytes(self._log_pending), bytearray(), now
-        if data:
-            self._write_log(data)
+            self._write_log(log)
 
     def _write_log(self, data: bytes) -> None:
         """Through the ledger's fence: at once without a shared ledger; on one, once the claim on
@@ -307,7 +290,7 @@ class HeartbeatActor(Actor):
         """On this actor's thread, or on the ledger's writer thread (a shared ledger's fence)."""
         with self._log_lock:
             if self._log_closed:  # written after the attempt's stop: one open for it
-                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 try:
                     while data:
                         data = data[os.write(fd, data):]
@@ -315,13 +298,12 @@ class HeartbeatActor(Actor):
                     os.close(fd)
                 return
             if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
-                self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                os.fchmod(self._log_fd, 0o600)  # private whatever the umask: a job's output may hold its secrets
             while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
                 data = data[os.write(self._log_fd, data):]
 
     def _close_log(self) -> None:
-        if self._log_pending:
-            self._flush_log(time.monotonic())
         with self._log_lock:
             fd, self._log_fd = self._log_fd, None
             self._log_closed = True
@@ -329,14 +311,13 @@ class HeartbeatActor(Actor):
             os.close(fd)
 
     def on_stop(self) -> None:
-        """After stop(): the poll loop is cancelled, what the job logged since the last flush written
-        and the log file closed."""
+        """After stop(): the poll loop is cancelled and the log file closed."""
         super().on_stop()
         self._close_log()
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:
-        """After a raise: the log as on_stop, then the parent hears ChildFailed."""
+        """After a raise: as on_stop, then the parent hears ChildFailed."""
         self._close_log()
         super().on_failure(exception_type, exception_value, traceback)
 

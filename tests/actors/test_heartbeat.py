@@ -289,18 +289,3 @@ def test_a_stopped_heartbeat_polls_no_more_and_its_loop_ends(
         time.sleep(0.5)  # five poll periods
         assert alive.stat().st_mtime_ns == written
         assert not probe.box.of(Stalled)
-
-
-def test_the_log_goes_to_log_txt_in_batches_and_whole_at_the_stop(
-    machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox, log_path: Path,
-) -> None:
-    """New log bytes wait up to LOG_FLUSH_S (a write per report was 5,000 system calls a second at
-    10,000 jobs); what waits is written when the heartbeat stops (and at an exit or a stall)."""
-    command = f"echo line one; {progress(stage='train', step=1)}; sleep 60"
-    with machines.open() as (machine, ws):
-        work, pid = machines.start_job(ws, command)
-        ref = watch(machine.name, work, pid)
-        wait_until(lambda: bool(emitted.of(Progress)), 20, "the first poll's report")
-        assert not log_path.exists() or log_path.read_text() == ""  # read, reported, not yet written
-        ref.stop()
-        assert log_path.read_text() == "line one\n"
