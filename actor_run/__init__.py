@@ -16,7 +16,7 @@ The public API is what this module exports (`__all__`); everything under `actor_
 - `Job`, `Batch`, `Policy`, `Candidate`: what to run, how often to retry, where.
 - `UserConfig`: the user's settings file (`[clouds.*]` tables merged under a batch's own).
 - Events (`Event` and its subclasses): what `Runner.subscribe` callbacks receive, in order per
-  attempt: `AttemptStarted`, `LeaseRequested`, `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
+  attempt: `AttemptStarted`, `LeaseRequested`, `LeaseStage`..., `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
   `Progress`..., `Exited` | `Stalled`, `Fetched`, `Released`, `AttemptEnded`, then `Retrying` or
   `JobEnded` for the job (`Reserved` and `Charged` are the budget's, `Metered` the running cost).
   `encode(event)` / `decode_event(data)` are the JSON form `--json` prints.
@@ -46,6 +46,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     LeaseRequested,
+    LeaseStage,
     Machine,
     Metered,
     Offer,
@@ -85,6 +86,7 @@ __all__ = [
     "JobStarted",
     "LeaseFailed",
     "LeaseRequested",
+    "LeaseStage",
     "Leased",
     "Machine",
     "Metered",

@@ -115,6 +115,15 @@ class LeaseRequested(Event, frozen=True, kw_only=True):
     deadline: float
 
 
+class LeaseStage(Event, frozen=True, kw_only=True):
+    """Where the lease's machine is on its way up: `booting` (the create went out; the provider
+    has not said ready) or `waiting for ssh` (the provider says ready; its SSH does not answer
+    yet: the lease keeps connecting, with backoff, until `launch_timeout_s` from the create)."""
+
+    name: str
+    stage: str
+
+
 class Leased(Event, frozen=True, kw_only=True):
     """The provider made the machine and the ledger holds it: from here it is deleted, whatever happens."""
 
@@ -333,7 +342,7 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted
+    AttemptStarted | LeaseRequested | LeaseStage | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted
     | Progress | Exited
     | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Reserved | Charged
 )

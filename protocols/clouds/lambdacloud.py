@@ -114,6 +114,12 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
 
 
 class LambdaCloud(RentedCloud):
+    # Lambda's region codes (lambda.md §2, GET /regions): a candidate's `regions` outside it is a typo (exit 2 before anything starts)
+    regions = frozenset({
+        "asia-northeast-1", "asia-northeast-2", "asia-south-1", "australia-east-1", "europe-central-1",
+        "me-west-1", "us-east-1", "us-east-2", "us-east-3", "us-midwest-1", "us-south-1", "us-south-2",
+        "us-south-3", "us-west-1", "us-west-2", "us-west-3"
+    })
     name = VENDOR
     settings: LambdaSettings
 

@@ -32,7 +32,7 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 def make(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
     monkeypatch.setenv(fake.KEY_VAR, "test-key")
     raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 10.0, **fake.settings(), **extra}
+           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 60.0, **fake.settings(), **extra}
     return make_cloud(fake.CLOUD, raw, tmp_path / "state")
 
 
