@@ -150,6 +150,7 @@ class Boxes:
         self.boxes: dict[str, Box] = {}
         self.guests: dict[str, _Guest] = {}
         self.knocks: dict[str, int] = {}  # connections a machine's porch took before its sshd opened
+        self.foreign_key = ""  # set: machines authorize this public key, not the one their create carried
         self._lock = threading.Lock()
 
     @property
@@ -160,7 +161,7 @@ class Boxes:
              address: str = "127.0.0.1", port: int | None = None) -> int:
         """A machine the API has made whose guest is not up: nothing listens at its address (a
         connection is refused) until `boot`. Its port (a free one of its own by default)."""
-        guest = _Guest(public_key, dict(env or {}), address, port or free_port())
+        guest = _Guest(self.foreign_key or public_key, dict(env or {}), address, port or free_port())
         with self._lock:
             self.guests[machine_id] = guest
         return guest.port
