@@ -18,7 +18,8 @@ The public API is what this module exports (`__all__`); everything under `actor_
 - Events (`Event` and its subclasses): what `Runner.subscribe` callbacks receive, in order per
   attempt: `AttemptStarted`, `LeaseRequested`, `LeaseStage`..., `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
   `Progress`..., `Exited` | `Stalled`, `Fetched`, `Released`, `AttemptEnded`, then `Retrying` or
-  `JobEnded` for the job (`Reserved` and `Charged` are the budget's, `Metered` the running cost).
+  `JobEnded` for the job (`WaitingForCapacity` while no place has stock; `Reserved` and `Charged`
+  are the budget's, `Metered` the running cost).
   `encode(event)` / `decode_event(data)` are the JSON form `--json` prints.
 - `Code`: every failure's code (`no_capacity`, `job_failed`, ...); `SpecError`: bad input, naming
   the field; `ActorRunError`: the base of every exception raised on purpose.
@@ -58,6 +59,7 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
     Usage,
+    WaitingForCapacity,
     decode_event,
     encode,
 )
@@ -103,6 +105,7 @@ __all__ = [
     "Uploaded",
     "Usage",
     "UserConfig",
+    "WaitingForCapacity",
     "__version__",
     "decode_event",
     "encode",

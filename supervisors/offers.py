@@ -9,6 +9,10 @@ its own ask: it is what the job would have heard had it asked itself a moment ea
 
 `ask` is safe from any thread; `reply(outcome)` runs on the reactor thread (it must only hand the
 answer on, e.g. `ActorRef.tell`).
+
+Jobs waiting for capacity share the book too: `when_freed(fn)` calls `fn` once, the next time a
+job of the batch says (`freed()`) that one of its machines was let go, so every waiting job asks
+again at that moment (and their asks go out as one call per candidate, above).
 """
 
 from __future__ import annotations
@@ -41,7 +45,20 @@ class OfferBook:
         self._clouds = clouds
         self._lock = threading.Lock()
         self._out: dict[tuple[int, bytes], list[Reply]] = {}  # calls out: who waits for each
+        self._freed: list[Callable[[], None]] = []  # jobs waiting for capacity, to wake once
         self.calls = 0  # calls made (for tests and benches)
+
+    def when_freed(self, fn: Callable[[], None]) -> None:
+        """Call `fn` (once, on the thread that calls `freed`) when a machine is next let go."""
+        with self._lock:
+            self._freed.append(fn)
+
+    def freed(self) -> None:
+        """A machine of the batch was let go: wake every job waiting for capacity."""
+        with self._lock:
+            waiting, self._freed = self._freed, []
+        for fn in waiting:
+            fn()
 
     def ask(self, candidate: CandidateSpec, index: int, reply: Reply, account: str = "") -> None:
         """Offers for `candidate` (the job's `index`-th) on one of its cloud's accounts: `reply` hears

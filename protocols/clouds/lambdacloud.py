@@ -117,7 +117,8 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
 
 
 class LambdaCloud(RentedCloud):
-    # Lambda's region codes (lambda.md §2, GET /regions): a candidate's `regions` outside it is a typo (exit 2 before anything starts)
+    # Lambda's region codes (lambda.md §2, GET /regions):
+    # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({
         "asia-northeast-1", "asia-northeast-2", "asia-south-1", "australia-east-1", "europe-central-1",
         "me-west-1", "us-east-1", "us-east-2", "us-east-3", "us-midwest-1", "us-south-1", "us-south-2",

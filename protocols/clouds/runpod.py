@@ -137,7 +137,8 @@ done
 
 
 class RunPodCloud(RentedCloud):
-    # runpod.md §3: dataCenterIds: a candidate's `regions` outside it is a typo (exit 2 before anything starts)
+    # runpod.md §3: dataCenterIds:
+    # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({
         "AP-JP-1", "CA-MTL-1", "CA-MTL-2", "CA-MTL-3", "EU-CZ-1", "EU-FR-1", "EU-NL-1", "EU-RO-1",
         "EU-SE-1", "EUR-IS-1", "EUR-IS-2", "EUR-IS-3", "EUR-NO-1", "OC-AU-1", "US-CA-2", "US-DE-1",
