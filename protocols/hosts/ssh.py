@@ -12,8 +12,8 @@ Trust: the host key is pinned at the first successful login (handshake and our k
 never before: a booting guest may show a key it replaces a moment later) into our own
 known-hosts file (OpenSSH format, so `ssh -o UserKnownHostsFile=<it>` agrees) and held to
 afterwards: a different key at the same address and port raises `Refused(GUARD)`, never a
-silent accept. No agent forwarding, no port forwarding. The client key is the configured one, else whatever asyncssh finds (agent, ~/.ssh).
-No key material is ever logged; fingerprints are.
+silent accept. No agent forwarding, no port forwarding. The client key is the configured one,
+else whatever asyncssh finds (agent, ~/.ssh). No key material is ever logged; fingerprints are.
 
 Every method is a trio coroutine that must run inside `trio_asyncio.open_loop()` (or be given the
 loop: a call that arrives through `trio.from_thread.run` does not see the loop's context).
