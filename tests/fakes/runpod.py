@@ -85,6 +85,7 @@ class FakeRunPod(OpenAPIFake):
         self.ssh_after_s = 0.3  # runpod.md §9: sshd starts inside the container after RUNNING
         self.guest_before = "refuse"
         self.launch_answers: list[str] = []
+        self.created: list[dict[str, Any]] = []  # every create's body, as sent
         self.billed: list[tuple[str, float, float]] = []
         self.self_deleted: list[str] = []  # pods deleted with their own pod-scoped key
         self._ids = itertools.count(1)
@@ -224,6 +225,7 @@ class FakeRunPod(OpenAPIFake):
         @self.route("POST", "/v2/pods")
         def create(req: Request) -> Response:
             body = req.get_json()
+            self.created.append(body)
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return problem(500, "Internal Server Error", "create pod: upstream timeout")
