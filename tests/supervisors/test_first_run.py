@@ -35,8 +35,9 @@ def runpod(tmp_path: Path) -> Iterator[Any]:
     yield from _start("runpod", tmp_path)
 
 
-def run(tmp: Path, fake: Any, *, seeds: list[int], settings: dict[str, Any] | None = None, **kw: Any) -> Any:
-    batch = write_batch(tmp, fake.CLOUD, fake.url, gpus=list(fake.GPUS), seeds=seeds,
+def run(tmp: Path, fake: Any, *, seeds: list[int], settings: dict[str, Any] | None = None,
+        gpus: list[str] | None = None, **kw: Any) -> Any:
+    batch = write_batch(tmp, fake.CLOUD, fake.url, gpus=gpus or list(fake.GPUS), seeds=seeds,
                         settings={**fake.settings(), **(settings or {})}, **kw)
     return cli(tmp, "run", str(batch), "--json", "--out", str(tmp / "out"), key_var=fake.KEY_VAR)
 
@@ -69,7 +70,8 @@ def test_a_2_seed_batch_waits_for_sshd_that_opens_5_s_after_ready(tmp_path: Path
 def test_no_stock_first_then_launch_failures_get_every_attempt(tmp_path: Path, runpod: Any) -> None:
     with runpod.lock:
         runpod.launch_answers = ["no_stock", "fail", "fail", "fail"]
-    done = run(tmp_path, runpod, seeds=[1], attempts=3, settings={"launch_timeout_s": 20})
+    # one place (the fake's H100s are in one data center): it refuses for stock, then its launches fail
+    done = run(tmp_path, runpod, seeds=[1], attempts=3, settings={"launch_timeout_s": 20}, gpus=["H100"])
     assert done.returncode == 1, done.stderr[-3000:]
     evs = events(done.stdout)
     ended = [e["failure"] for e in evs if e["type"] == "AttemptEnded"]
