@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.batch_kit import cli, events, write_batch
+from fakes.batch_kit import cli, events, kill9, start_run, write_batch
 from fakes.keys import client_key
 from fakes.providers import FAKES
 
@@ -64,6 +64,31 @@ def test_a_2_seed_batch_waits_for_sshd_that_opens_5_s_after_ready(tmp_path: Path
         assert (tmp_path / "out" / "rented" / f"seed-{seed}" / "out" / "result.txt").read_text() == f"{seed} payload"
 
 
+def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> None:
+    with runpod.lock:
+        runpod.ssh_after_s = 20.0
+    batch = write_batch(tmp_path, "runpod", runpod.url, gpus=["A100-80G"], seeds=[1], settings=runpod.settings())
+    proc = start_run(tmp_path, batch, key_var=runpod.KEY_VAR)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the run's own end
+            if '"LeaseStage"' in line and "waiting for ssh" in line:
+                break
+        shown = ""
+        for _ in range(50):  # the ledger's writer commits in batches: a bounded wait for the row
+            shown = cli(tmp_path, "status", key_var=runpod.KEY_VAR).stdout
+            if "(waiting for ssh)" in shown:
+                break
+        assert "rented/seed-1" in shown
+        assert "(waiting for ssh)" in shown, shown
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            kill9(proc)
+    assert runpod.alive() == []
+
+
 # --- no stock never costs an attempt ------------------------------------------------------------------
 
 
@@ -107,11 +132,13 @@ def test_sweep_on_a_fresh_ledger_asks_the_clouds_of_the_user_s_config(tmp_path: 
     config.write_text(f"[clouds.{provider.CLOUD}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     dry = cli(tmp_path, "sweep", "--dry-run", "--config", str(config), key_var=provider.KEY_VAR)
     assert dry.returncode == 0, dry.stderr
-    assert old in dry.stdout and provider.alive() == [old]
+    assert old in dry.stdout
+    assert provider.alive() == [old]
     swept = cli(tmp_path, "sweep", "--config", str(config), key_var=provider.KEY_VAR)
     assert swept.returncode == 0, swept.stderr
     assert provider.alive() == []
-    assert old in swept.stdout and "deleted" in swept.stdout
+    assert f"{old} " in swept.stdout
+    assert "deleted" in swept.stdout
 
 
 # --- a cloud is its settings ----------------------------------------------------------------------------
