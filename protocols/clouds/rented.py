@@ -151,8 +151,13 @@ class WatchedHost:
         self._host = host
         self._gone = gone
         self.name = host.name
+        # off while the machine is coming up: an SSH try refused then is no news, and asking the
+        # provider after each would spend its rate limit (a hundred machines booting at once)
+        self.watching = True
 
     async def _check(self, exc: Unreachable) -> None:
+        if not self.watching:
+            return
         try:
             gone = await self._gone()
         except (NoAnswer, RateLimited, LaunchRefused, DeleteUnconfirmed):
@@ -290,11 +295,14 @@ class RentedCloud:
         async def gone() -> bool:
             return await self._is_gone(machine.id)
 
-        ws = ShellWorkspace(WatchedHost(ssh, gone), machine.root or s.root)
+        watched = WatchedHost(ssh, gone)
+        ws = ShellWorkspace(watched, machine.root or s.root)
         # from the create when this process made it, else (a machine adopted) from now
         until = self._created.pop(machine.name, trio.current_time()) + s.launch_timeout_s
         try:
+            watched.watching = False
             await self._wait_ssh(ws, machine, until)
+            watched.watching = True
             script = self._deadline_script(machine)
             if script:
                 await ws.host.run(_detached(ws.root, script), timeout=30)
