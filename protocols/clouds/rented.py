@@ -12,7 +12,8 @@ Rules kept here for all of them:
 - Launch waits for readiness, polling `_read`; a machine that is not ready within the settings'
   `launch_timeout_s` raises `LaunchAmbiguous(code=launch_failed)`: the lease then deletes it by
   name. A machine that fails (`Seen.state == "failed"`) is the vendor's `failed_code`.
-- Ready is what we can reach, not what the API says: `connect` keeps trying SSH with backoff
+- Ready is what we can reach, not what the API says: `connect` to a machine this process
+  launched keeps trying SSH with backoff
   (refused, reset, timed out, no route, no banner yet, a host key not yet made) until
   `launch_timeout_s` from the create; only our key refused, or that time passing, ends it
   (`Refused(LAUNCH_FAILED)` / `Unreachable`: the lease says launch_failed and deletes it).
@@ -297,12 +298,14 @@ class RentedCloud:
 
         watched = WatchedHost(ssh, gone)
         ws = ShellWorkspace(watched, machine.root or s.root)
-        # from the create when this process made it, else (a machine adopted) from now
-        until = self._created.pop(machine.name, trio.current_time()) + s.launch_timeout_s
+        created = self._created.pop(machine.name, None)
         try:
-            watched.watching = False
-            await self._wait_ssh(ws, machine, until)
-            watched.watching = True
+            if created is not None:  # made by this process: it may still be booting
+                watched.watching = False
+                await self._wait_ssh(ws, machine, created + s.launch_timeout_s)
+                watched.watching = True
+            else:  # one that was up before (a resume, a sweep reading its stamp): one try says
+                await ws.prepare()
             script = self._deadline_script(machine)
             if script:
                 await ws.host.run(_detached(ws.root, script), timeout=30)
