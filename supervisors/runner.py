@@ -437,7 +437,10 @@ class Runner(Takeover):
                 logger.warning("{}: env {} was kept out of the ledger (secret); set it for this worker",
                                job.key, ", ".join(missing))
             for c in job.candidates:
-                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                try:
+                    self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                except SpecError as exc:  # another run's settings for that cloud lease here: say so
+                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
             handle = JobHandle(self, job)
             handle.run = claimed.run
             self.handles[job.key] = handle
