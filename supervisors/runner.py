@@ -440,6 +440,8 @@ class Runner(Takeover):
                 try:
                     self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
                 except SpecError as exc:  # another run's settings for that cloud lease here: say so
+                    if c.cloud not in self.clouds:
+                        raise  # not built at all
                     logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
             handle = JobHandle(self, job)
             handle.run = claimed.run
