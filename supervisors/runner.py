@@ -209,6 +209,7 @@ class Runner(Takeover):
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
+        self.swept_clouds: list[str] = []
         self._config_arg = config
         self.config = UserConfig()  # the user's settings, read by open()
 

@@ -46,6 +46,7 @@ class Takeover:
     reactor: Reactor
     sweep_grace_s: float
     swept: list[SweepAction]
+    swept_clouds: list[str]  # the cloud keys the last sweep() asked
     handles: dict[str, JobHandle]
     _driven: set[str]
 
@@ -148,26 +149,27 @@ class Takeover:
         config, each the ledger has seen (built from the settings stored there, only to list and
         delete), and the local one."""
         clouds, digests = dict(self.clouds), dict(self._digests)
-        wanted: list[tuple[str, dict[str, Any], str]] = []  # (key, merged settings, where they come from)
+        wanted: list[tuple[str, dict[str, Any], str]] = []  # (key, the batch-side table, where it comes from)
         for name, table in self.config.clouds.items():
-            for account in accounts_of(table):
-                wanted.append((cloud_key(name, account), self.config.cloud_settings(name, {}), "the user's config"))
+            wanted += [(cloud_key(name, account), {}, "your config") for account in accounts_of(table)]
         reader = LedgerReader(self.ledger_path)
         try:
-            wanted += [(name, self.config.cloud_settings(name, settings), "the ledger")
-                       for name, settings in reader.clouds()]
+            wanted += [(name, settings, "the ledger") for name, settings in reader.clouds()]
         finally:
             reader.close()
         wanted.append(("local", {}, "the default"))
-        for key, merged, source in wanted:
+        for key, table, source in wanted:
             if key in clouds:
                 continue
             try:
+                self.config.parse(key, table)  # a bad value names its field and its file
+                merged = self.config.cloud_settings(key, table)
                 clouds[key] = make_cloud(key, merged, self.state_dir)
                 digests[key] = settings_digest(key, merged)
-            except SpecError as exc:  # e.g. its key's variable is not set here
-                logger.warning("sweep: cloud {} (from {}) cannot be built ({}); its machines were not looked at",
-                               key, source, exc)
+            except SpecError as exc:  # e.g. its settings were in a user config not given now
+                logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at (settings "
+                               "from {})", key, exc, source)
+        self.swept_clouds = sorted(clouds)
         try:
             return self._sweep_clouds(clouds, digests=digests, dry_run=dry_run, owners_dead=owners_dead)
         finally:
