@@ -81,7 +81,7 @@ def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> 
                 break
         assert "rented/seed-1" in shown
         assert "(waiting for ssh)" in shown, shown
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
     finally:
         if proc.poll() is None:
@@ -139,6 +139,17 @@ def test_sweep_on_a_fresh_ledger_asks_the_clouds_of_the_user_s_config(tmp_path: 
     assert provider.alive() == []
     assert f"{old} " in swept.stdout
     assert "deleted" in swept.stdout
+
+
+def test_sweep_on_a_fresh_ledger_asks_the_clouds_a_batch_names(tmp_path: Path, runpod: Any) -> None:
+    old = stale_name()
+    runpod.stale(old)
+    batch = write_batch(tmp_path, "runpod", runpod.url, gpus=["A100-80G"], seeds=[1], settings=runpod.settings())
+    swept = cli(tmp_path, "sweep", "--batch", str(batch), key_var=runpod.KEY_VAR)
+    assert swept.returncode == 0, swept.stderr
+    assert runpod.alive() == []
+    assert f"{old} " in swept.stdout
+    assert [c for c in runpod.calls if c[0] == "POST"] == []  # a sweep makes nothing
 
 
 # --- a cloud is its settings ----------------------------------------------------------------------------
