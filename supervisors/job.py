@@ -193,7 +193,6 @@ class JobSupervisor(Actor):
                     self._next()
                     return
                 self.offer = offer
-                self.waiting_since = None
                 if self.retry is not None:  # said now that the attempt runs
                     code, delay = self.retry
                     self.retry = None
@@ -227,7 +226,7 @@ class JobSupervisor(Actor):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(_Launch(wait=gen))
 
-        self.offers.when_freed(freed)
+        self.offers.when_freed(self.job.key, freed)
         self.later(min(self.wait_pause, left), _Launch(wait=gen))
         self.wait_pause = min(self.wait_pause * 2, CAPACITY_ASK_MAX_S)
 
@@ -398,6 +397,7 @@ class JobSupervisor(Actor):
             return
         if code not in (Code.NO_CAPACITY, Code.QUOTA):
             self.counted += 1
+            self.waiting_since = None  # it found a place: a wait for capacity after this is a new one
             self.offers.freed()  # it held a machine, now let go: jobs waiting for capacity ask again
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
                                               now=time.monotonic(), policy=self.job.policy)
