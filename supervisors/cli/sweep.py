@@ -80,7 +80,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                f"got {owner!r}")
     jobs = load_batch(args.batch, known_clouds()).jobs()[:1] if args.batch else []  # one job names its clouds
     runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, sweep_grace_s=args.grace,
-                    config=args.config)
+                    config=args.config, register=not args.dry_run)  # a dry run leaves no owner row behind
     with runner:
         for job in jobs:
             runner.check(job)  # builds the batch's clouds (its merged settings): the sweep asks them too
