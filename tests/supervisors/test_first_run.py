@@ -127,7 +127,10 @@ def test_a_stale_machine_of_ours_is_deleted_when_a_run_starts_on_a_fresh_ledger(
 def test_sweep_on_a_fresh_ledger_asks_the_clouds_of_the_user_s_config(tmp_path: Path, provider: Any) -> None:
     old = stale_name()
     provider.stale(old)
-    settings = {"api_url": provider.url, "ssh_key": str(client_key(tmp_path / "keys")), **provider.settings()}
+    # timeout_s: the fake checks its first request against the vendor's document, which takes long
+    # on a busy machine (the first call of a test process loads it)
+    settings = {"api_url": provider.url, "ssh_key": str(client_key(tmp_path / "keys")), "timeout_s": 120,
+                **provider.settings()}
     config = tmp_path / "config.toml"
     config.write_text(f"[clouds.{provider.CLOUD}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     dry = cli(tmp_path, "sweep", "--dry-run", "--config", str(config), key_var=provider.KEY_VAR)
