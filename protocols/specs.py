@@ -245,9 +245,8 @@ def _check(field: str, ok: bool, want: str, got: object) -> None:
 
 def _number(field: str, value: float, least: float, strict: bool) -> None:
     """A finite number above (`strict`) or at least `least`: inf and nan are refused everywhere."""
-    want = f"a finite number {'>' if strict else '>='} {least:g}"
-    ok = math.isfinite(value) and (value > least if strict else value >= least)
-    _check(field, ok, want, value)
+    _check(field, math.isfinite(value), "a finite number", value)
+    _check(field, value > least if strict else value >= least, f"number {'>' if strict else '>='} {least:g}", value)
 
 
 def _no_nul(field: str, text: str) -> None:
