@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.redact import REDACTED, add_secret
 
 NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
 
@@ -170,7 +171,6 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-REDACTED = "<redacted>"
 
 
 # a cloud setting holding a secret (an API key, a key's passphrase); `key` alone is a key's path,
@@ -181,6 +181,15 @@ SECRET_SETTING = re.compile(r"(api_?key|token|secret|passw|passphrase|credential
 
 def is_secret_setting(name: str) -> bool:
     return bool(SECRET_SETTING.search(name)) and not name.lower().endswith("_env")
+
+
+def add_secret_settings(table: dict[str, Any]) -> None:
+    """Register the values of settings whose names look secret, at any depth, with the redactor."""
+    for k, v in table.items():
+        if isinstance(v, dict):
+            add_secret_settings(v)
+        elif isinstance(v, str) and is_secret_setting(k):
+            add_secret(v)
 
 
 def without_secrets(table: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +204,7 @@ def redacted(job: Job) -> Job:
     `public_env` (and do not look secret), cloud settings whose names look secret are left out."""
     public = set(job.public_env)
     env = {k: (v if k in public and not SECRET_NAME.search(k) else REDACTED) for k, v in job.env.items()}
+    add_secret(*(v for k, v in job.env.items() if env[k] == REDACTED))  # and masked in any text
     clouds = {name: without_secrets(table) for name, table in job.clouds.items()}
     return msgspec.structs.replace(job, env=env, clouds=clouds)
 

@@ -10,10 +10,12 @@ import enum
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from loguru import logger
 
 from actor_run.protocols.messages import Event, JobEnded, Released
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger_db import resolve as resolve_ledger
@@ -31,8 +33,11 @@ class Exit(enum.IntEnum):
 def configure_logging() -> None:
     logger.remove()
     # no variable values in tracebacks: a job's environment may hold a secret
-    logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}", backtrace=False,
-               diagnose=False)
+    def line(record: Any) -> str:
+        record["message"] = redact(record["message"])  # no secret value this process knows
+        return "{time:HH:mm:ss} {level} {message}\n{exception}"
+
+    logger.add(sys.stderr, level="WARNING", format=line, backtrace=False, diagnose=False)
 
 
 class Interrupts:

@@ -10,6 +10,7 @@ leaves logging to its embedder. `actor-run runs` shows each run's file.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
 )
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 
 ROTATE_AT = "20 MB"
@@ -50,7 +52,13 @@ def _format(record: Any) -> str:
     extra = record["extra"]
     extra.setdefault("job", "-")
     extra.setdefault("attempt", "-")
+    record["message"] = redact(record["message"])  # no secret value this process knows (protocols/redact.py)
     return FORMAT
+
+
+def private_opener(path: str, flags: int) -> int:
+    """open()'s opener for files only the user may read (0600, whatever the umask)."""
+    return os.open(path, flags, 0o600)
 
 
 def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
@@ -65,7 +73,7 @@ def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
         return bool(record["extra"].get("run", run) == run)
 
     return logger.add(path, level=level, format=_format, filter=ours, rotation=ROTATE_AT, retention=KEEP,
-                      backtrace=False, diagnose=False, encoding="utf-8")
+                      backtrace=False, diagnose=False, encoding="utf-8", opener=private_opener)
 
 
 def describe(e: Event) -> str | None:

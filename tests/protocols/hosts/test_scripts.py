@@ -69,7 +69,8 @@ async def start_and_wait(host: Host, root: str, command: str, env: dict[str, str
     ws = ShellWorkspace(host, root)  # the root as given: no prepare(), whose output is one line
     work = ws.work_dir("job", 0, 0)
     try:
-        pid = await ws.start(Launch(work=work, command=command, code=None, inputs=[], env=env, lost_after_s=2))  # watchdog wakes each second
+        # lost_after_s=2: its watchdog wakes each second, so it ends soon after the folder goes
+        pid = await ws.start(Launch(work=work, command=command, code=None, inputs=[], env=env, lost_after_s=2))
         with trio.fail_after(30):  # the job is a python start-up
             while True:
                 res = await ws.poll(work, pid, 0, 0)
