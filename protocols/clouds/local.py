@@ -68,7 +68,9 @@ def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
     members: list[psutil.Process] = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid != os.getpid() and os.getpgid(proc.pid) in groups:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if os.getpgid(proc.pid) in groups:
                 members.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
             continue

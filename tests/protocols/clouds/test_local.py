@@ -36,7 +36,8 @@ def test_delete_kills_only_what_it_started(tmp_path: Path) -> None:
     # someone else's process that merely names the sandbox on its command line
     bystander = subprocess.Popen(["sh", "-c", 'sleep 600; : "$0"', f"{root}/work/j/1/a0"], start_new_session=True)
     try:
-        assert psutil.pid_exists(job) and psutil.pid_exists(watchdog)
+        assert psutil.pid_exists(job)
+        assert psutil.pid_exists(watchdog)
         trio.run(cloud.delete, "ar-test-m1")
         assert not Path(root).exists()
         for pid in (job, watchdog):
