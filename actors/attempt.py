@@ -112,6 +112,7 @@ class AttemptActor(Actor):
             self.deadline = reattach.machine.deadline
             self.name = reattach.machine.name
         else:
+            ctx.at("names", job.key)
             self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
         self.meter: pykka.ActorRef[Any] | None = None  # these three start on Leased

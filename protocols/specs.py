@@ -347,9 +347,11 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     """Read and check a batch file; every problem is a `SpecError` naming its field."""
     p = Path(path).expanduser()
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError("", f"cannot read batch file {p}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError("", f"{p} is not UTF-8 text (byte {exc.start}); TOML must be") from exc
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
