@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -172,9 +173,63 @@ def test_attack_the_wrappers_own_variable_in_the_env(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []  # the wrapper wrote its pid, log and response where it should
 
 
+# --- the report: hostile names and paths are data, the timeline still draws ----------------------
+
+PWN = "<svg onload=\"document.body.setAttribute('data-pwned','1')\"></svg>"
+HOSTILE_REPORT = """\
+[job]
+name = "t"
+command = "echo ok"
+seeds = [1, 2]
+
+[policy]
+poll_s = 0.1
+max_attempts = 2
+
+[[candidates]]
+cloud = "sim"
+gpu = "H100"
+
+[clouds.sim]
+launch_latency_s = 0.05
+delete_latency_s = 0.05
+
+[[clouds.sim.regions]]
+name = "<!--<script>"
+gpus = { H100 = { stock = 1, hourly_usd = 1.0 } }
+
+[[clouds.sim.regions]]
+name = %s
+gpus = { H100 = { stock = 1, hourly_usd = 1.0 } }
+"""
+
+
+def test_attack_the_report_of_hostile_names_and_paths(tmp_path: Path) -> None:
+    from chromium import chromium_dom
+
+    path = tmp_path / "batch.toml"
+    path.write_text(HOSTILE_REPORT % json.dumps(PWN + "\u2028</script>&amp;"))
+    state = ["--state-dir", str(tmp_path / "state")]
+    done = actor_run(tmp_path, "run", str(path), "--json", "--out", "./{{data}}", *state)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout.splitlines()[0])["run"]
+    page = tmp_path / "report.html"
+    made = actor_run(tmp_path, "report", run, "--out", str(page), *state)
+    assert made.returncode == 0, made.stderr
+    dom = chromium_dom(page, tmp_path / "chromium")
+    body = re.search(r"<body[^>]*>", dom)
+    assert body is not None
+    assert "data-pwned" not in body.group(0)  # no script of the data ran
+    assert "<svg" not in dom  # nor any element made of it
+    assert 'data-ready="1"' in dom  # the page's own script ran to its end
+    assert sorted(re.findall(r'<div class="tl-row" data-job="([^"]+)"', dom)) == ["t/seed-1", "t/seed-2"]
+    assert "/{{data}}" in dom  # the folder's name, shown as it is
+
+
 ATTACKS: list[Callable[..., None]] = [
     test_attack_a_provider_echoes_the_key_in_its_error_body,
     test_attack_bad_input_is_refused_before_anything_starts,
     test_attack_a_command_longer_than_an_exec_takes,
     test_attack_the_wrappers_own_variable_in_the_env,
+    test_attack_the_report_of_hostile_names_and_paths,
 ]
