@@ -69,7 +69,7 @@ class Pending(Protocol):
 
 
 class LedgerPort(Protocol):
-    """What actors need of the ledger (supervisors/ledger.py implements it)."""
+    """What actors need of the ledger (supervisors/ledger/ implements it)."""
 
     def queue_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
                      offer: Offer | None = None) -> Pending:

@@ -6,7 +6,7 @@
 A batch of N seeds runs through the real Runner on the `sim` cloud with virtual machines, with
 failed launches, machines that never answer and preemptions injected (so there are retries and
 money spent on failures), under a budget that holds about a third of the attempts at once. Then
-`actor-run cost`'s figures (supervisors/cmd_cost.py, read from the ledger) are set beside the
+`actor-run cost`'s figures (supervisors/cli/cost.py, read from the ledger) are set beside the
 sim's own bill (billing.jsonl: per machine, per second, as a provider bills):
 
 - `bill_usd` / `ours_usd`: the totals; `diff_usd` = ours - bill; `ratio` = ours / bill (target 1,
@@ -36,7 +36,7 @@ from actor_run.protocols.clouds.sim import billing
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.budget import to_micro
-from actor_run.supervisors.cmd_cost import cost_rows
+from actor_run.supervisors.cli.cost import cost_rows
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner
 

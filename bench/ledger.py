@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child, args.concurrency, Path(args.dir))
     from pg import Postgres
 
-    from actor_run.supervisors.ledger_db import close_pools
+    from actor_run.supervisors.ledger.db import close_pools
 
     root = Path(tempfile.mkdtemp(prefix="actor-run-bench-ledger-", dir=args.dir))
     server = Postgres(settings={"fsync": "on", "max_connections": "100"})

@@ -132,10 +132,9 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def load(cls, path: str | Path) -> Batch:
-        """Read and check a batch file (its clouds must be known ones); see `load_batch`."""
-        from actor_run.protocols.clouds import known_clouds  # clouds/ imports this module
-
-        return load_batch(path, known_clouds())
+        """Read and check a batch file; see `load_batch`. Its cloud names are checked where clouds
+        are built (`Runner.check`, protocols/clouds: this module knows no registry of clouds)."""
+        return load_batch(path)
 
     @classmethod
     def build(cls, *, name: str, command: str, seeds: list[int], code: str | Path | None = None,
@@ -143,15 +142,14 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
               env: dict[str, str] | None = None, policy: PolicySpec | None = None,
               candidates: list[CandidateSpec] | None = None, clouds: dict[str, dict[str, Any]] | None = None,
               base: str | Path = ".", public_env: list[str] | None = None) -> Batch:
-        """A batch made in code, checked like a batch file; relative paths are taken from `base`."""
-        from actor_run.protocols.clouds import known_clouds
-
+        """A batch made in code, checked like a batch file (its cloud names where clouds are built);
+        relative paths are taken from `base`."""
         job = JobSpec(name=name, command=command, seeds=list(seeds), code=None if code is None else str(code),
                       inputs={k: str(v) for k, v in (inputs or {}).items()}, timeout_s=timeout_s, env=dict(env or {}),
                       public_env=list(public_env or []))
         spec = BatchFile(job=job, policy=policy or PolicySpec(), candidates=list(candidates or []),
                          clouds=dict(clouds or {}))
-        return _checked(spec, Path(base).expanduser().resolve(), known_clouds())
+        return _checked(spec, Path(base).expanduser().resolve(), None)
 
     @property
     def policy(self) -> PolicySpec:
@@ -344,7 +342,9 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
 
 
 def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
-    """Read and check a batch file; every problem is a `SpecError` naming its field."""
+    """Read and check a batch file; every problem is a `SpecError` naming its field. Its cloud names
+    are checked against `known_clouds` when the caller gives them (the registry's are
+    `protocols.clouds.known_clouds()`; this module does not know it)."""
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")

@@ -17,7 +17,6 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -25,7 +24,7 @@ import os
 import secrets
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,13 @@ import sniffio
 import trio
 from loguru import logger
 
-from actor_run.actors import Context, Reactor, Reattach, Task
-from actor_run.actors.pool import POOL, PooledActor, blocking
-from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, cloud_key, known_clouds, make_cloud
+from actor_run.actors import Context, Reactor, Task
+from actor_run.actors.pool import POOL, blocking
+from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, check_cloud_names, cloud_key, make_cloud
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Offer, Progress
+from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import (
     Job,
-    check_candidates,
     check_job,
     check_policy,
     job_key,
@@ -51,15 +49,13 @@ from actor_run.protocols.specs import (
     unredacted,
     without_secrets,
 )
+from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config
-from actor_run.supervisors.job import JobSupervisor
-from actor_run.supervisors.ledger import Ledger, LedgerReader
-from actor_run.supervisors.ledger_db import resolve as resolve_ledger
-from actor_run.supervisors.offers import OfferBook
-from actor_run.supervisors.reservations import settle_reservations
-from actor_run.supervisors.resume import ResumeItem, plan_resume
-from actor_run.supervisors.sweep import SweepAction, reclaimable, sweep
+from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.ledger.db import resolve as resolve_ledger
+from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
+from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
 
@@ -75,164 +71,6 @@ def default_ledger_path() -> Path:
 def new_run_id() -> str:
     """A run's short id: 8 hex digits."""
     return secrets.token_hex(4)
-
-
-class _Submit(Message, frozen=True, kw_only=True):
-    job: Job
-    first_attempt: int = 0
-    reattach: Reattach | None = None
-    offer: Offer | None = None
-    spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
-    seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
-
-
-class _Spent(Message, frozen=True, kw_only=True):
-    """A running job's live cost, when it crossed a tenth of the budget since the last report."""
-
-    key: str
-    usd: float
-
-
-class _Abandon(Message, frozen=True, kw_only=True):
-    """Another controller holds these jobs now (the ledger's fencing): stop them without touching
-    their machines or writing anything more about them."""
-
-    keys: frozenset[str]
-
-
-class _CancelJob(Message, frozen=True, kw_only=True):
-    key: str
-    failure: Code = Code.CANCELED
-    detail: str = ""
-
-
-class BatchSupervisor(PooledActor):
-    """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling.
-
-    Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
-    business), started in submission order as slots free up, stopped in reverse start order.
-    Budget: each job reserves money before each lease (`budget`, shared by the jobs: budget.py),
-    so reservations and spend together never pass the ceiling. As a backstop, finished jobs' cost
-    plus running attempts' live cost is watched too: at the ceiling every running job is cancelled
-    with `budget` and every pending one ends `budget` without starting."""
-
-    def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
-                 on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
-        super().__init__()
-        self.ctx, self.ledger = ctx, ledger
-        self.budget = budget if budget is not None else Budget(budget_usd)
-        self.concurrency, self.budget_usd = concurrency, budget_usd
-        self.on_end = on_end
-        self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
-        self.running: dict[str, pykka.ActorRef[Any]] = {}
-        self.order: list[str] = []
-        self.live_usd: dict[str, float] = {}
-        self.done_usd = 0.0
-        self.stopped: Cancel | None = None
-        self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
-
-    def on_receive(self, message: Any) -> Any:
-        match message:
-            case _Submit(job=job) as submit:
-                if self.stopped is not None:
-                    self._end_unstarted(job, self.stopped)
-                else:
-                    self.pending.append(submit)
-                    self._fill()
-            case JobEnded() as e:
-                key = job_key(e.job, e.seed)
-                self.running.pop(key, None)
-                self.live_usd.pop(key, None)
-                self.done_usd += e.usd
-                self.on_end(e)
-                self._fill()
-            case _Spent(key=key, usd=usd):
-                if key in self.running:
-                    self.live_usd[key] = usd
-                    self._check_budget()
-            case _Abandon(keys=keys):
-                self._abandon(keys)
-            case _CancelJob(key=key, failure=failure, detail=detail):
-                self._cancel_one(key, Cancel(failure=failure, detail=detail))
-            case Cancel() as c:
-                self._cancel_all(c)
-            case "spent":
-                return self.done_usd + sum(self.live_usd.values())
-            case _:
-                raise TypeError(f"BatchSupervisor cannot handle {message!r}")
-        return None
-
-    def _fill(self) -> None:
-        while self.pending and len(self.running) < self.concurrency and self.stopped is None:
-            s = self.pending.popleft()
-            self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
-                                                          first_attempt=s.first_attempt, reattach=s.reattach,
-                                                          reattach_offer=s.offer, offers=self.offers,
-                                                          budget=self.budget, spent_before_usd=s.spent_before_usd,
-                                                          seed_dir=Path(s.seed_dir) if s.seed_dir else None)
-            self.order.append(s.job.key)
-
-    def _end_unstarted(self, job: Job, c: Cancel) -> None:
-        e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
-                     detail=c.detail or "canceled before it started", attempts=0)
-        self.ctx.emit(e)
-        self.on_end(e)
-
-    def _cancel_one(self, key: str, c: Cancel) -> None:
-        for s in list(self.pending):
-            if s.job.key == key:
-                self.pending.remove(s)
-                self._end_unstarted(s.job, c)
-        ref = self.running.get(key)
-        if ref is not None:
-            ref.tell(c)
-
-    def _abandon(self, keys: frozenset[str]) -> None:
-        """Each lease lets its machine go (LeaseActor._let_go): the adopter has it. The job ends
-        here `canceled` for this controller's handles; the ledger refuses to record that end."""
-        for s in list(self.pending):
-            if s.job.key in keys:
-                self.pending.remove(s)
-                self._end_unstarted(s.job, Cancel(failure=Code.CANCELED, detail="taken over by another controller"))
-        for key in keys:
-            ref = self.running.pop(key, None)
-            if ref is None:
-                continue
-            self.live_usd.pop(key, None)
-            ref.stop(block=False)
-            name, _, seed = key.rpartition("/seed-")
-            e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.CANCELED,
-                         detail="taken over by another controller (this controller's lease expired)")
-            self.on_end(e)
-        self._fill()
-
-    def _cancel_all(self, c: Cancel) -> None:
-        if self.stopped is None:
-            self.stopped = c
-        for s in self.pending:
-            self._end_unstarted(s.job, c)
-        self.pending.clear()
-        for ref in self.running.values():
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(c)
-
-    def _check_budget(self) -> None:
-        if self.budget_usd is None or self.stopped is not None:
-            return
-        spent = self.done_usd + sum(self.live_usd.values())
-        if spent >= self.budget_usd:
-            detail = f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"
-            self._cancel_all(Cancel(failure=Code.BUDGET, detail=detail))
-
-    def on_stop(self) -> None:
-        """Stop running jobs in reverse start order (each deletes its machine before it stops)."""
-        for key in reversed(self.order):
-            ref = self.running.get(key)
-            if ref is not None and ref.is_alive():
-                try:
-                    ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
-                except pykka.Timeout:
-                    logger.error("job {} did not stop in time", key)
 
 
 class RunnerStatistics(msgspec.Struct, frozen=True):
@@ -306,7 +144,7 @@ class JobHandle:
         self._runner._batch_tell(_CancelJob(key=self.key))
 
 
-class Runner:
+class Runner(Takeover):
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
     Promises: every machine is in the ledger before its create call and is deleted (confirmed by
@@ -463,7 +301,7 @@ class Runner:
         """Raise SpecError (naming the field) for a job that cannot run; nothing is started."""
         check_job(job, Path("/"))
         check_policy(job.policy)
-        check_candidates(job.candidates, known_clouds())
+        check_cloud_names(job.candidates, job.clouds)
         for i, c in enumerate(job.candidates):
             raw = job.clouds.get(c.cloud, {})
             known = accounts_of(self.config.cloud_settings(c.cloud, raw))  # the user's accounts too
@@ -627,111 +465,5 @@ class Runner:
             # does not wait for the commit meanwhile
             durable.when_done(lambda _error: h._resolve(e))
 
-    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
-        """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
-        Each job keeps its run: its rows go there and its results to the folder that run recorded.
-        Jobs of another run with the key of one taken here are left for a later call. Then the
-        dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
-        a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
-        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
-        reader = LedgerReader(self.ledger_path)
-        try:
-            items = plan_resume(reader, me=self.owner, run=run)
-        finally:
-            reader.close()
-        taken: list[tuple[ResumeItem, JobHandle]] = []
-        runs: set[str] = set()
-        for item in items:
-            job = item.job
-            held = self.handles.get(job.key)
-            if held is not None and not held.done():
-                continue  # one job of that name and seed at a time in one Runner: the next call takes it
-            if not self.ledger.claim_job(job.key, item.from_owner, item.run):
-                continue  # another resumer took it
-            if take_runs and item.run not in runs:
-                runs.add(item.run)
-                self.ledger.take_run(item.run)
-                self._driven.add(item.run)
-            if item.reattach is not None:
-                self.ledger.adopt_machine(item.reattach.machine.name, job.key)
-            for c in job.candidates:
-                raw = job.clouds.get(c.cloud, {})
-                for account in accounts_of(self.config.cloud_settings(c.cloud, raw)):
-                    with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
-                        self._cloud(cloud_key(c.cloud, account), raw)
-            handle = JobHandle(self, job)
-            handle.reattached = item.reattach is not None
-            handle.run = item.run
-            self.handles[job.key] = handle
-            taken.append((item, handle))
-        if sweep_after or taken:
-            self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
-        spent_before: dict[str, float] = {}
-        if taken:
-            self.ledger.flush()
-            reader = LedgerReader(self.ledger_path)
-            try:
-                reservations = reader.reservations()
-            finally:
-                reader.close()
-            spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
-        for item, _ in taken:
-            self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
-                                     offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
-                                     seed_dir=item.seed_dir))
-        return [h for _, h in taken]
-
-    def _adopt_budget(self, *, items: list[ResumeItem], reservations: list[dict[str, Any]]) -> dict[str, float]:
-        """A resume takes over the money of the runs it took jobs of: what those runs spent counts
-        against the budget, and the reservation of an attempt it reattaches to is held again (the
-        other machines of dead controllers were swept, and charged then). Answers what each taken
-        seed spent before."""
-        runs = {i.run for i in items}
-        taken = {(i.run, i.job.key) for i in items}
-        limits = [i.job.policy.budget_usd for i in items if i.job.policy.budget_usd is not None]
-        if limits and self.budget_usd is None:
-            self.budget.set_limit(min(limits))
-        reattached = {(i.run, i.job.key, i.first_attempt) for i in items if i.reattach is not None}
-        per_seed: dict[str, float] = {}
-        for r in reservations:
-            if r["run"] not in runs:
-                continue
-            holder = (r["job"], r["attempt"])
-            if r["state"] == "live" and (r["run"], r["job"], r["attempt"]) in reattached:
-                self.ledger.adopt_reservation(r["job"], r["attempt"])
-                self.budget.adopt(holder, r["usd"])
-            elif r["state"] == "live":
-                self.budget.adopt(holder, r["usd"])  # its machine could not be deleted yet: still held
-            else:
-                self.budget.spend(r["charged"] or 0.0)
-                if (r["run"], r["job"]) in taken:
-                    per_seed[r["job"]] = per_seed.get(r["job"], 0.0) + (r["charged"] or 0.0)
-        return per_seed
-
-    # --- sweeping ------------------------------------------------------------------------------------
-
-    def sweep(self, *, dry_run: bool = False, owners_dead: Iterable[str] = ()) -> list[SweepAction]:
-        """Delete the machines sweep.py proves abandoned (this controller counts as alive);
-        `owners_dead`: owner ids (or their 8-hex short form) a person declared dead."""
-        reader = LedgerReader(self.ledger_path)
-        try:
-            clouds = dict(self.clouds)
-            for name, settings in reader.clouds():
-                if name not in clouds:
-                    try:
-                        clouds[name] = self._cloud(name, settings)
-                    except SpecError as exc:  # e.g. its settings were in a user config not given now
-                        logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at",
-                                       name, exc)
-                        continue
-            if "local" not in clouds:
-                clouds["local"] = self._cloud("local", {})
-            run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
-                                    grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
-            actions: list[SweepAction] = self.reactor.call(run, timeout=600)
-            if not dry_run:
-                self.ledger.flush()
-                settle_reservations(reader, self.ledger, keep_owner=self.owner)
-            return actions
-        finally:
-            reader.close()
+    def _handle(self, job: Job) -> JobHandle:
+        return JobHandle(self, job)

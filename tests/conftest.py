@@ -101,7 +101,7 @@ def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     if request.param == "sqlite":
         yield tmp_path / "state" / "ledger.sqlite"
         return
-    from actor_run.supervisors.ledger_db import close_pools
+    from actor_run.supervisors.ledger.db import close_pools
 
     yield request.getfixturevalue("postgres").create_database()
     close_pools()  # the read pool's threads are this test's

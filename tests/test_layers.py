@@ -1,8 +1,12 @@
-"""Layers point one way: protocols <- actors <- supervisors (STYLE.md, rule 1)."""
+"""Layers point one way: protocols <- actors <- supervisors (STYLE.md, rule 1); no import circle
+between two modules; the subpackages of supervisors/ keep their rules (each one's __init__ says
+them): the ledger knows no command line, view or tree, the views know no ledger backend and no
+command line, and only the command line imports the command line."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,21 +21,34 @@ def _layer(dotted: str) -> str:
     return parts[1] if parts[0] == "actor_run" and len(parts) > 1 else parts[0]
 
 
+def _project(dotted: str) -> str:
+    """A dotted name without the `actor_run.` the installed package puts before each layer."""
+    return dotted.split(".", 1)[1] if dotted.startswith("actor_run.") else dotted
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> Iterator[tuple[str, list[str]]]:
+    """(the module an import names, the names it takes from it) with relative imports resolved;
+    names without `actor_run.`."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield _project(alias.name), []
+        return
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+        target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+    else:
+        target = _project(node.module or "")
+    if target:
+        yield target, [alias.name for alias in node.names]
+
+
 def imported_packages(source: str, module: str) -> set[str]:
     """The project layers a module's source imports (at any depth, relative ones resolved)."""
     found: set[str] = set()
-    package = module.split(".")[:-1]
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(_layer(alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
-                target = [*base, *(node.module.split(".") if node.module else [])]
-                if target:
-                    found.add(_layer(".".join(target)))
-            elif node.module:
-                found.add(_layer(node.module))
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.update(_layer(target) for target, _ in _targets(node, module, False))
     return found & set(LAYERS)
 
 
@@ -46,6 +63,142 @@ def wrong_way_arrows(root: Path) -> list[str]:
     return bad
 
 
+# --- the modules, and what each imports ------------------------------------------------------------
+
+
+def project_modules(root: Path) -> dict[str, Path]:
+    """Every module of the layers by dotted name (`supervisors.ledger` is its __init__.py)."""
+    modules = {}
+    for layer in LAYERS:
+        for path in sorted((root / layer).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports that run when the module is imported: its body, its classes' bodies and any
+    if/try/with in them; not a function's body, nor an `if TYPE_CHECKING:` block."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node):
+                yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from _module_level(block)
+        elif isinstance(node, ast.With | ast.ClassDef):
+            yield from _module_level(node.body)
+
+
+def imports_of(root: Path, *, module_level: bool) -> dict[str, set[str]]:
+    """module -> the project modules it imports: `from a.b import c` is a.b.c when that is a module
+    (else a.b). With `module_level`, only the imports that run at import time."""
+    modules = project_modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        nodes = _module_level(tree.body) if module_level else (
+            n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+        found: set[str] = set()
+        for node in nodes:
+            for target, names in _targets(node, name, path.name == "__init__.py"):
+                subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+                if subs:
+                    found.update(subs)
+                if len(subs) < len(names) or not names:
+                    found.add(target)
+        graph[name] = {t for t in found if t in modules and t != name}
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every circle of module-level imports between project modules (Tarjan's strongly connected
+    components of more than one module), each sorted."""
+    graph = imports_of(root, module_level=True)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+# --- the subpackages' rules (at any depth: a function's import counts too) ---------------------------
+
+TREE = "supervisors"  # the supervision tree: the modules at the top of supervisors/
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _is_tree(module: str) -> bool:
+    """A module of the tree itself: supervisors.<name>, not one of its subpackages."""
+    parts = module.split(".")
+    return len(parts) == 2 and parts[0] == TREE
+
+
+# (whose imports, what they may not import, why)
+RULES = [
+    ("supervisors.ledger", lambda t: _in(t, "supervisors.cli"), "the ledger knows no command line"),
+    ("supervisors.ledger", lambda t: _in(t, "supervisors.views"), "the ledger knows no view"),
+    ("supervisors.ledger", _is_tree, "the ledger knows nothing of the tree that uses it"),
+    ("supervisors.views", lambda t: t in {"supervisors.ledger.db", "supervisors.ledger.batch",
+                                          "supervisors.ledger.schema"}, "a view knows no ledger backend"),
+    ("supervisors.views", lambda t: _in(t, "supervisors.cli"), "a view knows no command line"),
+    ("", lambda t: _in(t, "supervisors.cli"), "only the command line imports the command line"),
+]
+
+
+def broken_rules(root: Path) -> list[str]:
+    bad = []
+    for module, targets in sorted(imports_of(root, module_level=False).items()):
+        for whose, forbidden, why in RULES:
+            if whose and not _in(module, whose):
+                continue
+            if not whose and _in(module, "supervisors.cli"):
+                continue  # the rule is about everyone else
+            bad.extend(f"{module} imports {t}: {why}" for t in sorted(targets) if forbidden(t))
+    return sorted(bad)
+
+
+# --- the tests -------------------------------------------------------------------------------------
+
+
 def test_layers_point_one_way() -> None:
     assert wrong_way_arrows(ROOT) == []
 
@@ -53,6 +206,8 @@ def test_layers_point_one_way() -> None:
 def test_every_layer_has_modules_to_check() -> None:
     for layer in LAYERS:
         assert list((ROOT / layer).rglob("*.py")), layer
+    for package in ("ledger", "cli", "views"):
+        assert list((ROOT / "supervisors" / package).glob("*.py")), package
 
 
 def test_the_checker_sees_wrong_way_arrows(tmp_path: Path) -> None:
@@ -67,4 +222,78 @@ def test_the_checker_sees_wrong_way_arrows(tmp_path: Path) -> None:
         "actors/bad.py imports supervisors",
         "actors/rel.py imports supervisors",
         "protocols/bad.py imports actors",
+    ]
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    assert import_cycles(ROOT) == []
+
+
+def test_the_specs_know_no_registry_of_clouds() -> None:
+    """protocols/clouds builds clouds from specs; specs.py never imports it back (not even in a function)."""
+    imports = imports_of(ROOT, module_level=False)["protocols.specs"]
+    assert not any(_in(t, "protocols.clouds") for t in imports), imports
+
+
+def test_the_checker_sees_a_circle(tmp_path: Path) -> None:
+    for layer in LAYERS:
+        (tmp_path / layer).mkdir()
+    (tmp_path / "protocols" / "specs.py").write_text("import msgspec\nfrom actor_run.protocols import clouds\n")
+    (tmp_path / "protocols" / "clouds").mkdir()
+    (tmp_path / "protocols" / "clouds" / "__init__.py").write_text("from actor_run.protocols.clouds import sim\n")
+    (tmp_path / "protocols" / "clouds" / "sim.py").write_text("from ..specs import Job\n")
+    (tmp_path / "protocols" / "failures.py").write_text("from actor_run.protocols.specs import Job\n")
+    # not circles: an import inside a function, one only a type checker reads, a package's own module
+    (tmp_path / "actors" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from actors.b import B\ndef f():\n    from actors import c\n")
+    (tmp_path / "actors" / "b.py").write_text("import actor_run.actors.a\n")
+    (tmp_path / "actors" / "c.py").write_text("from actors.a import f\n")
+    (tmp_path / "supervisors" / "cli").mkdir()
+    (tmp_path / "supervisors" / "cli" / "__init__.py").write_text("from actor_run.supervisors.cli.main import entry\n")
+    (tmp_path / "supervisors" / "cli" / "main.py").write_text("from actor_run.supervisors.cli import run\n")
+    (tmp_path / "supervisors" / "cli" / "run.py").write_text("import argparse\n")
+    assert import_cycles(tmp_path) == [["protocols.clouds", "protocols.clouds.sim", "protocols.specs"]]
+
+
+def test_the_subpackages_keep_their_rules() -> None:
+    assert broken_rules(ROOT) == []
+
+
+def test_the_checker_sees_each_broken_rule(tmp_path: Path) -> None:
+    for layer in LAYERS:
+        (tmp_path / layer).mkdir()
+    sup = tmp_path / "supervisors"
+    for package in ("ledger", "cli", "views"):
+        (sup / package).mkdir()
+        (sup / package / "__init__.py").write_text("")
+    for name in ("runner", "batch", "budget"):
+        (sup / f"{name}.py").write_text("")
+    for name in ("db", "schema", "reader"):
+        (sup / "ledger" / f"{name}.py").write_text("")
+    (sup / "cli" / "main.py").write_text("")
+    (sup / "views" / "live.py").write_text("")
+    # allowed: the ledger's own modules, the tree using the ledger and the views, the command line anything
+    (sup / "ledger" / "core.py").write_text("from actor_run.supervisors.ledger import db, schema\nimport protocols\n")
+    (sup / "runner.py").write_text("from actor_run.supervisors.ledger import reader\nimport supervisors.views.live\n")
+    (sup / "cli" / "run.py").write_text("from actor_run.supervisors import runner\n"
+                                        "from actor_run.supervisors.ledger.db import x\nfrom . import main\n")
+    (sup / "views" / "report.py").write_text("from actor_run.supervisors.budget import BudgetStatistics\n"
+                                             "from actor_run.supervisors.ledger.reader import LedgerReader\n")
+    assert broken_rules(tmp_path) == []
+    # each rule broken once (a function's import counts)
+    (sup / "ledger" / "sweep.py").write_text("def f():\n    from actor_run.supervisors.cli import main\n")
+    (sup / "ledger" / "resume.py").write_text("from ..views.live import View\n")
+    (sup / "ledger" / "money.py").write_text("from actor_run.supervisors.batch import BatchSupervisor\n")
+    (sup / "views" / "runlog.py").write_text("from actor_run.supervisors.ledger.db import resolve\n"
+                                             "import actor_run.supervisors.cli\n")
+    (sup / "job.py").write_text("from actor_run.supervisors.cli.main import entry\n")
+    assert broken_rules(tmp_path) == [
+        "supervisors.job imports supervisors.cli.main: only the command line imports the command line",
+        "supervisors.ledger.money imports supervisors.batch: the ledger knows nothing of the tree that uses it",
+        "supervisors.ledger.resume imports supervisors.views.live: the ledger knows no view",
+        "supervisors.ledger.sweep imports supervisors.cli.main: only the command line imports the command line",
+        "supervisors.ledger.sweep imports supervisors.cli.main: the ledger knows no command line",
+        "supervisors.views.runlog imports supervisors.cli: a view knows no command line",
+        "supervisors.views.runlog imports supervisors.cli: only the command line imports the command line",
+        "supervisors.views.runlog imports supervisors.ledger.db: a view knows no ledger backend",
     ]

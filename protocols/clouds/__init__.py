@@ -10,6 +10,7 @@ for the others. Ledger rows and sweeps name clouds by key, so every account is l
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgspec
 
 from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import add_secret_settings, spec_error
+from actor_run.protocols.specs import CandidateSpec, add_secret_settings, check_candidates, spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -37,6 +38,17 @@ MAIN = "main"  # the account that is the cloud's own settings (unless `accounts.
 
 def known_clouds() -> set[str]:
     return set(_REGISTRY)
+
+
+def check_cloud_names(candidates: list[CandidateSpec], tables: Iterable[str]) -> None:
+    """A job's cloud names, checked where clouds are built (specs.py knows no registry): each
+    candidate's cloud and each `[clouds.<name>]` table must be a known cloud; a SpecError names the
+    field (`candidates[1].cloud`, `clouds.nimbus`)."""
+    known = known_clouds()
+    check_candidates(candidates, known)
+    for name in tables:
+        if name not in known:
+            raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(known))})")
 
 
 def cloud_key(cloud: str, account: str = "") -> str:
@@ -100,6 +112,6 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 
 __all__ = [
-    "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "cloud_key", "known_clouds",
-    "make_cloud", "parse_settings", "split_key",
+    "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
+    "known_clouds", "make_cloud", "parse_settings", "split_key",
 ]

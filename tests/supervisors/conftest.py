@@ -4,6 +4,7 @@ ledger and outputs live under tmp_path, and the sim cloud's settings and folder.
 from __future__ import annotations
 
 import queue
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +19,10 @@ from actor_run.protocols.messages import Event
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import LedgerReader, MachineRow
 from actor_run.supervisors.runner import Runner
+
+# the views' tests drive `actor-run` with the CLI tests' helpers (cli/test_cli.py), and pytest puts a
+# test's own folder on sys.path only: that one too, from every folder under this one
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cli"))
 
 FAST = PolicySpec(
     poll_s=0.1,

@@ -14,7 +14,7 @@ from actor_run.protocols.clouds.sim import billing, sim_machines
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import AttemptStarted, LeaseFailed, Reserved
 from actor_run.protocols.specs import CandidateSpec
-from actor_run.supervisors.cmd_cost import cost_rows
+from actor_run.supervisors.cli.cost import cost_rows
 from actor_run.supervisors.ledger import LedgerReader
 
 

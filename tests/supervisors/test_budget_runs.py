@@ -120,7 +120,7 @@ def test_the_seeds_max_usd_bounds_its_attempts(
 def test_an_older_ledger_gains_the_reservations_table(tmp_path: Path) -> None:
     import sqlite3
 
-    from actor_run.supervisors.schema import version_of
+    from actor_run.supervisors.ledger.schema import version_of
 
     path = tmp_path / "ledger.sqlite"
     old = sqlite3.connect(path)

@@ -200,6 +200,9 @@ def test_a_bad_job_is_refused_before_anything_starts(
             r.submit(local_job("Bad Name", "true"))
         with pytest.raises(SpecError, match=r"^candidates\[0\]\.cloud: unknown cloud 'nimbus'"):
             r.submit(Job(name="x", command="true", seed=1, candidates=[CandidateSpec(cloud="nimbus")]))
+        with pytest.raises(SpecError, match=r"^clouds\.nimbus: unknown cloud"):  # a Batch.load leaves it to here
+            r.submit(Job(name="x", command="true", seed=1, candidates=[CandidateSpec(cloud="local")],
+                         clouds={"nimbus": {}}))
         with pytest.raises(SpecError, match=r"^clouds\.sim\.no_capacity_rate: expected number between 0 and 1"):
             r.submit(
                 Job(

@@ -1,0 +1,186 @@
+"""BatchSupervisor: the top of one Runner's tree. It starts the submitted jobs' JobSupervisors, at
+most `concurrency` at once, under one cost ceiling (budget.py), and stops them in reverse start
+order. The Runner (runner.py) is its only client: the messages below are theirs alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pykka
+from loguru import logger
+
+from actor_run.actors import Context, Reattach
+from actor_run.actors.pool import PooledActor
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import Cancel, JobEnded, Message, Offer
+from actor_run.protocols.specs import (
+    Job,
+    job_key,
+)
+from actor_run.supervisors.budget import Budget
+from actor_run.supervisors.job import JobSupervisor
+from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.offers import OfferBook
+
+
+class _Submit(Message, frozen=True, kw_only=True):
+    job: Job
+    first_attempt: int = 0
+    reattach: Reattach | None = None
+    offer: Offer | None = None
+    spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
+    seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
+
+
+class _Spent(Message, frozen=True, kw_only=True):
+    """A running job's live cost, when it crossed a tenth of the budget since the last report."""
+
+    key: str
+    usd: float
+
+
+class _Abandon(Message, frozen=True, kw_only=True):
+    """Another controller holds these jobs now (the ledger's fencing): stop them without touching
+    their machines or writing anything more about them."""
+
+    keys: frozenset[str]
+
+
+class _CancelJob(Message, frozen=True, kw_only=True):
+    key: str
+    failure: Code = Code.CANCELED
+    detail: str = ""
+
+
+class BatchSupervisor(PooledActor):
+    """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling.
+
+    Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
+    business), started in submission order as slots free up, stopped in reverse start order.
+    Budget: each job reserves money before each lease (`budget`, shared by the jobs: budget.py),
+    so reservations and spend together never pass the ceiling. As a backstop, finished jobs' cost
+    plus running attempts' live cost is watched too: at the ceiling every running job is cancelled
+    with `budget` and every pending one ends `budget` without starting."""
+
+    def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
+                 on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
+        super().__init__()
+        self.ctx, self.ledger = ctx, ledger
+        self.budget = budget if budget is not None else Budget(budget_usd)
+        self.concurrency, self.budget_usd = concurrency, budget_usd
+        self.on_end = on_end
+        self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
+        self.running: dict[str, pykka.ActorRef[Any]] = {}
+        self.order: list[str] = []
+        self.live_usd: dict[str, float] = {}
+        self.done_usd = 0.0
+        self.stopped: Cancel | None = None
+        self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case _Submit(job=job) as submit:
+                if self.stopped is not None:
+                    self._end_unstarted(job, self.stopped)
+                else:
+                    self.pending.append(submit)
+                    self._fill()
+            case JobEnded() as e:
+                key = job_key(e.job, e.seed)
+                self.running.pop(key, None)
+                self.live_usd.pop(key, None)
+                self.done_usd += e.usd
+                self.on_end(e)
+                self._fill()
+            case _Spent(key=key, usd=usd):
+                if key in self.running:
+                    self.live_usd[key] = usd
+                    self._check_budget()
+            case _Abandon(keys=keys):
+                self._abandon(keys)
+            case _CancelJob(key=key, failure=failure, detail=detail):
+                self._cancel_one(key, Cancel(failure=failure, detail=detail))
+            case Cancel() as c:
+                self._cancel_all(c)
+            case "spent":
+                return self.done_usd + sum(self.live_usd.values())
+            case _:
+                raise TypeError(f"BatchSupervisor cannot handle {message!r}")
+        return None
+
+    def _fill(self) -> None:
+        while self.pending and len(self.running) < self.concurrency and self.stopped is None:
+            s = self.pending.popleft()
+            self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
+                                                          first_attempt=s.first_attempt, reattach=s.reattach,
+                                                          reattach_offer=s.offer, offers=self.offers,
+                                                          budget=self.budget, spent_before_usd=s.spent_before_usd,
+                                                          seed_dir=Path(s.seed_dir) if s.seed_dir else None)
+            self.order.append(s.job.key)
+
+    def _end_unstarted(self, job: Job, c: Cancel) -> None:
+        e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
+                     detail=c.detail or "canceled before it started", attempts=0)
+        self.ctx.emit(e)
+        self.on_end(e)
+
+    def _cancel_one(self, key: str, c: Cancel) -> None:
+        for s in list(self.pending):
+            if s.job.key == key:
+                self.pending.remove(s)
+                self._end_unstarted(s.job, c)
+        ref = self.running.get(key)
+        if ref is not None:
+            ref.tell(c)
+
+    def _abandon(self, keys: frozenset[str]) -> None:
+        """Each lease lets its machine go (LeaseActor._let_go): the adopter has it. The job ends
+        here `canceled` for this controller's handles; the ledger refuses to record that end."""
+        for s in list(self.pending):
+            if s.job.key in keys:
+                self.pending.remove(s)
+                self._end_unstarted(s.job, Cancel(failure=Code.CANCELED, detail="taken over by another controller"))
+        for key in keys:
+            ref = self.running.pop(key, None)
+            if ref is None:
+                continue
+            self.live_usd.pop(key, None)
+            ref.stop(block=False)
+            name, _, seed = key.rpartition("/seed-")
+            e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.CANCELED,
+                         detail="taken over by another controller (this controller's lease expired)")
+            self.on_end(e)
+        self._fill()
+
+    def _cancel_all(self, c: Cancel) -> None:
+        if self.stopped is None:
+            self.stopped = c
+        for s in self.pending:
+            self._end_unstarted(s.job, c)
+        self.pending.clear()
+        for ref in self.running.values():
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(c)
+
+    def _check_budget(self) -> None:
+        if self.budget_usd is None or self.stopped is not None:
+            return
+        spent = self.done_usd + sum(self.live_usd.values())
+        if spent >= self.budget_usd:
+            detail = f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"
+            self._cancel_all(Cancel(failure=Code.BUDGET, detail=detail))
+
+    def on_stop(self) -> None:
+        """Stop running jobs in reverse start order (each deletes its machine before it stops)."""
+        for key in reversed(self.order):
+            ref = self.running.get(key)
+            if ref is not None and ref.is_alive():
+                try:
+                    ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
+                except pykka.Timeout:
+                    logger.error("job {} did not stop in time", key)

@@ -1,0 +1,100 @@
+"""What the CLI's commands share: exit codes, the Ctrl-C handler, watching jobs to their end, and
+which ledger a command reads. No command lives here (each is a `cmd_*` module); this module
+imports neither the CLI nor a command, so any of them may import it."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import enum
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from loguru import logger
+
+from actor_run.protocols.messages import Event, JobEnded, Released
+from actor_run.protocols.redact import redact
+from actor_run.protocols.specs import job_key
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger.db import resolve as resolve_ledger
+from actor_run.supervisors.runner import Runner, default_ledger_path
+from actor_run.supervisors.views.live import View
+
+
+class Exit(enum.IntEnum):
+    OK = 0  # every job succeeded
+    FAILED = 1  # some job failed
+    USAGE = 2  # bad input or usage; nothing started
+    INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
+
+
+def configure_logging() -> None:
+    logger.remove()
+    # no variable values in tracebacks: a job's environment may hold a secret
+    def line(record: Any) -> str:
+        record["message"] = redact(record["message"])  # no secret value this process knows
+        return "{time:HH:mm:ss} {level} {message}\n{exception}"
+
+    logger.add(sys.stderr, level="WARNING", format=line, backtrace=False, diagnose=False)
+
+
+class Interrupts:
+    """First Ctrl-C: cancel everything (machines are deleted). Later ones: say we are still deleting."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.count = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count == 1:
+            sys.stderr.write("\nactor-run: canceling; deleting every machine before exiting"
+                             " (Ctrl-C again will not skip it)\n")
+            self.runner.cancel(detail="interrupted")
+        else:
+            sys.stderr.write("actor-run: still deleting machines; the controller exits once they are gone\n")
+
+
+def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, json_mode: bool,
+          unconfirmed: list[Released] | None = None, budget_usd: float | None = None) -> list[JobEnded]:
+    """Show the jobs `keys` until each has ended (the live view on a terminal, a line per change
+    otherwise, or with `json_mode` one event per line carrying its run); their JobEnded events, in
+    the order of `keys`. `events` is what the Runner's subscriber `events.append` fills."""
+    ended: dict[str, JobEnded] = {}
+    unconfirmed = [] if unconfirmed is None else unconfirmed
+
+    def until(e: Event) -> bool:
+        if isinstance(e, JobEnded):
+            ended[job_key(e.job, e.seed)] = e
+        if isinstance(e, Released) and not e.confirmed:
+            unconfirmed.append(e)
+        return len(ended) >= len(keys)
+
+    with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
+              budget=runner.budget.statistics) as view:
+        view.follow(events, until)
+    view.summary()
+    for r in unconfirmed:
+        sys.stderr.write(
+            f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "
+            f"`actor-run sweep`; to delete it by hand, delete the machine named {r.machine}"
+            " in its provider's console\n")
+    return [ended[k] for k in keys]
+
+
+def ledger_path(args: argparse.Namespace) -> Path | str:
+    """The ledger a command uses: --ledger, else $ACTOR_RUN_LEDGER, else the one in the state
+    folder (a file's path, or a postgresql:// URL)."""
+    return resolve_ledger(args.ledger, Path(args.state_dir) if args.state_dir else default_ledger_path().parent)
+
+
+def open_reader(args: argparse.Namespace) -> LedgerReader:
+    return LedgerReader(ledger_path(args))
+
+
+def usage_error(message: str) -> int:
+    """One line on stderr naming what is wrong; the usage exit code."""
+    sys.stderr.write(f"actor-run: {message}\n")
+    return Exit.USAGE

@@ -1,0 +1,183 @@
+"""`actor-run cost [RUN] [--json] [--by job|cloud|gpu|account]`: what the machines cost, read from
+the ledger.
+
+    actor-run cost                          # the latest run, one row per job
+    actor-run cost 3f2a9c1d --by account    # that run (`actor-run runs` lists them), split by account
+    actor-run cost --all --json --by gpu    # every run: one JSON object per group, then the total
+
+A run is one `actor-run run` (or one resumed part of it: a resume keeps the run). Each attempt
+that reserved money has a row in the ledger's `reservations` (job.py writes it before
+the lease, and replaces the reservation by the charge when the machine is gone; a sweep or a
+resume charges those of a controller that died). A group's figures: dollars spent and
+machine-hours, what was reserved for them (and what is still held by attempts not ended), and the
+part of the spend that went on attempts that did not succeed (retries and failures). A machine
+whose deletion was never confirmed is billed up to its deadline and shown as "at least": the
+provider may bill more, until someone deletes it (`actor-run sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Machine
+from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.ledger import MachineRow
+
+GROUPS = ("job", "cloud", "gpu", "account")
+
+
+class CostRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One group's money (or the total, `group` "total")."""
+
+    group: str
+    attempts: int = 0
+    machine_hours: float = 0.0
+    spent_usd: float = 0.0  # what ended attempts cost (an "at least" figure when at_least)
+    reserved_usd: float = 0.0  # what was set aside for them before their leases
+    held_usd: float = 0.0  # reservations of attempts not ended yet (nothing spent counted for them)
+    failed_usd: float = 0.0  # spent on attempts that did not succeed: the cost of retries and failures
+    failed_attempts: int = 0
+    at_least: bool = False  # an unconfirmed deletion is in it: the provider may bill more
+
+
+class AtLeast(msgspec.Struct, frozen=True, kw_only=True):
+    """A machine whose deletion was never confirmed, billed up to its deadline."""
+
+    machine: str
+    cloud: str
+    job: str
+    attempt: int
+    usd: float
+    deadline: float
+
+
+def add_parser(sub: Any) -> None:
+    """Register `cost` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "cost", help="what the machines cost: per job, cloud, GPU or account",
+        description="Dollars and machine-hours from the ledger, reserved vs spent, and what retries and failures "
+                    "cost.",
+        epilog="example:\n  actor-run cost\n  actor-run cost 3f2a9c1d --by account\n  actor-run cost --all --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", help="a run id (see `actor-run runs`); default: the latest run")
+    p.add_argument("--all", action="store_true", help="every run in the ledger")
+    p.add_argument("--json", action="store_true", help="one JSON object per group, then the total")
+    p.add_argument("--by", default="job", help="job | cloud | gpu | account (default: job)")
+    p.add_argument("--ledger")
+    p.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+
+def _group_of(r: dict[str, Any], by: str) -> str:
+    match by:
+        case "job":
+            return str(r["job"])
+        case "cloud":
+            return str(r["cloud"] or "")
+        case "gpu":
+            return str(r["gpu"] or "-")
+        case _:
+            return f"{r['cloud']}/{r['account'] or 'main'}"
+
+
+def at_least_rows(machines: Iterable[MachineRow], run: str | None) -> list[AtLeast]:
+    """Machines still alive in the ledger whose deletion failed: billed to their deadline."""
+    out = []
+    for m in machines:
+        if m.state != "alive" or m.phase != "delete_failed" or (run is not None and m.run != run) or not m.machine:
+            continue
+        made = msgspec.json.decode(m.machine, type=Machine)
+        usd = max(0.0, made.deadline - made.created_at) * made.hourly_usd / 3600.0
+        out.append(AtLeast(machine=m.name, cloud=m.cloud, job=f"{m.job}/seed-{m.seed}", attempt=m.attempt,
+                           usd=usd, deadline=made.deadline))
+    return out
+
+
+def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *, run: str | None = None,
+              by: str = "job") -> tuple[list[CostRow], CostRow, list[AtLeast]]:
+    """The groups (sorted), the total, and the "at least" machines."""
+    if by not in GROUPS:
+        raise SpecError("--by", f"expected one of {', '.join(GROUPS)}, got {by!r}")
+    rows = [r for r in reservations if run is None or r["run"] == run]
+    unconfirmed = {(m.job, m.attempt) for m in at_least_rows(machines, run)}
+    groups: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        g = groups.setdefault(_group_of(r, by), {"attempts": 0, "seconds": 0.0, "spent": 0.0, "reserved": 0.0,
+                                                 "held": 0.0, "failed": 0.0, "failed_attempts": 0, "at_least": False})
+        g["attempts"] += 1
+        g["reserved"] += r["usd"] or 0.0
+        if r["state"] != "released":
+            g["held"] += r["usd"] or 0.0
+            continue
+        charged = r["charged"] or 0.0
+        g["spent"] += charged
+        g["seconds"] += r["seconds"] or 0.0
+        if r["outcome"] != "succeeded":
+            g["failed"] += charged
+            g["failed_attempts"] += 1
+        if r["at_least"] or (r["job"], r["attempt"]) in unconfirmed:
+            g["at_least"] = True
+    out = [CostRow(group=k, attempts=g["attempts"], machine_hours=round(g["seconds"] / 3600, 6),
+                   spent_usd=round(g["spent"], 6), reserved_usd=round(g["reserved"], 6), held_usd=round(g["held"], 6),
+                   failed_usd=round(g["failed"], 6), failed_attempts=g["failed_attempts"], at_least=g["at_least"])
+           for k, g in sorted(groups.items())]
+    total = CostRow(
+        group="total", attempts=sum(c.attempts for c in out),
+        machine_hours=round(sum(c.machine_hours for c in out), 6), spent_usd=round(sum(c.spent_usd for c in out), 6),
+        reserved_usd=round(sum(c.reserved_usd for c in out), 6), held_usd=round(sum(c.held_usd for c in out), 6),
+        failed_usd=round(sum(c.failed_usd for c in out), 6), failed_attempts=sum(c.failed_attempts for c in out),
+        at_least=any(c.at_least for c in out))
+    return out, total, at_least_rows(machines, run)
+
+
+def _money(usd: float, at_least: bool = False) -> str:
+    return f"{'>=' if at_least else ''}${usd:,.2f}"
+
+
+def render(groups: list[CostRow], total: CostRow, at_least: list[AtLeast], by: str) -> str:
+    head = f"{by:<34} {'attempts':>8} {'machine-h':>10} {'spent':>11} {'reserved':>11} {'held':>9} {'failures':>16}"
+    lines = [head]
+    for c in [*groups, total]:
+        fails = f"{_money(c.failed_usd)} ({c.failed_attempts})"
+        spent = _money(c.spent_usd, c.at_least)
+        lines.append(f"{c.group[:34]:<34} {c.attempts:>8} {c.machine_hours:>10.3f} {spent:>11}"
+                     f" {_money(c.reserved_usd):>11} {_money(c.held_usd):>9} {fails:>16}")
+    for a in at_least:
+        lines.append(f"at least {_money(a.usd)}: {a.machine} on {a.cloud} ({a.job}, attempt {a.attempt}) was never "
+                     "confirmed deleted; run `actor-run sweep`, or delete it in the provider's console")
+    return "\n".join(lines)
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """The command: 0, or 2 for bad input (one line naming the field)."""
+    reader = open_reader(args)
+    try:
+        runs = reader.runs()
+        if args.all:
+            run = None
+        elif args.run is not None:
+            if not any(r.id == args.run for r in runs):
+                return usage_error(f"RUN: no run {args.run!r} in this ledger (see `actor-run runs`)")
+            run = args.run
+        elif runs:
+            run = max(runs, key=lambda r: (r.started or 0.0)).id
+        else:
+            return usage_error("RUN: no run in this ledger yet")
+        groups, total, at_least = cost_rows(reader.reservations(), reader.machines(), run=run, by=args.by)
+    except SpecError as exc:
+        return usage_error(str(exc))
+    finally:
+        reader.close()
+    if args.json:
+        for row in [*groups, total, *at_least]:
+            sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
+    else:
+        if run is not None:
+            print(f"run {run}")
+        print(render(groups, total, at_least, args.by))
+    return Exit.OK

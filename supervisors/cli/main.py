@@ -1,0 +1,119 @@
+"""The `actor-run` command's parser: the commands, each registered by its module in this package
+(its parser and its body: run.py, runs.py (runs, status), sweep.py, ...), what they share in
+console.py. It parses, the command builds specs, calls the Runner, renders. Nothing else.
+
+    actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR]
+    actor-run runs [--json] [--ledger PATH]
+    actor-run status [--run ID] [--json] [--ledger PATH]
+    actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
+    actor-run resume [RUN] [--json] [--ledger PATH]
+    actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
+    actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
+    actor-run report [RUN] [--out FILE.html] [--ledger PATH]
+    actor-run clouds check [NAME] [--batch FILE]
+    actor-run worker --ledger postgresql://... [--concurrency N]   (worker.py: a shared ledger)
+    actor-run config show [BATCH] [--json]
+    actor-run completion bash|zsh
+    actor-run --version; --config PATH (the user settings, supervisors/config.py) before or after any command
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from actor_run import __version__
+from actor_run.protocols.failures import SpecError
+from actor_run.supervisors.cli import clouds as cmd_clouds
+from actor_run.supervisors.cli import completion as cmd_completion
+from actor_run.supervisors.cli import config as cmd_config
+from actor_run.supervisors.cli import cost as cmd_cost
+from actor_run.supervisors.cli import logs as cmd_logs
+from actor_run.supervisors.cli import report as cmd_report
+from actor_run.supervisors.cli import resume as cmd_resume
+from actor_run.supervisors.cli import run as cmd_run
+from actor_run.supervisors.cli import runs as cmd_runs
+from actor_run.supervisors.cli import sweep as cmd_sweep
+from actor_run.supervisors.cli import worker as cmd_worker
+from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
+from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.runner import default_state_dir
+
+__all__ = ["Exit", "entry", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # epilogs keep their lines
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # one line, exit 2
+        sys.stderr.write(f"actor-run: {message}\n")
+        raise SystemExit(Exit.USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="actor-run", description="Run GPU jobs on rented machines, in attempts.",
+                epilog="examples:\n  actor-run run examples/seeds.toml\n  actor-run <command> --help\n")
+    p.add_argument("--version", action="version", version=f"actor-run {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = cmd_run.add_parser(sub)
+    cmd_worker.add_run_arguments(run)
+    cmd_worker.add_worker_parser(sub)
+    cmd_runs.add_parsers(sub)
+    cmd_sweep.add_parser(sub)
+    cmd_resume.add_parser(sub)
+    cmd_cost.add_parser(sub)
+    cmd_logs.add_parser(sub)
+    cmd_report.add_parser(sub)
+    cmd_clouds.add_parser(sub)
+    cmd_config.add_parser(sub)
+    cmd_completion.add_parser(sub)
+    _config_option(p, top=True)  # last: every command registered above gets it
+    return p
+
+
+def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """`--config PATH` before or after any command (supervisors/config.py says what it is)."""
+    if "--config" not in p._option_string_actions:  # a command may define its own
+        p.add_argument("--config", metavar="PATH", default=None if top else argparse.SUPPRESS,
+                       help="the user settings file (default: $ACTOR_RUN_CONFIG, else ~/.config/actor-run/config.toml)")
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _config_option(child)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    configure_logging()
+    if getattr(args, "state_dir", None) is None:
+        args.state_dir = str(default_state_dir())
+    try:
+        shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
+    except SpecError as exc:
+        return usage_error(str(exc))
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "run": cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
+        "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
+        "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
+        "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
+        "clouds": cmd_clouds.cmd_clouds,
+        "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
+    }
+    try:
+        return commands[args.command](args)
+    except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+
+
+def entry() -> None:
+    """The `actor-run` console script: this process is ours, so the collector is set for batches
+    of thousands of attempts (gc_tuning.py) before the command runs."""
+    tune_gc()
+    sys.exit(main())
+

@@ -1,0 +1,81 @@
+"""`actor-run run BATCH.toml`: a new run of a batch file, drawn live (or one JSON event a line),
+with this process as its controller (a postgresql:// ledger's run is worker.py's)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import signal
+import sys
+from pathlib import Path
+
+from loguru import logger
+
+from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Event, Released
+from actor_run.protocols.specs import load_batch
+from actor_run.supervisors.cli.console import Exit, Interrupts, watch
+from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.views.runlog import event_logger, open_run_log
+
+RUN_EXAMPLE = """example:
+  actor-run run examples/seeds.toml --out results/
+  actor-run run examples/sim.toml --ledger postgresql://team@db.example/actor_run --submit-only
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    run: argparse.ArgumentParser = sub.add_parser(
+        "run", help="run a batch file (a new run: its id is printed first)", epilog=RUN_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("batch")
+    run.add_argument("--json", action="store_true", help="one event per line (JSON), each with its run")
+    run.add_argument("--concurrency", type=int)
+    run.add_argument("--ledger")
+    run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
+    run.add_argument("--state-dir", help=argparse.SUPPRESS)
+    return run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        batch = load_batch(args.batch, known_clouds())
+        if args.concurrency is not None and args.concurrency < 1:
+            raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+    jobs = batch.jobs()
+    concurrency = args.concurrency or batch.spec.policy.concurrency
+    events: collections.deque[Event] = collections.deque()
+    runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
+                    budget_usd=batch.spec.policy.budget_usd, batch=str(Path(args.batch).resolve()),
+                    config=args.config)
+    interrupts = Interrupts(runner)
+    unconfirmed: list[Released] = []
+    try:
+        with runner:
+            for job in jobs:
+                runner.check(job)  # every job checked before any starts
+            run = runner.start_run()
+            log = open_run_log(runner.state_dir, run)
+            runner.subscribe(event_logger(runner.run_of))
+            # the run's id first (on stderr with --json: stdout is one event per line, each naming it)
+            print(f"run {run}: {len(jobs)} job(s), results in {runner.out_dir}",
+                  file=sys.stderr if args.json else sys.stdout, flush=True)
+            runner.subscribe(events.append)
+            previous = signal.signal(signal.SIGINT, interrupts)
+            signal.signal(signal.SIGTERM, interrupts)
+            ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
+                          unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
+        signal.signal(signal.SIGINT, previous)
+        logger.remove(log)
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+    if interrupts.count:
+        return Exit.INTERRUPTED
+    if unconfirmed:
+        return Exit.FAILED  # a machine may still be running (and billing): not a clean success
+    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED

@@ -1,0 +1,138 @@
+"""`actor-run runs` (every run in the ledger, one line each) and `actor-run status` (the jobs of
+one run, and every machine still alive)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.views.runlog import run_log_path
+
+RUNS_HELP = "list the runs in the ledger: id, batch, started, state, jobs, cost; where their controller logs are"
+RUNS_EXAMPLE = """example:
+  actor-run runs
+  actor-run runs --json | jq -r 'select(.state == "abandoned") | .id'
+"""
+STATUS_HELP = "show the jobs of the latest run (or of --run ID) and every machine still alive"
+STATUS_EXAMPLE = """example:
+  actor-run status
+  actor-run status --run 3f2a9c1d --json
+"""
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    runs = sub.add_parser("runs", help=RUNS_HELP, description=RUNS_HELP, epilog=RUNS_EXAMPLE,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    status = sub.add_parser("status", help=STATUS_HELP, description=STATUS_HELP, epilog=STATUS_EXAMPLE,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    status.add_argument("--run", help="the run to show (default: the latest)")
+    status.add_argument("--follow", action="store_true",
+                        help="print job state changes (every controller's) until none is queued or running")
+    status.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    for p in (runs, status):
+        p.add_argument("--json", action="store_true", help="one JSON object per line")
+        p.add_argument("--ledger")
+        p.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+
+def run_state(run: RunRow, live: set[str]) -> str:
+    """running (its controller is alive, or on a shared ledger a live worker holds a job of it),
+    queued (on a shared ledger: jobs wait for a worker), abandoned (unfinished, its controller
+    gone: `actor-run resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
+    if run.unfinished:
+        if (run.owner in live and run.state == "running") or run.held:
+            return "running"
+        return "queued" if run.queued else "abandoned"
+    if run.jobs == 0:
+        return "running" if run.owner in live and run.state == "running" else "empty"
+    return "failed" if run.failed else "succeeded"
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _run_dict(run: RunRow, live: set[str]) -> dict[str, Any]:
+    d = msgspec.structs.asdict(run)
+    d["state"] = run_state(run, live)
+    d["owner_alive"] = run.owner in live
+    return d
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    reader = open_reader(args)
+    try:
+        runs, live = reader.runs(), reader.live_owners()
+    finally:
+        reader.close()
+    if args.json:
+        for r in runs:
+            log = run_log_path(args.state_dir, r.id)
+            d = {**_run_dict(r, live), "log": str(log) if log.exists() else None}
+            sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
+        return Exit.OK
+    if not runs:
+        print("no run in the ledger")
+        return Exit.OK
+    print(f"{'run':<9} {'started':<19} {'state':<10} {'ok':>4} {'fail':>4} {'left':>4} {'cost':>10}  batch")
+    for r in runs:
+        print(f"{r.id:<9} {_when(r.started):<19} {run_state(r, live):<10} {r.succeeded:>4} {r.failed:>4} "
+              f"{r.unfinished:>4} {'$' + format(r.usd, '.4f'):>10}  {r.batch or '-'}")
+    print(f"each run's controller log: {run_log_path(args.state_dir, '<run>')}")
+    return Exit.OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    reader = open_reader(args)
+    try:
+        return _status(args, reader)
+    finally:
+        reader.close()
+
+
+def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
+    runs = reader.runs()
+    if args.run is not None:
+        chosen = [r for r in runs if r.id == args.run]
+        if not chosen:
+            return usage_error(f"--run: no run {args.run!r} in this ledger (see `actor-run runs`)")
+        run: RunRow | None = chosen[0]
+    else:
+        run = max(runs, key=lambda r: (r.started or 0.0)) if runs else None
+    jobs = reader.jobs(run.id) if run is not None else []
+    machines, live = reader.machines(), reader.live_owners()
+    if args.json:
+        out = []
+        if run is not None:
+            out.append({"kind": "run", **_run_dict(run, live)})
+        for j in jobs:
+            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"}})
+        for m in machines:
+            out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
+        for d in out:
+            sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
+        return Exit.OK
+    if run is None:
+        print("no run in the ledger")
+    else:
+        print(f"run {run.id} ({run_state(run, live)}), started {_when(run.started)}, batch {run.batch or '-'},"
+              f" results in {run.out_dir or '-'}")
+        for j in jobs:
+            tail = f"  {j['failure']}: {j['detail']}" if j["failure"] else ""
+            print(f"  {j['key']:<32} {j['state']:<10} {j['attempts'] or 0:>2} attempt(s) ${j['usd'] or 0:.4f}{tail}")
+    alive = [m for m in machines if m.state == "alive"]
+    if not alive:
+        print(f"no machine alive ({len(machines)} in the ledger, all deleted)")
+        return Exit.OK
+    print(f"{'machine':<52} {'cloud':<6} {'phase':<14} {'owner':<9} {'run':<9} deadline")
+    for m in alive:
+        owner = m.owner[:8] + ("" if m.owner in live else " (gone)")
+        deadline = time.strftime("%H:%M:%S", time.localtime(m.deadline))
+        print(f"{m.name:<52} {m.cloud:<6} {m.phase:<14} {owner:<9} {m.run or '-':<9} {deadline}")
+    return Exit.OK

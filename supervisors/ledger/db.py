@@ -1,0 +1,376 @@
+"""Where the ledger lives and how it speaks to it: SQLite (a file, the default) or PostgreSQL (a URL).
+
+The ledger's SQL is written once, in SQLite's dialect. `PostgresBackend.sql` translates a
+statement the first time it is seen (and caches it): `?` becomes `%s`, `INSERT OR IGNORE` an
+`ON CONFLICT DO NOTHING`, `INSERT OR REPLACE` an upsert on the table's primary key that sets every
+other column (those the statement names from it, the rest to their default: what SQLite's delete
+and insert leaves), and the types of a `CREATE TABLE` or `ADD COLUMN` their PostgreSQL names.
+Everything else is the SQL both engines share.
+
+Schema changes are schema.py's numbered migrations, applied in order to either engine when a
+connection opens (under SQLite's write lock; under a PostgreSQL advisory lock), so two controllers
+opening one ledger at once apply each step once.
+
+A PostgreSQL URL may hold a password: `describe()` is what goes into logs and messages, never the
+URL itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.supervisors.ledger.schema import SchemaError, migrate
+
+ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
+
+
+class LedgerError(ActorRunError):
+    """The ledger could not record something (the disk, a lock held too long, the server gone)."""
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+    @property
+    def description(self) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Conn(Protocol):
+    """What the ledger's ops use of a connection (a sqlite3.Connection is one as it is)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+    def executemany(self, sql: str, parameters: Any, /) -> Any: ...
+
+
+def is_url(location: str | Path) -> bool:
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def resolve(ledger: str | Path | None, state_dir: Path) -> str | Path:
+    """The ledger a command or a Runner uses: the one named, else $ACTOR_RUN_LEDGER, else the
+    SQLite file in the state folder."""
+    named = ledger if ledger not in (None, "") else os.environ.get(ENV) or None
+    if named is None:
+        return state_dir / "ledger.sqlite"
+    if is_url(named):
+        return str(named)
+    if isinstance(named, str) and "://" in named:
+        scheme = named.split("://")[0]
+        raise SpecError("--ledger", f"expected a file path or a postgresql:// URL, got a {scheme}:// URL")
+    return Path(named).expanduser()
+
+
+def describe(location: str | Path) -> str:
+    """The location without a password (for logs and messages)."""
+    if not is_url(location):
+        return str(location)
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", str(location))
+
+
+# --- backends --------------------------------------------------------------------------------------
+
+
+class Backend:
+    """One engine: how to connect, begin, translate and migrate."""
+
+    name = ""
+    errors: tuple[type[Exception], ...] = ()
+    fenced = False  # owners hold leases and job claims carry fencing tokens (PostgreSQL)
+    now_sql = ""  # the database's clock, in seconds since the epoch
+
+    def __init__(self, location: str | Path) -> None:
+        self.location = location
+
+    def describe(self) -> str:
+        return describe(self.location)
+
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def begin_sql(self) -> str:
+        raise NotImplementedError
+
+    def in_transaction(self, conn: Any) -> bool:
+        raise NotImplementedError
+
+    def sql(self, text: str) -> str:
+        return text
+
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A connection to read with (borrowed from the pool on PostgreSQL)."""
+        raise NotImplementedError
+        yield
+
+    def close(self) -> None:
+        """Let go of what this backend holds (a reader's connection)."""
+
+    def migrate(self, conn: Any) -> None:
+        """Bring the schema up to date (schema.py's numbered steps); LedgerError if it cannot be."""
+        try:
+            migrate(conn)
+        except SchemaError as exc:
+            conn.close()
+            raise LedgerError(f"{self.describe()}: {exc}") from exc
+        except self.errors as exc:
+            conn.close()
+            raise LedgerError(f"{self.describe()}: could not bring the ledger up to date: {exc}") from exc
+
+
+def _set_wal(conn: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """WAL mode. Switching a new file to it takes an exclusive lock, and SQLite answers "database is
+    locked" at once (no busy wait) to the other connections that open it at the same moment (several
+    controllers starting on one new ledger): try again, within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+class SqliteBackend(Backend):
+    name = "sqlite"
+    errors = (sqlite3.Error,)
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def __init__(self, location: str | Path) -> None:
+        super().__init__(Path(location))
+        self.path = Path(location)
+        self._reader: sqlite3.Connection | None = None
+
+    def connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        _set_wal(conn)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        self.migrate(conn)
+        return conn
+
+    def begin_sql(self) -> str:
+        return "BEGIN IMMEDIATE"
+
+    def in_transaction(self, conn: Any) -> bool:
+        return bool(conn.in_transaction)
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        if self._reader is None:
+            self._reader = self.connect()
+        yield self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+    fenced = True
+    now_sql = "extract(epoch from clock_timestamp())::double precision"
+
+    def __init__(self, location: str | Path) -> None:
+        super().__init__(location)
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise SpecError("--ledger", "a postgresql:// ledger needs psycopg: pip install 'actor-run[postgres]'"
+                            ) from exc
+        self.errors = (psycopg.Error,)
+        self.url = str(location)
+        self._translated: dict[str, str] = {}
+        self._tables: dict[str, tuple[list[str], list[str]]] = {}  # table -> (primary key, every column)
+        self._lock = threading.Lock()
+
+    def connect(self) -> _PgConn:
+        import psycopg
+
+        raw = psycopg.connect(self.url, autocommit=True)
+        # a controller frozen inside a transaction (SIGSTOP, a cut network) must not hold its row
+        # locks forever: the server ends such a session, and its transaction with it
+        raw.execute("SET idle_in_transaction_session_timeout = '10s'")
+        # where schema.py keeps the version, made by one controller at a time (IF NOT EXISTS alone
+        # is not safe against a second one creating it at the same moment)
+        raw.execute("SELECT pg_advisory_lock(7346115)")
+        try:
+            raw.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        finally:
+            raw.execute("SELECT pg_advisory_unlock(7346115)")
+        conn = _PgConn(raw, self)
+        self.migrate(conn)
+        self._load_tables(conn)
+        return conn
+
+    def begin_sql(self) -> str:
+        return "BEGIN"
+
+    def in_transaction(self, conn: Any) -> bool:
+        return bool(conn.in_transaction)
+
+    @contextmanager
+    def reading(self) -> Iterator[_PgConn]:
+        pool = _pool(self.url)
+        with pool.connection() as raw:
+            yield _PgConn(raw, self)  # (readers write nothing: no catalog for INSERT OR REPLACE needed)
+
+
+    def _load_tables(self, conn: _PgConn) -> None:
+        rows = conn.raw.execute(
+            "SELECT c.table_name, c.column_name, c.ordinal_position,"
+            " EXISTS (SELECT 1 FROM information_schema.table_constraints t"
+            "  JOIN information_schema.key_column_usage k ON k.constraint_name = t.constraint_name"
+            "   AND k.table_schema = t.table_schema AND k.table_name = t.table_name"
+            "  WHERE t.constraint_type = 'PRIMARY KEY' AND t.table_schema = c.table_schema"
+            "   AND t.table_name = c.table_name AND k.column_name = c.column_name)"
+            " FROM information_schema.columns c WHERE c.table_schema = current_schema()"
+            " ORDER BY c.table_name, c.ordinal_position").fetchall()
+        tables: dict[str, tuple[list[str], list[str]]] = {}
+        for table, column, _, primary in rows:
+            keys, columns = tables.setdefault(table, ([], []))
+            columns.append(column)
+            if primary:
+                keys.append(column)
+        with self._lock:
+            self._tables = tables
+            self._translated.clear()
+
+    def sql(self, text: str) -> str:
+        done = self._translated.get(text)
+        if done is None:
+            done = _translate(text, self._tables)
+            with self._lock:
+                self._translated[text] = done
+        return done
+
+
+class _PgConn:
+    """A psycopg connection that takes the ledger's SQL (translated by the backend)."""
+
+    def __init__(self, raw: Any, backend: PostgresBackend) -> None:
+        self.raw = raw
+        self.backend = backend
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        return self.raw.execute(self.backend.sql(sql), parameters or None)
+
+    def executemany(self, sql: str, parameters: Any, /) -> Any:
+        cur = self.raw.cursor()
+        cur.executemany(self.backend.sql(sql), parameters)  # pipelined: one round trip for the lot
+        return cur
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw.closed or self.raw.broken)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.raw.info.transaction_status != TransactionStatus.IDLE)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+_pools: dict[str, Any] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(url: str) -> Any:
+    """One psycopg pool of read connections per database URL in this process (closed at exit)."""
+    with _pools_lock:
+        pool = _pools.get(url)
+        if pool is None:
+            import atexit
+
+            from psycopg_pool import ConnectionPool
+
+            pool = ConnectionPool(url, min_size=0, max_size=4, kwargs={"autocommit": True}, open=True,
+                                  name="actor-run-ledger")
+            _pools[url] = pool
+            if len(_pools) == 1:
+                atexit.register(close_pools)
+        return pool
+
+
+def close_pools() -> None:
+    """Close every read pool of this process (each keeps a thread of its own while open)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+def open_backend(location: str | Path) -> Backend:
+    return PostgresBackend(location) if is_url(location) else SqliteBackend(location)
+
+
+# --- translation to PostgreSQL ---------------------------------------------------------------------
+
+_QUOTED_OR_MARK = re.compile(r"'[^']*'|\?|%")
+_INSERT = re.compile(r"INSERT OR (REPLACE|IGNORE) INTO (\w+) \(([^)]*)\)(.*)", re.IGNORECASE | re.DOTALL)
+_TYPES = [(re.compile(r"\bINTEGER PRIMARY KEY\b"), "BIGSERIAL PRIMARY KEY"), (re.compile(r"\bINTEGER\b"), "BIGINT"),
+          (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"), (re.compile(r"\bBLOB\b"), "BYTEA")]
+
+
+def _ddl(statement: str) -> str:
+    if not statement.upper().startswith(("CREATE TABLE", "ALTER TABLE")):
+        return statement
+    for pattern, name in _TYPES:
+        statement = pattern.sub(name, statement)
+    return statement
+
+
+def _marks(text: str) -> str:
+    """`?` to `%s` and `%` to `%%`, outside quoted literals."""
+    def one(m: re.Match[str]) -> str:
+        s = m.group(0)
+        return "%s" if s == "?" else "%%" if s == "%" else s
+
+    return _QUOTED_OR_MARK.sub(one, text)
+
+
+def _translate(text: str, tables: dict[str, tuple[list[str], list[str]]]) -> str:
+    text = _ddl(text)
+    m = _INSERT.fullmatch(text.strip())
+    if m is not None:
+        verb, table, columns, rest = m.groups()
+        head = f"INSERT INTO {table} ({columns}){rest}"
+        if verb.upper() == "IGNORE":
+            text = head + " ON CONFLICT DO NOTHING"
+        else:
+            keys, every = tables.get(table, ([], []))
+            if not keys:
+                raise ValueError(f"INSERT OR REPLACE into {table}, which has no primary key in this ledger")
+            named = [c.strip() for c in columns.split(",")]
+            sets = [f"{c}=EXCLUDED.{c}" for c in named if c not in keys]
+            sets += [f"{c}=DEFAULT" for c in every if c not in keys and c not in named]
+            text = head + f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET " + ", ".join(sets)
+    return _marks(text)
+
+
+def run_many(conn: Any, sql: str, rows: Sequence[Any], sqlite_many: Callable[[Any, str, Sequence[Any]], None]) -> None:
+    """A run of one statement: SQLite's as few multi-row statements (`sqlite_many`), PostgreSQL's
+    as one pipelined executemany."""
+    if isinstance(conn, _PgConn):
+        conn.executemany(sql, rows)
+    else:
+        sqlite_many(conn, sql, rows)

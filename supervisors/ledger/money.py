@@ -1,0 +1,46 @@
+"""What the ledger records of money: reservations before a lease, and what each attempt was
+charged in their place (supervisors/budget.py decides them; supervisors/reservations.py settles a dead owner's)."""
+
+from __future__ import annotations
+
+import time
+
+from actor_run.protocols.messages import Offer
+from actor_run.supervisors.ledger.core import LedgerCore
+
+
+class MoneyRecords(LedgerCore):
+    """The ledger's writes about reservations and charges (a part of `Ledger`)."""
+
+    def record_reserved(self, *, job: str, attempt: int, offer: Offer, hold_s: float, usd: float, seq: int,
+                        limit_usd: float | None) -> None:
+        """Queued, not waited for: the attempt's intent is queued after it, and commits after it."""
+        row = (self.run_of(job), job, attempt, self.owner, offer.cloud, offer.account, offer.region, offer.gpu,
+               offer.hourly_usd, hold_s, usd, "live", seq, time.time(), limit_usd)
+        self._submit((
+            "INSERT OR REPLACE INTO reservations (run, job, attempt, owner, cloud, account, region, gpu, hourly_usd,"
+            " hold_s, usd, state, seq, reserved_at, limit_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row),
+            fence=job)
+
+    def record_charged(self, *, job: str, attempt: int, usd: float, at_least: bool, seq: int, seconds: float,
+                       outcome: str, failure: str | None) -> None:
+        """The reservation is replaced by what the attempt cost (its machine's seconds, its outcome)."""
+        row = (usd, int(at_least), seq, time.time(), seconds, outcome, failure, self.run_of(job), job, attempt)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, at_least=?, released_seq=?, released_at=?,"
+            " seconds=?, outcome=?, failure=? WHERE run=? AND job=? AND attempt=?", row), fence=job)
+
+    def adopt_reservation(self, job: str, attempt: int) -> None:
+        """A resumed attempt's reservation is this controller's now (its release closes it)."""
+        row = (self.owner, self.run_of(job), job, attempt)
+        self._submit(("UPDATE reservations SET owner=? WHERE run=? AND job=? AND attempt=? AND state='live'", row),
+                     wait=True, fence=job)
+
+    def record_swept_charge(self, *, job: str, attempt: int, usd: float, seconds: float,
+                            run: str | None = None) -> None:
+        """A dead controller's machine is gone: its live reservation is replaced by what the machine
+        cost (reservations.py's reckoning: price x from its creation to its deletion)."""
+        row = (usd, seconds, time.time(), job, attempt, run, run)
+        self._submit((
+            "UPDATE reservations SET state='released', charged=?, seconds=?, outcome='failed', failure='canceled',"
+            " released_at=? WHERE job=? AND attempt=? AND state='live' AND (CAST(? AS TEXT) IS NULL OR run=?)", row))

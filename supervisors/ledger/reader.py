@@ -1,0 +1,180 @@
+"""The ledger's read side: `LedgerReader` and the rows it returns (machines, runs; owners are
+machines.py's)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actor_run.protocols.messages import Event, decode_event
+from actor_run.supervisors.ledger.db import open_backend
+from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive
+
+
+class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cloud: str
+    owner: str
+    job: str
+    seed: int
+    attempt: int
+    deadline: float
+    state: str
+    phase: str
+    machine_id: str | None
+    region: str | None
+    hourly_usd: float | None
+    created: float
+    gone: float | None
+    reason: str | None
+    detail: str | None
+    work: str | None
+    pid: int | None
+    launched_at: float | None
+    resumable: int
+    machine: str | None = None
+    offer: str | None = None
+    run: str | None = None
+    handle: str | None = None  # a queue job's {endpoint_id, job_id}, JSON
+
+
+class LedgerReader:
+    """A read side of its own (status, sweep, resume): a connection of its own on SQLite, one
+    borrowed from the process's pool per query on PostgreSQL."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.backend = open_backend(path)
+        self.path = self.backend.location
+        if not self.backend.fenced:
+            with self.backend.reading():  # the file and its schema, as before
+                pass
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[dict[str, Any]]:
+        with self.backend.reading() as conn:
+            cur = conn.execute(sql, args)
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        for r in rows:
+            yield dict(zip(cols, r, strict=True))
+
+    def machines(self, *, alive_only: bool = False) -> list[MachineRow]:
+        sql = "SELECT * FROM machines" + (" WHERE state='alive'" if alive_only else "") + " ORDER BY created"
+        return [msgspec.convert(r, MachineRow) for r in self._rows(sql)]
+
+    def machine(self, name: str) -> MachineRow | None:
+        rows = [msgspec.convert(r, MachineRow) for r in self._rows("SELECT * FROM machines WHERE name=?", (name,))]
+        return rows[0] if rows else None
+
+    def owners(self) -> list[OwnerRow]:
+        return [msgspec.convert(r, OwnerRow) for r in self._rows("SELECT * FROM owners")]
+
+    def live_owners(self) -> set[str]:
+        """Owners alive now: on PostgreSQL those whose lease has not expired by the database's clock
+        (the same answer on every host); on SQLite by pid and start time (owner_is_alive)."""
+        if self.backend.fenced:
+            rows = self._rows(f"SELECT id, lease_until IS NULL OR lease_until > {self.backend.now_sql} AS live"
+                              " FROM owners WHERE closed=0")
+            return {r["id"] for r in rows if r["live"]}
+        now = time.time()
+        return {o.id for o in self.owners() if owner_is_alive(o, now=now)}
+
+    def clouds(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
+
+    def has_orphans(self, *, me: str) -> bool:
+        """Whether some running job's owner is dead (a resume would take it): one small query on a
+        shared ledger, where a worker asks it every poll before it plans an adoption."""
+        if self.backend.fenced:
+            rows = self._rows(
+                "SELECT 1 AS x FROM jobs j WHERE j.state='running' AND j.owner <> ? AND NOT EXISTS (SELECT 1 FROM"
+                f" owners o WHERE o.id = j.owner AND o.closed = 0 AND (o.lease_until IS NULL OR o.lease_until >"
+                f" {self.backend.now_sql})) LIMIT 1", (me,))
+            return any(True for _ in rows)
+        live = self.live_owners() | {me}
+        return any(r["owner"] not in live for r in self._rows("SELECT DISTINCT owner FROM jobs WHERE state='running'"))
+
+    def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Jobs of every run, or of `run`."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"
+        if run is None:
+            return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
+        return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
+
+    def reservations(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Reservations (budget.py) of every run, or of `run`, in the order they were made."""
+        if run is None:
+            return list(self._rows("SELECT * FROM reservations ORDER BY reserved_at, run, job, attempt"))
+        return list(self._rows("SELECT * FROM reservations WHERE run=? ORDER BY reserved_at, job, attempt", (run,)))
+
+    def attempts(self, run: str | None = None) -> list[dict[str, Any]]:
+        if run is None:
+            return list(self._rows("SELECT * FROM attempts ORDER BY run, job, attempt"))
+        return list(self._rows("SELECT * FROM attempts WHERE run=? ORDER BY job, attempt", (run,)))
+
+    def events(self, job: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+        where, args = [], []
+        for column, value in (("job", job), ("run", run)):
+            if value is not None:
+                where.append(f"{column}=?")
+                args.append(value)
+        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        return list(self._rows(sql, tuple(args)))
+
+    def runs(self) -> list[RunRow]:
+        """Every run, oldest first, with its jobs counted by state and their cost; on a shared
+        ledger also its running jobs held by a live owner (`held`: workers run it, whoever
+        started it)."""
+        held = "0" if not self.backend.fenced else (
+            "coalesce(sum(CASE WHEN j.state='running' AND EXISTS (SELECT 1 FROM owners o WHERE o.id = j.owner"
+            f" AND o.closed = 0 AND o.lease_until > {self.backend.now_sql}) THEN 1 ELSE 0 END), 0)")
+        sql = (
+            "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
+            " count(j.key) AS jobs, coalesce(sum(CASE WHEN j.state='succeeded' THEN 1 ELSE 0 END), 0) AS succeeded,"
+            " coalesce(sum(CASE WHEN j.state='failed' THEN 1 ELSE 0 END), 0) AS failed,"
+            " coalesce(sum(CASE WHEN j.state IN ('running', 'queued') THEN 1 ELSE 0 END), 0) AS unfinished,"
+            " coalesce(sum(CASE WHEN j.state='queued' THEN 1 ELSE 0 END), 0) AS queued,"
+            f" {held} AS held, coalesce(sum(j.usd), 0.0) AS usd"
+            " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
+        return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
+
+    def run(self, run: str) -> RunRow | None:
+        found = [r for r in self.runs() if r.id == run]
+        return found[0] if found else None
+
+    def run_events(self, run: str) -> list[Event]:
+        """The events recorded for `run`, in the order they were recorded (the report reads them);
+        a kind this version does not know (a newer actor-run wrote it) is passed over."""
+        found = []
+        for row in self._rows("SELECT body FROM events WHERE run=? ORDER BY id", (run,)):
+            try:
+                found.append(decode_event(row["body"]))
+            except msgspec.DecodeError:
+                continue
+        return found
+
+
+class RunRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A run as `actor-run runs` lists it: `state` is what its controller last wrote (running |
+    ended); whether it is finished or was abandoned is `unfinished` against its owner's liveness."""
+
+    id: str
+    owner: str | None
+    batch: str | None
+    out_dir: str | None
+    started: float | None
+    ended: float | None
+    state: str | None
+    jobs: int
+    succeeded: int
+    failed: int
+    unfinished: int
+    usd: float
+    queued: int = 0  # waiting for a worker (a shared ledger)
+    held: int = 0  # running under a live owner's lease (a shared ledger)

@@ -1,0 +1,69 @@
+"""Resume: pick up the unfinished jobs of controllers that died.
+
+For each job the ledger holds as running whose owner is gone (claimed with a compare-and-set, so
+two resumers never both take it):
+- its latest machine whose job was started and is still alive in the ledger is adopted and
+  reattached: the heartbeat is taken over with the stall clock anchored at the job's launch; a job
+  that finished meanwhile has its results fetched, not run again; a job the host's watchdog ended
+  (its folder gone) is retried on a fresh machine;
+- every other machine of the dead owner is left to the sweep that follows, which deletes it;
+- a job that never started is started.
+Every job then ends exactly once, through the same JobSupervisor as a fresh run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+from loguru import logger
+
+from actor_run.actors import Reattach
+from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.specs import Job, unredacted
+from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow
+
+
+class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
+    job: Job
+    from_owner: str
+    run: str
+    seed_dir: str | None  # where the run said this seed's results go (recorded at its start)
+    first_attempt: int
+    reattach: Reattach | None = None
+    offer: Offer | None = None
+
+
+def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
+    running = [r for r in rows
+               if r.state == "alive" and r.phase == "running" and r.machine and r.work and (r.pid or r.handle)]
+    return max(running, key=lambda r: r.attempt) if running else None
+
+
+def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> list[ResumeItem]:
+    """The unfinished jobs of dead owners, of `run` or of every run, oldest run first."""
+    live = reader.live_owners() | {me}
+    machines = reader.machines()
+    items = []
+    for row in reader.jobs(run):
+        if row["state"] != "running" or row["owner"] in live:
+            continue
+        job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), dict(os.environ))
+        if missing:
+            logger.warning("{}: env {} was kept out of the ledger (secret); set it for `actor-run resume`",
+                           job.key, ", ".join(missing))
+        mine = [m for m in machines if m.job == job.name and m.seed == job.seed and m.run in (row["run"], None)]
+        first = max((m.attempt for m in mine), default=-1) + 1
+        best = _reattachable(mine)
+        reattach = offer = None
+        if best is not None and best.owner not in live:
+            assert best.machine is not None
+            assert best.work is not None
+            machine = msgspec.json.decode(best.machine, type=Machine)
+            reattach = Reattach(machine=machine, work=best.work, pid=best.pid or 0,
+                                launched_at=best.launched_at or machine.created_at, handle=best.handle or "")
+            offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
+            first = best.attempt
+        items.append(ResumeItem(job=job, from_owner=row["owner"], run=row["run"], seed_dir=row["out_dir"] or None,
+                                first_attempt=first, reattach=reattach, offer=offer))
+    return items

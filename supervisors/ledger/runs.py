@@ -1,0 +1,126 @@
+"""What the ledger records of runs and jobs: a run started, taken, ended; a job recorded, claimed
+(from a dead owner, or queued on a shared ledger: each claim with a fresh fencing token), ended."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+
+from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore, StaleClaim, Waiter
+from actor_run.supervisors.ledger.db import Conn
+
+
+class Claimed(msgspec.Struct, frozen=True, kw_only=True):
+    """A queued job this controller claimed: its run, key, spec (secrets redacted), fencing token
+    and the seed folder its run said its results go to."""
+
+    run: str
+    key: str
+    spec: bytes
+    token: str
+    out_dir: str | None
+
+
+
+class RunRecords(LedgerCore):
+    """The ledger's writes about runs and jobs (a part of `Ledger`)."""
+
+    def start_run(self, run: str, *, batch: str, out_dir: str) -> bool:
+        """Record a new run owned by this controller; False if that id is taken (pick another)."""
+        made: list[bool] = []
+        row = (run, self.owner, batch, out_dir, time.time())
+
+        def op(c: Conn) -> None:
+            cur = c.execute("INSERT OR IGNORE INTO runs (id, owner, batch, out_dir, started, state)"
+                            " VALUES (?,?,?,?,?,'running')", row)
+            made.append(cur.rowcount == 1)
+
+        self._submit(op, wait=True)
+        return bool(made and made[-1])
+
+    def take_run(self, run: str) -> None:
+        """This controller drives the run now (resume); it is running again until end_run."""
+        row = (self.owner, run)
+        self._submit(("UPDATE runs SET owner=?, ended=NULL, state='running' WHERE id=?", row), wait=True)
+
+    def end_run(self, run: str) -> None:
+        """The controller let go of the run (its jobs ended, or it was closed): durable before it
+        returns. Not once this owner's lease has expired: it writes nothing more."""
+        if self.lease_lost:
+            return
+        row = (time.time(), run, self.owner)
+        self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
+
+    def claim_job(self, key: str, from_owner: str, run: str | None = None) -> bool:
+        """Take a dead owner's unfinished job of `run` (compare-and-set: one resumer wins), with a
+        fresh fencing token; the job's later rows go to that run."""
+        won: list[bool] = []
+        owner, now, run, token = self.owner, time.time(), self.run if run is None else run, uuid.uuid4().hex
+
+        def op(c: Conn) -> None:
+            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=? AND owner=?"
+                            " AND state='running'", (owner, now, token, run, key, from_owner))
+            won.append(cur.rowcount == 1)
+
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return False
+        if won and won[-1]:  # the last run of the op is the one committed (_commit may redo a batch)
+            self._run_of[key] = run
+            self.tokens[key] = token
+            self.stale.discard(key)
+            return True
+        return False
+
+    def claim_queued(self, most: int) -> list[Claimed]:
+        """Claim up to `most` queued jobs of any run, oldest first, each with a fresh fencing token.
+        On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE SKIP LOCKED);
+        SQLite has one writer at a time."""
+        if most < 1:
+            return []
+        got: list[list[Claimed]] = []
+        owner, now, prefix = self.owner, time.time(), uuid.uuid4().hex
+        lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
+
+        def op(c: Conn) -> None:
+            rows = c.execute(
+                "UPDATE jobs SET owner=?, state='running', updated=?, token=? || run || '/' || key"
+                " WHERE (run, key) IN ("
+                f"SELECT run, key FROM jobs WHERE state='queued' ORDER BY updated, run, key LIMIT ?{lock})"
+                " RETURNING run, key, spec, token, out_dir", (owner, now, prefix, most)).fetchall()
+            got.append([Claimed(run=r[0], key=r[1], spec=bytes(r[2]), token=r[3], out_dir=r[4]) for r in rows])
+
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return []  # this controller's lease expired meanwhile: it claims nothing
+        claimed = got[-1] if got else []  # the last run of the op is the one committed
+        for c in claimed:
+            self._run_of[c.key] = c.run
+            self.tokens[c.key] = c.token
+            self.stale.discard(c.key)
+        return claimed
+
+    def record_job(self, *, key: str, name: str, seed: int, spec: bytes, state: str, out_dir: str,
+                   run: str | None = None) -> None:
+        """The job, in `run` (default: this ledger's run), this controller's from now on with a
+        fresh fencing token; its later rows go to that run."""
+        run = self.run if run is None else run
+        self._run_of[key] = run
+        token = uuid.uuid4().hex
+        self.tokens[key] = token
+        self.stale.discard(key)
+        row = (run, key, name, seed, self.owner, spec, state, out_dir, time.time(), token)
+        # no wait: the queue is FIFO, so the intent of any machine for it commits after it
+        self._submit((_RECORD_JOB, row))
+
+    def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
+                       usd: float) -> Waiter:
+        """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
+        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
+        return self._track((
+            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row),
+            key)

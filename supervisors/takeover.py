@@ -1,0 +1,165 @@
+"""The Runner's takeover of what dead controllers left: `resume` (their unfinished jobs, with the
+money their runs spent) and `sweep` (their machines). A part of Runner (runner.py), kept apart
+because it is the one place a Runner acts on other controllers' work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from actor_run.actors import Reactor
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Message
+from actor_run.protocols.specs import Job
+from actor_run.supervisors.batch import _Submit
+from actor_run.supervisors.budget import Budget
+from actor_run.supervisors.config import UserConfig
+from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.ledger.resume import ResumeItem, plan_resume
+from actor_run.supervisors.ledger.sweep import SweepAction, sweep
+from actor_run.supervisors.reservations import settle_reservations
+
+if TYPE_CHECKING:
+    from actor_run.supervisors.runner import JobHandle
+
+
+class Takeover:
+    """Runner's `resume` and `sweep`; the attributes and methods below are the Runner's own."""
+
+    ledger: Ledger
+    ledger_path: str | Path
+    owner: str
+    budget: Budget
+    budget_usd: float | None
+    config: UserConfig
+    clouds: dict[str, Cloud]
+    reactor: Reactor
+    sweep_grace_s: float
+    swept: list[SweepAction]
+    handles: dict[str, JobHandle]
+    _driven: set[str]
+
+    def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
+        raise NotImplementedError
+
+    def _batch_tell(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def _handle(self, job: Job) -> JobHandle:
+        raise NotImplementedError
+
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
+        """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
+        Each job keeps its run: its rows go there and its results to the folder that run recorded.
+        Jobs of another run with the key of one taken here are left for a later call. Then the
+        dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
+        a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
+        reader = LedgerReader(self.ledger_path)
+        try:
+            items = plan_resume(reader, me=self.owner, run=run)
+        finally:
+            reader.close()
+        taken: list[tuple[ResumeItem, JobHandle]] = []
+        runs: set[str] = set()
+        for item in items:
+            job = item.job
+            held = self.handles.get(job.key)
+            if held is not None and not held.done():
+                continue  # one job of that name and seed at a time in one Runner: the next call takes it
+            if not self.ledger.claim_job(job.key, item.from_owner, item.run):
+                continue  # another resumer took it
+            if take_runs and item.run not in runs:
+                runs.add(item.run)
+                self.ledger.take_run(item.run)
+                self._driven.add(item.run)
+            if item.reattach is not None:
+                self.ledger.adopt_machine(item.reattach.machine.name, job.key)
+            for c in job.candidates:
+                raw = job.clouds.get(c.cloud, {})
+                for account in accounts_of(self.config.cloud_settings(c.cloud, raw)):
+                    with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
+                        self._cloud(cloud_key(c.cloud, account), raw)
+            handle = self._handle(job)
+            handle.reattached = item.reattach is not None
+            handle.run = item.run
+            self.handles[job.key] = handle
+            taken.append((item, handle))
+        if sweep_after or taken:
+            self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
+        spent_before: dict[str, float] = {}
+        if taken:
+            self.ledger.flush()
+            reader = LedgerReader(self.ledger_path)
+            try:
+                reservations = reader.reservations()
+            finally:
+                reader.close()
+            spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
+        for item, _ in taken:
+            self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
+                                     offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
+                                     seed_dir=item.seed_dir))
+        return [h for _, h in taken]
+
+    def _adopt_budget(self, *, items: list[ResumeItem], reservations: list[dict[str, Any]]) -> dict[str, float]:
+        """A resume takes over the money of the runs it took jobs of: what those runs spent counts
+        against the budget, and the reservation of an attempt it reattaches to is held again (the
+        other machines of dead controllers were swept, and charged then). Answers what each taken
+        seed spent before."""
+        runs = {i.run for i in items}
+        taken = {(i.run, i.job.key) for i in items}
+        limits = [i.job.policy.budget_usd for i in items if i.job.policy.budget_usd is not None]
+        if limits and self.budget_usd is None:
+            self.budget.set_limit(min(limits))
+        reattached = {(i.run, i.job.key, i.first_attempt) for i in items if i.reattach is not None}
+        per_seed: dict[str, float] = {}
+        for r in reservations:
+            if r["run"] not in runs:
+                continue
+            holder = (r["job"], r["attempt"])
+            if r["state"] == "live" and (r["run"], r["job"], r["attempt"]) in reattached:
+                self.ledger.adopt_reservation(r["job"], r["attempt"])
+                self.budget.adopt(holder, r["usd"])
+            elif r["state"] == "live":
+                self.budget.adopt(holder, r["usd"])  # its machine could not be deleted yet: still held
+            else:
+                self.budget.spend(r["charged"] or 0.0)
+                if (r["run"], r["job"]) in taken:
+                    per_seed[r["job"]] = per_seed.get(r["job"], 0.0) + (r["charged"] or 0.0)
+        return per_seed
+
+    # --- sweeping ------------------------------------------------------------------------------------
+
+    def sweep(self, *, dry_run: bool = False, owners_dead: Iterable[str] = ()) -> list[SweepAction]:
+        """Delete the machines sweep.py proves abandoned (this controller counts as alive);
+        `owners_dead`: owner ids (or their 8-hex short form) a person declared dead."""
+        reader = LedgerReader(self.ledger_path)
+        try:
+            clouds = dict(self.clouds)
+            for name, settings in reader.clouds():
+                if name not in clouds:
+                    try:
+                        clouds[name] = self._cloud(name, settings)
+                    except SpecError as exc:  # e.g. its settings were in a user config not given now
+                        logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at",
+                                       name, exc)
+                        continue
+            if "local" not in clouds:
+                clouds["local"] = self._cloud("local", {})
+            run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
+                                    grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
+            actions: list[SweepAction] = self.reactor.call(run, timeout=600)
+            if not dry_run:
+                self.ledger.flush()
+                settle_reservations(reader, self.ledger, keep_owner=self.owner)
+            return actions
+        finally:
+            reader.close()

@@ -1,0 +1,424 @@
+"""What `actor-run run` shows while a batch runs, and the summary at its end.
+
+On a terminal: a header for the batch (succeeded / failed / running / waiting for capacity
+/ queued, dollars spent and reserved against the budget, elapsed, an estimate of the time left),
+then one row per running job (state, attempt, place, stage, a progress bar from the `step` and
+`total` of its progress lines, the latest numeric fields it reported, time in this attempt,
+dollars so far), then the failed jobs with their codes. When more jobs run than the terminal has
+rows, the rows that changed most recently are shown and the rest counted. Finished jobs fold into
+the header's counts.
+
+Not on a terminal: one plain line per job whose state changed. With `--json`: every event as one
+JSON line (nothing else).
+
+Cost (bench/load.py --view measures it: about 4 % of the controller's CPU at a thousand jobs):
+events come through a deque the Runner's subscriber appends to, and `follow` takes them every
+FRAME_S in one go (a wake-up per event cost more than everything else). `event()` updates one
+row and the header's running figures (counts by state, dollars, the sum of progress), so a redraw
+costs the same at any N; a progress line is only merged into the job's pending one, read at the
+next redraw. The screen is drawn at most MAX_REDRAWS_PER_S times a second, when something changed
+or (every CLOCK_REDRAW_S) a clock on it moved, as one write of pre-cut lines (`_Screen`; rich
+renders the styles for the terminal once). Dollars accrue between the meter's beats: a running
+machine's cost is its hourly price times the time since it was leased (the meter's own
+arithmetic, `usage_between`), so the view needs no extra event to show money moving.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import msgspec
+from rich.console import Console
+from rich.style import Style
+from rich.table import Table
+
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    JobEnded,
+    Leased,
+    LeaseFailed,
+    Metered,
+    Progress,
+    encode,
+)
+from actor_run.protocols.specs import job_key
+from actor_run.supervisors.budget import BudgetStatistics
+from actor_run.supervisors.views.rows import (
+    _END_STATES,
+    _STATES,
+    BAR,
+    BAR_DONE,
+    BAR_LEFT,
+    BOLD,
+    CLOCK_REDRAW_S,
+    CYAN,
+    DIM,
+    FRAME_S,
+    MAX_REDRAWS_PER_S,
+    NOT_FIELDS,
+    RED,
+    YELLOW,
+    JobLine,
+    ViewStatistics,
+    _category,
+    _clock,
+    _fraction,
+    _head,
+    _number,
+    _Screen,
+)
+
+
+class View:
+    def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
+                 budget_usd: float | None = None, budget: Callable[[], BudgetStatistics] | None = None,
+                 run_of: Callable[[str], str] | None = None) -> None:
+        self.json_mode = json_mode
+        self.run_of = run_of  # job key -> its run: every --json line carries `"run": ...`
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty()
+        self.lines = {k: JobLine(key=k) for k in keys}
+        self.heads = {_head(k): line for k, line in self.lines.items()}  # (job, seed): no string built per event
+        self.pending: list[JobLine] = []  # lines with a progress line not read yet
+        self.console = Console(file=self.out, highlight=False, width=None if self.tty else 140)
+        self.live: _Screen | None = None
+        self.budget_usd = budget_usd
+        self.budget = budget
+        self.began = time.time()
+        self.failed_order: list[str] = []
+        self.count = {"succeeded": 0, "failed": 0, "running": 0, "waiting": 0, "queued": len(self.lines)}
+        self.recent: dict[str, JobLine] = {}  # running and waiting jobs, the most recently changed last
+        self.progress = 0.0  # the sum of the running jobs' fractions done
+        self.usd_done = 0.0  # ended attempts' cost
+        self.rate = 0.0  # leased machines: the sum of their dollars per second ...
+        self.rate_t = 0.0  # ... and of that times when each was leased (spent = rate * now - rate_t)
+        self.dirty = True
+        self.next_draw = 0.0
+        self.last_draw = 0.0
+        self.events = 0
+        self.redraws = 0
+        self.cpu_s = 0.0
+
+    def __enter__(self) -> View:
+        if not self.json_mode and self.tty and not self.console.is_dumb_terminal:  # TERM=dumb: plain lines
+            self.live = _Screen(self.console)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.close()
+            self.live = None
+
+    def statistics(self) -> ViewStatistics:
+        return ViewStatistics(events=self.events, redraws=self.redraws, cpu_s=self.cpu_s)
+
+    # --- events --------------------------------------------------------------------------------
+
+    def event(self, e: Event) -> None:
+        """Take one event, on the thread that shows them (follow() calls it; statistics() counts what
+        follow() took)."""
+        if self.json_mode:
+            body = encode(e).decode()
+            if self.run_of is not None:  # an event is a JSON object: the run goes first
+                body = '{"run":' + msgspec.json.encode(self.run_of(job_key(e.job, e.seed))).decode() + "," + body[1:]
+            self.out.write(body + "\n")  # flushed by follow() after each batch of events
+            return
+        line = self.heads.get((e.job, e.seed))
+        if line is None:
+            return
+        if isinstance(e, Progress):  # most events at a thousand jobs: kept, read at the next redraw
+            self._pend(line, e)
+            return
+        if isinstance(e, Metered):
+            line.metered = e.usd
+            return
+        if line.pending is not None:
+            self._progress(line)
+        before, category = line.state, _category(line)
+        self._take(line, e)
+        if type(e) in _STATES and line.state not in _END_STATES:
+            line.state = _STATES[type(e)]
+        after = _category(line)
+        if after != category:
+            self.count[category] -= 1
+            self.count[after] += 1
+        if after in ("running", "waiting"):
+            self.recent.pop(line.key, None)
+            self.recent[line.key] = line  # the most recently changed last
+        else:
+            self.recent.pop(line.key, None)
+        self.dirty = True
+        if self.live is None and line.state != before:
+            self.out.write(self._plain(line) + "\n")  # flushed by follow() after each batch of events
+
+    def _take(self, line: JobLine, e: Event) -> None:
+        match e:
+            case AttemptStarted(offer=o):
+                if not line.started:
+                    line.started = e.t
+                line.attempt, line.attempt_at = e.attempt, e.t
+                line.place = " ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x)
+                self._machine_gone(line)
+                self.progress -= _fraction(line)
+                line.stage, line.step, line.total, line.fields = "", None, None, {}
+            case Leased(machine=m):
+                self._machine_gone(line)
+                line.machine, line.leased_at, line.waiting = m, e.t, False
+                self.rate += m.hourly_usd / 3600
+                self.rate_t += m.hourly_usd / 3600 * e.t
+            case LeaseFailed(failure=failure):
+                line.waiting = line.waiting or failure == Code.NO_CAPACITY
+            case AttemptEnded(usage=u, failure=failure):
+                self._machine_gone(line)
+                line.usd_done += u.usd
+                self.usd_done += u.usd
+                line.waiting = line.waiting or failure == Code.NO_CAPACITY
+                line.usd = line.usd_done
+            case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd):
+                self._machine_gone(line)
+                self.progress -= _fraction(line)
+                line.state = outcome
+                line.failure = str(failure) if failure else ""
+                line.detail = detail
+                line.ended = e.t
+                line.usd = usd
+                line.waiting = False
+                if outcome != "succeeded":
+                    self.failed_order.append(line.key)
+            case _:
+                pass
+
+    def _pend(self, line: JobLine, e: Progress) -> None:
+        """A progress line, merged into the job's pending ones (each key as its last line had it: as
+        if read one by one at the next redraw)."""
+        if line.ended is None:
+            if line.pending is None:  # its first since the last redraw: the row changed now
+                self.pending.append(line)
+                line.pending = dict(e.line)
+                recent = self.recent
+                if line.key in recent:
+                    del recent[line.key]
+                    recent[line.key] = line
+            else:
+                line.pending.update(e.line)
+            self.dirty = True
+
+    def _progress(self, line: JobLine) -> None:
+        """The job's progress lines since the last redraw, merged (each key as the last line that had
+        it said): its stage, step and total, and the rest kept for its row (its numbers, e.g. loss,
+        are picked out only for a row on screen). Called for every job that reported, before each
+        redraw: kept to a few dictionary operations."""
+        merged, line.pending = line.pending, None
+        if merged is None or line.ended is not None:
+            return
+        stage = merged.get("stage")
+        if stage:
+            line.stage = str(stage)
+        line.fields.update(merged)
+        step, total = merged.get("step"), merged.get("total")
+        if total is None and line.total is None:  # no bar (nor a share of the time left) without a total
+            if step is not None and _number(step):
+                line.step = step
+            return
+        before = _fraction(line)
+        if _number(step):
+            line.step = step
+        if _number(total):
+            line.total = total
+        self.progress += _fraction(line) - before
+
+    def _take_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        progress = self._progress
+        for line in pending:
+            progress(line)
+
+    def _machine_gone(self, line: JobLine) -> None:
+        """The attempt's machine stops accruing here (its cost comes with AttemptEnded)."""
+        m = line.machine
+        if m is not None:
+            self.rate -= m.hourly_usd / 3600
+            self.rate_t -= m.hourly_usd / 3600 * line.leased_at
+            line.machine, line.metered = None, 0.0
+
+    # --- the terminal --------------------------------------------------------------------------
+
+    def due(self) -> float:
+        """Seconds until the next redraw may happen (0: now); a large number without a terminal."""
+        if self.live is None:
+            return 3600.0
+        now = time.monotonic()
+        if not self.dirty:
+            return max(0.0, self.last_draw + CLOCK_REDRAW_S - now)
+        return max(0.0, self.next_draw - now)
+
+    def draw(self) -> None:
+        """Redraw if due (at most MAX_REDRAWS_PER_S a second)."""
+        if self.live is None or self.due() > 0:
+            return
+        now = time.monotonic()
+        self._take_pending()
+        try:
+            size = os.get_terminal_size(self.out.fileno())
+            width, height = size.columns, size.lines
+        except (OSError, ValueError):
+            width, height = 120, 40
+        self.live.draw(self._screen(time.time(), height), width)
+        self.dirty = False
+        self.last_draw = now
+        self.next_draw = now + 1.0 / MAX_REDRAWS_PER_S
+        self.redraws += 1
+
+    def spent_usd(self, now: float) -> float:
+        """Ended attempts' cost plus every leased machine's up to `now` (its hourly price since its lease)."""
+        return self.usd_done + max(0.0, self.rate * now - self.rate_t)
+
+    def header(self, now: float) -> str:
+        """The batch in one line (also the plain summary's first line). Every figure is kept as events
+        come (counts by category, money, the sum of progress), so this costs the same at any N."""
+        c = self.count
+        n = len(self.lines)
+        b = self.budget() if self.budget is not None else None  # the batch's reservations (budget.py)
+        limit = b.limit_usd if b is not None and b.limit_usd is not None else self.budget_usd
+        money = f"${self.spent_usd(now):.4f} spent"
+        if b is not None:
+            money += f", ${b.reserved_usd:.4f} reserved"
+        if limit is not None:
+            money += f", budget ${limit:.2f}"
+        elapsed = now - self.began
+        done = c["succeeded"] + c["failed"]
+        fraction = done + self.progress
+        eta = "-"
+        if done == n:
+            eta = "0:00"
+        elif fraction > 0.01:
+            eta = _clock(elapsed * (n - fraction) / fraction)
+        return (f"{done}/{n} done: {c['succeeded']} succeeded, {c['failed']} failed, {c['running']} running, "
+                f"{c['waiting']} waiting for capacity, {c['queued']} queued | {money} | elapsed "
+                f"{_clock(elapsed)}, left ~{eta}")
+
+    def _screen(self, now: float, height: int) -> list[list[tuple[str, Style | None]]]:
+        height = max(8, height - 1)
+        out: list[list[tuple[str, Style | None]]] = [[(self.header(now), BOLD)]]
+        failed = self.failed_order
+        shown_failed = failed[-max(2, height // 4):][::-1]
+        room = height - 2 - len(shown_failed) - (1 if len(failed) > len(shown_failed) else 0) - (1 if failed else 0)
+        running = len(self.recent)
+        rows = list(itertools.islice(reversed(self.recent.values()), max(1, room - 1)))
+        if len(rows) < running and len(rows) > 1:
+            rows = rows[:-1]  # one line for the count of the rest
+        out.append([(f"{'job':<24} {'state':<12} {'att':>3} {'place':<22} {'stage':<10} {'progress':<{BAR + 8}}"
+                     f" {'in attempt':>10} {'cost':>9}  reported", DIM)])
+        for line in rows:
+            out.append(self._row(line, now))
+        if len(rows) < running:
+            out.append([(f"... and {running - len(rows)} more running (most recently changed shown)", DIM)])
+        if failed:
+            out.append([("failed:", RED)])
+            for key in shown_failed:
+                line = self.lines[key]
+                out.append([(f"  {key:<24} ", None), (f"{line.failure:<14}", RED), (f" {line.detail[:100]}", DIM)])
+            if len(failed) > len(shown_failed):
+                out.append([(f"  ... and {len(failed) - len(shown_failed)} more failed", DIM)])
+        return out
+
+    def _row(self, line: JobLine, now: float) -> list[tuple[str, Style | None]]:
+        state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
+        state = "no capacity" if line.waiting and line.machine is None else line.state
+        pieces: list[tuple[str, Style | None]] = [
+            (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style),
+            (f" {line.attempt:>3} {line.place[:22]:<22} {line.stage[:10]:<10} ", None)]
+        f = line.fraction()
+        if f is None:
+            pieces.append((f"{'':<{BAR + 8}}", None))
+        else:
+            filled = round(f * BAR)
+            step = f"{line.step:g}/{line.total:g}"
+            pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7}", None)]
+        numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
+        reported = " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
+        pieces.append((f" {_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
+                       f"${line.live_usd(now):>8.4f}  {reported}", None))
+        return pieces
+
+    # --- plain lines and the summary -----------------------------------------------------------
+
+    def _plain(self, line: JobLine) -> str:
+        tail = f" {line.failure}: {line.detail}" if line.failure else ""
+        return (f"{line.key:<28} {line.state:<11} attempt {line.attempt} {line.place:<24} "
+                f"{self._elapsed(line):>7} ${line.usd:.4f}{tail}")
+
+    @staticmethod
+    def _elapsed(line: JobLine) -> str:
+        if not line.started:
+            return "-"
+        end = line.ended or time.time()
+        return f"{end - line.started:.1f}s"
+
+    def summary(self) -> None:
+        """After the batch: its header, then a table of its jobs (every job up to 100 of them; past
+        that, the failed ones)."""
+        if self.json_mode:
+            return
+        self._take_pending()
+        t = Table(title="summary", expand=False)
+        for col in ("job", "state", "attempts", "place", "failure", "elapsed", "cost"):
+            t.add_column(col)
+        lines = list(self.lines.values())
+        if len(lines) > 100:
+            lines = [line for line in lines if line.state != "succeeded"]
+        for line in lines:
+            failure = f"{line.failure}: {line.detail}"[:60] if line.failure else ""
+            t.add_row(line.key, line.state, str(line.attempt + 1 if line.started else 0), line.place, failure,
+                      self._elapsed(line), f"${line.usd:.4f}")
+        self.console.print(self.header(time.time()), markup=False)
+        if lines:
+            self.console.print(t)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def follow(self, events: collections.deque[Event], until: Callable[[Event], bool]) -> None:
+        """Show the events appended to `events` (subscribe `events.append`: a deque's append takes no
+        lock and wakes nobody, so the emitting actor threads pay almost nothing) until `until(event)`
+        says the batch is over, redrawing when due. `until` is asked of every event but progress
+        lines. Its thread's CPU time meanwhile is `statistics().cpu_s`."""
+        t0 = time.thread_time()
+        try:
+            self._follow(events, until)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def _follow(self, events: collections.deque[Event], until: Callable[[Event], bool]) -> None:
+        # wakes every FRAME_S and takes what came meanwhile in one go: a wake-up per event (a
+        # blocking get) cost more than the view's own work at a thousand jobs (a thread switch and
+        # the GIL's hand-off each time). Progress lines, most of the events, take the short way here.
+        take, event, pend, heads = events.popleft, self.event, self._pend, self.heads
+        short = not self.json_mode
+        done = False
+        while not done:
+            time.sleep(FRAME_S)
+            n = 0
+            while events:
+                e = take()
+                n += 1
+                if short and type(e) is Progress:
+                    line = heads.get((e.job, e.seed))
+                    if line is not None:
+                        pend(line, e)
+                    continue
+                event(e)
+                done = until(e) or done
+            self.events += n
+            if self.live is None:
+                self.out.flush()
+            elif not done:
+                self.draw()

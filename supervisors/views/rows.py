@@ -1,0 +1,169 @@
+"""The live view's parts (live.py): one job's row (`JobLine`) and what it shows (its category,
+progress, clock), the styles, the redraw limits, and `_Screen`, which writes pre-cut lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.style import Style
+
+from actor_run.actors.meter import usage_between
+from actor_run.protocols.messages import (
+    AttemptStarted,
+    Exited,
+    Fetched,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    LeaseRequested,
+    Machine,
+    Released,
+    Retrying,
+    Stalled,
+    TransferFailed,
+    Uploaded,
+)
+
+MAX_REDRAWS_PER_S = 4
+FRAME_S = 1.0 / MAX_REDRAWS_PER_S  # how often the loop takes the events that came and maybe redraws
+CLOCK_REDRAW_S = 1.0  # with nothing new, the clocks on screen (elapsed, time in attempt, dollars) move this often
+NOT_FIELDS = frozenset({"stage", "step", "total", "checkpoint", "t", "time", "epoch_total"})
+BAR = 12
+
+
+class JobLine(msgspec.Struct, kw_only=True):
+    key: str
+    state: str = "queued"
+    attempt: int = 0
+    place: str = ""
+    started: float = 0.0  # the job's first AttemptStarted
+    ended: float | None = None
+    attempt_at: float = 0.0  # this attempt's AttemptStarted
+    machine: Machine | None = None
+    leased_at: float = 0.0
+    metered: float = 0.0  # the meter's last figure for this attempt
+    usd: float = 0.0  # the job's total so far (shown)
+    usd_done: float = 0.0  # its ended attempts'
+    failure: str = ""
+    detail: str = ""
+    stage: str = ""
+    step: float | None = None
+    total: float | None = None
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)  # the progress lines' keys, as last said
+    waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
+    pending: dict[str, Any] | None = None  # progress lines not read yet, merged (read at the next redraw)
+
+    def live_usd(self, now: float) -> float:
+        """Dollars so far: ended attempts, plus this attempt's machine up to now (at least the meter's)."""
+        live = 0.0
+        if self.machine is not None and self.ended is None:
+            live = max(self.metered, usage_between(self.machine, self.leased_at, now, confirmed=True).usd)
+        return self.usd_done + live
+
+    def fraction(self) -> float | None:
+        if self.step is None or not self.total:
+            return None
+        return max(0.0, min(1.0, self.step / self.total))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _head(key: str) -> tuple[str, int]:
+    """(job, seed) of a job key (`job_key`'s inverse)."""
+    name, _, seed = key.rpartition("/seed-")
+    return name, int(seed)
+
+
+def _category(line: JobLine) -> str:
+    """Which of the header's counts a job is in."""
+    if line.state in _END_STATES:
+        return line.state
+    if line.state == "queued":
+        return "queued"
+    return "waiting" if line.waiting else "running"
+
+
+def _fraction(line: JobLine) -> float:
+    """How far a running job has got (0 without step and total); an ended job counts whole elsewhere."""
+    if line.ended is not None:
+        return 0.0
+    return line.fraction() or 0.0
+
+
+_STATES: dict[type, str] = {
+    AttemptStarted: "leasing", LeaseRequested: "leasing", Leased: "uploading", Uploaded: "starting",
+    JobStarted: "running", Exited: "fetching", Fetched: "fetched", Stalled: "stopping", Retrying: "retrying",
+    LeaseFailed: "lease failed", TransferFailed: "stopping", Released: "released",
+}
+_END_STATES = ("succeeded", "failed")
+
+DIM, BOLD = Style(dim=True), Style(bold=True)
+GREEN, RED, YELLOW, CYAN = Style(color="green"), Style(color="red"), Style(color="yellow"), Style(color="cyan")
+BAR_DONE, BAR_LEFT = Style(color="green"), Style(color="bright_black")
+
+
+class ViewStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    events: int
+    redraws: int
+    cpu_s: float  # the CPU time of the thread in follow(), while it ran there
+
+
+def _clock(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+class _Screen:
+    """Frames drawn in place on the terminal: each frame moves the cursor back over the last one and
+    writes every line in one write (styles as rich renders them for this terminal; none with
+    NO_COLOR or on a dumb one). rich's Live did the same through its layout engine, which cost
+    more than the rest of the view at a thousand jobs."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.out = console.file
+        self.height = 0  # lines of the frame on screen
+        self.codes: dict[Style | None, tuple[str, str]] = {None: ("", "")}
+
+    def _code(self, style: Style | None) -> tuple[str, str]:
+        code = self.codes.get(style)
+        if code is None:
+            start = ""
+            system = self.console._color_system  # what rich found this terminal can show (None: no styles)
+            if system is not None and style is not None:
+                shown = style.without_color if self.console.no_color else style
+                rendered = shown.render("x", color_system=system)
+                start = rendered[:rendered.index("x")] if rendered != "x" else ""
+            code = self.codes[style] = (start, "\x1b[0m" if start else "")
+        return code
+
+    def draw(self, lines: list[list[tuple[str, Style | None]]], width: int) -> None:
+        parts = ["\r" + (f"\x1b[{self.height}A" if self.height else "") + "\x1b[?25l"]
+        for pieces in lines:
+            parts.append("\x1b[2K")
+            room = width - 1
+            for text, style in pieces:
+                if room <= 0:
+                    break
+                if len(text) > room:
+                    text = text[:room]
+                room -= len(text)
+                start, end = self._code(style)
+                parts.append(f"{start}{text}{end}" if start else text)
+            parts.append("\n")
+        parts.append("\x1b[J")  # what is left of a longer frame before
+        self.height = len(lines)
+        self.out.write("".join(parts))
+        self.out.flush()
+
+    def close(self) -> None:
+        """Take the last frame off the screen (the summary follows) and show the cursor again."""
+        self.out.write("\r" + (f"\x1b[{self.height}A" if self.height else "") + "\x1b[J\x1b[?25h")
+        self.out.flush()
+        self.height = 0

@@ -1,0 +1,260 @@
+"""Many controllers, one PostgreSQL ledger (supervisors/cli/worker.py): real `actor-run` processes
+on a real PostgreSQL server (tests/pg.py) share one batch on the sim cloud and one state folder.
+
+The job holds an exclusive lock per seed while it runs: a second copy of a seed running at the
+same time fails to take it and writes OVERLAP to the trace (test_chaos.py's job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_chaos import trace_lines, wait_no_processes, write_batch
+
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger.db import close_pools
+
+CLI = [sys.executable, "-m", "actor_run"]
+LEASE_S, POLL_S = 6.0, 0.5  # adoption bound: the lease plus one poll
+
+
+@pytest.fixture
+def url(postgres: Any) -> Iterator[str]:
+    yield postgres.create_database()
+    close_pools()
+
+
+class Controller:
+    """One `actor-run worker` process (or, with `run`, the `actor-run run BATCH` that queued the
+    batch and works on it too); its JSON events are read on a thread of the test's own."""
+
+    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2, run: Path | None = None) -> None:
+        self.name = name
+        command = ["run", str(run)] if run is not None else ["worker", "--until-idle"]
+        self.proc = subprocess.Popen(
+            [*CLI, *command, "--ledger", url, "--concurrency", str(concurrency), "--json",
+             "--lease", str(LEASE_S), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
+             str(tmp / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+        self.events: list[dict[str, Any]] = []
+        self.changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.changed:
+                self.events.append(json.loads(line))
+                self.changed.notify_all()
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 60) -> None:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: sum(e["type"] == kind for e in self.events) >= count, timeout)
+        assert ok, f"{self.name}: no {count} {kind} within {timeout} s"
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+        self.proc.stderr.close()
+        return code
+
+
+def cli(tmp: Path, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp, env={**os.environ, **(env or {})})
+
+
+def jobs(url: str) -> dict[str, dict[str, Any]]:
+    reader = LedgerReader(url)
+    try:
+        return {j["key"]: j for j in reader.jobs()}
+    finally:
+        reader.close()
+
+
+def owner_of_running(url: str, controller: Controller) -> str:
+    """The owner id of a controller: the owner of a job it started and the ledger has as running."""
+    started = {f"{e['job']}/seed-{e['seed']}" for e in controller.events if e["type"] == "JobStarted"}
+    rows = jobs(url)
+    owners = {rows[k]["owner"] for k in started if rows[k]["state"] == "running"}
+    assert len(owners) == 1, owners
+    return owners.pop()
+
+
+def wait_until_adopted(url: str, dead: str, timeout: float) -> float:
+    """Seconds until no running job is the dead owner's any more."""
+    start = time.monotonic()
+    while any(j["owner"] == dead and j["state"] == "running" for j in jobs(url).values()):
+        assert time.monotonic() - start < timeout, "the dead owner's jobs were not adopted in time"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def check_every_job_ended_once(tmp: Path, url: str, seeds: int) -> None:
+    rows = jobs(url)
+    assert sorted(rows) == sorted(f"chaos/seed-{s}" for s in range(1, seeds + 1))
+    assert {j["state"] for j in rows.values()} == {"succeeded"}, rows
+    reader = LedgerReader(url)
+    try:
+        ended = [e["job"] for e in reader.events() if e["type"] == "JobEnded"]
+        assert sorted(ended) == sorted(rows), ended  # each job's end recorded exactly once
+        assert all(m.state == "deleted" for m in reader.machines())
+    finally:
+        reader.close()
+    for s in range(1, seeds + 1):
+        assert (tmp / "out" / "chaos" / f"seed-{s}" / "out" / "done.txt").read_text() == str(s)
+    lines = trace_lines(tmp)
+    assert not [ln for ln in lines if ln.startswith("OVERLAP")], lines  # never two copies at once
+    assert sorted({ln.split()[1] for ln in lines if ln.startswith("end")}) == sorted(str(s) for s in
+                                                                                     range(1, seeds + 1))
+    assert sim_machines(tmp / "sim") == []
+    assert wait_no_processes(tmp / "sim") == []
+
+
+def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_path: Path, url: str) -> None:
+    """`actor-run run` queues the batch and works on it with two workers; one worker is killed -9
+    mid-batch, the others adopt its jobs within the lease plus one poll."""
+    seeds = 9
+    batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
+    first = Controller(tmp_path, url, "run", run=batch)
+    first.wait_for("JobStarted")
+    controllers = [first, *(Controller(tmp_path, url, name) for name in ("b", "c"))]
+    victim = controllers[1]
+    victim.wait_for("JobStarted", 2)
+    dead = owner_of_running(url, victim)
+    victim.proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    victim.finish()
+    waited = wait_until_adopted(url, dead, timeout=LEASE_S + POLL_S + 30)
+    listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
+    assert [(r["state"], r["jobs"]) for r in listed] == [("running", seeds)]  # one view, from any controller
+    # measured from the kill: the lease ran out at most LEASE_S after its last renewal, and the
+    # others look once a poll (plus what a poll's own claim and sweep take on a loaded machine)
+    assert time.monotonic() - killed >= waited
+    print(f"adopted {waited:.2f} s after the kill (bound {LEASE_S + POLL_S:.1f} s)")
+    assert waited <= LEASE_S + POLL_S + 5.0, waited
+    for c in (controllers[0], controllers[2]):
+        assert c.finish() == 0, c.stderr
+    check_every_job_ended_once(tmp_path, url, seeds)
+    listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
+    assert [(r["state"], r["succeeded"]) for r in listed] == [("succeeded", seeds)]
+    cost = [json.loads(x) for x in cli(tmp_path, "cost", "--json", "--ledger", url).stdout.splitlines()]
+    total = next(c for c in cost if c.get("group") == "total")
+    assert total["attempts"] >= seeds  # every controller's attempts, in one bill
+    assert total["spent_usd"] > 0
+    follow = cli(tmp_path, "status", "--follow", env={"ACTOR_RUN_LEDGER": url})  # the ledger named by the env
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout.count("succeeded") == seeds
+
+
+def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_under_the_adopter(
+    tmp_path: Path, url: str,
+) -> None:
+    seeds = 4
+    batch = write_batch(tmp_path, seeds=seeds, latency=0.2)
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
+    assert queued.returncode == 0, queued.stderr
+    frozen = Controller(tmp_path, url, "frozen", concurrency=2)
+    frozen.wait_for("JobStarted", 2)
+    adopter = Controller(tmp_path, url, "adopter", concurrency=2)
+    owner = owner_of_running(url, frozen)
+    frozen.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until_adopted(url, owner, timeout=LEASE_S + 60)
+
+        def written() -> int:
+            """What the frozen controller wrote: each event row carries its writer (a machine row of
+            the frozen owner may still change after this: the adopter's sweep closes it)."""
+            reader = LedgerReader(url)
+            try:
+                return sum(e["owner"] == owner for e in reader.events())
+            finally:
+                reader.close()
+
+        before = written()
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    assert frozen.finish() == 1  # it found its lease expired and let its jobs go
+    assert "lease in the ledger expired" in frozen.stderr
+    assert "Traceback" not in frozen.stderr
+    let_go = [e for e in frozen.events if e["type"] == "Released" and not e["confirmed"]]
+    assert len(let_go) == 2, frozen.events  # its two machines, left to the adopter, not deleted
+    assert all("left to the controller that took over its job" in e["detail"] for e in let_go)
+    assert adopter.finish() == 0, adopter.stderr
+    assert written() == before  # nothing from the frozen controller after its token went stale
+    check_every_job_ended_once(tmp_path, url, seeds)
+
+
+SECRET_JOB = """
+[job]
+name = "secret"
+command = "sh -c 'echo $API_TOKEN > $ACTOR_RUN_OUT/token.txt'"
+seeds = [1]
+timeout_s = 60
+env = { API_TOKEN = "from-the-batch" }
+
+[policy]
+poll_s = 0.2
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.05
+delete_latency_s = 0.0
+state_dir = "SIM"
+"""
+
+
+def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_holds_them(
+    tmp_path: Path, url: str,
+) -> None:
+    batch = tmp_path / "batch.toml"
+    batch.write_text(SECRET_JOB.replace("SIM", str(tmp_path / "sim")))
+    queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
+    assert queued.returncode == 0, queued.stderr
+    worker = subprocess.run(
+        [*CLI, "worker", "--ledger", url, "--until-idle", "--poll", "0.2", "--out", str(tmp_path / "out"),
+         "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "API_TOKEN": "from-the-worker"})
+    assert worker.returncode == 0, worker.stderr
+    assert (tmp_path / "out" / "secret" / "seed-1" / "out" / "token.txt").read_text().strip() == "from-the-worker"
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        for table in ("jobs", "events", "machines", "clouds", "attempts", "owners"):
+            text = str(conn.execute(f"SELECT * FROM {table}").fetchall())
+            assert "from-the-batch" not in text, table
+            assert "from-the-worker" not in text, table
+    assert sim_machines(tmp_path / "sim") == []
+
+
+def test_bad_shared_ledger_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, field in ((["worker", "--ledger", "mysql://x/y"], "--ledger"),
+                        (["worker", "--ledger", "postgresql://x/y", "--concurrency", "0"], "--concurrency"),
+                        (["worker", "--ledger", "postgresql://x/y", "--lease", "0"], "--lease")):
+        done = cli(tmp_path, *args)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert field in lines[0]
+    helped = subprocess.run([*CLI, "worker", "--help"], capture_output=True, text=True, timeout=60)
+    assert "example: actor-run worker --ledger postgresql://" in helped.stdout

@@ -1,0 +1,214 @@
+"""supervisors/views/live.py: `actor-run run` on a real pseudo-terminal (the view draws with rich), a sim
+batch of the example trainer: the header's counts add up to the batch, progress bars move, dollars
+accrue before any job ends, and a Ctrl-C typed on the terminal still exits 130 with every machine
+deleted."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_cli import ENV, ROOT, Paths
+
+from actor_run.protocols.clouds.sim import sim_machines
+from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import (
+    AttemptEnded,
+    AttemptStarted,
+    Event,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseFailed,
+    Machine,
+    Offer,
+    Progress,
+    Usage,
+)
+from actor_run.supervisors.views.live import View
+
+BATCH = """\
+[job]
+name = "t"
+command = "python3 train.py --seed {{seed}} --steps 400 --step-seconds 0.05"
+code = "{code}"
+inputs = {{ data = "{data}" }}
+seeds = [1, 2, 3, 4, 5]
+
+[policy]
+concurrency = 3
+poll_s = 0.2
+setup_grace_s = 60
+budget_usd = 50.0
+
+[[candidates]]
+cloud = "sim"
+gpu = "H100"
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.2
+"""
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+HEADER = re.compile(r"(?<![\d.])(\d+)/(\d+) done: (\d+) succeeded, (\d+) failed, (\d+) running, "
+                    r"(\d+) waiting for capacity, (\d+) queued \| "
+                    r"\$([0-9.]+) spent, \$[0-9.]+ reserved, budget \$50\.00")
+ROW = re.compile(r"(t/seed-\d)\s+running\s+\d+ sim \S+ H100\s+train\s+━+\s*(\d+)/400\s+\d+:\d\d \$\s*([0-9.]+)")
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> Paths:
+    return Paths(tmp_path)
+
+
+class Terminal:
+    """A pseudo-terminal of 40 x 160 that the CLI runs on (its controlling terminal: a typed Ctrl-C
+    reaches it as a real one does); a thread keeps what it draws."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        self.raw = bytearray()
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, name="test-pty", daemon=True)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                data = b""
+            with self.changed:
+                self.raw += data
+                self.changed.notify_all()
+            if not data:
+                return
+
+    def text(self) -> str:
+        with self.changed:
+            return ANSI.sub("", self.raw.decode(errors="replace"))
+
+    def wait_for(self, check: Callable[[str], bool], timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        with self.changed:
+            while not check(ANSI.sub("", self.raw.decode(errors="replace"))):
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out waiting for {what}; the screen: {self.raw[-3000:]!r}")
+                self.changed.wait(left)
+
+
+def test_the_live_view_on_a_terminal_then_ctrl_c(paths: Paths) -> None:
+    shutil.copytree(ROOT / "examples" / "trainer", paths.tmp / "trainer")
+    body = BATCH.format(code=paths.tmp / "trainer", data=ROOT / "examples" / "data" / "train.txt")
+    (paths.tmp / "batch.toml").write_text(body)
+    term = Terminal()
+    env = {**ENV, "TERM": "xterm-256color"}
+    env.pop("COLUMNS", None)
+    # setsid -c: a session of its own whose controlling terminal is the pty, so ^C typed there is SIGINT
+    proc = subprocess.Popen(["setsid", "-c", *paths.run_args(paths.tmp / "batch.toml")], stdin=term.slave,
+                            stdout=term.slave, stderr=subprocess.PIPE, env=env)
+    os.close(term.slave)
+    term.thread.start()
+    try:
+        def rows(text: str) -> dict[str, list[tuple[int, float]]]:
+            seen: dict[str, list[tuple[int, float]]] = {}
+            for m in ROW.finditer(text):
+                seen.setdefault(m.group(1), []).append((int(m.group(2)), float(m.group(3))))
+            return seen
+
+        def moved_and_paid(text: str) -> bool:
+            # some job's bar moved while none had ended, and the header's dollars grew meanwhile
+            unended = [h for h in HEADER.findall(text) if h[0] == "0"]
+            return (any(len({step for step, _ in r}) >= 2 for r in rows(text).values())
+                    and len({h[7] for h in unended if float(h[7]) > 0}) >= 2)
+
+        term.wait_for(moved_and_paid, 60, "a progress bar that moved and dollars that grew before any job ended")
+        text = term.text()
+        headers = HEADER.findall(text)
+        assert headers
+        for done, n, ok, failed, running, waiting, queued, _ in headers:
+            assert int(n) == 5
+            assert int(ok) + int(failed) + int(running) + int(waiting) + int(queued) == 5
+            assert int(done) == int(ok) + int(failed)
+        assert any(h[6] == "2" for h in headers)  # concurrency 3 of 5: two wait their turn
+        for seen in rows(text).values():  # a job's bar and dollars only go forward
+            assert [s for s, _ in seen] == sorted(s for s, _ in seen)
+            assert [usd for _, usd in seen] == sorted(usd for _, usd in seen)
+        os.write(term.master, b"\x03")  # Ctrl-C, typed on its terminal
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        os.close(term.master)
+        term.thread.join(10)
+    assert code == 130, err
+    assert "canceling; deleting every machine" in err
+    rows_ = paths.status()
+    assert rows_
+    assert {r["state"] for r in rows_} == {"deleted"}
+    assert sim_machines((paths.state / "sim").resolve()) == []
+
+
+def _events_of_a_batch(n: int, t: float) -> list[Event]:
+    offer = Offer(cloud="sim", region="us-east", gpu="H100", hourly_usd=3.6)
+    machine = Machine(cloud="sim", id="m", name="m", hourly_usd=3.6, deadline=t + 3600)
+    out: list[Event] = []
+    for i in range(n):
+        out.append(AttemptStarted(job="t", seed=i, offer=offer, t=t))
+        if i != 9:  # seed 9 finds no capacity (below)
+            out += [Leased(job="t", seed=i, machine=machine, t=t), JobStarted(job="t", seed=i, pid=1, t=t)]
+    return out
+
+
+def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest() -> None:
+    t = time.time() - 10
+    view = View([f"t/seed-{i}" for i in range(100)], json_mode=False, out=io.StringIO())
+    for e in _events_of_a_batch(60, t):
+        view.event(e)
+    view.event(Progress(job="t", seed=7, stage="train", line={"stage": "train", "step": 5, "total": 20}, t=t + 1))
+    view.event(Progress(job="t", seed=7, stage="eval", line={"stage": "eval", "loss": 0.25}, t=t + 1))  # no step
+    view.event(AttemptEnded(job="t", seed=3, outcome="failed", failure=Code.PREEMPTED, t=t + 2,
+                            usage=Usage(usd=0.01)))
+    view.event(JobEnded(job="t", seed=3, outcome="failed", failure=Code.JOB_FAILED, detail="exit 1", t=t + 2))
+    view.event(AttemptEnded(job="t", seed=4, outcome="succeeded", t=t + 2, usage=Usage(usd=0.01)))
+    view.event(JobEnded(job="t", seed=4, outcome="succeeded", t=t + 2, usd=0.01))
+    view.event(LeaseFailed(job="t", seed=9, failure=Code.NO_CAPACITY, t=t + 3))
+    view._take_pending()
+    assert view.count == {"succeeded": 1, "failed": 1, "running": 57, "waiting": 1, "queued": 40}
+    screen = ["".join(text for text, _ in line) for line in view._screen(t + 10, 20)]
+    assert len(screen) <= 20
+    header = screen[0]
+    assert "2/100 done: 1 succeeded, 1 failed, 57 running, 1 waiting for capacity, 40 queued" in header
+    # 57 machines for 10 s at $3.6/h, and two that ended ($0.01 each, as their AttemptEnded said)
+    spent = float(re.search(r"\| \$([0-9.]+) spent \|", header).group(1))  # type: ignore[union-attr]
+    assert spent == pytest.approx(0.02 + 57 * 0.01, abs=1e-4)
+    rows = [s for s in screen if s.startswith("t/seed-")]
+    assert rows[0].startswith("t/seed-9 ")  # the latest change first: its lease found no capacity
+    assert "no capacity" in rows[0]
+    assert rows[1].startswith("t/seed-7 ")
+    assert " eval " in rows[1]
+    assert "5/20" in rows[1]  # the step of the line before, read at the same redraw
+    assert "loss=0.25" in rows[1]
+    more = [s for s in screen if s.startswith("... and ")]
+    assert more == [f"... and {58 - len(rows)} more running (most recently changed shown)"]
+    assert any("t/seed-3" in s and "job_failed" in s and "exit 1" in s for s in screen)
+    assert not any(s.startswith("t/seed-4 ") for s in screen)  # succeeded: in the header's count only
