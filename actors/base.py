@@ -265,5 +265,8 @@ class Actor(PooledActor):
     ) -> None:
         """Actor thread, after a raise in a handler: cancel its tasks, tell the parent."""
         self.cancel_tasks()
-        self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
+        # the traceback to the run's log file only (`traceback` bound): the terminal shows one line
+        # for the job's end, never a traceback
+        self.log.bind(traceback=True).error("{} failed:\n{}", self.label,
+                                             failure_text(exception_type, exception_value, traceback))
         self.tell_parent(ChildFailed(child=self.label, detail=error_text(exception_type, exception_value)))

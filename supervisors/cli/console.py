@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
+import re
 import sys
 from pathlib import Path
 from types import FrameType
@@ -34,10 +35,23 @@ def configure_logging() -> None:
     logger.remove()
     # no variable values in tracebacks: a job's environment may hold a secret
     def line(record: Any) -> str:
-        record["message"] = redact(record["message"])  # no secret value this process knows
+        # no secret value this process knows; no terminal control sequence from a name
+        record["message"] = printable(redact(record["message"]))
         return "{time:HH:mm:ss} {level} {message}\n{exception}"
 
-    logger.add(sys.stderr, level="WARNING", format=line, backtrace=False, diagnose=False)
+    def shown(record: Any) -> bool:
+        return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
+
+    logger.add(sys.stderr, level="WARNING", format=line, filter=shown, backtrace=False, diagnose=False)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: control characters (ESC and the rest, but tab and newline) shown as `?`,
+    so a name cannot move the cursor, recolour or retitle the user's terminal."""
+    return _CONTROL.sub("?", text)
 
 
 class Interrupts:

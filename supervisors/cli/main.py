@@ -37,8 +37,9 @@ from actor_run.supervisors.cli import run as cmd_run
 from actor_run.supervisors.cli import runs as cmd_runs
 from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
-from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
+from actor_run.supervisors.cli.console import Exit, configure_logging, printable, usage_error
 from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
 from actor_run.supervisors.runner import default_state_dir
 
 __all__ = ["Exit", "entry", "main"]
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
+    except LedgerError as exc:  # a ledger that is no ledger is bad input; one that fails or is unreachable is not
+        sys.stderr.write(f"actor-run: {printable(str(exc))}\n")
+        return Exit.USAGE if isinstance(exc, LedgerUnusable) else Exit.FAILED
 
 
 def entry() -> None:

@@ -22,7 +22,7 @@ package, modules import each other by module, never through this file.
 """
 
 from actor_run.supervisors.ledger.core import LedgerCore, StaleClaim, Waiter
-from actor_run.supervisors.ledger.db import LedgerError
+from actor_run.supervisors.ledger.db import LedgerError, LedgerUnreachable, LedgerUnusable
 from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive, process_start_time
 from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
 from actor_run.supervisors.ledger.runs import Claimed
@@ -34,6 +34,8 @@ __all__ = [
     "LedgerCore",
     "LedgerError",
     "LedgerReader",
+    "LedgerUnreachable",
+    "LedgerUnusable",
     "MachineRow",
     "OwnerRow",
     "RunRow",

@@ -75,7 +75,7 @@ class Waiter:
             try:
                 fn(self.error)
             except Exception:  # one bad callback must not kill the writer thread
-                logger.error("a ledger commit callback failed:\n{}", failure_text(*sys.exc_info()))
+                logger.bind(traceback=True).error("a ledger commit callback failed:\n{}", failure_text(*sys.exc_info()))
 
 
 class _WriteQueue(Generic[T]):
@@ -215,7 +215,8 @@ class LedgerCore:
                 try:
                     self.on_stale(lost)
                 except Exception:  # the writer thread must live on
-                    logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
+                    logger.bind(traceback=True).error("a ledger stale-claim callback failed:\n{}",
+                                                      failure_text(*sys.exc_info()))
         if not self.stale and not self.lease_lost:
             return batch, []
         kept, refused = [], []

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.protocols.redact import add_url_password
 from actor_run.supervisors.ledger.schema import SchemaError, migrate
 
 ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
@@ -35,6 +36,18 @@ ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name 
 
 class LedgerError(ActorRunError):
     """The ledger could not record something (the disk, a lock held too long, the server gone)."""
+
+
+class LedgerUnusable(LedgerError):
+    """The ledger named is no ledger this actor-run can use (a folder, not SQLite, damaged, written
+    by a newer actor-run): the user's input is wrong (exit 2)."""
+
+
+class LedgerUnreachable(LedgerError):
+    """The ledger's server did not answer within `CONNECT_WAIT_S` (exit 1: try again later)."""
+
+
+CONNECT_WAIT_S = 10.0  # how long a PostgreSQL ledger that refuses or does not answer is tried again
 
 
 class Cursor(Protocol):
@@ -122,7 +135,7 @@ class Backend:
             migrate(conn)
         except SchemaError as exc:
             conn.close()
-            raise LedgerError(f"{self.describe()}: {exc}") from exc
+            raise LedgerUnusable(f"{self.describe()}: {exc}") from exc
         except self.errors as exc:
             conn.close()
             raise LedgerError(f"{self.describe()}: could not bring the ledger up to date: {exc}") from exc
@@ -154,11 +167,26 @@ class SqliteBackend(Backend):
         self._reader: sqlite3.Connection | None = None
 
     def connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        _set_wal(conn)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=30000")
+        """A connection to the file, made private (0600: SQLite gives its -wal and -shm files the
+        same mode) if it is new. LedgerUnusable for a folder, a file that is not SQLite or is
+        damaged, or a newer actor-run's ledger."""
+        if self.path.is_dir():
+            raise LedgerUnusable(f"--ledger {self.path} is a folder, not a ledger file")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerUnusable(f"--ledger {self.path}: cannot open it: {exc}") from exc
+        try:
+            _set_wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise LedgerError(f"{self.path}: {exc}") from exc
+            raise LedgerUnusable(f"--ledger {self.path} is not an actor-run ledger (or is damaged): {exc}") from exc
         self.migrate(conn)
         return conn
 
@@ -195,6 +223,7 @@ class PostgresBackend(Backend):
                             ) from exc
         self.errors = (psycopg.Error,)
         self.url = str(location)
+        add_url_password(self.url)  # masked wherever it would appear (protocols/redact.py)
         self._translated: dict[str, str] = {}
         self._tables: dict[str, tuple[list[str], list[str]]] = {}  # table -> (primary key, every column)
         self._lock = threading.Lock()
@@ -202,7 +231,7 @@ class PostgresBackend(Backend):
     def connect(self) -> _PgConn:
         import psycopg
 
-        raw = psycopg.connect(self.url, autocommit=True)
+        raw = self._connect_within(psycopg)
         # a controller frozen inside a transaction (SIGSTOP, a cut network) must not hold its row
         # locks forever: the server ends such a session, and its transaction with it
         raw.execute("SET idle_in_transaction_session_timeout = '10s'")
@@ -217,6 +246,21 @@ class PostgresBackend(Backend):
         self.migrate(conn)
         self._load_tables(conn)
         return conn
+
+    def _connect_within(self, psycopg: Any) -> Any:
+        """Connect, trying again for up to CONNECT_WAIT_S (a server restarting, a network blip);
+        then LedgerUnreachable, in one line without the URL's password."""
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(left)))
+            except psycopg.OperationalError as exc:
+                if time.monotonic() + 1.0 >= deadline:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise LedgerUnreachable(f"{self.describe()}: no connection within {CONNECT_WAIT_S:.0f} s: "
+                                            f"{first}") from exc
+                time.sleep(1.0)
 
     def begin_sql(self) -> str:
         return "BEGIN"

@@ -10,13 +10,13 @@ leaves logging to its embedder. `actor-run runs` shows each run's file.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
@@ -54,11 +54,6 @@ def _format(record: Any) -> str:
     extra.setdefault("attempt", "-")
     record["message"] = redact(record["message"])  # no secret value this process knows (protocols/redact.py)
     return FORMAT
-
-
-def private_opener(path: str, flags: int) -> int:
-    """open()'s opener for files only the user may read (0600, whatever the umask)."""
-    return os.open(path, flags, 0o600)
 
 
 def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
