@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
-import re
 import sys
 from pathlib import Path
 from types import FrameType
@@ -22,6 +21,7 @@ from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.views.live import View
+from actor_run.supervisors.views.text import printable
 
 
 class Exit(enum.IntEnum):
@@ -43,15 +43,6 @@ def configure_logging() -> None:
         return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
 
     logger.add(sys.stderr, level="WARNING", format=line, filter=shown, backtrace=False, diagnose=False)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` for a terminal: control characters (ESC and the rest, but tab and newline) shown as `?`,
-    so a name cannot move the cursor, recolour or retitle the user's terminal."""
-    return _CONTROL.sub("?", text)
 
 
 class Interrupts:
