@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,14 @@ def actor_run(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout:
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or tmp,
                           env={**os.environ, "NO_COLOR": "1", **(env or {})})
+
+
+def wait_until(check: Callable[[], list[Path]], timeout: float) -> list[Path]:
+    """Poll a condition on files (another process makes them) until it holds, within `timeout`."""
+    end = time.monotonic() + timeout
+    while not (found := check()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return found
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -226,10 +235,208 @@ def test_attack_the_report_of_hostile_names_and_paths(tmp_path: Path) -> None:
     assert "/{{data}}" in dom  # the folder's name, shown as it is
 
 
+# --- every error one line; a bad ledger is bad input, an unreachable one a failure ---------------
+
+
+def test_attack_a_batch_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "batch.toml"
+    path.write_bytes(b'[job]\nname = "t\xff"\ncommand = "echo"\nseeds = [1]\n')
+    done = actor_run(tmp_path, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "s"))
+    one_line_error(done, 2, "not UTF-8")
+
+
+def _ledger(tmp_path: Path, kind: str) -> Path:
+    if kind == "folder":
+        (tmp_path / "ledger-folder").mkdir()
+        return tmp_path / "ledger-folder"
+    if kind == "garbage":
+        (tmp_path / "garbage.sqlite").write_bytes(os.urandom(5000))
+        return tmp_path / "garbage.sqlite"
+    good = tmp_path / "good" / "ledger.sqlite"
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "o"), "--state-dir",
+                     str(tmp_path / "good"))
+    assert done.returncode == 0, done.stderr
+    if kind == "truncated":
+        (tmp_path / "truncated.sqlite").write_bytes(good.read_bytes()[:3000])
+        return tmp_path / "truncated.sqlite"
+    con = sqlite3.connect(good)
+    con.execute("PRAGMA user_version = 99")
+    con.close()
+    return good
+
+
+@pytest.mark.parametrize("kind", ["folder", "garbage", "truncated", "newer"])
+def test_attack_a_ledger_that_is_no_ledger(tmp_path: Path, kind: str) -> None:
+    ledger = _ledger(tmp_path, kind)
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "out"), "--state-dir",
+                     str(tmp_path / "state"), "--ledger", str(ledger))
+    one_line_error(done, 2, ledger.name)
+
+
+def test_attack_an_unreachable_postgresql_ledger(tmp_path: Path) -> None:
+    url = "postgresql://actor:hunter2secret@127.0.0.1:1/ledger"  # nothing listens on port 1
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "out"), "--state-dir",
+                     str(tmp_path / "state"), "--ledger", url, timeout=60)
+    one_line_error(done, 1, "127.0.0.1", "no connection within")
+    assert "hunter2secret" not in done.stdout + done.stderr
+
+
+def test_attack_an_ssh_host_without_an_address_is_named(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text('[clouds.ssh.hosts.a]\naddress = "127.0.0.1"\nuser = "x"\n')
+    path = batch(tmp_path, '\n[[candidates]]\ncloud = "ssh"\nhosts = ["b"]\n[clouds.ssh.hosts.b]\nuser = "me"\n')
+    done = actor_run(tmp_path, "run", str(path), "--config", str(user), "--out", str(tmp_path / "out"),
+                     "--state-dir", str(tmp_path / "state"))
+    one_line_error(done, 2, "clouds.ssh.hosts.b.address")
+
+
+# --- the out folder is made and written to first: a file, an immutable folder, a full disk --------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs (the tests run as root on Linux, as scripts/test.sh sets them up)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_attack_an_out_folder_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("a file")
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "out"), "--state-dir",
+                     str(tmp_path / "state"), timeout=60)
+    one_line_error(done, 2, "out_dir", str(tmp_path / "out"))
+
+
+def test_attack_an_immutable_out_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["chattr", "+i", str(out)], check=True)  # even root cannot write there
+    try:
+        done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(out), "--state-dir",
+                         str(tmp_path / "state"), timeout=60)
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], check=True)
+    one_line_error(done, 2, "out_dir")
+
+
+def test_attack_an_out_folder_on_a_full_disk(tmp_path: Path, small_disk: Path) -> None:
+    _fill(small_disk)
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(small_disk / "out"), "--state-dir",
+                     str(tmp_path / "state"), timeout=60)
+    one_line_error(done, 2, "out_dir", "No space left")
+
+
+def _fill(disk: Path) -> None:
+    """Write until the disk says it is full (bounded: 256 KiB in 4 KiB writes)."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(1024):
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_attack_a_disk_that_fills_during_the_run_fails_one_job_cleanly(tmp_path: Path, small_disk: Path) -> None:
+    """Seed 2's outputs fill the disk the results go to: its fetch or its response.json fails (a
+    crash of its job supervisor): that job ends `internal`, named in one line, no traceback; the
+    seed before it succeeded; no machine is left."""
+    path = batch(tmp_path, command='if [ "$ACTOR_RUN_SEED" = 2 ]; then head -c 300000 /dev/zero > '
+                                   '"$ACTOR_RUN_OUT/big"; fi; echo ok', policy="concurrency = 1\nmax_attempts = 1")
+    path.write_text(path.read_text().replace("seeds = [1]", "seeds = [1, 2]"))
+    done = actor_run(tmp_path, "run", str(path), "--out", str(small_disk / "out"), "--state-dir",
+                     str(tmp_path / "state"), timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert [line for line in done.stderr.splitlines() if "t/seed-2" in line and "crashed" in line]
+    assert any("t/seed-1" in line and "succeeded" in line for line in done.stdout.splitlines())
+    assert not list((tmp_path / "state" / "local").glob("*.json"))  # every machine deleted
+
+
+# --- private by default; the terminal takes no control sequence from a name ----------------------
+
+
+def test_attack_files_others_could_read(tmp_path: Path) -> None:
+    done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "out"), "--state-dir",
+                     str(tmp_path / "state"), env={"UMASK_NOTE": "0022"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    private = [tmp_path / "state" / "ledger.sqlite", *tmp_path.glob("state/runs/*/controller.log"),
+               tmp_path / "out" / "t" / "seed-1" / "log.txt", tmp_path / "out" / "t" / "seed-1" / "response.json"]
+    assert len(private) == 4
+    for f in private:
+        assert f.stat().st_mode & 0o777 == 0o600, f
+
+
+def test_attack_terminal_escapes_in_a_region_name(tmp_path: Path) -> None:
+    region = "r\u001b]0;pwned\u0007\u001b[2J"
+    path = batch(tmp_path, '\n[[candidates]]\ncloud = "sim"\ngpu = "H100"\n[clouds.sim]\nlaunch_latency_s = 0.05\n'
+                           f'[[clouds.sim.regions]]\nname = {json.dumps(region)}\n'
+                           'gpus = { H100 = { stock = 1, hourly_usd = 1.0 } }\n',
+                 command="exit 3", policy="max_attempts = 1")
+    done = actor_run(tmp_path, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
+                     str(tmp_path / "state"))
+    assert done.returncode == 1, done.stderr
+    assert "pwned" in done.stdout  # the name is shown ...
+    assert "\x1b" not in done.stdout + done.stderr  # ... without its control sequences
+    for command in ("runs", "status", "cost", "logs"):
+        shown = actor_run(tmp_path, command, "--state-dir", str(tmp_path / "state"))
+        assert "\x1b" not in shown.stdout + shown.stderr, command
+
+
+# --- the local cloud's delete kills what it started, nothing else ---------------------------------
+
+
+def test_attack_a_bystander_naming_the_sandbox_survives_the_delete(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    path = batch(tmp_path, command=f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo ok')
+    proc = subprocess.Popen([*CLI, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
+                             str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NO_COLOR": "1"})
+    bystander = None
+    try:
+        def started() -> list[Path]:  # the job's pid file is written: its machine is up
+            return [p for p in (tmp_path / "state" / "local").glob("*") if list(p.glob("work/*/*/a0/pid"))]
+
+        sandboxes = wait_until(started, 60)
+        assert sandboxes, "no sandbox appeared"
+        bystander = subprocess.Popen(["sh", "-c", 'sleep 600; : "$0"', f"{sandboxes[0]}/work/t/1/a0"],
+                                     start_new_session=True)
+        gate.touch()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert not sandboxes[0].exists()  # the machine is deleted ...
+        assert bystander.poll() is None  # ... and the process that merely names it lives
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait(10)
+
+
 ATTACKS: list[Callable[..., None]] = [
     test_attack_a_provider_echoes_the_key_in_its_error_body,
     test_attack_bad_input_is_refused_before_anything_starts,
     test_attack_a_command_longer_than_an_exec_takes,
     test_attack_the_wrappers_own_variable_in_the_env,
     test_attack_the_report_of_hostile_names_and_paths,
+    test_attack_a_batch_file_that_is_not_utf8,
+    test_attack_a_ledger_that_is_no_ledger,
+    test_attack_an_unreachable_postgresql_ledger,
+    test_attack_an_ssh_host_without_an_address_is_named,
+    test_attack_an_out_folder_that_is_a_file,
+    test_attack_an_immutable_out_folder,
+    test_attack_an_out_folder_on_a_full_disk,
+    test_attack_a_disk_that_fills_during_the_run_fails_one_job_cleanly,
+    test_attack_files_others_could_read,
+    test_attack_terminal_escapes_in_a_region_name,
+    test_attack_a_bystander_naming_the_sandbox_survives_the_delete,
 ]
