@@ -17,6 +17,7 @@ URL itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -174,7 +175,11 @@ class SqliteBackend(Backend):
             raise LedgerUnusable(f"--ledger {self.path} is a folder, not a ledger file")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+            if not self.path.exists():
+                # made private before SQLite makes it. Never an open and close of a file SQLite has
+                # open in this process: closing any descriptor of it drops that process's POSIX locks
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
             raise LedgerUnusable(f"--ledger {self.path}: cannot open it: {exc}") from exc
