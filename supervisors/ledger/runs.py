@@ -8,6 +8,7 @@ import uuid
 
 import msgspec
 
+from actor_run.protocols.redact import redact
 from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore, StaleClaim, Waiter
 from actor_run.supervisors.ledger.db import Conn
 
@@ -120,7 +121,7 @@ class RunRecords(LedgerCore):
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
-        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
+        row = (state, failure, redact(detail)[:1000], attempts, usd, time.time(), self.run_of(key), key)
         return self._track((
             "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row),
             key)
