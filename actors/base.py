@@ -122,8 +122,9 @@ class Context:
 
     def at(self, step: str, key: str) -> None:
         """A step of job `key`'s life is about to run (`out_folder`, `budget`, `names`, `response`,
-        `event`): the fault hook, when one is set (tests, chaos drills), may raise there, which is
-        that step's crash as a bug would make it. Without a hook, nothing."""
+        `event:<message>` in its job supervisor, `batch:<message>` in the batch supervisor): the
+        fault hook, when one is set (tests, chaos drills), may raise there, which is that step's
+        crash as a bug would make it. Without a hook, nothing."""
         if self.fault is not None:
             self.fault(step, key)
 

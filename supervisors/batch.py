@@ -84,6 +84,8 @@ class BatchSupervisor(PooledActor):
         self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
 
     def on_receive(self, message: Any) -> Any:
+        if self.ctx.fault is not None:
+            self.ctx.at(f"batch:{type(message).__name__}", getattr(message, "key", ""))
         match message:
             case _Submit(job=job) as submit:
                 if self.stopped is not None:

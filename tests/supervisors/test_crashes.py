@@ -73,3 +73,18 @@ def test_a_crash_while_the_machine_runs_deletes_it_first(
     assert handles[1].result(0).failure == Code.CANCELED
     assert not list(sim_dir.glob("machines/*.json"))
     assert {m.state for m in ledger_machines()} == {"deleted"}
+
+
+def test_a_crash_of_the_batch_supervisor_ends_every_job_and_cancel_and_close_still_work(
+        open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path, ledger_machines: Any) -> None:
+    with open_runner(concurrency=2, fault=crash_at("batch:_CancelJob", "t/seed-1")) as r:
+        handles = [r.submit(sim_job("t", "sleep 40.917", seed=s)) for s in (1, 2)]
+        for s in (1, 2):
+            events.wait_for(lambda e, s=s: isinstance(e, JobStarted) and e.seed == s)
+        handles[0].cancel()  # the batch supervisor raises on it
+        ended = [h.result(timeout=120) for h in handles]
+        assert {(e.outcome, e.failure) for e in ended} == {("failed", Code.INTERNAL)}
+        assert not list(sim_dir.glob("machines/*.json"))  # each job's machine deleted first
+        r.cancel()  # the batch is gone: nothing to cancel, and no ActorDeadError
+        handles[1].cancel()
+    assert {m.state for m in ledger_machines()} == {"deleted"}
