@@ -62,6 +62,7 @@ code = "code"
 seeds = {seeds}
 timeout_s = 300
 env = {{ STEPS = "{steps}" }}
+public_env = ["STEPS"]
 
 [policy]
 max_attempts = 2
