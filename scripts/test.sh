@@ -34,6 +34,17 @@ if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
   echo "$stamp" > .venv/.installed
 fi
+# SkyPilot itself, for the tests that run its own parser and outputs (tests/sky_own.py): pinned, in a venv of
+# its own (its dependencies are heavy: about 460 MB, 5-7 minutes to install on a loaded 2-core machine),
+# made once and reused while its pin matches
+SKY_PIN="skypilot==0.14.1"
+if [ "$(cat .venv-sky/pin 2>/dev/null)" != "$SKY_PIN" ]; then
+  rm -rf .venv-sky
+  python3 -m venv .venv-sky
+  .venv-sky/bin/python -m pip install -q "$SKY_PIN"
+  echo "$SKY_PIN" > .venv-sky/pin
+fi
+export ACTOR_RUN_SKY_PYTHON="$PWD/.venv-sky/bin/python"
 # lint and types first (the test extra brings ruff, mypy and stubs): CI fails on either
 .venv/bin/ruff check .
 .venv/bin/mypy

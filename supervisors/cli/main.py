@@ -96,8 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     try:
         shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
+        if shared and args.command not in ("worker", "run"):  # reachable? (those two ask once their input is checked)
+            cmd_worker.wait_for_ledger(args)
     except SpecError as exc:
         return usage_error(str(exc))
+    except LedgerError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.FAILED
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
-    except LedgerError as exc:  # a ledger that is no ledger is bad input; one that fails or is unreachable is not
+    except LedgerError as exc:  # a ledger that is no ledger is bad input (2); one that fails or is away is not (1)
         sys.stderr.write(f"actor-run: {printable(str(exc))}\n")
         return Exit.USAGE if isinstance(exc, LedgerUnusable) else Exit.FAILED
 
