@@ -276,7 +276,7 @@ def test_attack_a_ledger_that_is_no_ledger(tmp_path: Path, kind: str) -> None:
 def test_attack_an_unreachable_postgresql_ledger(tmp_path: Path) -> None:
     url = "postgresql://actor:hunter2secret@127.0.0.1:1/ledger"  # nothing listens on port 1
     done = actor_run(tmp_path, "run", str(batch(tmp_path)), "--out", str(tmp_path / "out"), "--state-dir",
-                     str(tmp_path / "state"), "--ledger", url, timeout=60)
+                     str(tmp_path / "state"), "--ledger", url, "--ledger-wait", "3", timeout=60)
     one_line_error(done, 1, "127.0.0.1", "cannot be reached")
     assert "hunter2secret" not in done.stdout + done.stderr
 
