@@ -37,11 +37,23 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
-from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, check_cloud_names, cloud_key, make_cloud
+from actor_run.protocols.clouds import (
+    MAIN,
+    Cloud,
+    Reclaiming,
+    accounts_of,
+    check_cloud_names,
+    cloud_key,
+    known_gpus,
+    known_regions,
+    make_cloud,
+)
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import (
+    CandidateSpec,
     Job,
+    check_candidate_names,
     check_job,
     check_policy,
     job_key,
@@ -51,7 +63,7 @@ from actor_run.protocols.specs import (
 )
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
-from actor_run.supervisors.config import UserConfig, resolve_config
+from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
@@ -144,6 +156,38 @@ class JobHandle:
         self._runner._batch_tell(_CancelJob(key=self.key))
 
 
+PROBE_BYTES = 4096
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Make the results folder and write to it (a few KiB, removed again): a file in its place, a
+    read-only folder or a full disk is a SpecError naming `out_dir` before anything starts."""
+    probe = out_dir / f".actor-run-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SpecError("out_dir", f"cannot write results in {out_dir}: {exc.strerror}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
+def private_dir(path: Path) -> None:
+    """The state folder (ledger, logs, known hosts, sandboxes): made 0700, and made so if it was not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as exc:
+        raise SpecError("state_dir", f"cannot use {path}: {exc.strerror}") from exc
+
+
 class Runner(Takeover):
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
@@ -166,8 +210,9 @@ class Runner(Takeover):
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
                  sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
                  config: str | Path | UserConfig | None = None, outage_s: float | None = None,
-                 register: bool = True) -> None:
+                 register: bool = True, fault: Callable[[str, str], None] | None = None) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        self._fault = fault  # fault injection (tests, drills): actors.Context.at says where it is called
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
         self.outage_s = outage_s  # a shared ledger's outage ridden out (default: the lease): core.py
@@ -187,7 +232,10 @@ class Runner(Takeover):
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self.reactor = Reactor()
-        self.clouds: dict[str, Cloud] = {}
+        self.clouds: dict[str, Cloud] = {}  # what leases use: by cloud key, built from the jobs' merged settings
+        self._digests: dict[str, bytes] = {}  # cloud key -> the digest of the settings its object was built from
+        self._swept: set[tuple[str, bytes]] = set()  # (cloud key, settings digest) a sweep of this Runner listed
+        self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
         self._reported: dict[str, dict[int, float]] = {}
@@ -197,6 +245,7 @@ class Runner(Takeover):
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
+        self.swept_clouds: list[str] = []
         self._config_arg = config
         self.config = UserConfig()  # the user's settings, read by open()
 
@@ -213,6 +262,7 @@ class Runner(Takeover):
         if self.concurrency < 1:
             raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
         self.config = resolve_config(self._config_arg)  # before anything starts: a bad file is a SpecError
+        private_dir(self.state_dir)
         try:
             self._open_parts()
         except BaseException:
@@ -228,7 +278,7 @@ class Runner(Takeover):
             self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
-                           delete_timeout_s=self.delete_timeout_s)
+                           delete_timeout_s=self.delete_timeout_s, fault=self._fault)
         self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
                                             budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
@@ -340,30 +390,63 @@ class Runner(Takeover):
                     if account in used:
                         raise  # one this job walks: it cannot run without it
                     logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
+        self._check_names(job)
+
+    def _check_names(self, job: Job) -> None:
+        """GPU and region names each candidate's cloud knows, and each cloud's own check (a Lambda
+        file system that exists): a typo is exit 2 before anything starts."""
+        def cloud_of(c: CandidateSpec) -> Cloud:
+            return self.clouds[cloud_key(c.cloud, c.accounts[0] if c.accounts else "")]
+
+        check_candidate_names(job.candidates, lambda _i, c: known_gpus(cloud_of(c)),
+                              lambda _i, c: known_regions(cloud_of(c)))
+        for c in job.candidates:
+            key = cloud_key(c.cloud, c.accounts[0] if c.accounts else "")
+            cloud = self.clouds[key]
+            check = getattr(cloud, "check", None)
+            if check is not None and key not in self._checked:
+                self.reactor.call(check, timeout=120)
+                self._checked.add(key)
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
-        """The cloud `name`, built once from the user's settings with `settings` (the job's table)
-        merged over them; the ledger keeps only the job's table, without its secrets."""
+        """The cloud `name` for a job: built from the user's settings with `settings` (the job's
+        table) merged over them, once per settings. A cloud is its settings: the object leases use
+        is never one built from other settings (the ledger's, another run's); a second job of this
+        Runner that wants the same cloud with other settings is refused (SpecError). The ledger
+        keeps only the job's table, without its secrets. A cloud new to this Runner is swept first
+        (sweep_on_start): the start-up sweep sees every cloud the batch names."""
+        merged = self.config.cloud_settings(name, settings)
+        digest = settings_digest(name, merged)
         with self._lock:
-            if name not in self.clouds:
-                self.config.parse(name, settings)  # a bad value names its field and its file
-                cloud = self.clouds[name] = make_cloud(name, self.config.cloud_settings(name, settings),
-                                                       self.state_dir)
-                if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
-                    cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
-                                                      grace_s=self.sweep_grace_s, keep_owner=self.owner)
-                self.ledger.record_cloud(name, without_secrets(settings))
-            return self.clouds[name]
+            have = self.clouds.get(name)
+            if have is not None:
+                if self._digests.get(name) == digest:
+                    return have
+                cloud_name = name.partition("@")[0]
+                raise SpecError(f"clouds.{cloud_name}", f"differs from the [clouds.{cloud_name}] another job of this "
+                                                        "Runner leases with; run it in a Runner of its own")
+            self.config.parse(name, settings)  # a bad value names its field and its file
+            cloud = make_cloud(name, merged, self.state_dir)
+            if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
+                cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
+                                                  grace_s=self.sweep_grace_s, keep_owner=self.owner)
+            self.clouds[name], self._digests[name] = cloud, digest
+            self.ledger.record_cloud(name, without_secrets(settings))
+        if self.sweep_on_start and (name, digest) not in self._swept:
+            self.swept += self._sweep_clouds({name: cloud}, digests={name: digest})
+        return cloud
 
     def start_run(self) -> str:
         """Record this Runner's run (its id, batch file, output folder) if not yet done; `submit`
-        calls it. Returns the run's id (a new one if the chosen id was already in the ledger)."""
+        calls it. Returns the run's id (a new one if the chosen id was already in the ledger). Its
+        first step makes the output folder and writes to it: SpecError(`out_dir`) if it cannot."""
         if not self._open:
             raise RuntimeError("the Runner is not open (use it as a context manager)")
         if self._run_started:
             return self.run
         with self._lock:
             if not self._run_started:
+                check_out_dir(self.out_dir)  # the first step: a folder results cannot go to starts nothing
                 for _ in range(20):
                     if self.ledger.start_run(self.run, batch=self.batch, out_dir=str(self.out_dir)):
                         break
@@ -413,7 +496,12 @@ class Runner(Takeover):
                 logger.warning("{}: env {} was kept out of the ledger (secret); set it for this worker",
                                job.key, ", ".join(missing))
             for c in job.candidates:
-                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                try:
+                    self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                except SpecError as exc:  # another run's settings for that cloud lease here: say so
+                    if c.cloud not in self.clouds:
+                        raise  # not built at all
+                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
             handle = JobHandle(self, job)
             handle.run = claimed.run
             self.handles[job.key] = handle
@@ -424,7 +512,10 @@ class Runner(Takeover):
     def _batch_tell(self, message: Message) -> None:
         if self._batch is None:
             raise RuntimeError("the Runner is not open")
-        self._batch.tell(message)
+        try:
+            self._batch.tell(message)
+        except pykka.ActorDeadError:  # it failed, and ended every job then (BatchSupervisor.on_failure)
+            logger.debug("the batch supervisor is gone; dropped {}", type(message).__name__)
 
     def statistics(self) -> RunnerStatistics:
         """Counters for benches: actor messages handled, reactor tasks, ledger writes, pool threads."""

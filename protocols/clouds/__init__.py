@@ -18,7 +18,7 @@ import msgspec
 
 from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import CandidateSpec, check_candidates, spec_error
+from actor_run.protocols.specs import CandidateSpec, add_secret_settings, check_candidates, spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -87,10 +87,24 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
         raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(_REGISTRY))})")
     module, settings, _ = _REGISTRY[name]
     cls = getattr(importlib.import_module(module), settings)
+    add_secret_settings(raw)
     try:
         return msgspec.convert(raw, cls)
     except msgspec.ValidationError as exc:
         raise spec_error(exc, f"clouds.{name}") from exc
+
+
+def known_gpus(cloud: Cloud) -> frozenset[str] | None:
+    """The GPU names a candidate for `cloud` may say (its `gpu_names`), or None where the cloud
+    does not say (local, ssh: any name passes)."""
+    names: frozenset[str] | None = getattr(cloud, "gpu_names", None)
+    return names
+
+
+def known_regions(cloud: Cloud) -> frozenset[str] | None:
+    """The region names a candidate for `cloud` may say (its `region_names`), or None."""
+    names: frozenset[str] | None = getattr(cloud, "region_names", None)
+    return names
 
 
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
@@ -112,5 +126,5 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 __all__ = [
     "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
-    "known_clouds", "make_cloud", "parse_settings", "split_key",
+    "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key",
 ]

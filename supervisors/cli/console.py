@@ -10,15 +10,18 @@ import enum
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from loguru import logger
 
 from actor_run.protocols.messages import Event, JobEnded, Released
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.views.live import View
+from actor_run.supervisors.views.text import printable
 
 
 class Exit(enum.IntEnum):
@@ -31,8 +34,15 @@ class Exit(enum.IntEnum):
 def configure_logging() -> None:
     logger.remove()
     # no variable values in tracebacks: a job's environment may hold a secret
-    logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}", backtrace=False,
-               diagnose=False)
+    def line(record: Any) -> str:
+        # no secret value this process knows; no terminal control sequence from a name
+        record["message"] = printable(redact(record["message"]))
+        return "{time:HH:mm:ss} {level} {message}\n{exception}"
+
+    def shown(record: Any) -> bool:
+        return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
+
+    logger.add(sys.stderr, level="WARNING", format=line, filter=shown, backtrace=False, diagnose=False)
 
 
 class Interrupts:

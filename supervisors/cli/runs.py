@@ -106,13 +106,15 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
     else:
         run = max(runs, key=lambda r: (r.started or 0.0)) if runs else None
     jobs = reader.jobs(run.id) if run is not None else []
+    stages = reader.stages(run.id) if run is not None else {}
     machines, live = reader.machines(), reader.live_owners()
     if args.json:
         out = []
         if run is not None:
             out.append({"kind": "run", **_run_dict(run, live)})
         for j in jobs:
-            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"}})
+            row = {k: v for k, v in j.items() if k != "spec"}
+            out.append({"kind": "job", **row, "stage": stages.get(j["key"], "")})
         for m in machines:
             out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
         for d in out:
@@ -125,6 +127,8 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
               f" results in {run.out_dir or '-'}")
         for j in jobs:
             tail = f"  {j['failure']}: {j['detail']}" if j["failure"] else ""
+            if j["state"] == "running" and j["key"] in stages:
+                tail = f"  ({stages[j['key']]})"  # booting, waiting for ssh, waiting for capacity
             print(f"  {j['key']:<32} {j['state']:<10} {j['attempts'] or 0:>2} attempt(s) ${j['usd'] or 0:.4f}{tail}")
     alive = [m for m in machines if m.state == "alive"]
     if not alive:

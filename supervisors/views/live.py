@@ -46,8 +46,10 @@ from actor_run.protocols.messages import (
     JobEnded,
     Leased,
     LeaseFailed,
+    LeaseStage,
     Metered,
     Progress,
+    WaitingForCapacity,
     encode,
 )
 from actor_run.protocols.specs import job_key
@@ -76,6 +78,7 @@ from actor_run.supervisors.views.rows import (
     _number,
     _Screen,
 )
+from actor_run.supervisors.views.text import printable
 
 
 class View:
@@ -166,7 +169,7 @@ class View:
                 if not line.started:
                     line.started = e.t
                 line.attempt, line.attempt_at = e.attempt, e.t
-                line.place = " ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x)
+                line.place = printable(" ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x))
                 self._machine_gone(line)
                 self.progress -= _fraction(line)
                 line.stage, line.step, line.total, line.fields = "", None, None, {}
@@ -175,6 +178,10 @@ class View:
                 line.machine, line.leased_at, line.waiting = m, e.t, False
                 self.rate += m.hourly_usd / 3600
                 self.rate_t += m.hourly_usd / 3600 * e.t
+            case LeaseStage(stage=stage):
+                line.state = stage  # booting, waiting for ssh
+            case WaitingForCapacity():
+                line.state, line.waiting = "waiting for capacity", True
             case LeaseFailed(failure=failure):
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
             case AttemptEnded(usage=u, failure=failure):
@@ -188,7 +195,7 @@ class View:
                 self.progress -= _fraction(line)
                 line.state = outcome
                 line.failure = str(failure) if failure else ""
-                line.detail = detail
+                line.detail = printable(detail)
                 line.ended = e.t
                 line.usd = usd
                 line.waiting = False
@@ -222,7 +229,7 @@ class View:
             return
         stage = merged.get("stage")
         if stage:
-            line.stage = str(stage)
+            line.stage = printable(str(stage))
         line.fields.update(merged)
         step, total = merged.get("step"), merged.get("total")
         if total is None and line.total is None:  # no bar (nor a share of the time left) without a total
@@ -333,7 +340,8 @@ class View:
 
     def _row(self, line: JobLine, now: float) -> list[tuple[str, Style | None]]:
         state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
-        state = "no capacity" if line.waiting and line.machine is None else line.state
+        state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
+                 else line.state)
         pieces: list[tuple[str, Style | None]] = [
             (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style),
             (f" {line.attempt:>3} {line.place[:22]:<22} {line.stage[:10]:<10} ", None)]

@@ -10,12 +10,14 @@ leaves logging to its embedder. `actor-run runs` shows each run's file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
@@ -27,6 +29,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     LeaseRequested,
+    LeaseStage,
     Metered,
     Progress,
     Released,
@@ -34,7 +37,9 @@ from actor_run.protocols.messages import (
     Stalled,
     TransferFailed,
     Uploaded,
+    WaitingForCapacity,
 )
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 
 ROTATE_AT = "20 MB"
@@ -50,6 +55,7 @@ def _format(record: Any) -> str:
     extra = record["extra"]
     extra.setdefault("job", "-")
     extra.setdefault("attempt", "-")
+    record["message"] = redact(record["message"])  # no secret value this process knows (protocols/redact.py)
     return FORMAT
 
 
@@ -65,7 +71,7 @@ def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
         return bool(record["extra"].get("run", run) == run)
 
     return logger.add(path, level=level, format=_format, filter=ours, rotation=ROTATE_AT, retention=KEEP,
-                      backtrace=False, diagnose=False, encoding="utf-8")
+                      backtrace=False, diagnose=False, encoding="utf-8", opener=private_opener)
 
 
 def describe(e: Event) -> str | None:
@@ -78,6 +84,10 @@ def describe(e: Event) -> str | None:
             return f"attempt started: candidate {o.candidate} ({place}, ${o.hourly_usd:.2f}/h)"
         case LeaseRequested(name=name):
             return f"create requested: {name}"
+        case LeaseStage(name=name, stage=stage):
+            return f"{name}: {stage}"
+        case WaitingForCapacity(wanted=wanted, until=until):
+            return f"waiting for capacity ({wanted}) until {time.strftime('%H:%M:%S', time.localtime(until))}"
         case Leased(machine=m):
             return f"leased {m.name} ({m.id}) at ${m.hourly_usd:.2f}/h"
         case LeaseFailed(failure=failure, detail=detail):
