@@ -35,6 +35,7 @@ class _Submit(Message, frozen=True, kw_only=True):
     offer: Offer | None = None
     spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
     seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
+    refuse: Cancel | None = None  # end it before anything is rented (a claimed job this process cannot run)
 
 
 class _Spent(Message, frozen=True, kw_only=True):
@@ -90,8 +91,9 @@ class BatchSupervisor(PooledActor):
             self.ctx.at(f"batch:{type(message).__name__}", getattr(message, "key", ""))
         match message:
             case _Submit(job=job) as submit:
-                if self.stopped is not None:
-                    self._end_unstarted(job, self.stopped)
+                why = submit.refuse or self.stopped
+                if why is not None:
+                    self._end_unstarted(job, why)
                 elif submit.reattach is not None:
                     self._start(submit)  # watching is not a slot: an adopted running job is watched at once
                 else:

@@ -492,9 +492,11 @@ class Runner(Takeover):
         handles = []
         for claimed in self.ledger.claim_queued(most):
             job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), dict(os.environ))
-            if missing:
-                logger.warning("{}: env {} was kept out of the ledger (secret); set it for this worker",
-                               job.key, ", ".join(missing))
+            refuse = None
+            if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
+                refuse = Cancel(failure=Code.INPUT, detail=(
+                    f"env {', '.join(missing)} was kept out of the ledger (secret) and is not set for this "
+                    "worker: set it in the worker's environment, or list it in job.public_env"))
             for c in job.candidates:
                 try:
                     self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
@@ -506,7 +508,7 @@ class Runner(Takeover):
             handle.run = claimed.run
             self.handles[job.key] = handle
             handles.append(handle)
-            self._batch_tell(_Submit(job=job, seed_dir=claimed.out_dir))
+            self._batch_tell(_Submit(job=job, seed_dir=claimed.out_dir, refuse=refuse))
         return handles
 
     def _batch_tell(self, message: Message) -> None:

@@ -10,6 +10,7 @@ and `end` lines there: a seed that ran twice has two `start` lines."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -40,7 +41,8 @@ def url(postgres: Any) -> Iterator[str]:
 def team_batch(tmp: Path, *, seeds: int, steps: int) -> Path:
     """The chaos batch, jobs of `steps` quarter seconds that print each step."""
     batch = write_batch(tmp, seeds=seeds, latency=0.2)
-    batch.write_text(batch.read_text().replace("env = { TRACE", f'env = {{ STEPS = "{steps}", TRACE'))
+    batch.write_text(batch.read_text().replace("env = { TRACE", f'env = {{ STEPS = "{steps}", TRACE')
+                     .replace('public_env = ["TRACE"]', 'public_env = ["STEPS", "TRACE"]'))
     (tmp / "code" / "job.py").write_text(PRINTING_JOB)
     return batch
 
@@ -374,3 +376,27 @@ def test_drain_finishes_the_jobs_held_and_takes_no_more(tmp_path: Path, url: str
     assert {k for k, j in rows.items() if j["state"] == "succeeded"} == held
     assert [j["state"] for k, j in rows.items() if k not in held] == ["queued"]
     assert not [e for e in worker.events if e["type"] == "Released" and not e["confirmed"]]  # deleted as usual
+
+
+def test_a_secret_the_worker_lacks_ends_the_job_input_without_renting(
+    tmp_path: Path, url: str,
+) -> None:
+    """A job's env value the ledger kept out (not in public_env) comes from the worker's own
+    environment; a worker without it never runs the job with a placeholder, nor rents for it."""
+    batch = team_batch(tmp_path, seeds=2, steps=2)
+    batch.write_text(batch.read_text().replace("env = { STEPS", 'env = { API_TOKEN = "tok-4242", STEPS'))
+    submit(tmp_path, url, batch)
+    env = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
+    lacking = subprocess.run([*CLI, "worker", "--until-idle", "--ledger", url, "--concurrency", "2", "--json",
+                              "--poll", str(POLL_S), "--out", str(tmp_path / "out"), "--state-dir",
+                              str(tmp_path / "state")],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    evs = [json.loads(x) for x in lacking.stdout.splitlines()]
+    assert [e for e in evs if e["type"] == "LeaseRequested"] == []
+    ended = [(e["seed"], e["failure"]) for e in evs if e["type"] == "JobEnded"]
+    assert sorted(ended) == [(1, "input"), (2, "input")], lacking.stderr
+    assert all("API_TOKEN" in e["detail"] for e in evs if e["type"] == "JobEnded")
+    assert "tok-4242" not in lacking.stdout + lacking.stderr
+    rows = jobs(url)
+    assert {k: (r["state"], r["failure"]) for k, r in rows.items()} == {
+        "chaos/seed-1": ("failed", "input"), "chaos/seed-2": ("failed", "input")}
