@@ -3,6 +3,7 @@
 console.py. It parses, the command builds specs, calls the Runner, renders. Nothing else.
 
     actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR]
+    actor-run run [BATCH.toml] --gpu H100 [--cloud C] [--seeds 1-8] ... [--print-batch] -- CMD  (oneline.py)
     actor-run runs [--json] [--ledger PATH]
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
@@ -86,9 +87,20 @@ def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
                 _config_option(child)
 
 
+TAKES_COMMAND = ("run", "ssh")  # the commands that take a command after `--`
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail = None
+    if "--" in argv:  # what follows `--` is a command for the machine, never our options
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.tail = tail
+    if tail is not None and args.command not in TAKES_COMMAND:
+        return usage_error(f"{args.command}: takes no command after --")
     configure_logging()
     if getattr(args, "state_dir", None) is None:
         args.state_dir = str(default_state_dir())
@@ -97,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         return usage_error(str(exc))
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
+        "run": cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
+        else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,

@@ -14,13 +14,16 @@ from loguru import logger
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
-from actor_run.protocols.specs import load_batch
+from actor_run.protocols.specs import Batch, batch_from_table, load_batch
+from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.console import Exit, Interrupts, watch
 from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
-RUN_EXAMPLE = """example:
+RUN_EXAMPLE = """examples:
   actor-run run examples/seeds.toml --out results/
+  actor-run run --gpu H100 --cloud runpod --seeds 1-8 --timeout 2h -- python train.py --seed {seed}
+  actor-run run --gpu H100 --seeds 1-8 --print-batch -- python train.py --seed {seed} > train.toml
   actor-run run examples/sim.toml --ledger postgresql://team@db.example/actor_run --submit-only
 """
 
@@ -29,18 +32,49 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     run: argparse.ArgumentParser = sub.add_parser(
         "run", help="run a batch file (a new run: its id is printed first)", epilog=RUN_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("batch")
+    run.add_argument("batch", nargs="?", help="a batch file (TOML); or none, and a command after --")
     run.add_argument("--json", action="store_true", help="one event per line (JSON), each with its run")
-    run.add_argument("--concurrency", type=int)
-    run.add_argument("--ledger")
+    run.add_argument("--concurrency", type=int, help="jobs at once (default: the batch's policy.concurrency)")
+    run.add_argument("--ledger", help="the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER,"
+                     " else <state>/ledger.sqlite)")
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
+    oneline.add_flags(run)
     return run
+
+
+def load(args: argparse.Namespace) -> Batch:
+    """The batch `run` runs: the file, or the flags and the command after `--` (over the file)."""
+    if args.tail is not None and not args.tail:
+        raise SpecError("run", "expected a command after --")
+    if not oneline.wants_table(args):
+        if not args.batch:
+            raise SpecError("run", "give a batch file, or a command after -- (actor-run run --gpu H100 -- CMD)")
+        return load_batch(args.batch, known_clouds())
+    raw, base = oneline.batch_table(args)
+    return batch_from_table(raw, base, known_clouds())
+
+
+def label(args: argparse.Namespace, batch: Batch) -> str:
+    """What `runs` shows for the run's batch: its file, or the one-line command."""
+    return str(Path(args.batch).resolve()) if args.batch else f"-- {batch.spec.job.command}"
+
+
+def cmd_print_batch(args: argparse.Namespace) -> int:
+    """`run ... --print-batch`: the batch the flags make, as a TOML file, checked first."""
+    try:
+        load(args)
+        raw, _ = oneline.batch_table(args)
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+    sys.stdout.write(oneline.toml_text(raw))
+    return Exit.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        batch = load_batch(args.batch, known_clouds())
+        batch = load(args)
         if args.concurrency is not None and args.concurrency < 1:
             raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
     except SpecError as exc:
@@ -50,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or batch.spec.policy.concurrency
     events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
-                    budget_usd=batch.spec.policy.budget_usd, batch=str(Path(args.batch).resolve()),
+                    budget_usd=batch.spec.policy.budget_usd, batch=label(args, batch),
                     config=args.config)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
