@@ -325,8 +325,11 @@ class Runner(Takeover):
         with self._lock:
             if name not in self.clouds:
                 self.config.parse(name, settings)  # a bad value names its field and its file
-                cloud = self.clouds[name] = make_cloud(name, self.config.cloud_settings(name, settings),
-                                                       self.state_dir)
+                cloud = make_cloud(name, self.config.cloud_settings(name, settings), self.state_dir)
+                launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
+                if launchable is not None:
+                    launchable()
+                self.clouds[name] = cloud
                 if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
                     cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
                                                       grace_s=self.sweep_grace_s, keep_owner=self.owner)

@@ -23,6 +23,7 @@ Rules kept here for all of them:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -191,6 +192,16 @@ class RentedCloud:
         self.settings = settings
         self.dir = Path(state_dir) / self.name
         self._ids: dict[str, str] = {}  # name -> id, for machines this process launched or found
+
+    @functools.cached_property
+    def _public_key(self) -> str:
+        """The public half of `ssh_key`, read when first needed: the read-only calls (`clouds check`,
+        `offers`, a sweep) need no local key; `check_launchable` reads it before anything starts."""
+        return public_key(self.name, self.settings.ssh_key)
+
+    def check_launchable(self) -> None:
+        """Raise SpecError (naming `ssh_key`) when this cloud could not launch a machine we can reach."""
+        _ = self._public_key
 
     # --- what a provider module answers -----------------------------------------------------------
 

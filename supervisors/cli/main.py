@@ -12,6 +12,7 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
     actor-run clouds check [NAME] [--batch FILE]
+    actor-run offers [--gpu G] [--cloud NAME] [--region R] [--max-price USD] [--json]
     actor-run worker --ledger postgresql://... [--concurrency N]   (worker.py: a shared ledger)
     actor-run config show [BATCH] [--json]
     actor-run completion bash|zsh
@@ -32,6 +33,7 @@ from actor_run.supervisors.cli import completion as cmd_completion
 from actor_run.supervisors.cli import config as cmd_config
 from actor_run.supervisors.cli import cost as cmd_cost
 from actor_run.supervisors.cli import logs as cmd_logs
+from actor_run.supervisors.cli import offers as cmd_offers
 from actor_run.supervisors.cli import report as cmd_report
 from actor_run.supervisors.cli import resume as cmd_resume
 from actor_run.supervisors.cli import run as cmd_run
@@ -70,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
     cmd_clouds.add_parser(sub)
+    cmd_offers.add_parser(sub)
     cmd_config.add_parser(sub)
     cmd_completion.add_parser(sub)
     _config_option(p, top=True)  # last: every command registered above gets it
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
-        "clouds": cmd_clouds.cmd_clouds,
+        "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:
