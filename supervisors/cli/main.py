@@ -12,6 +12,7 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
     actor-run clouds check [NAME] [--batch FILE]
+    actor-run plan BATCH [--json]            (also: run BATCH --dry-run; run asks on a terminal: --yes)
     actor-run offers [--gpu G] [--cloud NAME] [--region R] [--max-price USD] [--json]
     actor-run worker --ledger postgresql://... [--concurrency N]   (worker.py: a shared ledger)
     actor-run config show [BATCH] [--json]
@@ -34,6 +35,7 @@ from actor_run.supervisors.cli import config as cmd_config
 from actor_run.supervisors.cli import cost as cmd_cost
 from actor_run.supervisors.cli import logs as cmd_logs
 from actor_run.supervisors.cli import offers as cmd_offers
+from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli import report as cmd_report
 from actor_run.supervisors.cli import resume as cmd_resume
 from actor_run.supervisors.cli import run as cmd_run
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"actor-run {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = cmd_run.add_parser(sub)
+    cmd_plan.add_run_flags(run)
     cmd_worker.add_run_arguments(run)
     cmd_worker.add_worker_parser(sub)
     cmd_runs.add_parsers(sub)
@@ -73,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_report.add_parser(sub)
     cmd_clouds.add_parser(sub)
     cmd_offers.add_parser(sub)
+    cmd_plan.add_parser(sub)
     cmd_config.add_parser(sub)
     cmd_completion.add_parser(sub)
     _config_option(p, top=True)  # last: every command registered above gets it
@@ -111,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
     except SpecError as exc:
         return usage_error(str(exc))
+    run = (cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
+           else cmd_plan.cmd_plan if getattr(args, "dry_run", False)
+           else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
-        else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
+        "run": run, "runs": cmd_runs.cmd_runs,
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
-        "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers,
+        "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers, "plan": cmd_plan.cmd_plan,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:

@@ -17,8 +17,9 @@ from typing import Any
 
 import msgspec
 
+from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import read_batch_table
+from actor_run.protocols.specs import Batch, batch_from_table, load_batch, read_batch_table
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -42,8 +43,9 @@ def add_flags(run: argparse.ArgumentParser) -> None:
 
 def wants_table(args: argparse.Namespace) -> bool:
     """Whether the flags or a COMMAND change what the batch file (if any) says."""
-    return bool(args.tail) or any(getattr(args, f) is not None for f in (
-        "gpu", "cloud", "region", "seeds", "env", "code", "timeout", "name", "budget")) or args.print_batch
+    flags = ("gpu", "cloud", "region", "seeds", "env", "code", "timeout", "name", "budget")
+    return (bool(args.tail) or any(getattr(args, f, None) is not None for f in flags)
+            or getattr(args, "print_batch", False))
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -175,4 +177,21 @@ def toml_text(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["add_flags", "batch_table", "parse_duration", "parse_seeds", "toml_text", "wants_table"]
+def load(args: argparse.Namespace) -> Batch:
+    """The batch `run` runs: the file, or the flags and the command after `--` (over the file)."""
+    if args.tail is not None and not args.tail:
+        raise SpecError("run", "expected a command after --")
+    if not wants_table(args):
+        if not args.batch:
+            raise SpecError("run", "give a batch file, or a command after -- (actor-run run --gpu H100 -- CMD)")
+        return load_batch(args.batch, known_clouds())
+    raw, base = batch_table(args)
+    return batch_from_table(raw, base, known_clouds())
+
+
+def label(args: argparse.Namespace, batch: Batch) -> str:
+    """What `runs` shows for the run's batch: its file, or the one-line command."""
+    return str(Path(args.batch).resolve()) if args.batch else f"-- {batch.spec.job.command}"
+
+
+__all__ = ["add_flags", "batch_table", "label", "load", "parse_duration", "parse_seeds", "toml_text", "wants_table"]

@@ -7,15 +7,13 @@ import argparse
 import collections
 import signal
 import sys
-from pathlib import Path
 
 from loguru import logger
 
-from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
-from actor_run.protocols.specs import Batch, batch_from_table, load_batch
 from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import Exit, Interrupts, watch
 from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
@@ -43,27 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     return run
 
 
-def load(args: argparse.Namespace) -> Batch:
-    """The batch `run` runs: the file, or the flags and the command after `--` (over the file)."""
-    if args.tail is not None and not args.tail:
-        raise SpecError("run", "expected a command after --")
-    if not oneline.wants_table(args):
-        if not args.batch:
-            raise SpecError("run", "give a batch file, or a command after -- (actor-run run --gpu H100 -- CMD)")
-        return load_batch(args.batch, known_clouds())
-    raw, base = oneline.batch_table(args)
-    return batch_from_table(raw, base, known_clouds())
-
-
-def label(args: argparse.Namespace, batch: Batch) -> str:
-    """What `runs` shows for the run's batch: its file, or the one-line command."""
-    return str(Path(args.batch).resolve()) if args.batch else f"-- {batch.spec.job.command}"
-
-
 def cmd_print_batch(args: argparse.Namespace) -> int:
     """`run ... --print-batch`: the batch the flags make, as a TOML file, checked first."""
     try:
-        load(args)
+        oneline.load(args)
         raw, _ = oneline.batch_table(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
@@ -74,17 +55,20 @@ def cmd_print_batch(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        batch = load(args)
+        batch = oneline.load(args)
         if args.concurrency is not None and args.concurrency < 1:
             raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
+    if not cmd_plan.confirm(args, batch):
+        sys.stderr.write("actor-run: not started\n")
+        return Exit.USAGE
     jobs = batch.jobs()
     concurrency = args.concurrency or batch.spec.policy.concurrency
     events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
-                    budget_usd=batch.spec.policy.budget_usd, batch=label(args, batch),
+                    budget_usd=batch.spec.policy.budget_usd, batch=oneline.label(args, batch),
                     config=args.config)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []

@@ -26,7 +26,7 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
-from actor_run.supervisors.cli import run as cmd_run
+from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import is_url, resolve
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
@@ -160,14 +160,14 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     with the other workers until every job of it has ended; the exit code is the batch's."""
     try:
         _check(args)
-        batch = cmd_run.load(args)
+        batch = oneline.load(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
-                    lease_s=args.lease, sweep_on_start=False, batch=cmd_run.label(args, batch),
+                    lease_s=args.lease, sweep_on_start=False, batch=oneline.label(args, batch),
                     config=args.config)
     try:
         with runner:

@@ -86,7 +86,8 @@ def test_completion_follows_the_command_tree(shell: str, tmp_path: Path) -> None
 
     assert {"run", "status", "sweep", "resume", "config", "completion", "--version", "--config"} <= words("")
     assert {"--concurrency", "--json", "--out", "--config"} <= words("run", "--")
-    assert "--dry-run" not in words("run", "--")
+    assert "--grace" not in words("run", "--")  # sweep's, not run's
+    assert {"--dry-run", "--gpu", "--print-batch", "--yes"} <= words("run", "--")
     assert "show" in words("config", "")
     assert {"--json"} <= words("--config", "user.toml", "config", "show", "--")  # an option's value is no command
     assert {"bash", "zsh"} <= words("completion", "")
