@@ -53,11 +53,14 @@ from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config
 from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
+from actor_run.supervisors.ledger.db import Backend, open_backend
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
 from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
+CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
 
 
 def default_state_dir() -> Path:
@@ -191,6 +194,8 @@ class Runner(Takeover):
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
+        self._cancel_task: Task | None = None
+        self._cancel_backend: Backend | None = None
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
@@ -229,6 +234,7 @@ class Runner(Takeover):
                                             budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
         self._beat()
+        self._watch_cancels()
         if self.sweep_on_start:
             self.swept = self.sweep()
 
@@ -243,6 +249,34 @@ class Runner(Takeover):
                 self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
 
         self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
+
+    def _watch_cancels(self) -> None:
+        """Read `actor-run cancel`'s requests (ledger/cancels.py) every CANCEL_POLL_S, off the
+        reactor's thread, and cancel the jobs this Runner runs (the machine is deleted first)."""
+        backend = self._cancel_backend = open_backend(self.ledger_path)
+        with backend.reading() as conn:
+            start = last_cancel(conn)
+
+        def read(after: int) -> list[tuple[int, str, str, str]]:
+            with backend.reading() as conn:
+                return cancels_after(conn, after)
+
+        async def watch(last: int) -> None:
+            while self._open:
+                await trio.sleep(CANCEL_POLL_S)
+                try:
+                    rows = await trio.to_thread.run_sync(read, last)
+                except backend.errors as exc:  # busy or gone for a moment: the next poll reads again
+                    logger.warning("reading cancel requests: {}", exc)
+                    continue
+                for row_id, run, key, detail in rows:
+                    last = row_id
+                    handle = self.handles.get(key)
+                    if handle is not None and not handle.done() and self.run_of(key) == run:
+                        logger.bind(job=key).info("canceled from another process")
+                        self._batch_tell(_CancelJob(key=key, detail=detail))
+
+        self._cancel_task = self.reactor.spawn(watch, start, name="cancel-watch")
 
     def _lost(self, keys: set[str]) -> None:
         """On the ledger's thread: these jobs are no longer this controller's (fencing)."""
@@ -281,6 +315,8 @@ class Runner(Takeover):
             self._open = False
             if self._beat_task is not None:
                 self._beat_task.cancel()
+            if self._cancel_task is not None:
+                self._cancel_task.cancel()
             if self._batch is not None:
                 self._batch.stop(block=True, timeout=self.delete_timeout_s + 240)
             for cloud in self.clouds.values():
@@ -289,6 +325,8 @@ class Runner(Takeover):
                 except Exception as exc:  # closing a client must not stop the rest of the shutdown
                     logger.warning("closing cloud {}: {}", cloud.name, exc)
             self.reactor.stop()
+            if self._cancel_backend is not None:
+                self._cancel_backend.close()
             if self.ledger is not None:
                 for run in sorted(self._driven):
                     self.ledger.end_run(run)

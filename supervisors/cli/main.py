@@ -7,6 +7,7 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
     actor-run runs [--json] [--ledger PATH]
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
+    actor-run cancel RUN|JOB|JOB/SEED [--run ID] [--wait S] [--ledger PATH]
     actor-run resume [RUN] [--json] [--ledger PATH]
     actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
@@ -29,6 +30,7 @@ from typing import Any
 
 from actor_run import __version__
 from actor_run.protocols.failures import SpecError
+from actor_run.supervisors.cli import cancel as cmd_cancel
 from actor_run.supervisors.cli import clouds as cmd_clouds
 from actor_run.supervisors.cli import completion as cmd_completion
 from actor_run.supervisors.cli import config as cmd_config
@@ -70,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_worker.add_worker_parser(sub)
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
+    cmd_cancel.add_parser(sub)
     cmd_resume.add_parser(sub)
     cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
         "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers, "plan": cmd_plan.cmd_plan,
+        "cancel": cmd_cancel.cmd_cancel,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:

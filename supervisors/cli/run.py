@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import signal
 import sys
 
@@ -15,6 +16,7 @@ from actor_run.protocols.messages import Event, Released
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import Exit, Interrupts, watch
+from actor_run.supervisors.ledger.db import describe
 from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
@@ -80,7 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             log = open_run_log(runner.state_dir, run)
             runner.subscribe(event_logger(runner.run_of))
             # the run's id first (on stderr with --json: stdout is one event per line, each naming it)
-            print(f"run {run}: {len(jobs)} job(s), results in {runner.out_dir}",
+            print(f"run {run}: {len(jobs)} job(s), results in {runner.out_dir}\n"
+                  f"controller pid {os.getpid()}; to stop it from another terminal: actor-run cancel {run}"
+                  + (f" --ledger {describe(args.ledger)}" if args.ledger else ""),
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(events.append)
             previous = signal.signal(signal.SIGINT, interrupts)

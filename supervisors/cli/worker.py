@@ -14,6 +14,7 @@ each worker's own environment, never from the ledger.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -181,8 +182,9 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
                 print(f"run {run}: queued {len(jobs)} job(s) for workers; follow them with: "
                       f"actor-run status --run {run} --follow")
                 return OK
-            print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker",
-                  file=sys.stderr if args.json else sys.stdout, flush=True)
+            print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker\n"
+                  f"controller pid {os.getpid()}; to stop it from another terminal: actor-run cancel {run}"
+                  " --ledger <the same ledger>", file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
             if not serve(runner, args, until={j.key for j in jobs}, run=run):
                 return FAILED  # its lease expired: the other workers finish the batch
