@@ -271,6 +271,14 @@ class RentedCloud:
             return Path(self.settings.known_hosts).expanduser()
         return self.dir / "known_hosts.d" / name
 
+    def login(self, machine: Machine) -> list[str]:
+        """The OpenSSH client's arguments for a shell on `machine`, held to its pinned host key
+        (`actor-run ssh`); nothing is connected here."""
+        ssh = SSHHost(f"{self.name}:{machine.name}", machine.address, port=machine.port or 22, user=machine.user,
+                      key=self.settings.ssh_key, known_hosts=self._known_hosts(machine.name),
+                      connect_timeout_s=self.settings.connect_timeout_s)
+        return ssh.ssh_client_args()
+
     async def connect(self, machine: Machine) -> Workspace:
         known = self._known_hosts(machine.name)
         known.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -8,6 +8,7 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
     actor-run cancel RUN|JOB|JOB/SEED [--run ID] [--wait S] [--ledger PATH]
+    actor-run ssh JOB/SEED [--run ID] [-- CMD]
     actor-run resume [RUN] [--json] [--ledger PATH]
     actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
@@ -42,6 +43,7 @@ from actor_run.supervisors.cli import report as cmd_report
 from actor_run.supervisors.cli import resume as cmd_resume
 from actor_run.supervisors.cli import run as cmd_run
 from actor_run.supervisors.cli import runs as cmd_runs
+from actor_run.supervisors.cli import ssh as cmd_ssh
 from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
     cmd_cancel.add_parser(sub)
+    cmd_ssh.add_parser(sub)
     cmd_resume.add_parser(sub)
     cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
         "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers, "plan": cmd_plan.cmd_plan,
-        "cancel": cmd_cancel.cmd_cancel,
+        "cancel": cmd_cancel.cmd_cancel, "ssh": cmd_ssh.cmd_ssh,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:
