@@ -22,8 +22,10 @@ from sshd import Sshd
 
 CLI = [sys.executable, "-m", "actor_run"]
 T = TypeVar("T")
-# as a TOML basic string: the job writes out/here.txt in its attempt's folder, then holds until the gate (bounded: 120 s)
-HOLD = r"""sh -c 'echo started > \"$ACTOR_RUN_OUT/here.txt\"; for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done'"""
+# as a TOML basic string: the job writes out/here.txt in its attempt's folder, then holds until the
+# gate (bounded: 120 s)
+HOLD = (r"""sh -c 'echo started > \"$ACTOR_RUN_OUT/here.txt\"; """
+        r"""for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done'""")
 
 
 def poll(check: Callable[[], T], timeout: float, what: str) -> T:
@@ -178,7 +180,8 @@ def test_ssh_on_a_rented_fakes_machine_over_the_pinned_key(tmp_path: Path) -> No
 def test_ssh_in_the_local_sandbox(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     environ = {**os.environ, "NO_COLOR": "1"}
-    body = f'[job]\nname = "loc"\ncommand = "{HOLD}"\nseeds = [2]\nenv = {{ GATE = "{gate}" }}\n[policy]\npoll_s = 0.1\n'
+    body = (f'[job]\nname = "loc"\ncommand = "{HOLD}"\nseeds = [2]\nenv = {{ GATE = "{gate}" }}\n'
+            '[policy]\npoll_s = 0.1\n')
     proc = run_batch(tmp_path, body, environ)
     try:
         work = poll(lambda: work_of(tmp_path / "state" / "ledger.sqlite", 2), 90, "the job started")
