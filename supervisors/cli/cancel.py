@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.cli.console import Exit, ledger_path, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, ledger_path, open_reader, usage_error
 from actor_run.supervisors.ledger import owner_is_alive
 from actor_run.supervisors.ledger.cancels import end_unowned, request_cancels
 from actor_run.supervisors.runner import Runner
@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--run", help="only jobs of this run")
     p.add_argument("--wait", type=float, default=120.0, metavar="S",
                    help="seconds to wait for the controllers to stop the jobs (default 120; 0: do not wait)")
-    p.add_argument("--ledger", help="the ledger (default: $ACTOR_RUN_LEDGER, else <state>/ledger.sqlite)")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

@@ -20,6 +20,16 @@ from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.views.live import View
 
+LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER, else "
+               "<state>/ledger.sqlite)")
+
+
+def where_state_lives() -> str:
+    """What `run --help` says of the state folder and the default ledger."""
+    return (f"state (the ledger, pinned host keys, the local and sim clouds' sandboxes) lives in <state> = "
+            f"{default_ledger_path().parent} (under $XDG_STATE_HOME when set); the ledger is <state>/ledger.sqlite "
+            "unless --ledger or $ACTOR_RUN_LEDGER names another")
+
 
 class Exit(enum.IntEnum):
     OK = 0  # every job succeeded

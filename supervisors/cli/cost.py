@@ -26,7 +26,7 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account")
@@ -69,7 +69,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every run in the ledger")
     p.add_argument("--json", action="store_true", help="one JSON object per group, then the total")
     p.add_argument("--by", default="job", help="job | cloud | gpu | account (default: job)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
 
 HELP = "print a job's log; -f follows it as the job writes it, across retries, until the job ends"
@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("-f", "--follow", action="store_true", help="keep printing as the job writes, until it ends")
     p.add_argument("--attempt", type=int, help="only this attempt (numbered from 0)")
     p.add_argument("--run", help="the run (default: the latest run that has this job; see `actor-run runs`)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
@@ -144,6 +144,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
             run, job = _choose(reader, name, seed, args.run)
         except ValueError as exc:
             return usage_error(str(exc))
+        if args.attempt is not None and (not args.follow or job["state"] != "running"):
+            made = sorted(a["attempt"] for a in reader.attempts(run.id) if a["job"] == job["key"])
+            if args.attempt not in made:
+                have = f"attempt(s) {', '.join(map(str, made))}" if made else "no attempts"
+                sys.stderr.write(f"actor-run: --attempt {args.attempt}: {job['key']} has {have} in run {run.id}\n")
+                return Exit.FAILED
         later = [r.started for r in reader.runs() if (r.started or 0.0) > (run.started or 0.0) and r.started]
         until = run.ended if run.ended else (min(later) if later else None)
         selection = Selection(run.started or 0.0, until, args.attempt)

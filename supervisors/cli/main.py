@@ -25,6 +25,8 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +61,10 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # one line, exit 2
+        if message.startswith("the following arguments are required") and any(
+                isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            sys.stderr.write(self.format_help())  # `actor-run`, `actor-run clouds`: no command named, its usage
+            raise SystemExit(Exit.USAGE)
         sys.stderr.write(f"actor-run: {message}\n")
         raise SystemExit(Exit.USAGE)
 
@@ -142,7 +148,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `actor-run` console script: this process is ours, so the collector is set for batches
-    of thousands of attempts (gc_tuning.py) before the command runs."""
+    of thousands of attempts (gc_tuning.py) before the command runs. A reader that stops reading
+    (`actor-run runs | head -1`) ends it quietly, as Unix tools end: exit 141 (128 + SIGPIPE), no
+    traceback (a run's `with Runner` still deletes its machines on the way out)."""
     tune_gc()
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit finds somewhere to write
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 

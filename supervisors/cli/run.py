@@ -15,7 +15,7 @@ from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli import plan as cmd_plan
-from actor_run.supervisors.cli.console import Exit, Interrupts, watch
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, watch, where_state_lives
 from actor_run.supervisors.ledger.db import describe
 from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
@@ -30,13 +30,13 @@ RUN_EXAMPLE = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     run: argparse.ArgumentParser = sub.add_parser(
-        "run", help="run a batch file (a new run: its id is printed first)", epilog=RUN_EXAMPLE,
+        "run", help="run a batch file (a new run: its id is printed first)",
+        epilog=RUN_EXAMPLE + "\n" + where_state_lives(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("batch", nargs="?", help="a batch file (TOML); or none, and a command after --")
     run.add_argument("--json", action="store_true", help="one event per line (JSON), each with its run")
     run.add_argument("--concurrency", type=int, help="jobs at once (default: the batch's policy.concurrency)")
-    run.add_argument("--ledger", help="the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER,"
-                     " else <state>/ledger.sqlite)")
+    run.add_argument("--ledger", help=LEDGER_HELP)
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
     oneline.add_flags(run)

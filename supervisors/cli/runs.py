@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
 from actor_run.supervisors.views.runlog import run_log_path
 
@@ -37,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     status.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     for p in (runs, status):
         p.add_argument("--json", action="store_true", help="one JSON object per line")
-        p.add_argument("--ledger")
+        p.add_argument("--ledger", help=LEDGER_HELP)
         p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

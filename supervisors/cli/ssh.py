@@ -24,7 +24,7 @@ import msgspec
 from actor_run.protocols.clouds import make_cloud, split_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
-from actor_run.supervisors.cli.console import open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, open_reader, usage_error
 from actor_run.supervisors.config import load_config
 
 LOCAL = ("local", "sim")  # machines that are sandbox folders on this computer
@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", metavar="JOB/SEED", help="the job and seed (train/3 or train/seed-3)")
     p.add_argument("--run", help="the job of this run (default: the one running it now)")
-    p.add_argument("--ledger", help="the ledger (default: $ACTOR_RUN_LEDGER, else <state>/ledger.sqlite)")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

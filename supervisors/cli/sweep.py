@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from actor_run.supervisors.cli.console import Exit, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
 from actor_run.supervisors.ledger.sweep import SweepAction
 from actor_run.supervisors.runner import Runner
 
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--owner", action="append", default=[], metavar="ID",
                    help="treat this owner (8 hex digits as machine names show, or the full id) as dead")
     p.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
