@@ -191,6 +191,7 @@ class Runner(Takeover):
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
         self._reported: dict[str, dict[int, float]] = {}
+        self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
@@ -474,7 +475,10 @@ class Runner(Takeover):
         # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
         # figure for the view and the budget: what an attempt cost is in its attempts row
         if isinstance(event, Progress):
-            if "checkpoint" in event.line:
+            # and each new stage, so `actor-run status` from another process says where a job is
+            stage_key = (job_key(event.job, event.seed), event.attempt)
+            if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
+                self._stages[stage_key] = event.stage
                 self.ledger.record_event(event)
         elif not isinstance(event, Metered):
             self.ledger.record_event(event)

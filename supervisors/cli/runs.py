@@ -54,6 +54,55 @@ def run_state(run: RunRow, live: set[str]) -> str:
     return "failed" if run.failed else "succeeded"
 
 
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as `status` shows it: `state` is queued (no attempt yet: waiting for a slot or a
+    worker), waiting (between attempts), starting (its machine is being leased or set up),
+    running, or how it ended; where it runs, its job's last stage, what it cost so far."""
+
+    key: str
+    state: str
+    place: str = ""
+    stage: str = ""
+    usd: float = 0.0
+    attempts: int = 0
+    failure: str = ""
+    detail: str = ""
+
+
+def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: float) -> list[JobView]:
+    machines = [m for m in reader.machines(alive_only=True) if m.run == run]
+    attempts = reader.attempts(run)
+    stages: dict[str, str] = {}
+    for e in reader.events(run=run):
+        if e["type"] == "Progress":
+            stages[e["job"]] = str(msgspec.json.decode(e["body"]).get("stage") or "")
+    out = []
+    for j in jobs:
+        ended = [a for a in attempts if a["job"] == j["key"]]
+        spent = sum(a["usd"] or 0.0 for a in ended)
+        mine = [m for m in machines if m.job == j["name"] and m.seed == j["seed"]]
+        state, place, usd = j["state"], "", j["usd"] or spent
+        if state == "running":
+            if mine:
+                m = max(mine, key=lambda m: m.attempt)
+                place = " ".join(x for x in (m.cloud, m.region or "") if x)
+                state = "running" if m.phase == "running" else "starting"
+                usd = spent + (m.hourly_usd or 0.0) * max(0.0, now - (m.launched_at or m.created)) / 3600
+            else:
+                state = "waiting" if ended else "queued"
+        out.append(JobView(key=j["key"], state=state, place=place, stage=stages.get(j["key"], "") if state in (
+            "running", "starting") else "", usd=usd, attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
+            failure=j["failure"] or "", detail=j["detail"] or ""))
+    return out
+
+
+def view_line(v: JobView) -> str:
+    where = f" on {v.place}" if v.place else ""
+    stage = f", stage {v.stage}" if v.stage else ""
+    tail = f"  {v.failure}: {v.detail}" if v.failure else ""
+    return f"{v.key:<32} {v.state:<10} {v.attempts:>2} attempt(s) ${v.usd:.4f}{where}{stage}{tail}"
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -111,8 +160,11 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
         out = []
         if run is not None:
             out.append({"kind": "run", **_run_dict(run, live)})
+        views = {v.key: v for v in job_views(reader, run.id, jobs, time.time())} if run is not None else {}
         for j in jobs:
-            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"}})
+            v = views[j["key"]]
+            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"},
+                        "now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
         for m in machines:
             out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
         for d in out:
@@ -123,9 +175,8 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
     else:
         print(f"run {run.id} ({run_state(run, live)}), started {_when(run.started)}, batch {run.batch or '-'},"
               f" results in {run.out_dir or '-'}")
-        for j in jobs:
-            tail = f"  {j['failure']}: {j['detail']}" if j["failure"] else ""
-            print(f"  {j['key']:<32} {j['state']:<10} {j['attempts'] or 0:>2} attempt(s) ${j['usd'] or 0:.4f}{tail}")
+        for v in job_views(reader, run.id, jobs, time.time()):
+            print("  " + view_line(v))
     alive = [m for m in machines if m.state == "alive"]
     if not alive:
         print(f"no machine alive ({len(machines)} in the ledger, all deleted)")

@@ -28,6 +28,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import is_url, resolve
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
@@ -217,15 +218,18 @@ def cmd_follow(args: argparse.Namespace) -> int:
             return USAGE
         while True:
             jobs = reader.jobs(run)
+            views = {v.key: v for v in job_views(reader, run, jobs, time.time())}
             for j in jobs:
-                if seen.get(j["key"]) != j["state"]:
-                    seen[j["key"]] = j["state"]
+                v = views[j["key"]]
+                now = f"{v.state} {v.place} {v.stage}"  # what status shows, but the cost (it moves every poll)
+                if seen.get(j["key"]) != now:
+                    seen[j["key"]] = now
                     if args.json:
                         d = {k: v for k, v in j.items() if k != "spec"}
+                        d.update({"now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
                         sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
                     else:
-                        tail = f" {j['failure']}: {j['detail']}" if j["failure"] else ""
-                        print(f"{j['key']:<28} {j['state']:<10} owner {str(j['owner'])[:8]}{tail}", flush=True)
+                        print(f"{view_line(v)}  owner {str(j['owner'])[:8]}", flush=True)
             if not any(j["state"] in ("queued", "running") for j in jobs):
                 return OK if all(j["state"] == "succeeded" for j in jobs) else FAILED
             time.sleep(args.poll)

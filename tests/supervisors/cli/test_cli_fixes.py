@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,109 @@ def test_run_help_says_where_the_ledger_and_state_live() -> None:
     text = " ".join(done.stdout.split())
     assert "<state> = /somewhere/state/actor-run" in text
     assert "the ledger is <state>/ledger.sqlite unless --ledger or $ACTOR_RUN_LEDGER" in text
+
+
+SIM = """\
+[job]
+name = "c"
+command = "true"
+seeds = [1, 2]
+
+[policy]
+poll_s = 0.1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.01
+"""
+
+
+def test_cost_shows_cents_fractions_and_groups_every_run_by_run(tmp_path: Path) -> None:
+    (tmp_path / "b.toml").write_text(SIM)
+    common = ["--state-dir", str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite")]
+    for _ in range(2):  # two runs of the same jobs
+        done = subprocess.run([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=180, env=ENV)
+        assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in subprocess.run([*CLI, "cost", *common], capture_output=True, text=True,
+                                                     timeout=60, env=ENV).stdout.splitlines()]
+    header = rows[1]
+    assert "reserved" not in header  # a finished run holds no money: no reservation columns
+    assert "held" not in header
+    spent = {r[0]: r[3] for r in rows[2:]}
+    assert set(spent) == {"c/seed-1", "c/seed-2", "total"}
+    for value in spent.values():  # seconds of an A100 at $1.80/h: a fraction of a cent, to 4 places
+        assert value.startswith("$0.")
+        assert len(value.split(".")[1]) == 4
+        assert value != "$0.0000"
+    every = subprocess.run([*CLI, "cost", "--all", *common], capture_output=True, text=True, timeout=60,
+                           env=ENV).stdout.splitlines()
+    assert sum(line.startswith("run ") for line in every) == 2
+    assert sum(line.strip().startswith("c/seed-1 ") for line in every) == 2  # once per run, not merged
+
+
+STAGED = r'''
+[job]
+name = "s"
+command = """sh -c 'echo \"{\\\"stage\\\": \\\"train\\\"}\" >> \"$ACTOR_RUN_PROGRESS\"; \
+  for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done; exit 3'"""
+seeds = [1, 2]
+env = { GATE = "GATE_PATH" }
+
+[policy]
+poll_s = 0.1
+concurrency = 1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+regions = ["us-east"]
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.01
+'''
+
+
+def test_status_shows_queued_and_running_with_place_stage_and_cost(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    (tmp_path / "b.toml").write_text(STAGED.replace("GATE_PATH", str(gate)))
+    common = ["--state-dir", str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite")]
+    proc = subprocess.Popen([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    follow = None
+    try:
+        lines: list[str] = []
+        end = time.monotonic() + 90
+        while time.monotonic() < end:  # bounded poll of what another process writes
+            done = subprocess.run([*CLI, "status", *common], capture_output=True, text=True, timeout=60, env=ENV)
+            lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("s/seed-")]
+            if any("stage train" in line for line in lines):
+                break
+            time.sleep(0.1)
+        first, second = sorted(lines)
+        assert first.split()[:2] == ["s/seed-1", "running"], lines
+        assert "on sim us-east, stage train" in first
+        assert first.split()[4] != "$0.0000"  # a running machine costs by the second
+        assert second.split()[:2] == ["s/seed-2", "queued"], lines
+        follow = subprocess.Popen([*CLI, "status", "--follow", *common], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=ENV)
+        assert follow.stdout is not None
+        first_seen = [follow.stdout.readline(), follow.stdout.readline()]  # its first poll: both jobs, gate shut
+        gate.touch()
+        rest, _ = follow.communicate(timeout=120)
+        out = "".join(first_seen) + rest
+        assert proc.wait(timeout=120) == 0
+    finally:
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    said = [line.split()[:2] for line in out.splitlines()]
+    assert ["s/seed-1", "running"] in said
+    assert ["s/seed-2", "queued"] in said
+    assert ["s/seed-2", "succeeded"] in said
