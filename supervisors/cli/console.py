@@ -10,6 +10,7 @@ import enum
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from loguru import logger
 
@@ -38,11 +39,21 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
 
 
+_stderr_sink: list[int] = []  # loguru's id of the stderr handler (watch() lends stderr to the live view)
+
+
+def _line_format(record: Any) -> str:
+    """A WARNING line names its job when it is about one."""
+    job = record["extra"].get("job")
+    return "{time:HH:mm:ss} {level} " + ("{extra[job]}: " if job and job != "-" else "") + "{message}\n{exception}"
+
+
 def configure_logging() -> None:
     logger.remove()
+    _stderr_sink.clear()
     # no variable values in tracebacks: a job's environment may hold a secret
-    logger.add(sys.stderr, level="WARNING", format="{time:HH:mm:ss} {level} {message}", backtrace=False,
-               diagnose=False)
+    _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, backtrace=False,
+                                   diagnose=False))
 
 
 class Interrupts:
@@ -79,8 +90,20 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
 
     with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
               budget=runner.budget.statistics) as view:
-        view.follow(events, until)
+        lent = view.live is not None and bool(_stderr_sink)
+        if lent:  # WARNING lines fold into the frame while it is on the screen (views/live.py)
+            logger.remove(_stderr_sink.pop())
+            sink = logger.add(view.warn, level="WARNING", format="{message}", backtrace=False, diagnose=False)
+        try:
+            view.follow(events, until)
+        finally:
+            if lent:
+                logger.remove(sink)
+                _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, backtrace=False,
+                                               diagnose=False))
     view.summary()
+    for line in view.warnings_summary():
+        sys.stderr.write(line + "\n")
     for r in unconfirmed:
         sys.stderr.write(
             f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "
