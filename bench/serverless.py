@@ -1,6 +1,6 @@
 """HTTP calls the `runpod-serverless` cloud makes, for a batch through the real Runner against the
 loopback fake (tests/fakes/runpod_serverless.py: REST v2 held to RunPod's OpenAPI document, and the
-queue API, whose workers run actor-run's handler in a subprocess each).
+queue API, whose workers run actor-run's handler under RunPod's SDK worker loop, a process each).
 
     python bench/serverless.py [--batch 200] [--concurrency 50] [--poll-s 0.5] [--job-s 2]
 

@@ -35,6 +35,7 @@ class Code(enum.StrEnum):
     UNREACHABLE = "unreachable"
     JOB_FAILED = "job_failed"
     INPUT = "input"
+    TRANSFER_FAILED = "transfer_failed"  # the job's results could not come back within the transport's limits
     GUARD = "guard"
     DEADLINE = "deadline"
     BUDGET = "budget"
@@ -68,6 +69,7 @@ POLICIES: dict[Code, Policy] = {
     Code.UNREACHABLE: Policy(next=Next.RETRY, walk=False, transient=True),
     Code.JOB_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.INPUT: Policy(next=Next.FINAL, walk=False, transient=False),
+    Code.TRANSFER_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.GUARD: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.DEADLINE: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.BUDGET: Policy(next=Next.FINAL, walk=False, transient=False),

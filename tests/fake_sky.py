@@ -1,6 +1,24 @@
 """A fake `sky` (SkyPilot 0.14 CLI, client-server) for tests: the command grammar, request ids and
-JSON output of SkyPilot 0.14 (its CLI as observed), with clusters that are real logins on a test sshd
-and instances recorded in a moto EC2 server, tagged the way SkyPilot tags them.
+output of SkyPilot 0.14.1 (written from its sources: sky/client/cli/command.py for what each command
+prints, sky/catalog/common.py for how GPUs are filtered, sky/skylet/events.py and autostop_lib.py
+for autostop), with clusters that are real logins on a test sshd and instances recorded in a moto
+EC2 server, tagged the way SkyPilot tags them. tests/skypilot_real/ checks its output against
+SkyPilot's own code.
+
+What 0.14 prints, kept here: `sky down --async` says `Submitted sky.Terminating request: <id>` (the
+CLI's label, not the request's name, which is `sky.down`), and `Cluster(s) not found (tip: see
+`sky status`).` with exit 0 for a cluster it does not know; `sky show-gpus` (deprecated: a warning
+on stderr) and `sky gpus list` print one table per GPU name the case-insensitive pattern matches
+(`T4` gives T4 and T4g), and a GPU not sold in that quantity is `Resources 'X' with requested
+quantity 1 not found on AWS.` with exit 0; `sky status -o json` lists a cluster still being
+launched as INIT with null `cluster_name_on_cloud`, region and resources.
+
+A cluster that comes up gets a *skylet* (a process of this file, `--skylet <cluster>`): it runs the
+launch's run command as the cluster's job and autostops the cluster as SkyPilot's StopEvent does,
+on a scaled minute (`minute_s`): every minute it checks whether the cluster is idle (no job running
+and no SSH session with a terminal under the test's sshd: `has_active_ssh_sessions`), and once
+idle for `-i` minutes with `--down` it terminates the instances and drops the cluster (recorded in
+`autodowns`), powering off what ran on the cluster's root if the test named it.
 
 As a program (`FakeSky.install` writes an executable wrapper that runs this file) it keeps its
 state in one JSON file under $FAKE_SKY_STATE, locked per call. The API server is played lazily:
@@ -11,6 +29,7 @@ then). Faults are read from `faults.json` beside the state, which a test may rew
     unavailable: [region, ...]   a launch there FAILS with ResourcesUnavailableError, nothing made
     provision: "fail"            a launch makes its instance, then FAILS (the cluster stays, INIT)
     launch: "never" | "hang"     a launch request stays RUNNING forever / `sky launch` hangs after submitting
+    old_cli: true                `sky gpus` is not a command (a CLI before it; `sky show-gpus` only)
     down: "fail" | "hang"        a down request FAILS / the `sky down` command itself hangs
 
 As a library, `FakeSky` is the test's side: install, set faults, read clusters, forget a cluster
@@ -35,7 +54,20 @@ from typing import Any
 USER_HASH = "2ea4"
 USER_ID = "fcd1e5cf"
 REGIONS = ("us-east-1", "us-east-2", "us-west-2")
-PRICES = {"A10G": ("g5.xlarge", 1.006, 0.4024), "A100": ("p4d.24xlarge", 32.7726, 11.5719)}
+# AWS's catalog rows for these GPUs (sky/catalog's vms.csv columns): instance type, GPU, count,
+# vCPUs, host GiB, device GiB, price, spot price; the same in every region here
+CATALOG = [
+    ("g5.xlarge", "A10G", 1, 4, 16, 24, 1.006, 0.4024),
+    ("g5.2xlarge", "A10G", 1, 8, 32, 24, 1.212, 0.485),
+    ("g4dn.xlarge", "T4", 1, 4, 16, 16, 0.526, 0.2155),
+    ("g5g.xlarge", "T4g", 1, 4, 8, 16, 0.42, 0.1586),
+    ("p3.2xlarge", "V100", 1, 8, 61, 16, 3.06, 0.918),
+    ("p3dn.24xlarge", "V100-32GB", 8, 96, 768, 32, 31.212, 9.3636),
+    ("p4d.24xlarge", "A100", 8, 96, 1152, 40, 32.7726, 11.5719),
+    ("p4de.24xlarge", "A100-80GB", 8, 96, 1152, 80, 40.9657, 13.0692),
+    ("g6.xlarge", "L4", 1, 4, 16, 24, 0.8048, 0.2861),
+    ("g6e.xlarge", "L40S", 1, 4, 32, 48, 1.861, 0.7329),
+]
 ACTIVE = ("PENDING", "WAITING", "RUNNING")
 LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
@@ -100,6 +132,8 @@ def _advance(state: Path, db: dict[str, Any]) -> None:
             continue
         if r["status"] == "PENDING":
             r["status"] = "RUNNING"
+            if r["name"] == "sky.launch" and r["params"]["region"] not in faults.get("unavailable", []):
+                _init_cluster(db, r)
         if now < r["due"]:
             continue
         if r["name"] == "sky.launch":
@@ -115,19 +149,16 @@ def _finish_launch(state: Path, db: dict[str, Any], r: dict[str, Any], faults: d
         return
     p = r["params"]
     if p["region"] in faults.get("unavailable", []):
+        db["clusters"].pop(r["cluster_name"], None)  # nothing was made: no record is left
         r["status"] = "FAILED"
         r["error"] = ("sky.exceptions.ResourcesUnavailableError: Failed to provision all possible launchable "
                       f"resources. Relax the task's resource requirements: 1x AWS({p['instance_type']}) "
                       f"in {p['region']}")
         return
-    cluster = db["clusters"].get(r["cluster_name"])
-    if cluster is None:
-        cluster = {
-            "name": r["cluster_name"], "status": "INIT", "launched_at": int(time.time()), "region": p["region"],
-            "cluster_name_on_cloud": f"{r['cluster_name']}-{USER_HASH}", "instance_type": p["instance_type"],
-            "autostop": p["idle"], "to_down": p["down"], "use_spot": p["spot"], "instances": [],
-        }
-        db["clusters"][cluster["name"]] = cluster
+    cluster = _init_cluster(db, r)
+    if not cluster["instances"]:
+        cluster["region"] = p["region"]
+        cluster["cluster_name_on_cloud"] = f"{r['cluster_name']}-{USER_HASH}"
         _make_instance(state, cluster, r["request_id"])
     if faults.get("provision") == "fail":
         r["status"] = "FAILED"
@@ -135,6 +166,30 @@ def _finish_launch(state: Path, db: dict[str, Any], r: dict[str, Any], faults: d
         return
     cluster["status"] = "UP"
     r["status"] = "SUCCEEDED"
+    _start_skylet(state, cluster["name"])
+
+
+def _init_cluster(db: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+    """The cluster's record as a launch that has started provisioning leaves it: INIT, nothing on
+    the cloud yet (`cluster_name_on_cloud`, region and resources are null in `sky status`)."""
+    p = r["params"]
+    if r["cluster_name"] not in db["clusters"]:
+        db["clusters"][r["cluster_name"]] = {
+            "name": r["cluster_name"], "status": "INIT", "launched_at": int(time.time()), "region": None,
+            "cluster_name_on_cloud": None, "instance_type": p["instance_type"], "autostop": p["idle"],
+            "to_down": p["down"], "use_spot": p["spot"], "instances": [], "run": p.get("run", ""),
+        }
+    cluster: dict[str, Any] = db["clusters"][r["cluster_name"]]
+    return cluster
+
+
+def _start_skylet(state: Path, name: str) -> None:
+    import subprocess
+
+    with (state / f"skylet-{name}.log").open("ab") as log:
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--skylet", name, str(state)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                         env={**os.environ, "FAKE_SKY_STATE": str(state)})
 
 
 def _finish_down(state: Path, db: dict[str, Any], r: dict[str, Any], faults: dict[str, Any]) -> None:
@@ -156,10 +211,11 @@ def _submit(db: dict[str, Any], name: str, cluster: str, due_s: float, **params:
     return rid
 
 
-def _submitted(verb: str, rid: str) -> None:
-    print(f"Submitted sky.{verb} request: {rid}")
+def _submitted(label: str, rid: str) -> None:  # command.py _async_call_or_wait, colours left out
+    print(f"Submitted sky.{label} request: {rid}")
     print(f"├── Check logs with: sky api logs {rid[:8]}")
     print(f"└── To cancel the request, run: sky api cancel {rid[:8]}")
+    print()
 
 
 # --- the commands ----------------------------------------------------------------------------------
@@ -178,9 +234,11 @@ def launch(state: Path, a: argparse.Namespace) -> int:
     gpu = (a.gpus or "").split(":")[0]
     with _locked(state) as db:
         _advance(state, db)
+        kinds = [row[0] for row in CATALOG if row[1] == gpu and row[2] == 1]
+        idle = a.idle if a.idle is not None else (0 if a.down else -1)  # `--down` alone: down once idle
         rid = _submit(db, "sky.launch", a.cluster, cfg.get("launch_s", 0.3), region=region,
-                      instance_type=PRICES.get(gpu, ("m6i.large",))[0], idle=a.idle, down=a.down, spot=a.spot,
-                      gpu=gpu)
+                      instance_type=(kinds or ["m6i.large"])[0], idle=idle, down=a.down, spot=a.spot, gpu=gpu,
+                      run=" ".join(a.entrypoint))
     if _faults(state).get("launch") == "hang":  # submitted, then no answer: the client cannot know
         time.sleep(3600)
     print(f"Command to run: {' '.join(a.entrypoint)}")
@@ -196,15 +254,21 @@ def down(state: Path, a: argparse.Namespace) -> int:
     with _locked(state) as db:
         _advance(state, db)
         names = [c for c in db["clusters"] if any(fnmatch.fnmatch(c, p) for p in a.clusters)]
-        missing = [p for p in a.clusters if not any(fnmatch.fnmatch(c, p) for c in db["clusters"])]
         rids = [_submit(db, "sky.down", n, cfg.get("down_s", 0.2), purge=a.purge) for n in names]
         if a.purge:
             for n in names:
                 db["clusters"].pop(n, None)
-    if missing:
-        print(f"Cluster(s) not found: {', '.join(missing)}.")
-    for rid in rids:
-        _submitted("down", rid)
+    if not names:  # command.py _down_or_stop_clusters: a name it does not know is dropped, exit 0
+        print("Cluster(s) not found (tip: see `sky status`).")
+        return 0
+    print("\n")  # its blank line, and the progress bar's (rich, not a terminal)
+    for n, rid in zip(names, rids, strict=True):
+        _submitted("Terminating", rid)  # the CLI's label for a down: `sky.` + 'Terminating'
+        print(f"\nTerminating cluster {n}...done.")
+    plural = "s" if len(names) > 1 else ""
+    print(f"Terminating {len(names)} cluster{plural} {'━' * 40} 100% 0:00:00")
+    if a.async_:
+        print("Terminating requests are sent. Check the requests' status with `sky request get <request_id>`.")
     return 0
 
 
@@ -212,10 +276,13 @@ def api_status(state: Path, a: argparse.Namespace) -> int:
     with _locked(state) as db:
         _advance(state, db)
         rows = [r for r in db["requests"] if a.all or r["status"] in ACTIVE]
+    if a.cluster:
+        rows = [r for r in rows if r["cluster_name"] == a.cluster]
     if a.ids:
         rows = [r for r in rows if any(r["request_id"].startswith(i) for i in a.ids)]
     limit = None if a.limit in ("none", "all") else int(a.limit)
-    rows = rows[-limit:] if limit else rows
+    rows = sorted(rows, key=lambda r: -r["created_at"])  # newest first, as the server returns them
+    rows = rows[:limit] if limit else rows
     out = [{
         "request_id": r["request_id"], "name": r["name"], "entrypoint": "", "request_body": "null",
         "status": r["status"], "created_at": r["created_at"], "user_id": USER_ID, "return_value": "null",
@@ -265,21 +332,27 @@ def status(state: Path, a: argparse.Namespace) -> int:
     with _locked(state) as db:
         _advance(state, db)
         clusters = list(db["clusters"].values())
-    if a.ip:
-        found = [c for c in clusters if c["name"] == a.ip]
-        if not found:
-            print(f"Cluster {a.ip} not found.", file=sys.stderr)
+    if a.clusters:
+        clusters = [c for c in clusters if any(fnmatch.fnmatch(c["name"], p) for p in a.clusters)]
+    if a.ip and a.output != "json":  # command.py _show_endpoint
+        if len(a.clusters) != 1 or len(clusters) != 1:
+            what = f"{a.clusters[0]!r} cluster not found" if a.clusters and not clusters else "No cluster specified"
+            print(f"ValueError: {what}. Please specify a single cluster to show its IP address.\n"
+                  "Usage: `sky status --ip <cluster>`", file=sys.stderr)
+            return 1
+        if clusters[0]["status"] != "UP":
+            print(f"RuntimeError: Cluster {clusters[0]['name']!r} is not in UP status.", file=sys.stderr)
             return 1
         print(cfg["address"])
         return 0
-    if a.clusters:
-        clusters = [c for c in clusters if any(fnmatch.fnmatch(c["name"], p) for p in a.clusters)]
     out = [{
         "name": c["name"], "launched_at": c["launched_at"], "last_use": "sky launch", "status": c["status"],
         "autostop": c["autostop"], "to_down": c["to_down"], "owner": None, "metadata": {}, "cluster_hash": "h",
         "cluster_ever_up": c["status"] == "UP", "user_hash": USER_HASH, "user_name": "root", "workspace": "default",
-        "is_managed": False, "init_kind": None, "resources_str": f"1x AWS({c['instance_type']})", "nodes": 1,
-        "cloud": "AWS", "region": c["region"], "cluster_name_on_cloud": c["cluster_name_on_cloud"],
+        "is_managed": False, "init_kind": "launching" if c["status"] == "INIT" else None,
+        "resources_str": f"1x AWS({c['instance_type']})" if c["instances"] else None, "nodes": 1,
+        "cloud": "AWS" if c["instances"] else None, "region": c["region"],
+        "cluster_name_on_cloud": c["cluster_name_on_cloud"],
     } for c in clusters]
     if a.output != "json":
         print("fake sky: only -o json is faked", file=sys.stderr)
@@ -288,16 +361,66 @@ def status(state: Path, a: argparse.Namespace) -> int:
     return 0
 
 
-def show_gpus(state: Path, a: argparse.Namespace) -> int:
-    gpu = a.gpu.split(":")[0]
-    region = (a.infra or "aws/us-east-1").split("/")[1]
-    if gpu not in PRICES:
-        print(f"Resources '{a.gpu}' not found in AWS.", file=sys.stderr)
-        return 1
-    kind, price, spot = PRICES[gpu]
-    print("GPU    QTY  CLOUD  INSTANCE_TYPE  DEVICE_MEM  vCPUs  HOST_MEM  HOURLY_PRICE  HOURLY_SPOT_PRICE  REGION")
-    print(f"{gpu:<5}  1    AWS    {kind:<13}  24GB        4      16GB      $ {price:.3f}       $ {spot:.3f}"
-          f"            {region}")
+def _accelerators(pattern: str, region: str | None, quantity: int | None) -> dict[str, list[dict[str, Any]]]:
+    """sky/catalog/common.py list_accelerators_impl on CATALOG: the name is a case-insensitive
+    regular expression searched in each name, so `T4` matches T4 and T4g; grouped by name (sorted),
+    each group by price, one row per instance type."""
+    import re
+
+    found: dict[str, list[dict[str, Any]]] = {}
+    for r in REGIONS:
+        for kind, gpu, count, cpus, mem, dev, price, spot in CATALOG:
+            if not re.search(pattern, gpu, re.IGNORECASE) or (region and not re.search(region, r, re.IGNORECASE)):
+                continue
+            if quantity is not None and count != quantity:
+                continue
+            found.setdefault(gpu, []).append({
+                "cloud": "AWS", "instance_type": kind, "accelerator_name": gpu, "accelerator_count": float(count),
+                "cpu_count": float(cpus), "device_memory": float(dev), "memory": float(mem), "price": price,
+                "spot_price": spot, "region": r})
+    out = {}
+    for gpu in sorted(found):
+        rows: dict[str, dict[str, Any]] = {}
+        for row in sorted(found[gpu], key=lambda x: (x["price"], x["spot_price"])):
+            rows.setdefault(row["instance_type"], row)  # drop_duplicates(keep='first') without the region
+        out[gpu] = sorted(rows.values(), key=lambda x: (x["accelerator_count"], x["instance_type"], x["cpu_count"],
+                                                        x["price"], x["spot_price"], x["region"]))
+    return out
+
+
+def _table(rows: list[list[str]]) -> str:
+    """log_utils.create_table: prettytable without border, left-aligned, padding 0 left, 2 right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("".join(c.ljust(w + 2) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def gpus(state: Path, a: argparse.Namespace) -> int:
+    """`sky gpus list NAME[:QTY] --infra aws/REGION` (and the deprecated `sky show-gpus`)."""
+    if a.cmd == "show-gpus":  # deprecation_utils._with_deprecation_warning, on stderr
+        print("WARNING: `sky show-gpus` has been renamed to `sky gpus list` and will be removed in a future "
+              "release. Please use the latter instead.\n", file=sys.stderr)
+    name, _, qty = a.gpu.partition(":")
+    quantity = int(qty) if qty else None
+    infra = (a.infra or "aws").split("/")
+    region = infra[1] if len(infra) > 1 else None
+    found = _accelerators(name, region, quantity)
+    if getattr(a, "output", "table") == "json":
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        qstr = f" with requested quantity {quantity}" if quantity else ""
+        print(f"Resources '{name}'{qstr} not found on AWS. To show available accelerators, run: sky gpus list --all")
+        return 0
+    tables = []
+    for gpu, items in found.items():
+        rows = [["GPU", "QTY", "CLOUD", "INSTANCE_TYPE", "DEVICE_MEM", "vCPUs", "HOST_MEM", "HOURLY_PRICE",
+                 "HOURLY_SPOT_PRICE", "REGION"]]
+        for i in items:
+            rows.append([gpu, str(i["accelerator_count"]), "AWS", i["instance_type"], f"{i['device_memory']:.0f}GB",
+                         str(int(i["cpu_count"])), f"{i['memory']:.0f}GB", f"$ {i['price']:.3f}",
+                         f"$ {i['spot_price']:.3f}", i["region"]])
+        tables.append(_table(rows))
+    print("\n\n".join(tables))  # each table's lines padded to their width, as prettytable does
     return 0
 
 
@@ -328,13 +451,18 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("-u", "--all-users", action="store_true")
     sp.add_argument("-r", "--refresh", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true")
-    sp.add_argument("--ip", metavar="CLUSTER")
+    sp.add_argument("--ip", action="store_true")
     sp.add_argument("-o", "--output", default="table")
     sp.set_defaults(fn=status)
     gp = sub.add_parser("show-gpus")
     gp.add_argument("gpu")
     gp.add_argument("--infra")
-    gp.set_defaults(fn=show_gpus)
+    gp.set_defaults(fn=gpus)
+    gl = sub.add_parser("gpus").add_subparsers(dest="gpus", required=True).add_parser("list")
+    gl.add_argument("gpu")
+    gl.add_argument("--infra")
+    gl.add_argument("-o", "--output", default="table")
+    gl.set_defaults(fn=gpus)
     ap = sub.add_parser("api")
     asub = ap.add_subparsers(dest="api", required=True)
     st = asub.add_parser("status")
@@ -342,6 +470,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("-a", "--all-status", dest="all", action="store_true")
     st.add_argument("-v", "--verbose", action="store_true")
     st.add_argument("-l", "--limit", default="50")
+    st.add_argument("-c", "--cluster")
     st.add_argument("-o", "--output", default="table")
     st.set_defaults(fn=api_status)
     ca = asub.add_parser("cancel")
@@ -356,11 +485,99 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# --- the skylet -------------------------------------------------------------------------------------
+
+
+def has_active_ssh_sessions(sshd_pid: int | None) -> bool:
+    """skylet/autostop_lib.py has_active_ssh_sessions, on the processes under the test's sshd only
+    (the machine is shared): a process on a /dev/pts terminal with an `sshd` among its parents."""
+    import psutil
+
+    if sshd_pid is None:
+        return False
+    # as SkyPilot does each tick: psutil caches the /dev/pts map at its first use (issue 9524 there)
+    with contextlib.suppress(AttributeError):
+        psutil._psposix.get_terminal_map.cache_clear()  # type: ignore[attr-defined]
+    try:
+        procs = psutil.Process(sshd_pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    for proc in procs:
+        try:
+            terminal = proc.terminal()
+            if terminal and terminal.startswith("/dev/pts/") and any(
+                    parent.name() in ("sshd", "dropbear") for parent in proc.parents()):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _sshd_pid(cfg: dict[str, Any]) -> int | None:
+    path = Path(cfg.get("sshd_pidfile", "/nonexistent"))
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def skylet(state: Path, name: str) -> int:
+    """The cluster's skylet: runs its job, autostops it as sky/skylet/events.py StopEvent does (each
+    minute: not idle resets the timer; idle for `autostop` whole minutes tears it down), and ends
+    with the cluster (a `sky down`, a power off) or after `skylet_max_s`."""
+    import signal
+    import subprocess
+
+    cfg = _config(state)
+    minute = float(cfg.get("minute_s", 60.0))
+    with _locked(state) as db:
+        cluster = db["clusters"][name]
+    instances = cluster["instances"]
+    job = subprocess.Popen(["bash", "-c", cluster["run"] or "true"], stdin=subprocess.DEVNULL, start_new_session=True)
+    last_active = time.time()
+    end = time.time() + float(cfg.get("skylet_max_s", 900))
+    try:
+        while time.time() < end:
+            time.sleep(minute)  # StopEvent.EVENT_INTERVAL_SECONDS: one (scaled) minute
+            with _locked(state) as db:
+                now = db["clusters"].get(name)
+                if now is None or now["instances"] != instances:
+                    return 0  # torn down by someone else
+            if cluster["autostop"] < 0:
+                continue
+            idle = job.poll() is not None and not has_active_ssh_sessions(_sshd_pid(cfg))
+            if not idle:
+                last_active = time.time()
+                continue
+            if (time.time() - last_active) // minute >= cluster["autostop"] and cluster["to_down"]:
+                with _locked(state) as db:
+                    if db["clusters"].get(name, {}).get("instances") != instances:
+                        return 0
+                    db["clusters"].pop(name)
+                    db.setdefault("autodowns", []).append({"name": name, "at": time.time()})
+                    _end_instances(state, cluster)
+                if cfg.get("root"):
+                    power_off(Path(cfg["root"]))
+                return 0
+        return 0
+    finally:
+        if job.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--skylet"]:
+        return skylet(Path(sys.argv[3]), sys.argv[2])
     state = Path(os.environ["FAKE_SKY_STATE"])
+    if sys.argv[1:2] == ["gpus"] and _faults(state).get("old_cli"):  # a CLI before `sky gpus` (click's error)
+        print("Usage: sky [OPTIONS] COMMAND [ARGS]...\nTry 'sky -h' for help.\n\nError: No such command 'gpus'.",
+              file=sys.stderr)
+        return 2
     args = parser().parse_args()
     with (state / "calls.log").open("a") as log:
-        log.write(" ".join(sys.argv[1:]) + "\n")
+        log.write(json.dumps(sys.argv[1:]) + "\n")
     code: int = args.fn(state, args)
     return code
 
@@ -372,12 +589,17 @@ class FakeSky:
     """The fake's state folder and the wrapper that runs it as `sky`."""
 
     def __init__(self, dir: Path, *, address: str, ec2_endpoint: str, launch_s: float = 0.3,
-                 down_s: float = 0.2) -> None:
+                 down_s: float = 0.2, minute_s: float = 60.0, root: Path | None = None,
+                 sshd_pidfile: Path | None = None) -> None:
+        """`minute_s`: how long a minute of skylet's autostop lasts here; `root`: what a cluster's
+        power off ends (every process naming it); `sshd_pidfile`: the sshd whose sessions count."""
         self.state = Path(dir)
         self.state.mkdir(parents=True, exist_ok=True)
         self.ec2_endpoint = ec2_endpoint
         (self.state / "config.json").write_text(json.dumps(
-            {"address": address, "ec2_endpoint": ec2_endpoint, "launch_s": launch_s, "down_s": down_s}))
+            {"address": address, "ec2_endpoint": ec2_endpoint, "launch_s": launch_s, "down_s": down_s,
+             "minute_s": minute_s, "root": str(root) if root else "",
+             "sshd_pidfile": str(sshd_pidfile) if sshd_pidfile else ""}))
         self.command = self.state / "sky"
         env = {"FAKE_SKY_STATE": str(self.state), **aws_env()}
         exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
@@ -400,9 +622,31 @@ class FakeSky:
             cluster: dict[str, Any] = db["clusters"].pop(name)
             return cluster
 
-    def calls(self) -> list[str]:
+    def argvs(self) -> list[list[str]]:
+        """Every command line `sky` was called with, as its argv (after `sky`)."""
         path = self.state / "calls.log"
-        return path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def calls(self) -> list[str]:
+        return [" ".join(argv) for argv in self.argvs()]
+
+    def autodowns(self) -> list[dict[str, Any]]:
+        """The clusters skylet tore down by itself (autostop with --down), with when."""
+        return list(self.db().get("autodowns", []))
+
+    def stop(self) -> None:
+        """End every skylet and cluster job of this fake (what runs with its state in its env)."""
+        import psutil
+
+        procs = []
+        for p in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if p.pid != os.getpid() and p.environ().get("FAKE_SKY_STATE") == str(self.state):
+                    procs.append(p)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs, timeout=10)
 
 
 def power_off(root: Path) -> None:

@@ -102,3 +102,42 @@ class ObjectStore:
             # the message names the bucket and key, never the keys (botocore does not print them)
             raise Refused(Code.INPUT, f"{self.field}: could not put {self.key(sha256)} into bucket "
                           f"{self.settings.bucket}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+    def out_key(self, token: str) -> str:
+        """Where a worker puts a job's out/ archive too large to ride in a stream chunk."""
+        return f"{self.settings.prefix}out/{token}.tar.gz"
+
+    async def share_put(self, key: str, deadline: float) -> str:
+        """A presigned PUT URL for `key` that lives until the deadline (at most `expiry_s`): the worker
+        puts the job's out/ there without any key of the store."""
+        from botocore.exceptions import BotoCoreError
+
+        expiry = int(max(60, min(self.settings.expiry_s, deadline - time.time())))
+
+        def presign() -> str:
+            return str(self._s3().generate_presigned_url(
+                "put_object", Params={"Bucket": self.settings.bucket, "Key": key}, ExpiresIn=expiry))
+
+        try:
+            return await trio.to_thread.run_sync(presign)
+        except BotoCoreError as exc:
+            raise Unreachable(f"{self.field}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+    async def get(self, key: str) -> bytes:
+        """The object's bytes (the job's out/ a worker put)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def read() -> bytes:
+            body = self._s3().get_object(Bucket=self.settings.bucket, Key=key)["Body"]
+            try:
+                return bytes(body.read())
+            finally:
+                body.close()
+
+        try:
+            return await trio.to_thread.run_sync(read)
+        except BotoCoreError as exc:
+            raise Unreachable(f"{self.field}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        except ClientError as exc:
+            raise Refused(Code.TRANSFER_FAILED, f"{self.field}: could not get {key} from bucket "
+                          f"{self.settings.bucket}: {type(exc).__name__}: {str(exc)[:300]}") from exc

@@ -18,7 +18,16 @@ What a poll makes of the platform's answers (contract §11):
 | IN_PROGRESS / RUNNING | running (the heartbeat judges the stall window from the chunks) |
 | COMPLETED, or FAILED after the handler's last chunk | exited, with the job's exit code |
 | FAILED, the worker could not have the archive (download, size, hash) | Refused(input) |
+| FAILED, out/ could not come back (over the stream chunk with no store, the put failed) | Refused(transfer_failed) |
+| FAILED, the worker was stopped (SIGTERM) while the job ran | MachineGone (preempted) |
 | FAILED otherwise (the handler's own error) | Refused(job_failed) |
+
+The worker's markers (payload.py `worker_error`) are read wherever RunPod's SDK puts them: a
+terminal `{"error": ...}` the handler yielded (passed through as it is), or a handler that raised
+(`handler: <message> \ntraceback: ...`, or the JSON `error_message` of a plain handler).
+An `out/` above what a stream chunk carries comes back through the object store: `start` hands the
+worker a presigned PUT URL for a key of its own (kept in the handle, so a resuming controller finds
+it) and `fetch` gets it from there and checks size and hash.
 | CANCELLED, TIMED_OUT (by the platform) | MachineGone (preempted) |
 | 404 for a job we submitted (its TTL passed) | Refused(unreachable) |
 """
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +51,8 @@ from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Re
 from actor_run.protocols.serverless import (
     INLINE_LIMIT,
     INPUT_ERROR,
+    PREEMPTED_ERROR,
+    TRANSFER_ERROR,
     PayloadError,
     decode_blob,
     encode_blob,
@@ -48,6 +60,7 @@ from actor_run.protocols.serverless import (
     tar_folder,
     unpack,
     url_blob,
+    worker_error,
 )
 from actor_run.protocols.serverless.payload import sha256
 
@@ -62,11 +75,12 @@ class Graces(msgspec.Struct, frozen=True, kw_only=True):
     ttl_s: float = 24 * 3600.0
 
 
-class Handle(msgspec.Struct, frozen=True, kw_only=True):
+class Handle(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the ledger keeps of a queue job: enough for any process to follow it."""
 
     endpoint_id: str
     job_id: str
+    out_key: str = ""  # where the worker puts an out/ too large for a chunk (in the object store)
 
 
 class _Job:
@@ -139,16 +153,20 @@ class ServerlessWorkspace:
         seed = launch.env.get("ACTOR_RUN_SEED", "0")
         attempt = launch.env.get("ACTOR_RUN_ATTEMPT", "0")
         env = {k: v for k, v in launch.env.items() if k not in ("ACTOR_RUN_SEED", "ACTOR_RUN_ATTEMPT")}
-        payload = {"actor_run": 1, "command": launch.command, "seed": int(seed), "attempt": int(attempt),
-                   "env": env, "request": request, "archive": blob, "code": bool(launch.code),
-                   "stream_s": self.graces.stream_s}
+        payload: dict[str, Any] = {
+            "actor_run": 1, "command": launch.command, "seed": int(seed), "attempt": int(attempt), "env": env,
+            "request": request, "archive": blob, "code": bool(launch.code), "stream_s": self.graces.stream_s}
+        out_key = ""
+        if self.store is not None:  # an out/ over a stream chunk goes there (the worker gets only a URL)
+            out_key = self.store.out_key(uuid.uuid4().hex)
+            payload["out_put"] = {"url": await self.store.share_put(out_key, self.deadline)}
         left_ms = max(5_000, int((self.deadline - time.time()) * 1000))
         body = {"input": payload, "policy": {"executionTimeout": left_ms, "ttl": int(self.graces.ttl_s * 1000)}}
         answer = await self.api.queue("POST", self.endpoint_id, "run", body)
         if answer.status >= 300 or not isinstance(answer.body, dict) or not answer.body.get("id"):
             code = Code.INPUT if answer.status in (400, 413) else Code.LAUNCH_FAILED
             raise Refused(code, f"runpod /run: {answer.status} {answer.detail()}")
-        handle = Handle(endpoint_id=self.endpoint_id, job_id=str(answer.body["id"]))
+        handle = Handle(endpoint_id=self.endpoint_id, job_id=str(answer.body["id"]), out_key=out_key)
         self.jobs[launch.work] = _Job(handle, trio.current_time())
         if record is not None:
             await record(msgspec.json.encode(handle).decode())
@@ -258,10 +276,14 @@ class ServerlessWorkspace:
         if status in ("CANCELLED", "TIMED_OUT"):
             raise MachineGone(f"the platform ended queue job {job.handle.job_id}: {status}")
         if job.exit_code is None:
-            error = body.get("error") or "no exit code in its output"
-            if str(error).startswith(INPUT_ERROR):  # the worker could not have the archive as sent
-                raise Refused(Code.INPUT, f"queue job {job.handle.job_id}: {str(error)[:500]}")
-            raise Refused(Code.JOB_FAILED, f"queue job {job.handle.job_id} {status}: {str(error)[:500]}")
+            marker, text = worker_error(str(body.get("error") or "no exit code in its output"))
+            if marker == INPUT_ERROR:  # the worker could not have the archive as sent
+                raise Refused(Code.INPUT, f"queue job {job.handle.job_id}: {text[:500]}")
+            if marker == TRANSFER_ERROR:
+                raise Refused(Code.TRANSFER_FAILED, f"queue job {job.handle.job_id}: {text[:500]}")
+            if marker == PREEMPTED_ERROR:
+                raise MachineGone(f"queue job {job.handle.job_id}: {text[:500]}")
+            raise Refused(Code.JOB_FAILED, f"queue job {job.handle.job_id} {status}: {text[:500]}")
 
     def executed_s(self, work: str) -> float:
         """The worker's execution time of the job, as the platform reported it at its end (-1: unknown)."""
@@ -288,11 +310,24 @@ class ServerlessWorkspace:
         if job.out is None:
             return 0
         try:
-            data = decode_blob(job.out)
+            data = await self._out(job, job.out)
         except PayloadError as exc:
             raise Refused(Code.INTERNAL, f"queue job {job.handle.job_id}: {exc}") from exc
         await trio.to_thread.run_sync(_extract_out, data, local_dir)
         return len(data)
+
+    async def _out(self, job: _Job, out: dict[str, Any]) -> bytes:
+        """The out/ archive of the job's last chunk: inline, or put by the worker in the store."""
+        if not out.get("put"):
+            return decode_blob(out)
+        if self.store is None or not job.handle.out_key:
+            raise Refused(Code.TRANSFER_FAILED, f"queue job {job.handle.job_id} put its out/ in an object store "
+                          "this controller was not given")
+        data = await self.store.get(job.handle.out_key)
+        if len(data) != out.get("size") or sha256(data) != out.get("sha256"):
+            raise Refused(Code.TRANSFER_FAILED, f"queue job {job.handle.job_id}: {job.handle.out_key} holds "
+                          f"{len(data)} bytes of sha256 {sha256(data)}, not {out.get('size')} of {out.get('sha256')}")
+        return data
 
     async def remove(self, work: str) -> None:
         self.jobs.pop(work, None)

@@ -4,7 +4,8 @@ A delete of cluster `name`:
 
 1. stops any launch of it still pending or running on SkyPilot's server (unless its launch is
    known to have ended): a launch not stopped could still make an instance after the delete;
-2. submits `sky down --async` (or finds one already running) and follows that request, across
+2. submits `sky down --async` (or finds one already running) and follows that request (its id
+   read from `Submitted sky.Terminating request: <id>`), across
    calls (its id is kept: a caller's time limit may cut one call short), for up to
    `down_timeout_s`; when it succeeds, `sky status` must no longer list the cluster;
 3. whatever step 2 said, asks EC2 for instances still tagged with the cluster, terminates each,
@@ -27,7 +28,7 @@ from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
 from actor_run.protocols.clouds.skycli import ACTIVE, SkyCli, SkyFailed, SkyHung, submitted
 from actor_run.protocols.failures import DeleteUnconfirmed, SpecError
 
-CANCEL_S = 10.0  # one `sky api` call made while stopping a launch (three at most)
+CANCEL_S = 20.0  # one `sky api` call made while stopping a launch (three at most; each takes 5-15 s)
 
 
 class Teardown:
@@ -72,8 +73,7 @@ class Teardown:
             try:
                 if known:
                     await self.cli.cancel(*known)
-                active = [r.request_id for r in await self.cli.requests()
-                          if r.verb == "launch" and r.cluster_name == name and r.status in ACTIVE]
+                active = [r.request_id for r in await self.cli.active(name) if r.verb == "launch"]
                 if active:
                     await self.cli.cancel(*active)
                     active = [r.request_id for r in await self.cli.requests(*active) if r.status in ACTIVE]
@@ -89,8 +89,7 @@ class Teardown:
         `sky status` must not list the cluster. False when SkyPilot has given up on it (EC2 decides);
         raises SkyHung/SkyFailed when `sky` itself does not answer sensibly."""
         if name not in self._downs:
-            active = [r for r in await self.cli.requests()
-                      if r.verb == "down" and r.cluster_name == name and r.status in ACTIVE]
+            active = [r for r in await self.cli.active(name) if r.verb == "down"]
             if active:
                 self._downs[name] = (active[0].request_id, active[0].created_at or time.time())
             else:

@@ -6,8 +6,13 @@ SkyPilot picks the instance; this module keeps what SkyPilot lacks:
 
 - **One attempt is one placement.** Each launch is pinned to one region (`--infra aws/<region>`)
   without `--retry-until-up`: SkyPilot's own failover stays off, the walk across regions is the
-  candidates'. The launch goes out with `--down -i <idle>` (the cluster tears itself down once
-  idle, our SSH connection keeping it busy) and `--async`; its request is followed to its end.
+  candidates'. The launch goes out with `--async`; its request is followed to its end.
+- **The cluster is busy exactly as long as its lease.** SkyPilot's skylet autostops a cluster
+  when no job of its queue runs and no SSH session has a terminal under sshd (`jobs_and_ssh`,
+  skylet/autostop_lib.py `has_active_ssh_sessions`): our SSH sessions have no terminal and do
+  not count. So the launch's own run command sleeps until the machine's deadline (a job skylet
+  sees running), and `--down -i <idle>` still deletes the cluster `idle` minutes after that
+  deadline when no controller is left to do it.
 - **Its answers are classified**: a `ResourcesUnavailableError` is `no_capacity` (`quota` when
   AWS's vCPU or instance limit is what it wraps), any other failed launch `launch_failed` (the
   cluster is torn down first: `--down` is not applied to a launch that failed), a launch that
@@ -24,8 +29,10 @@ SkyPilot picks the instance; this module keeps what SkyPilot lacks:
   EC2 alone decides, and a launch that could not be stopped keeps the delete unconfirmed.
 - **The sweep** lists `sky status -u` filtered by our prefix AND EC2 instances tagged `ar-*`, so a
   cluster SkyPilot forgot (its record purged, its server reset) is still found.
-- **Cost** is the hourly price `sky show-gpus` reports for the GPU in that region (spot or not);
-  the meter caps it at the deadline.
+- **Cost** is the lowest hourly price SkyPilot's catalog gives for exactly that GPU name in that
+  region (spot or not), from `sky gpus list -o json` (`sky show-gpus` on a CLI without it); the
+  meter caps it at the deadline. A GPU SkyPilot gives no price for there is not offered, unless
+  `fallback_hourly_usd` is set: then it is metered at that price (never at $0).
 
 The head node is reached over our persistent SSH host (protocols/hosts/ssh.py) at the address
 `sky status --ip` gives, with its host key pinned in a known-hosts file of its own cluster: a
@@ -45,7 +52,7 @@ import trio
 from loguru import logger
 
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
-from actor_run.protocols.clouds.skycli import ACTIVE, SkyCli, SkyFailed, SkyHung, submitted
+from actor_run.protocols.clouds.skycli import ACTIVE, CLI_TIMEOUT_S, SkyCli, SkyFailed, SkyHung, submitted
 from actor_run.protocols.clouds.skydelete import Teardown
 from actor_run.protocols.failures import (
     Code,
@@ -66,7 +73,13 @@ from actor_run.protocols.specs import CandidateSpec
 # our GPU names -> SkyPilot's accelerator names (the rest are spelled the same)
 GPUS = {"A100-80G": "A100-80GB", "A100-40G": "A100", "H100-80G": "H100"}
 PRICE_TTL_S = 600.0
-ENTRYPOINT = "echo actor-run"  # the cluster's own job: nothing; ours run over SSH
+
+def hold_command(deadline: float) -> str:
+    """The cluster's own job (ours run over SSH): a sleep until the machine's deadline, so that
+    skylet sees a running job and does not autostop the cluster under ours. It ends at the
+    deadline whenever the cluster came up, and `--down -i N` then deletes the cluster N minutes
+    later if nobody did."""
+    return f"sleep $(( {math.ceil(deadline)} - $(date +%s) ))"
 
 
 class SkyPilotSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -84,7 +97,10 @@ class SkyPilotSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     # run on the head node at connect: powers it off (so EC2 terminates it) a minute before the deadline
     deadline_command: str = "sudo -n shutdown -h +{minutes}"
     poll_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
-    cli_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0  # one `sky` command
+    cli_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = CLI_TIMEOUT_S  # one `sky` command (each takes 5-15 s)
+    # the price of a GPU SkyPilot's catalog gives none for there (a GPU AWS does not sell singly):
+    # unset, such a place is not offered; set, it is metered at this price
+    fallback_hourly_usd: Annotated[float, msgspec.Meta(gt=0)] | None = None
     launch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1800.0  # a launch request, to its end
     # a down request, before EC2 takes over (within the lease's two minutes of deleting)
     down_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 90.0
@@ -158,12 +174,14 @@ class SkyPilotCloud:
         return regions
 
     async def _price(self, gpu: str, region: str) -> float | None:
+        if not gpu:  # SkyPilot picks a CPU instance: its catalog has no GPU row to price it by
+            return None
         key = (gpu, region)
         cached = self._prices.get(key)
         if cached is not None and time.monotonic() - cached[1] < PRICE_TTL_S:
             return cached[0]
         try:
-            price = await self.cli.hourly_price(f"{GPUS.get(gpu, gpu)}:1", f"aws/{region}", spot=self.settings.use_spot)
+            price = await self.cli.hourly_price(GPUS.get(gpu, gpu), f"aws/{region}", spot=self.settings.use_spot)
         except (SkyHung, SkyFailed) as exc:
             logger.warning("skypilot: no price for {} in {}: {}", gpu, region, exc)
             return None
@@ -173,20 +191,27 @@ class SkyPilotCloud:
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         found = []
+        fallback = self.settings.fallback_hourly_usd
         for region in self._regions_for(candidate, index):
-            price = await self._price(candidate.gpu, region) if candidate.gpu else None
-            if price is None:
-                logger.warning("skypilot: SkyPilot reports no price for {} in {}: metered at $0/h", candidate.gpu,
-                               region)
-            elif candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
+            price = await self._price(candidate.gpu or "", region)
+            if price is None and fallback is None:
+                logger.warning("skypilot: SkyPilot gives no price for {} in {}: not offered (set "
+                               "clouds.skypilot.fallback_hourly_usd to meter it at a price of yours)",
+                               candidate.gpu or "a machine without GPU", region)
                 continue
-            found.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu, hourly_usd=price or 0.0,
-                               candidate=index))
+            if price is None:
+                logger.warning("skypilot: SkyPilot gives no price for {} in {}: metered at fallback_hourly_usd "
+                               "${:.3f}/h", candidate.gpu or "a machine without GPU", region, fallback)
+                price = fallback
+            assert price is not None
+            if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
+                continue
+            found.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu, hourly_usd=price, candidate=index))
         return sorted(found, key=lambda o: o.hourly_usd)
 
     # --- launch ----------------------------------------------------------------------------------
 
-    def _launch_args(self, offer: Offer, name: str) -> list[str]:
+    def _launch_args(self, offer: Offer, name: str, deadline: float) -> list[str]:
         s = self.settings
         zone = s.infra.split("/")[2:3]
         infra = "/".join(["aws", offer.region, *(zone if offer.region == _region_of(s.infra) else [])])
@@ -194,7 +219,7 @@ class SkyPilotCloud:
                 "--use-spot" if s.use_spot else "--no-use-spot"]
         if offer.gpu:
             args += ["--gpus", f"{GPUS.get(offer.gpu, offer.gpu)}:1"]
-        return [*args, ENTRYPOINT]
+        return [*args, hold_command(deadline)]
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
         region = offer.region
@@ -202,7 +227,7 @@ class SkyPilotCloud:
         self._seen_regions.add(region)
         log = logger.bind(cloud=self.name, machine=name)
         try:
-            res = await self.cli.run(*self._launch_args(offer, name))
+            res = await self.cli.run(*self._launch_args(offer, name, deadline))
         except SkyHung as exc:  # it may have been submitted: stop it, then the lease reconciles by name
             await self.teardown.stop_launches(name)
             raise LaunchAmbiguous(f"skypilot: {exc}") from exc

@@ -1,4 +1,4 @@
-"""`python -m actor_run.protocols.serverless [--once]`: the worker's entry point (handler.main)."""
+"""`python -m actor_run.protocols.serverless [runpod's --rp_* flags]`: the worker's entry point (handler.main)."""
 
 from actor_run.protocols.serverless.handler import main
 

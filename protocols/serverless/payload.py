@@ -15,7 +15,10 @@ controller reads as the attempt's `input` failure).
 The archive is content-addressed (its sha256 is checked before anything is unpacked) and holds
 `code/` (the code snapshot) and `in/<name>/<basename>` (each input, file or folder), `in/resume/`
 (a checkpoint from an earlier attempt). Output goes back the same way: `out/` and
-`progress.jsonl` in a tar.gz, with its sha256.
+`progress.jsonl` in a tar.gz, with its sha256: inline in the last stream chunk up to `OUT_INLINE_LIMIT`
+(a RunPod stream chunk is at most 1 MB); above it, PUT by the worker to the presigned URL the payload
+names in `"out_put": {"url": ...}` (the controller's object store) and the chunk says
+`"out": {"sha256", "size", "put": true}`; with no such URL it is a `TRANSFER_ERROR` naming the size.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import base64
 import gzip
 import hashlib
 import io
+import json
 import tarfile
 import urllib.error
 import urllib.request
@@ -34,9 +38,39 @@ VERSION = 1
 # RunPod's /run takes a body up to 10 MB; base64 makes 4 bytes of 3, and the rest of the body is small
 PAYLOAD_LIMIT = 10 * 1000 * 1000
 INLINE_LIMIT = PAYLOAD_LIMIT * 3 // 4 - 64 * 1024
+# RunPod's stream chunk is at most 1 MB (contract §11 /stream); a chunk the handler yields stays under
+# CHUNK_LIMIT as JSON, and out/ rides in one inline only up to OUT_INLINE_LIMIT bytes (base64: 4 of 3)
+CHUNK_LIMIT = 1000 * 1000 - 16 * 1024
+OUT_INLINE_LIMIT = CHUNK_LIMIT * 3 // 4 - 4 * 1024
 
 
-INPUT_ERROR = "actor-run input: "
+# What the handler's terminal `{"error": ...}` starts with when the fault is not the job's own. The SDK
+# passes a yielded error through as it is; a handler that raises instead reaches the queue as
+# `handler: <message> \ntraceback: ...` (a generator) or as a JSON object whose `error_message` is the
+# message (a plain function): `worker_error` reads the marker in each of those places.
+INPUT_ERROR = "actor-run input: "  # the archive could not be had as sent: the attempt's `input`
+TRANSFER_ERROR = "actor-run transfer_failed: "  # out/ could not come back within the limits
+PREEMPTED_ERROR = "actor-run preempted: "  # the worker was stopped (SIGTERM) while the job ran
+
+
+def worker_error(error: str) -> tuple[str, str]:
+    """`(marker, text)` of a queue job's error: the marker it carries (`INPUT_ERROR`, `TRANSFER_ERROR`,
+    `PREEMPTED_ERROR`, or "" for the job's own failure) wherever the SDK put it, and the message
+    without the SDK's wrapping."""
+    text = error
+    if text.startswith("handler: "):  # rp_job.run_job_generator: f"handler: {err} \ntraceback: ..."
+        text = text[len("handler: "):].split(" \ntraceback: ", 1)[0]
+    elif text.startswith("{"):  # rp_job.run_job: json.dumps({"error_type", "error_message", ...})
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict) and isinstance(decoded.get("error_message"), str):
+            text = decoded["error_message"]
+    for marker in (INPUT_ERROR, TRANSFER_ERROR, PREEMPTED_ERROR):
+        if text.startswith(marker):
+            return marker, text
+    return "", text
 
 
 class PayloadError(Exception):
@@ -110,6 +144,21 @@ def fetch_blob(blob: dict[str, Any], timeout_s: float = 300.0) -> bytes:
     if sha256(data) != digest:
         raise InputError(f"the archive at {where} has sha256 {sha256(data)}, not {digest}")
     return data
+
+
+def put_blob(url: str, data: bytes, timeout_s: float = 300.0) -> None:
+    """PUT `data` to a presigned URL (the worker's way to the controller's store); `OSError` when it
+    could not, its text naming the URL without its signature."""
+    where = url.split("?", 1)[0]
+    if not url.startswith(("https://", "http://")):
+        raise OSError(f"the output URL {where} is not http(s)")
+    req = urllib.request.Request(url, data=data, method="PUT", headers={"Content-Type": "application/gzip"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            r.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.code if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+        raise OSError(f"could not put {len(data)} bytes to {where}: {reason}") from None
 
 
 def decode_blob(blob: Any) -> bytes:

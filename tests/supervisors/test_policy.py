@@ -28,6 +28,7 @@ TABLE: dict[Code, tuple[Action, bool]] = {
     Code.UNREACHABLE: (Action.RETRY, False),
     Code.JOB_FAILED: (Action.STOP, False),
     Code.INPUT: (Action.STOP, False),
+    Code.TRANSFER_FAILED: (Action.STOP, False),
     Code.GUARD: (Action.STOP, False),
     Code.DEADLINE: (Action.STOP, False),
     Code.BUDGET: (Action.STOP, False),

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import psutil
 import pytest
 from fakes.runpod_serverless import FakeRunPodServerless, serving
 from fakes.runpod_serverless import settings as serverless
@@ -200,13 +201,19 @@ def test_a_quota_refusal_reclaims_a_dead_owners_idle_endpoint_then_runs(
 def test_cancel_sends_the_queue_cancel_before_the_endpoint_goes(
     fake: FakeRunPodServerless, open_runner: Callable[..., Any], events: Any, tmp_path: Path,
 ) -> None:
+    pids = tmp_path / "pids"
     with open_runner() as r:
-        handle = r.submit(job(fake, tmp_path, command="sleep 30"))
+        handle = r.submit(job(fake, tmp_path, command=f'echo $$ > "{pids}.tmp"; mv "{pids}.tmp" "{pids}"; sleep 600'))
         events.wait_for(lambda e: type(e).__name__ == "JobStarted")
-        fake.wait_for(lambda: fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+        fake.wait_for(lambda: fake.jobs[fake.submitted[0]].status == "IN_PROGRESS" and pids.exists())
+        command = psutil.Process(int(pids.read_text()))
         handle.cancel()
         ended = handle.result(30)
     assert (ended.outcome, ended.failure) == ("failed", Code.CANCELED)
+    # the worker (RunPod's SDK) heard the cancel on its stop channel and the command went with it
+    fake.wait_for(lambda: fake.submitted[0] in fake.stop_delivered)
+    psutil.wait_procs([command], timeout=max(0.0, fake.stop_delivered[fake.submitted[0]] + 5 - time.monotonic()))
+    assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
     # answered 200 (CANCELLED): it came while the endpoint still existed
     assert fake.queue_calls.count(("POST", "/v2/{endpoint}/cancel/{job}", 200)) == 1
     assert fake.jobs[fake.submitted[0]].status == "CANCELLED"

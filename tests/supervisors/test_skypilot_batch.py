@@ -8,13 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
 from sshd import Sshd
+
+from actor_run.protocols.names import parse_name
 
 CLI = [sys.executable, "-m", "actor_run"]
 REGIONS = ["us-east-1", "us-west-2"]
@@ -43,13 +47,20 @@ def ec2(moto_server: MotoEc2) -> MotoEc2:
     return moto_server
 
 
+MINUTE_S = 1.0  # a minute of the fake skylet's autostop, in seconds
+
+
 @pytest.fixture
 def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
-    yield FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint)
+    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, root=tmp_path / "root",
+                   sshd_pidfile=sshd.dir / "sshd.pid", minute_s=MINUTE_S)
+    yield fake
+    fake.stop()  # its skylets and their jobs
     power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
 
 
-def batch(tmp: Path, sshd: Sshd, fake: FakeSky, *, seeds: list[int], steps: int = 3) -> Path:
+def batch(tmp: Path, sshd: Sshd, fake: FakeSky, *, seeds: list[int], steps: int = 3, timeout_s: float = 300,
+          setup_grace_s: float = 120, policy: str = "", sky: str = "") -> Path:
     code = tmp / "code"
     code.mkdir(exist_ok=True)
     (code / "job.py").write_text(JOB)
@@ -60,14 +71,15 @@ name = "sky-batch"
 command = "python3 job.py"
 code = "code"
 seeds = {seeds}
-timeout_s = 300
+timeout_s = {timeout_s}
 env = {{ STEPS = "{steps}" }}
 
 [policy]
 max_attempts = 2
 concurrency = {len(seeds)}
-setup_grace_s = 120
+setup_grace_s = {setup_grace_s}
 stall_after_s = 60
+{policy}
 poll_s = 0.2
 lost_after_s = 60
 
@@ -93,6 +105,7 @@ ec2_endpoint = "{fake.ec2_endpoint}"
 poll_s = 0.2
 cli_timeout_s = 15
 deadline_command = "echo {{minutes}} >> {tmp / 'shutdowns'}"
+{sky}
 """)
     return path
 
@@ -174,3 +187,58 @@ def test_when_sky_down_fails_the_ledger_row_closes_on_ec2s_proof(
     assert live_instances(ec2) == []  # EC2 terminated its instance
     assert [i["State"]["Name"] for i in ec2.instances(region="us-east-1")] == ["terminated"]
     assert machine_states(tmp_path) == ["deleted"]  # its row closed on EC2's proof
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    """Poll a condition on the fake's state (another process's) until it holds, at most `timeout` s."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            return False
+        threading.Event().wait(0.2)
+    return True
+
+
+def test_a_job_longer_than_skypilots_idle_time_finishes_on_the_same_cluster(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, ec2: MotoEc2) -> None:
+    """The fake's skylet autostops a cluster idle for one (scaled) minute, counting only its job
+    queue and SSH sessions with a terminal: our job runs several such minutes over SSH, and the
+    cluster's own job (a sleep until the deadline) keeps it from tearing itself down under us."""
+    path = batch(tmp_path, sshd, fake, seeds=[1], steps=int(6 * MINUTE_S / 0.2), sky="idle_minutes = 1")
+    done = cli(tmp_path, "run", str(path), "--json", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    evs = events(done.stdout)
+    assert len([e for e in evs if e["type"] == "Leased"]) == 1  # one cluster, never replaced
+    assert [e["outcome"] for e in evs if e["type"] == "JobEnded"] == ["succeeded"]
+    assert fake.autodowns() == []  # skylet never took it: our delete did, at the end
+    assert fake.clusters() == {}
+    assert live_instances(ec2) == []
+
+
+def test_a_cluster_whose_controller_was_killed_deletes_itself_by_its_deadline_plus_the_idle_minutes(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, ec2: MotoEc2) -> None:
+    """kill -9 of the controller, no sweep: the cluster lives while its lease does (its own job
+    keeps skylet from autostopping it), then SkyPilot's autodown deletes it `idle_minutes` after
+    the deadline (the fake's skylet, one minute = MINUTE_S)."""
+    idle = 2
+    path = batch(tmp_path, sshd, fake, seeds=[1], steps=2000, timeout_s=20, setup_grace_s=10,
+                 policy="deadline_margin_s = 0", sky=f"idle_minutes = {idle}")
+    proc = subprocess.Popen([*CLI, "run", str(path), "--json", "--out", str(tmp_path / "out"), "--state-dir",
+                             str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env={**os.environ, **aws_env()})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if '"type":"Progress"' in line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    [name] = fake.clusters()
+    parsed = parse_name(name)
+    assert parsed is not None
+    deadline = float(parsed.deadline)
+    latest = deadline + (idle + 2) * MINUTE_S + 30  # skylet checks once a minute; 30 s for a loaded machine
+    assert wait_until(lambda: not fake.clusters(), latest - time.time() + 5), "the cluster outlived its bound"
+    [down] = fake.autodowns()
+    assert down["name"] == name
+    assert deadline <= down["at"] <= latest  # not before the lease's end, and soon after it
+    assert live_instances(ec2) == []

@@ -1,15 +1,19 @@
 """The runpod-serverless cloud against a fake RunPod on loopback (REST v2 held to RunPod's OpenAPI
-document, the queue API to the contract), whose workers run actor-run's own handler in a
-subprocess: offers, launch, a queue job run for real, fetch, delete, and each fault the contract
-names."""
+document, the queue API to the contract), whose workers run actor-run's own handler under RunPod's
+own SDK worker loop (runpod 1.12.0) in a process each: offers, launch, a queue job run for real,
+fetch, delete, each fault the contract names, and what the worker does under the SDK (failures
+classified wherever the SDK puts the marker, a cancel or SIGTERM that stops the command, chunks
+under the stream limit)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
@@ -19,6 +23,7 @@ from actor_run.protocols.clouds.runpod_serverless import ServerlessCloud
 from actor_run.protocols.failures import Code, LaunchRefused, MachineGone, Refused, SpecError
 from actor_run.protocols.hosts.workspace import Launch, PollResult
 from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.serverless import OUT_INLINE_LIMIT
 from actor_run.protocols.specs import CandidateSpec
 
 
@@ -323,3 +328,157 @@ def test_an_offer_without_its_pool_asks_the_catalog(fake: FakeRunPodServerless, 
 
     trio.run(main)
     assert fake.live_endpoints() == []
+
+
+# --- under RunPod's SDK worker loop: failures classified, a cancel that stops the command, bounded chunks
+
+def pids_of(path: Path) -> list[psutil.Process] | None:
+    return [psutil.Process(int(p)) for p in path.read_text().split()] if path.exists() else None
+
+
+def still_running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def gone_by(procs: list[psutil.Process], end: float) -> list[psutil.Process]:
+    """Those of `procs` still running at `end` (time.monotonic()), waiting on them, no sleep."""
+    while (alive := still_running(procs)) and time.monotonic() < end:
+        psutil.wait_procs(alive, timeout=min(0.2, max(0.0, end - time.monotonic())))
+    return still_running(procs)
+
+
+def with_pids(pids: Path, body: str) -> str:
+    return f'sleep 600 & echo $$ $! > "{pids}.tmp"; mv "{pids}.tmp" "{pids}"; {body}'
+
+
+async def wait_for_pids(pids: Path, limit_s: float = 60.0) -> list[psutil.Process]:
+    with trio.fail_after(limit_s):
+        while (procs := pids_of(pids)) is None:  # noqa: ASYNC110 - a file has no event to wait on
+            await trio.sleep(0.05)
+    return procs
+
+
+@pytest.mark.parametrize("body", ["while :; do echo tick; sleep 0.05; done", "sleep 600"], ids=["printing", "silent"])
+def test_a_cancel_stops_the_command_within_5_s_of_reaching_the_worker(fake: FakeRunPodServerless, cloud_of: Any,
+                                                                       tmp_path: Path, body: str) -> None:
+    cloud, pids = cloud_of(), tmp_path / "pids"
+
+    async def main() -> list[psutil.Process]:
+        machine, ws, work = await submitted(cloud, with_pids(pids, body))
+        procs = await wait_for_pids(pids)
+        assert len(still_running(procs)) == 2
+        await ws.stop(work)  # the queue's /cancel, as the lease sends it
+        job = fake.submitted[0]
+        await trio.to_thread.run_sync(fake.wait_for, lambda: job in fake.stop_delivered)
+        left = await trio.to_thread.run_sync(gone_by, procs, fake.stop_delivered[job] + 5.0)
+        assert left == [], f"still running 5 s after the stop reached the worker: {left}"
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+        return procs
+
+    trio.run(main)
+    assert fake.jobs[fake.submitted[0]].status == "CANCELLED"
+
+
+def test_a_worker_stopped_by_sigterm_kills_the_command_and_the_job_is_preempted(fake: FakeRunPodServerless,
+                                                                                 cloud_of: Any, tmp_path: Path) -> None:
+    cloud, pids = cloud_of(), tmp_path / "pids"
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, with_pids(pids, "sleep 600"))
+        procs = await wait_for_pids(pids)
+        t0 = time.monotonic()
+        await trio.to_thread.run_sync(lambda: fake.terminate_workers(grace_s=60))  # SIGTERM, as a stopped container
+        assert time.monotonic() - t0 < 30  # the worker ended on its own, long before its SIGKILL
+        assert await trio.to_thread.run_sync(gone_by, procs, t0 + 5.0) == []
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, MachineGone)
+        assert "SIGTERM" in str(exc)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+
+
+RAISING = """
+import sys
+import runpod
+from actor_run.protocols.serverless import InputError
+form = sys.argv[1]
+
+def generator(job):
+    raise InputError("could not download the archive from http://store.invalid/a.tar.gz: 404")
+    yield {}
+
+def plain(job):
+    raise InputError("could not download the archive from http://store.invalid/a.tar.gz: 404")
+
+async def yielded(job):  # what actor-run's handler does
+    yield {"error": str(InputError("could not download the archive from http://store.invalid/a.tar.gz: 404"))}
+
+handler = {"generator": generator, "plain": plain, "yielded": yielded}[form]
+runpod.serverless.start({"handler": handler, "return_aggregate_stream": True})
+"""
+
+
+@pytest.mark.parametrize("form", ["yielded", "generator", "plain"])
+def test_an_input_failure_is_input_wherever_the_sdk_puts_it(fake: FakeRunPodServerless, cloud_of: Any,
+                                                             form: str) -> None:
+    """A terminal `{"error": ...}` yielded (actor-run's handler: the SDK passes it through as it is),
+    or a handler that raises (an older image's: the SDK wraps the message, `handler: ... traceback`
+    for a generator, a JSON object for a plain function); the marker is read in each."""
+    fake.worker_argv = [sys.executable, "-c", RAISING, form]
+    cloud = cloud_of()
+
+    async def main() -> None:
+        machine, ws, work = await submitted(cloud, "true")
+        exc = await poll_until_raises(ws, work)
+        assert isinstance(exc, Refused)
+        assert exc.code == Code.INPUT, str(exc)
+        assert "could not download the archive from http://store.invalid/a.tar.gz: 404" in str(exc)
+        assert "traceback" not in str(exc)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    error = fake.jobs[fake.submitted[0]].error or ""
+    assert error.startswith({"yielded": "actor-run input: ", "generator": "handler: actor-run input: ",
+                             "plain": '{"error_type"'}[form])
+
+
+def test_a_big_log_streams_in_chunks_under_the_1_mb_limit(fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        _, ws, work = await submitted(cloud, "head -c 1000000 /dev/zero; head -c 2000000 /dev/zero | tr '\\0' x")
+        res, _, log = await run_until_end(ws, work, limit_s=120)
+        assert res.exit_code == 0
+        assert log == b"\0" * 1_000_000 + b"x" * 2_000_000
+        await cloud.aclose()
+
+    trio.run(main)
+    assert len(fake.chunk_sizes) >= 3
+    assert max(fake.chunk_sizes) <= 1_000_000  # `serving` also fails the test on any chunk over it
+
+
+def test_an_out_folder_over_a_chunk_without_a_store_is_transfer_failed(fake: FakeRunPodServerless,
+                                                                         cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        _, ws, work = await submitted(cloud, 'head -c 2000000 /dev/urandom > "$ACTOR_RUN_OUT/big.bin"')
+        exc = await poll_until_raises(ws, work, limit_s=120)
+        assert isinstance(exc, Refused)
+        assert exc.code == Code.TRANSFER_FAILED
+        assert "pack to 2" in str(exc)
+        assert f"over the {OUT_INLINE_LIMIT}" in str(exc)
+        await cloud.aclose()
+
+    trio.run(main)

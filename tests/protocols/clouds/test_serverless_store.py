@@ -156,3 +156,38 @@ def test_store_settings_name_their_field(fake: FakeRunPodServerless, s3: MotoS3,
     assert isinstance(c, ServerlessCloud)
     assert c.store is None
     assert c.settings.inline_limit == INLINE_LIMIT > 7_000_000  # the real default: RunPod's 10 MB body
+
+
+def test_an_out_folder_over_a_stream_chunk_comes_back_through_the_store(fake: FakeRunPodServerless, s3: MotoS3,
+                                                                         tmp_path: Path) -> None:
+    """The worker (the real handler under RunPod's SDK) puts an out/ too large for a 1 MB chunk to
+    the presigned PUT URL its payload carries; the controller gets it from the store by the key in
+    the job's handle and checks size and hash."""
+    c = cloud(fake, s3, tmp_path)
+    handles: list[str] = []
+
+    async def record(handle: str) -> None:
+        handles.append(handle)
+
+    async def main() -> None:
+        _, machine = await offer_and_launch(c)
+        ws = await c.connect(machine)
+        work = ws.work_dir("t", 1, 0)
+        await ws.start(Launch(work=work, command='head -c 2000000 /dev/urandom > "$ACTOR_RUN_OUT/big.bin"',
+                              code=None, inputs=[], env={"ACTOR_RUN_SEED": "1"}, lost_after_s=30), record)
+        res, _, _ = await run_until_end(ws, work, limit_s=120)
+        assert res.exit_code == 0
+        assert await ws.fetch(work, tmp_path / "got") > 2_000_000
+        await ws.aclose()
+        await c.delete(machine.name, machine.id)
+        await c.aclose()
+
+    trio.run(main)
+    assert (tmp_path / "got" / "out" / "big.bin").stat().st_size == 2_000_000
+    key = json.loads(handles[0])["out_key"]
+    assert key.startswith("ar/out/")
+    assert len(s3.versions(key)) == 1
+    assert max(fake.chunk_sizes) <= 1_000_000
+    sent = json.dumps(fake.jobs[fake.submitted[0]].body)
+    assert "out_put" in sent
+    assert SECRET not in sent

@@ -50,7 +50,10 @@ def ec2(moto_server: MotoEc2, monkeypatch: pytest.MonkeyPatch) -> MotoEc2:
 
 @pytest.fixture
 def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
-    yield FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint)
+    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, root=tmp_path / "root",
+                   sshd_pidfile=sshd.dir / "sshd.pid")
+    yield fake
+    fake.stop()  # its skylets and their jobs
     power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
 
 
@@ -275,3 +278,50 @@ def test_without_boto3_the_cloud_names_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "boto3", None)  # an import of it fails as if it were not installed
     with pytest.raises(SpecError, match=r"actor-run\[skypilot\]"):
         SkyPilotCloud(parse_settings("skypilot", {"sky": "true"}), tmp_path)
+
+
+def test_a_delete_follows_its_down_request_to_its_end_and_asks_about_nothing_else(
+        tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> None:
+    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, down_s=2.0)
+    try:
+        c = cloud(tmp_path, sshd, fake)
+        machine = run(lambda: c.launch(OFFER, name(), time.time() + 1800))
+        before = len(fake.argvs())
+        run(lambda: c.delete(machine.name, machine.id))
+        [down] = [r for r in fake.db()["requests"] if r["name"] == "sky.down"]
+        assert down["status"] == "SUCCEEDED"
+        calls = fake.argvs()[before:]
+        # `Submitted sky.Terminating request: <id>` was read and that request followed until it ended
+        assert ["api", "status", "-a", "-v", "-o", "json", down["request_id"]] in calls
+        assert fake.clusters() == {}  # SkyPilot took it down: not left to EC2
+        assert ec2.live() == []
+        for argv in fake.argvs():  # only the requests we made, or one cluster's active ones
+            if argv[:2] == ["api", "status"]:
+                assert "-l" not in argv, argv
+                assert "-c" in argv or argv[-1] != "json", argv  # a cluster's, or ids after the options
+    finally:
+        fake.stop()
+
+
+def test_the_price_is_skypilots_for_exactly_that_gpu_and_never_zero(
+        tmp_path: Path, sshd: Sshd, fake: FakeSky) -> None:
+    c = cloud(tmp_path, sshd, fake, regions=["us-east-1"])
+
+    async def go(cl: SkyPilotCloud, gpu: str) -> list[float]:
+        return [o.hourly_usd for o in await cl.offers(CandidateSpec(cloud="skypilot", gpu=gpu), 0)]
+
+    # `T4` also matches T4g ($0.42) in SkyPilot's case-insensitive filter; `A100-80G` is ours for A100-80GB
+    assert run(lambda: go(c, "T4")) == [0.526]
+    assert run(lambda: go(c, "L4")) == [0.8048]  # not L40S
+    assert run(lambda: go(c, "A100")) == []  # not sold singly: no price, so not offered (not $0)
+    priced = cloud(tmp_path, sshd, fake, fallback_hourly_usd=9.5)
+    assert run(lambda: go(priced, "A100")) == [9.5]  # metered at the stated fallback
+    assert any(argv[:2] == ["gpus", "list"] for argv in fake.argvs())  # not the deprecated show-gpus
+
+
+def test_the_defaults_fit_a_real_sky() -> None:
+    s = parse_settings("skypilot", {})
+    assert s.cli_timeout_s >= 45  # each real call takes 5-15 s on a loaded machine
+    assert s.fallback_hourly_usd is None
+    with pytest.raises(SpecError, match="fallback_hourly_usd"):
+        parse_settings("skypilot", {"fallback_hourly_usd": 0})
