@@ -4,7 +4,7 @@ the job writes it, across retries onto new machines, until the job ends.
 How the live log gets here. The controller already reads the new tail of the job's log with every
 heartbeat, over the machine's one host connection (actors/heartbeat.py), and appends it to the
 seed's `log.txt` in the run's output folder, each attempt opening its part with a header line
-(`--- attempt N on <place> (<when>) ---`); the fetched `log.txt` is that same file once the job
+(`--- run <run> attempt N on <place> (<when>) ---`); the fetched `log.txt` is that same file once the job
 has ended. So `logs` runs in a process of its own and needs no channel into the controller, nor
 a second connection to the machine (a cloud's host may allow one): it reads that file, and
 `-f` follows it (new bytes every FOLLOW_S; the heartbeat hands them over every couple of seconds,
@@ -38,7 +38,9 @@ EXAMPLE = """example:
 """
 FOLLOW_S = 0.2  # how often -f looks for new bytes
 LEDGER_S = 0.5  # how often -f asks the ledger whether the job has ended
-HEADER = re.compile(rb"^--- attempt (\d+) on .*\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\) ---$", re.MULTILINE)
+# `--- run 3f2a9c1d attempt 1 on ...`; logs written before the run was named have no `run <id> `
+HEADER = re.compile(rb"^--- (?:run \S+ )?attempt (\d+) on .*\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\) ---$",
+                    re.MULTILINE)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
