@@ -392,7 +392,25 @@ class Runner(Takeover):
                     raise RuntimeError("could not find a free run id")
                 self._run_started = True
                 self._driven.add(self.run)
+                self._link_latest()
         return self.run
+
+    def seed_dir(self, job: Job) -> Path:
+        """Where a job of this Runner's run keeps its results: `<out>/<run>/<job>/seed-<n>`, so a
+        batch run again never overwrites the last run's (`<out>/latest` names the newest run)."""
+        return self.out_dir / self.run / job.name / f"seed-{job.seed}"
+
+    def _link_latest(self) -> None:
+        """`<out>/latest` -> this run's folder, replaced in one rename (a reader never sees none)."""
+        (self.out_dir / self.run).mkdir(parents=True, exist_ok=True)
+        link = self.out_dir / "latest"
+        if link.exists() and not link.is_symlink():
+            logger.warning("{} is not a link actor-run made: left as it is", link)
+            return
+        staged = self.out_dir / f".latest-{self.run}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(self.run, target_is_directory=True)
+        os.replace(staged, link)
 
     def run_of(self, key: str) -> str:
         """The run the job `key` belongs to (this Runner's, or the one it resumed it from)."""
@@ -408,9 +426,8 @@ class Runner(Takeover):
         handle = JobHandle(self, job)
         self.handles[job.key] = handle
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
-                               run=self.run)
-        self._batch_tell(_Submit(job=job))
+                               state="running", out_dir=str(self.seed_dir(job)), run=self.run)
+        self._batch_tell(_Submit(job=job, seed_dir=str(self.seed_dir(job))))
         return handle
 
     def enqueue(self, job: Job) -> None:
@@ -419,8 +436,7 @@ class Runner(Takeover):
         self.start_run()
         self.check(job)
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="queued", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
-                               run=self.run)
+                               state="queued", out_dir=str(self.seed_dir(job)), run=self.run)
 
     def claim(self, most: int) -> list[JobHandle]:
         """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its

@@ -183,7 +183,7 @@ def test_two_controllers_finish_and_a_third_ledger_lists_their_machines_as_forei
         assert not [e for e in c.seen if e["type"] in ("Stalled", "Retrying", "LeaseFailed")]
     for name in ("alpha", "beta"):
         for seed in (1, 2):
-            assert (tmp_path / "out" / name / f"seed-{seed}" / "out" / "done.txt").read_text() == str(seed)
+            assert (tmp_path / "out" / "latest" / name / f"seed-{seed}" / "out" / "done.txt").read_text() == str(seed)
     assert world.machines() == []
 
 

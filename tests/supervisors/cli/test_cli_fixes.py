@@ -208,3 +208,24 @@ def test_status_shows_queued_and_running_with_place_stage_and_cost(tmp_path: Pat
     assert ["s/seed-1", "running"] in said
     assert ["s/seed-2", "queued"] in said
     assert ["s/seed-2", "succeeded"] in said
+
+
+def test_a_batch_run_again_keeps_each_runs_results(tmp_path: Path) -> None:
+    body = '[job]\nname = "again"\ncommand = "sh -c \'echo $ACTOR_RUN_SEED-$$ > $ACTOR_RUN_OUT/r.txt\'"\nseeds = [1]\n'
+    (tmp_path / "b.toml").write_text(body)
+    out = tmp_path / "out"
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([*CLI, "run", str(tmp_path / "b.toml"), "--state-dir", str(tmp_path / "state"),
+                               "--out", str(out)], capture_output=True, text=True, timeout=180, env=ENV)
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.split()[1].rstrip(":"))  # "run <id>: 1 job(s), ..."
+    first, second = (out / r / "again" / "seed-1" for r in runs)
+    assert (first / "r.txt").exists() is False  # the job's out/ is under out/
+    texts = [(d / "out" / "r.txt").read_text() for d in (first, second)]
+    assert texts[0] != texts[1]  # two runs, two results, neither overwritten
+    assert (out / "latest").resolve() == (out / runs[1]).resolve()
+    for d, run in zip((first, second), runs, strict=True):
+        log = (d / "log.txt").read_text()
+        assert log.startswith(f"--- run {run} attempt 0 on local")
+        assert log.count("--- run ") == 1  # this run's attempts only

@@ -91,7 +91,7 @@ def test_logs_follows_a_job_across_a_retry_and_ends_with_it(paths: Paths) -> Non
 
     whole = cli([*CLI, "logs", "t", *paths.common()])  # one seed: the name is enough
     assert whole.returncode == 0, whole.stderr
-    assert whole.stdout == (paths.out / "t" / "seed-1" / "log.txt").read_text()
+    assert whole.stdout == (paths.out / "latest" / "t" / "seed-1" / "log.txt").read_text()
     second = cli([*CLI, "logs", "t/seed-1", "--attempt", "1", *paths.common()])
     assert second.returncode == 0, second.stderr
     assert re.match(r"--- run [0-9a-f]+ attempt 1 on local", second.stdout), second.stdout[:200]
