@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 from types import TracebackType
@@ -167,10 +168,13 @@ class AttemptActor(Actor):
         self.children.append(self.meter)
         self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
         self.children.append(self.transfer)
+        header, log_from = self._header(), 0
+        if self.reattach is not None:  # an adopted attempt goes on in its part of log.txt, if this one has it
+            header, log_from = taken_over(self.seed_dir / "log.txt", self.attempt, self.ctx.owner, header)
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt", log_header=self._header(),
+            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from,
         )
         self.children.append(self.heartbeat)
         return self.meter, self.transfer, self.heartbeat
@@ -201,6 +205,7 @@ class AttemptActor(Actor):
                     # the job runs already: watch it, anchored at its launch
                     r = self.reattach
                     self.work, self.pid = r.work, r.pid
+                    self._mark = min(self._mark, r.launched_at)  # its run phase: the whole run, not the adopter's
                     if r.handle:
                         self.ctx.workspaces[machine.name].attach(r.work, r.handle)
                     heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
@@ -408,3 +413,28 @@ class AttemptActor(Actor):
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
                 except pykka.Timeout:
                     self.log.error("{} did not stop in time", child)
+
+
+_TAKEN_OVER = re.compile(
+    rb"^--- attempt (\d+) taken over by controller \S+ \(.*\); its log goes on from byte (\d+) ---\n", re.MULTILINE)
+
+
+def taken_over(log: Path, attempt: int, owner: str, header: str) -> tuple[str, int]:
+    """For an adopted attempt: the line that opens the adopter's writing in log.txt, and how many
+    bytes of the job's log the file already holds (the heartbeat reads on from there, so no line
+    is written twice). The attempt's part is the one its header opened (`--- attempt N on ...`);
+    each takeover line records where the job's log stood, so a second adopter counts from it. With
+    no part of that attempt here (another computer, a removed file): `header` and byte 0."""
+    try:
+        data = log.read_bytes()
+    except OSError:
+        return header, 0
+    opened = list(re.finditer(rb"^--- attempt " + str(attempt).encode() + rb" on .*---\n", data, re.MULTILINE))
+    if not opened:
+        return header, 0
+    part = data[opened[-1].end():]
+    marks = [m for m in _TAKEN_OVER.finditer(part) if int(m.group(1)) == attempt]
+    at = int(marks[-1].group(2)) + len(part) - marks[-1].end() if marks else len(part)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    line = f"--- attempt {attempt} taken over by controller {owner[:8]} ({when}); its log goes on from byte {at} ---\n"
+    return ("" if not data or data.endswith(b"\n") else "\n") + line, at

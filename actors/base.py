@@ -100,6 +100,21 @@ class LedgerPort(Protocol):
         shared ledger, or not a job this controller claimed)."""
         ...
 
+    def write_file(self, key: str, write: Callable[[], object]) -> None:
+        """Run `write` (it writes the job `key`'s files: log bytes, response.json) only while this
+        controller holds the job: at once without a shared ledger; on one, after the ledger's fence
+        proved the claim, in order with the job's rows, never once the claim is lost."""
+        ...
+
+    def check_job(self, key: str) -> Pending | None:
+        """Ask the ledger whether the job `key` is still ours (once done, `may_write` answers); None
+        when there is nothing to ask."""
+        ...
+
+    def may_write(self, key: str) -> bool:
+        """Whether this controller still holds the job `key` (what this process knows now)."""
+        ...
+
 
 class Context:
     """What an attempt's actors share: the reactor, the clouds, the ledger and where events go.

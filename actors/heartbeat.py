@@ -22,8 +22,10 @@ look like a lost controller to the host's watchdog.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,7 @@ from actor_run.actors.ticks import tick
 from actor_run.protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from actor_run.protocols.hosts.workspace import PollResult, Workspace
 from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
+from actor_run.protocols.specs import job_key
 
 _decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})
@@ -163,7 +166,7 @@ class _Watch:
 class HeartbeatActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  poll_s: float, setup_grace_s: float, stall_after_s: float, lost_after_s: float,
-                 timeout_s: float, log_path: Path, log_header: str = "") -> None:
+                 timeout_s: float, log_path: Path, log_header: str = "", log_from: int = 0) -> None:
         super().__init__(ctx, parent, f"heartbeat:{job}/{seed}/a{attempt}")
         self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.poll_s, self.setup_grace_s, self.stall_after_s = poll_s, setup_grace_s, stall_after_s
@@ -178,7 +181,11 @@ class HeartbeatActor(Actor):
         self._watch: _Watch | None = None  # the reactor side, once watching
         self._loop: Task | None = None  # its poll loop
         self._log_fd: int | None = None  # log.txt, append-only, open for the attempt
+        self._log_lock = threading.Lock()  # the ledger's writer thread may write too (a shared ledger's fence)
+        self._log_closed = False
         self._log_header = log_header.encode()  # written first, by on_start
+        self.log_from = log_from  # bytes of the job's log already in log.txt (an adopted attempt goes on there)
+        self.key = job_key(job, seed)
         # judge the stall window at least four times per window, even when nothing is new
         self.idle_every = max(1, int(min(setup_grace_s, stall_after_s, lost_after_s) / 4 / poll_s))
 
@@ -197,6 +204,7 @@ class HeartbeatActor(Actor):
                             ref.tell(msg)
 
                     watch = self._watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S)
+                    watch.log_at = self.log_from
                     self._loop = self.spawn(watch.run, self.poll_s, reply=_only_a_failure)
                     self.spawn(watch.step_on_exit, reply=_only_a_failure)
             case _Polled() as polled:
@@ -274,13 +282,30 @@ class HeartbeatActor(Actor):
             self._write_log(log)
 
     def _write_log(self, data: bytes) -> None:
-        if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
-            self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
-            data = data[os.write(self._log_fd, data):]
+        """Through the ledger's fence: at once without a shared ledger; on one, once the claim on
+        the job is proven, never after it is lost (a worker past its lease writes no log bytes)."""
+        self.ctx.ledger.write_file(self.key, functools.partial(self._append, data))
+
+    def _append(self, data: bytes) -> None:
+        """On this actor's thread, or on the ledger's writer thread (a shared ledger's fence)."""
+        with self._log_lock:
+            if self._log_closed:  # written after the attempt's stop: one open for it
+                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    while data:
+                        data = data[os.write(fd, data):]
+                finally:
+                    os.close(fd)
+                return
+            if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
+                self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
+                data = data[os.write(self._log_fd, data):]
 
     def _close_log(self) -> None:
-        fd, self._log_fd = self._log_fd, None
+        with self._log_lock:
+            fd, self._log_fd = self._log_fd, None
+            self._log_closed = True
         if fd is not None:
             os.close(fd)
 

@@ -10,6 +10,7 @@ on the reactor's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -25,6 +26,7 @@ import pykka
 import trio
 
 from actor_run.actors.base import Actor, Context
+from actor_run.actors.lease import IntentNotRecorded, wait_durable
 from actor_run.actors.runtime import Result
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import input_sha256, snapshot_code
@@ -169,11 +171,23 @@ class TransferActor(Actor):
         """Into the seed's folder itself: no staging folder made, moved and removed per attempt (on
         some disks a file or folder made costs half a millisecond: bench/RESULTS.md). `replace`: an
         earlier fetch may have been there (two system calls on the reactor, skipped for a clean folder)."""
+        await self._check_claim()
         stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()] if replace else []
         if stale:  # a run or attempt before this one fetched: what comes now replaces it whole
             await trio.to_thread.run_sync(_remove, stale)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
         return n
+
+    async def _check_claim(self) -> None:
+        """On a shared ledger, prove the claim on the job before its outputs are written here: a
+        controller that lost the job (its lease ran out while it was frozen) fetches nothing."""
+        key = self.job.key
+        pending = self.ctx.ledger.check_job(key)
+        if pending is not None:
+            with contextlib.suppress(IntentNotRecorded):  # refused as stale: may_write says so
+                await wait_durable(pending, self.ctx.reactor.soon, "the job's claim")
+        if not self.ctx.ledger.may_write(key):
+            raise Refused(Code.CANCELED, "this controller no longer holds the job: its outputs are the adopter's")
 
     async def _checkpoint(self, ws: Workspace, work: str, path: str, line: dict[str, Any], into: Path) -> int:
         """Fetch the files a progress line named into a fresh folder, then swap it in whole."""

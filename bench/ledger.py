@@ -25,6 +25,23 @@ Part 3, the baseline, in the same run (unless --no-baseline): the same path with
 `--attempts` attempts, on PostgreSQL (`one_postgresql_*`) and on an SQLite file (`one_sqlite_*`):
 what the shared ledger costs one controller, and what three controllers on one computer cost
 each other (they share its cores: on a 2-core machine, three busy controllers are CPU-bound).
+
+Part 4, a team's day (`--team`, alone: `python bench/ledger.py --team`): two `actor-run worker`
+processes (`--lease 6 --poll 0.5`, concurrency `--team-each` each) on one PostgreSQL ledger, the
+sim cloud's local sandboxes (a virtual machine lives in one process: no other can reattach to it)
+running `sleep --team-job-seconds` (30):
+- `adoption_s`: one worker is killed -9 once both run their full concurrency; the seconds from
+  the kill until the survivor (still at full concurrency) holds every one of the dead worker's
+  machines again (its `Leased` event for each, in the ledger). The bound is the lease plus one
+  poll (6.5 s); before issue 28 the adopted jobs waited for free slots (the survivor's own jobs'
+  end).
+- `restart_wall_s` against `steady_wall_s`: the same batch (2 x each jobs) with `pg_ctl restart -m
+  fast` once every job runs, and without; from `go` to the last job's end in the ledger, with
+  every job's state (`restart_job_states`: all `succeeded`, none canceled). These workers hold a
+  15 s lease: the outage a worker rides out is bounded by what is left of its lease, and a
+  restart under load took 4-7 s here (with 6 s leases, once, it outlasted both leases: both workers
+  let their jobs go; a worker that loses its lease now joins again as a new owner, which adopts
+  what is orphaned).
 Only loopback: the database listens on a unix socket in a temporary folder. Every wait is bounded.
 """
 
@@ -68,17 +85,20 @@ def events_per_s(location: str | Path, n: int) -> float:
         led.close()
 
 
-def sim_settings(n: int, job_s: float, sim_dir: Path) -> dict[str, Any]:
-    return {"virtual": True, "virtual_job_s": job_s, "seed": 1, "state_dir": str(sim_dir),
+def sim_settings(n: int, job_s: float, sim_dir: Path, virtual: bool = True) -> dict[str, Any]:
+    return {"virtual": virtual, "virtual_job_s": job_s, "seed": 1, "state_dir": str(sim_dir),
             "launch_latency_s": LAUNCH_S, "delete_latency_s": DELETE_S,
             "regions": [{"name": "us-east", "gpus": {"A100": {"stock": n, "hourly_usd": 1.8}}}]}
 
 
-def make_jobs(n: int, job_s: float, sim_dir: Path) -> list[Job]:
+def make_jobs(n: int, job_s: float, sim_dir: Path, virtual: bool = True) -> list[Job]:
+    """`n` jobs of `job_s` on the sim cloud: virtual machines (they live in one process), or (not
+    `virtual`) local sandboxes running `sleep`, which another process can reattach to."""
     policy = PolicySpec(poll_s=POLL_S, setup_grace_s=60.0, stall_after_s=30.0 + job_s, lost_after_s=12.0,
                         backoff_s=0.1, backoff_max_s=6.0, max_attempts=1)
-    clouds = {"sim": sim_settings(n, job_s, sim_dir)}
-    return [Job(name="bench", command="true", seed=i, timeout_s=86400.0, policy=policy,
+    clouds = {"sim": sim_settings(n, job_s, sim_dir, virtual)}
+    command = "true" if virtual else f"sleep {job_s:g}"
+    return [Job(name="bench", command=command, seed=i, timeout_s=86400.0, policy=policy,
                 candidates=[CandidateSpec(cloud="sim", gpu="A100")], clouds=clouds) for i in range(n)]
 
 
@@ -188,6 +208,144 @@ def shared(url: str, server_pid: int | None, k: int, n: int, job_s: float, root:
             "postgres_cpu_share": (cpu1 - cpu0) / wall}
 
 
+def team_worker(url: str, root: Path, each: int, lease_s: float = 6.0) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "actor_run", "worker", "--ledger", url, "--concurrency", str(each),
+                             "--lease", f"{lease_s:g}", "--poll", "0.5", "--until-idle", "--out", str(root / "out"),
+                             "--state-dir", str(root / "state")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_ledger(url: str, condition: Any, timeout: float, what: str) -> Any:
+    """Poll the ledger (every 0.1 s) until `condition(reader)` answers something true; bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reader = LedgerReader(url)
+        try:
+            got = condition(reader)
+        except Exception:  # the database restarting: ask again
+            got = None
+        finally:
+            reader.close()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(0.1)
+
+
+def team_batch(url: str, root: Path, n: int, job_s: float) -> None:
+    from actor_run.supervisors.runner import Runner
+
+    with Runner(out_dir=root / "out", ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
+        for job in make_jobs(n, job_s, root / "sim", virtual=False):
+            submitter.enqueue(job)
+        submitter.keep_run_open()
+        submitter.ledger.flush()
+
+
+def running_by_owner(reader: LedgerReader) -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    for j in reader.jobs():
+        if j["state"] == "running":
+            owners.setdefault(j["owner"], set()).add(j["key"])
+    return owners
+
+
+def machines_running(reader: LedgerReader, want: int) -> bool:
+    return sum(m.state == "alive" and m.phase == "running" for m in reader.machines()) >= want
+
+
+def adoption(url: str, root: Path, each: int, job_s: float) -> float:
+    """Seconds from the kill -9 of one of two full workers until the survivor holds all its machines."""
+    team_batch(url, root, 2 * each, job_s)
+    a = team_worker(url, root / "a", each)
+    b = team_worker(url, root / "b", each)
+    try:
+        wait_ledger(url, lambda r: machines_running(r, 2 * each), 120, "every job running")
+        by_owner = wait_ledger(url, lambda r: (lambda o: o if len(o) == 2 else None)(running_by_owner(r)), 30, "owners")
+        reader = LedgerReader(url)
+        try:
+            owners = {o.id: o.pid for o in reader.owners()}
+        finally:
+            reader.close()
+        victim = next(o for o in by_owner if owners.get(o) == b.pid)
+        orphans = by_owner[victim]
+        b.kill()
+        killed = time.time()
+
+        def adopted(r: LedgerReader) -> bool:
+            leased = {e["job"] for e in r.events()  # (a ledger event's job is the job's key)
+                      if e["type"] == "Leased" and e["owner"] != victim and float(e["t"]) >= killed}
+            return orphans <= leased
+
+        wait_ledger(url, adopted, 120, "adoption")
+        reader = LedgerReader(url)
+        try:
+            last = max(float(e["t"]) for e in reader.events()
+                       if e["type"] == "Leased" and e["owner"] != victim and float(e["t"]) >= killed)
+        finally:
+            reader.close()
+        a.communicate(timeout=300)
+        return last - killed
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
+
+
+def across_restart(server: Any, root: Path, each: int, job_s: float, restart: bool) -> tuple[float, dict[str, int]]:
+    """Wall seconds of a 2 x each batch on two workers (with a database restart once all run)."""
+    from actor_run.supervisors.ledger.db import close_pools
+
+    url = server.create_database()
+    team_batch(url, root, 2 * each, job_s)
+    go = time.time()
+    workers = [team_worker(url, root / name, each, lease_s=15.0) for name in ("a", "b")]
+    try:
+        wait_ledger(url, lambda r: machines_running(r, 2 * each), 120, "every job running")
+        if restart:
+            close_pools()
+            server.restart()
+        for w in workers:
+            w.communicate(timeout=600)
+        reader = LedgerReader(url)
+        try:
+            last = max(float(e["t"]) for e in reader.events() if e["type"] == "JobEnded")
+            states: dict[str, int] = {}
+            for j in reader.jobs():
+                state = j["state"] + (f":{j['failure']}" if j["failure"] else "")
+                states[state] = states.get(state, 0) + 1
+        finally:
+            reader.close()
+        return last - go, states
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+            w.wait(30)
+
+
+def team_day(each: int, job_s: float, root: Path) -> dict[str, Any]:
+    from pg import Postgres
+
+    from actor_run.supervisors.ledger.db import close_pools
+
+    server = Postgres(settings={"fsync": "on", "max_connections": "100"})
+    try:
+        result: dict[str, Any] = {"team_each": each, "team_job_s": job_s}
+        result["adoption_s"] = adoption(server.create_database(), root / "adopt", each, job_s)
+        result["steady_wall_s"], result["steady_job_states"] = across_restart(server, root / "steady", each, job_s,
+                                                                              False)
+        result["restart_wall_s"], result["restart_job_states"] = across_restart(server, root / "restart", each,
+                                                                                job_s, True)
+        result["ideal_s"] = LAUNCH_S + job_s + DELETE_S
+        close_pools()
+    finally:
+        server.stop()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=20000, help="events written in part 1")
@@ -196,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-seconds", type=float, default=30.0)
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--no-baseline", action="store_true", help="skip the one-controller runs")
+    ap.add_argument("--team", action="store_true", help="only part 4: adoption and a database restart")
+    ap.add_argument("--team-each", type=int, default=20, help="part 4: concurrency of each of the two workers")
+    ap.add_argument("--team-job-seconds", type=float, default=30.0)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
@@ -211,6 +372,20 @@ def main(argv: list[str] | None = None) -> int:
     from actor_run.supervisors.ledger.db import close_pools
 
     root = Path(tempfile.mkdtemp(prefix="actor-run-bench-ledger-", dir=args.dir))
+    if args.team:
+        try:
+            day = team_day(args.team_each, args.team_job_seconds, root)
+        finally:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+        if not args.json:
+            print(f"adoption at full concurrency ({args.team_each} each): {day['adoption_s']:.2f} s after the kill "
+                  f"(bound 6.5 s); 2 x {args.team_each} jobs of {args.team_job_seconds:g} s: wall "
+                  f"{day['steady_wall_s']:.1f} s steady, {day['restart_wall_s']:.1f} s across a database restart "
+                  f"(ideal {day['ideal_s']:.1f} s), jobs {day['restart_job_states']}")
+        print(json.dumps(day))
+        return 0 if set(day["restart_job_states"]) == {"succeeded"} else 1
     server = Postgres(settings={"fsync": "on", "max_connections": "100"})
     try:
         result: dict[str, Any] = {

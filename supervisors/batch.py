@@ -58,7 +58,9 @@ class _CancelJob(Message, frozen=True, kw_only=True):
 
 
 class BatchSupervisor(PooledActor):
-    """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling.
+    """Runs submitted jobs, at most `concurrency` at once, under one cost ceiling. An adopted job
+    whose machine runs it already (a reattach) starts at once whatever the count: watching is not a
+    slot, and an orphan left unwatched is killed by its host's watchdog and paid for twice.
 
     Children: JobSupervisors, restart type `temporary` (a job's retries are its own supervisor's
     business), started in submission order as slots free up, stopped in reverse start order.
@@ -87,6 +89,8 @@ class BatchSupervisor(PooledActor):
             case _Submit(job=job) as submit:
                 if self.stopped is not None:
                     self._end_unstarted(job, self.stopped)
+                elif submit.reattach is not None:
+                    self._start(submit)  # watching is not a slot: an adopted running job is watched at once
                 else:
                     self.pending.append(submit)
                     self._fill()
@@ -115,13 +119,15 @@ class BatchSupervisor(PooledActor):
 
     def _fill(self) -> None:
         while self.pending and len(self.running) < self.concurrency and self.stopped is None:
-            s = self.pending.popleft()
-            self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
-                                                          first_attempt=s.first_attempt, reattach=s.reattach,
-                                                          reattach_offer=s.offer, offers=self.offers,
-                                                          budget=self.budget, spent_before_usd=s.spent_before_usd,
-                                                          seed_dir=Path(s.seed_dir) if s.seed_dir else None)
-            self.order.append(s.job.key)
+            self._start(self.pending.popleft())
+
+    def _start(self, s: _Submit) -> None:
+        self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
+                                                      first_attempt=s.first_attempt, reattach=s.reattach,
+                                                      reattach_offer=s.offer, offers=self.offers,
+                                                      budget=self.budget, spent_before_usd=s.spent_before_usd,
+                                                      seed_dir=Path(s.seed_dir) if s.seed_dir else None)
+        self.order.append(s.job.key)
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
         e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,

@@ -22,6 +22,7 @@ It tells its parent `JobEnded` exactly once, and writes the seed's `response.jso
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import shutil
 import time
@@ -100,6 +101,8 @@ class JobSupervisor(Actor):
         self._rng: random.Random | None = None  # made at the first backoff: seeding one costs a read of urandom
         self.fresh = False  # this job made its seed folder: nothing an earlier run fetched is in it
         self.started = time.time()
+        if reattach is not None:  # an adopted job began with its machine, not with the adoption
+            self.started = min(self.started, reattach.machine.created_at or self.started)
         self.capacity_since = time.monotonic()
 
     @property
@@ -383,7 +386,9 @@ class JobSupervisor(Actor):
             "seconds": round(time.time() - self.started, 3),
             "phases": _sum_phases(self.history), "exit_code": exit_code,
         }
-        (self.seed_dir / "response.json").write_bytes(msgspec.json.format(msgspec.json.encode(response)))
+        data, path = msgspec.json.format(msgspec.json.encode(response)), self.seed_dir / "response.json"
+        # through the ledger's fence: a controller that lost the job writes no response.json
+        self.ledger.write_file(self.job.key, functools.partial(path.write_bytes, data))
 
     def on_stop(self) -> None:
         """Actor thread, after stop(): an attempt still running is stopped (its lease deletes the machine)."""

@@ -168,10 +168,13 @@ class Runner(Takeover):
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
                  sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
-                 config: str | Path | UserConfig | None = None) -> None:
+                 config: str | Path | UserConfig | None = None, outage_s: float | None = None,
+                 register: bool = True) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
+        self.outage_s = outage_s  # a shared ledger's outage ridden out (default: the lease): core.py
+        self.register = register  # False: no owner row (a dry run that only reads)
         self.out_dir = Path(out_dir).expanduser().resolve()
         self.concurrency = concurrency
         self.budget_usd = budget_usd
@@ -225,9 +228,10 @@ class Runner(Takeover):
 
     def _open_parts(self) -> None:
         self.reactor.start()
-        self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s)
+        self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s, outage_s=self.outage_s)
         self.ledger.on_stale = self._lost
-        self.ledger.register_owner()
+        if self.register:
+            self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
                            delete_timeout_s=self.delete_timeout_s)
@@ -289,6 +293,24 @@ class Runner(Takeover):
     def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
         """Cancel every job not finished: each running attempt deletes its machine first."""
         self._batch_tell(Cancel(failure=failure, detail=detail))
+
+    def hand_back(self, timeout: float = 60.0) -> set[str]:
+        """Give every job held here to the other controllers sharing the ledger (a worker's SIGTERM):
+        nothing more is written about them, their machines are left running, this owner is closed
+        so that the others adopt them at their next poll. Returns their keys. A shared ledger only."""
+        keys = self.ledger.hand_back()
+        if keys:
+            self._batch_tell(_Abandon(keys=frozenset(keys)))
+            handles = [h._future for h in self.handles.values() if h.key in keys]
+            with blocking():
+                concurrent.futures.wait(handles, timeout)
+        self.ledger.close_owner()  # dead for everyone now: its jobs are orphans to adopt
+        return keys
+
+    def keep_run_open(self) -> None:
+        """This Runner's run is the workers' (a shared ledger's `--submit-only`): closing the Runner
+        does not end it; its last job does."""
+        self._driven.discard(self.run)
 
     def wait(self, timeout: float | None = None) -> list[JobEnded]:
         """Wait until every submitted job has ended."""

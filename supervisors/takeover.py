@@ -55,13 +55,16 @@ class Takeover:
     def _handle(self, job: Job) -> JobHandle:
         raise NotImplementedError
 
-    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True) -> list[JobHandle]:
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
+               most_new: int | None = None) -> list[JobHandle]:
         """Take over the unfinished jobs of dead controllers (resume.py): of `run`, or of every run.
         Each job keeps its run: its rows go there and its results to the folder that run recorded.
         Jobs of another run with the key of one taken here are left for a later call. Then the
         dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
         a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
-        shared ledger) each run stays its starter's: the worker adopts jobs, not runs."""
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs. `most_new`: at
+        most that many jobs that need a machine launched (a worker's free slots); a job whose machine
+        runs it is always taken, and watched at once (watching is not a slot)."""
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner, run=run)
@@ -69,19 +72,30 @@ class Takeover:
             reader.close()
         taken: list[tuple[ResumeItem, JobHandle]] = []
         runs: set[str] = set()
+        wanted: list[ResumeItem] = []
         for item in items:
-            job = item.job
-            held = self.handles.get(job.key)
+            held = self.handles.get(item.job.key)
             if held is not None and not held.done():
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
-            if not self.ledger.claim_job(job.key, item.from_owner, item.run):
+            if any(w.job.key == item.job.key for w in wanted):
+                continue  # (the same key in two runs: the next call takes the other)
+            if item.reattach is None and most_new is not None:
+                if most_new < 1:
+                    continue  # left to a worker with a free slot
+                most_new -= 1
+            wanted.append(item)
+        # one transaction for every claim (another resumer may win some), one for every adoption
+        won = self.ledger.claim_jobs([(i.job.key, i.from_owner, i.run) for i in wanted])
+        for item in wanted:
+            job = item.job
+            if job.key not in won:
                 continue  # another resumer took it
             if take_runs and item.run not in runs:
                 runs.add(item.run)
                 self.ledger.take_run(item.run)
                 self._driven.add(item.run)
             if item.reattach is not None:
-                self.ledger.adopt_machine(item.reattach.machine.name, job.key)
+                self.ledger.adopt_machine(item.reattach.machine.name, job.key, wait=False)
             for c in job.candidates:
                 raw = job.clouds.get(c.cloud, {})
                 for account in accounts_of(self.config.cloud_settings(c.cloud, raw)):
@@ -92,6 +106,8 @@ class Takeover:
             handle.run = item.run
             self.handles[job.key] = handle
             taken.append((item, handle))
+        if taken:
+            self.ledger.flush()  # the adoptions are durable before any sweep reads the machines
         if sweep_after or taken:
             self.swept = self.sweep()  # after adopting: what is left of the dead owners goes (and is charged)
         spent_before: dict[str, float] = {}

@@ -3,6 +3,7 @@ temporary folder, started with `pg_ctl`, listening only on a unix socket inside 
 
     server = Postgres()                   # started (trust auth, superuser `postgres`)
     url = server.create_database()        # a fresh, empty database: postgresql://...
+    server.restart()                      # pg_ctl restart -m fast (stop_server / start_server too)
     server.stop()                         # always: stops it and removes the folder
 
 initdb refuses to run as root: as root, the cluster is made and run as the `postgres` user (made
@@ -64,10 +65,27 @@ class Postgres:
         options = {"listen_addresses": "''", "unix_socket_directories": f"'{self.socket_dir}'", "fsync": "off",
                    "max_connections": "200", **(settings or {})}
         opts = " ".join(f"-c {k}={v}" for k, v in options.items())
-        subprocess.run([*prefix, _bin("pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"),
-                        "-w", "-t", str(START_TIMEOUT_S), "start"], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
+        self._opts = opts
+        self.start_server()
         self.url = self.url_for("postgres")
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run([*self._prefix, _bin("pg_ctl"), "-D", str(self.data), *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start_server(self) -> None:
+        """Start the server (waits until it accepts connections)."""
+        self._ctl("-o", self._opts, "-l", str(self.dir / "log"), "-w", "-t", str(START_TIMEOUT_S), "start")
+
+    def stop_server(self) -> None:
+        """Stop the server, keeping its data (`start_server` brings it back)."""
+        self._ctl("-m", "fast", "-w", "stop")
+
+    def restart(self) -> None:
+        """`pg_ctl restart -m fast`: every session is ended (clients see AdminShutdown), the server
+        comes back on the same socket with the same data; returns once it accepts connections."""
+        self._ctl("-m", "fast", "-o", self._opts, "-l", str(self.dir / "log"), "-w", "-t", str(START_TIMEOUT_S),
+                  "restart")
 
     def url_for(self, database: str) -> str:
         return f"postgresql://postgres@/{database}?host={self.socket_dir}"

@@ -29,6 +29,7 @@ from typing import Any
 
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.ledger.db import read_failures
 
 HELP = "print a job's log; -f follows it as the job writes it, across retries, until the job ends"
 EXAMPLE = """example:
@@ -169,12 +170,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _still_running(reader: LedgerReader, run: str, key: str, owner: str) -> str:
-    """'running', 'ended', or 'orphaned' (its controller is gone with the job unfinished)."""
-    rows = [j for j in reader.jobs(run) if j["key"] == key]
-    if not rows or rows[0]["state"] != "running":
-        return "ended"
-    if rows[0]["owner"] not in reader.live_owners():
-        return "orphaned"
+    """'running', 'ended', or 'orphaned' (its controller is gone with the job unfinished). A queued
+    job (a shared ledger's, waiting for a worker) is 'running': -f waits for it to start. On a
+    shared ledger an orphan is 'running' too: a worker adopts it within its lease and one poll. A
+    read the database could not answer (restarting) is 'running': the next one asks again."""
+    try:
+        rows = [j for j in reader.jobs(run) if j["key"] == key]
+        if rows and rows[0]["state"] == "queued":
+            return "running"
+        if not rows or rows[0]["state"] != "running":
+            return "ended"
+        if not reader.backend.fenced and rows[0]["owner"] not in reader.live_owners():
+            return "orphaned"
+    except read_failures(reader.backend):
+        return "running"
     return "running"
 
 

@@ -50,6 +50,7 @@ from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
 from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.ledger import LedgerError
 from actor_run.supervisors.runner import default_state_dir
 
 __all__ = ["Exit", "entry", "main"]
@@ -125,8 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         args.state_dir = str(default_state_dir())
     try:
         shared = cmd_worker.shared(args)  # a postgresql:// ledger (and a bad --ledger said here, in one line)
+        if shared and args.command not in ("worker", "run"):  # reachable? (those two ask once their input is checked)
+            cmd_worker.wait_for_ledger(args)
     except SpecError as exc:
         return usage_error(str(exc))
+    except LedgerError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.FAILED
     run = (cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
            else cmd_plan.cmd_plan if getattr(args, "dry_run", False)
            else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run)
@@ -144,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
+    except LedgerError as exc:  # the ledger could not be read or written (its database away too long)
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.FAILED
 
 
 def entry() -> None:

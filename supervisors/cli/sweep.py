@@ -74,7 +74,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return usage_error(f"--owner: expected 8 or 32 hex digits (as machine names and `sweep` show), "
                                f"got {owner!r}")
     runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, sweep_grace_s=args.grace,
-                    config=args.config)
+                    config=args.config, register=not args.dry_run)  # a dry run leaves no owner row behind
     with runner:
         if args.owner and not args.dry_run:
             # a person's decision: show what it takes before anything goes

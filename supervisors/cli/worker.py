@@ -9,12 +9,26 @@ unfinished jobs of owners whose lease expired, as `actor-run resume` does (reatt
 fetch what finished, rerun what is gone): a dead controller's jobs go on within its lease period
 plus one poll. Clouds and their settings come from the batch (stored with each job); secrets from
 each worker's own environment, never from the ledger.
+
+Signals. A worker's first SIGTERM or Ctrl-C hands back: it takes no more jobs, lets go of those it
+holds (their machines keep running; nothing more is written about them, in the ledger or their
+files), closes its owner row so that the other workers adopt them at their next poll, and exits 0.
+A second signal changes nothing (handing back deletes nothing and ends in a moment). With --drain
+the first signal only stops it taking jobs: it finishes those it holds, then exits 0; a second one
+hands them back. `actor-run run` on a shared ledger keeps the Ctrl-C of `run`: cancel its jobs and
+delete their machines.
+
+The database. A worker started before its database waits for it, up to --ledger-wait (default the
+lease); a database that goes away meanwhile is ridden out as long (ledger/core.py); a lease lost
+(frozen past it, or away longer) makes the worker join again as a new owner. Other commands wait a
+few seconds, then say in one line that the database cannot be reached (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -24,13 +38,14 @@ from types import FrameType
 from typing import Any
 
 import msgspec
+from loguru import logger
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
-from actor_run.supervisors.ledger.db import is_url, resolve
+from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
@@ -61,12 +76,18 @@ def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
     add_timing(w)
     w.add_argument("--state-dir", help=argparse.SUPPRESS)
     w.add_argument("--until-idle", action="store_true", help="exit once no job is queued or running anywhere")
+    w.add_argument("--drain", action="store_true",
+                   help="on SIGTERM or Ctrl-C, take no new job and finish the ones held here (a second signal hands "
+                        "them back); without it the first signal hands them back at once")
 
 
 def add_timing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease", type=float, default=60.0,
                    help="seconds an owner's lease lasts without renewal (renewed every third of it)")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between claims and adoption checks")
+    p.add_argument("--ledger-wait", type=float, default=None, metavar="S",
+                   help="seconds the database may be away (not up yet at the start; restarting, failing over) while "
+                        "the jobs go on (default: the lease)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -74,6 +95,8 @@ def _check(args: argparse.Namespace) -> None:
         raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
     if args.lease <= 0 or args.poll <= 0:
         raise SpecError("--lease" if args.lease <= 0 else "--poll", "expected a number of seconds > 0")
+    if args.ledger_wait is not None and args.ledger_wait < 0:
+        raise SpecError("--ledger-wait", "expected a number of seconds >= 0")
 
 
 def _ledger_states(runner: Runner, run: str | None = None) -> dict[str, str]:
@@ -95,38 +118,80 @@ def _has_orphans(runner: Runner) -> bool:
         reader.close()
 
 
-def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None) -> bool:
-    """Claim, run and adopt until interrupted, or (with `until`) until those jobs of `run` have
-    ended in the ledger, or (with --until-idle) until nothing is queued or running anywhere.
-    False if this controller's lease expired meanwhile (it let its jobs go)."""
-    stop = threading.Event()
+class _Signals:
+    """What SIGTERM and Ctrl-C do to a worker (see the module's docstring): `hand back` (the default)
+    or, with --drain, stop taking work and finish what is held here, handing it back on a second
+    signal; for `actor-run run` on a shared ledger, today's Ctrl-C: cancel and delete."""
 
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            sys.stderr.write("\nactor-run: stopping; deleting this worker's machines before exiting\n")
-        stop.set()
+    def __init__(self, *, mode: str) -> None:
+        self.mode = mode  # "hand back" | "drain" | "cancel"
+        self.stop = threading.Event()  # take no more work
+        self.wake = threading.Event()  # a signal came: the poll loop looks at once
+        self.hand_back = False
+        self.count = 0
 
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.mode == "cancel":
+            if self.count == 1:
+                sys.stderr.write("\nactor-run: stopping; deleting this worker's machines before exiting\n")
+        elif self.mode == "drain" and self.count == 1:
+            sys.stderr.write("\nactor-run: draining: no new jobs; finishing the ones held here (signal again to hand "
+                             "them to the other workers)\n")
+        elif not self.hand_back:
+            self.hand_back = True
+            sys.stderr.write("\nactor-run: handing this worker's jobs back to the other workers (their machines "
+                             "keep running)\n")
+        else:
+            sys.stderr.write("actor-run: already handing back; it deletes nothing and ends in a moment\n")
+        self.stop.set()
+        self.wake.set()
+
+
+def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
+          mode: str = "hand back", signals: _Signals | None = None) -> bool:
+    """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
+    in the ledger, or (with --until-idle) until nothing is queued or running anywhere. Each poll:
+    orphans first (every one whose machine runs it, watched at once; those needing a machine up to
+    the free slots), then queued jobs up to the free slots. A poll that cannot read the ledger (the
+    database restarting) is skipped: the jobs go on. False if this controller's lease was lost
+    meanwhile (it let its jobs go)."""
+    signals = _Signals(mode=mode) if signals is None else signals
+    mode = signals.mode
+    signal.signal(signal.SIGINT, signals)
+    signal.signal(signal.SIGTERM, signals)
     handles: list[JobHandle] = []
-    while not stop.is_set():
+    while True:
         if runner.ledger.lease_lost:
             sys.stderr.write("actor-run: this worker's lease in the ledger expired (it was frozen or cut off); its "
                              "jobs went to other workers; exiting without touching them\n")
             return False
-        running = [h for h in handles if not h.done()]
-        handles = running
-        handles += runner.claim(args.concurrency - len(running))
-        if _has_orphans(runner):
-            handles += runner.resume(sweep_after=False, take_runs=False)
-        if until is not None or getattr(args, "until_idle", False):
-            states = _ledger_states(runner, run if until is not None else None)
-            if until is not None and all(states.get(k) in ENDED for k in until):
-                break
-            if until is None and not any(s in ("queued", "running") for s in states.values()) and not handles:
-                break
-        stop.wait(args.poll)
-    if stop.is_set():
+        handles = [h for h in handles if not h.done()]
+        if signals.hand_back:
+            keys = runner.hand_back()
+            sys.stderr.write(f"actor-run: handed back {len(keys)} job(s); the other workers adopt them at their "
+                             "next poll\n")
+            return True
+        if signals.stop.is_set() and (mode == "cancel" or not handles):
+            break
+        try:
+            if not signals.stop.is_set() and runner.ledger.outage_since is None:
+                free = args.concurrency - len(handles)
+                if _has_orphans(runner):
+                    handles += runner.resume(sweep_after=False, take_runs=False, most_new=max(0, free))
+                    free = args.concurrency - len(handles)
+                handles += runner.claim(free)
+            if until is not None or getattr(args, "until_idle", False):
+                states = _ledger_states(runner, run if until is not None else None)
+                if until is not None and all(states.get(k) in ENDED for k in until):
+                    break
+                if until is None and not any(s in ("queued", "running") for s in states.values()) and not handles:
+                    break
+        except read_failures(runner.ledger.backend) as exc:  # the database is away: the writer rides it out
+            logger.warning("the ledger could not be read this poll ({}); the jobs go on", str(exc).strip()[:200])
+        signals.wake.wait(args.poll)
+        signals.wake.clear()
+    if signals.stop.is_set() and mode == "cancel":
         runner.cancel(detail="interrupted")
     return True
 
@@ -144,17 +209,33 @@ def _printer(json_mode: bool) -> object:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """A worker until stopped (or idle). A lease lost (the process frozen past it, or the database
+    away longer than --ledger-wait) ends this owner, whose jobs go to the adopters; the worker then
+    joins again as a new owner, which adopts whatever is orphaned then (its old jobs included, if
+    nobody took them). Stopped by a signal meanwhile, it exits 1."""
     try:
         _check(args)
-        runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
-                        concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False, config=args.config)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
-    with runner:
-        runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-        kept = serve(runner, args, until=None)
-    return OK if kept else FAILED
+    signals = _Signals(mode="drain" if args.drain else "hand back")
+    while True:
+        try:
+            wait_for_ledger(args)  # a worker may start before its database: it waits, up to --ledger-wait
+            runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir,
+                            concurrency=args.concurrency, lease_s=args.lease, sweep_on_start=False,
+                            config=args.config, outage_s=_wait_s(args))
+        except SpecError as exc:
+            sys.stderr.write(f"actor-run: {exc}\n")
+            return USAGE
+        with runner:
+            runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
+            kept = serve(runner, args, until=None, signals=signals)
+        if kept:
+            return OK
+        if signals.stop.is_set():
+            return FAILED
+        sys.stderr.write("actor-run: joining again as a new worker (it adopts what is orphaned now)\n")
 
 
 def cmd_run_shared(args: argparse.Namespace) -> int:
@@ -163,6 +244,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     try:
         _check(args)
         batch = oneline.load(args)
+        wait_for_ledger(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
@@ -170,7 +252,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
                     lease_s=args.lease, sweep_on_start=False, batch=oneline.label(args, batch),
-                    config=args.config)
+                    config=args.config, outage_s=_wait_s(args))
     try:
         with runner:
             for job in jobs:
@@ -180,14 +262,15 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
                 runner.enqueue(job)
             runner.ledger.flush()
             if args.submit_only:
+                runner.keep_run_open()  # the workers' now: its last job ends it, not this exit
                 print(f"run {run}: queued {len(jobs)} job(s) for workers; follow them with: "
-                      f"actor-run status --run {run} --follow")
+                      f"actor-run status --run {run} --follow{_ledger_hint(args)}")
                 return OK
             print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker\n"
                   f"controller pid {os.getpid()}; to stop it from another terminal: actor-run cancel {run}"
-                  " --ledger <the same ledger>", file=sys.stderr if args.json else sys.stdout, flush=True)
+                  f"{_ledger_hint(args)}", file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-            if not serve(runner, args, until={j.key for j in jobs}, run=run):
+            if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel"):
                 return FAILED  # its lease expired: the other workers finish the batch
             states = _ledger_states(runner, run)
     except SpecError as exc:
@@ -204,7 +287,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
     reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:
         run = args.run
         if run is None:
@@ -217,24 +300,66 @@ def cmd_follow(args: argparse.Namespace) -> int:
             sys.stderr.write(f"actor-run: --run: no run {run!r} in this ledger (see `actor-run runs`)\n")
             return USAGE
         while True:
-            jobs = reader.jobs(run)
-            views = {v.key: v for v in job_views(reader, run, jobs, time.time())}
+            try:
+                jobs = reader.jobs(run)
+                views = {v.key: v for v in job_views(reader, run, jobs, time.time())}
+            except read_failures(reader.backend) as exc:  # the database restarting: look again
+                logger.warning("the ledger could not be read ({}); trying again", str(exc).strip()[:200])
+                time.sleep(args.poll)
+                continue
             for j in jobs:
                 v = views[j["key"]]
-                now = f"{v.state} {v.place} {v.stage}"  # what status shows, but the cost (it moves every poll)
-                if seen.get(j["key"]) != now:
+                before = seen.get(j["key"])
+                # what status shows but the cost (it moves every poll), and who runs it
+                now = (j["state"], j["owner"], f"{v.state} {v.place} {v.stage}")
+                if before != now:
                     seen[j["key"]] = now
+                    # the same state under another owner: a worker adopted it (its owner stopped or died)
+                    adopted = before[1] if before is not None and before[0] == j["state"] == "running" \
+                        and before[1] != j["owner"] else None
                     if args.json:
                         d = {k: v for k, v in j.items() if k != "spec"}
                         d.update({"now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
+                        if adopted:
+                            d["adopted_from"] = adopted
                         sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
                     else:
-                        print(f"{view_line(v)}  owner {str(j['owner'])[:8]}", flush=True)
+                        tail = f" adopted from {str(adopted)[:8]}" if adopted else ""
+                        print(f"{view_line(v)}  owner {str(j['owner'])[:8]}{tail}", flush=True)
             if not any(j["state"] in ("queued", "running") for j in jobs):
                 return OK if all(j["state"] == "succeeded" for j in jobs) else FAILED
             time.sleep(args.poll)
     finally:
         reader.close()
+
+
+READ_COMMAND_WAIT_S = 5.0  # how long a command that only reads waits for a shared ledger's database
+
+
+def wait_for_ledger(args: argparse.Namespace) -> None:
+    """Before a command on a shared ledger: its database answers. `worker` and `run` wait for it
+    up to --ledger-wait (default the lease: a worker may start before its database); the others a
+    few seconds. SpecError for a URL that cannot be one (exit 2), LedgerError when not reached (1)."""
+    if not hasattr(args, "ledger"):
+        return
+    url = str(resolve(args.ledger, _state_dir(args)))
+    wait = _wait_s(args) if args.command in ("worker", "run") else READ_COMMAND_WAIT_S
+    wait_for_server(url, wait)
+
+
+def _wait_s(args: argparse.Namespace) -> float:
+    """--ledger-wait, else the lease: past it the lease has run out anyway."""
+    return float(args.ledger_wait) if getattr(args, "ledger_wait", None) is not None else float(args.lease)
+
+
+def _ledger_hint(args: argparse.Namespace) -> str:
+    """How the hint names the ledger: --ledger as given when it holds no password; else the
+    environment variable (a password stays out of the terminal's history and of `ps`)."""
+    if not args.ledger:
+        return ""  # it came from $ACTOR_RUN_LEDGER (or is the default file): the same next time
+    if describe(args.ledger) != args.ledger:
+        return f" (with {ENV} set to the ledger's URL)"
+    return f" --ledger {shlex.quote(args.ledger)}"
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

@@ -2,7 +2,8 @@
 an SQLite file (one controller) or a PostgreSQL database (many `actor-run worker` processes sharing
 it: claims, leases, fencing tokens).
 
-    core.py        the writer's machinery: its thread, write queue, batched commits, fencing; Waiter
+    core.py        the writer's machinery: its thread, batched commits, fencing, riding out outages
+    queue.py       what it is handed: the write queue, Waiter (durable when?), FileWrite (fenced files)
     writer.py      Ledger: core.py with the records of each kind ...
     runs.py          ... runs and jobs (claims with fencing tokens)
     attempts.py      ... attempts and events
@@ -21,9 +22,10 @@ What it may import: protocols, actors, and its own modules. Never the command li
 package, modules import each other by module, never through this file.
 """
 
-from actor_run.supervisors.ledger.core import LedgerCore, StaleClaim, Waiter
+from actor_run.supervisors.ledger.core import LedgerCore
 from actor_run.supervisors.ledger.db import LedgerError
 from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive, process_start_time
+from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
 from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
 from actor_run.supervisors.ledger.runs import Claimed
 from actor_run.supervisors.ledger.writer import Ledger

@@ -4,109 +4,28 @@ each is spoken to; schema.py how its tables come to be and are upgraded).
 
 One writer thread per process owns the write connection and batches what it is handed into
 transactions in the order they were queued (batch.py runs a batch); on PostgreSQL each transaction
-is fenced first (`LedgerCore._fence`). This module is that machinery: the queue, the commit, the
-fencing, and `Waiter`, which says when one write is durable. What is written lives beside it, one
-module per kind of record (runs.py, attempts.py, machines.py, money.py), each a part of `Ledger`
-(writer.py); reader.py reads it all back.
+is fenced first (`LedgerCore._fence`). This module is that machinery: the commit, the fencing,
+the riding out of a database outage (queue.py holds what it is handed: the queue, `Waiter`, which
+says when one write is durable, and `FileWrite`, a job's file written behind the fence). What is
+written lives beside it, one module per kind of record (runs.py, attempts.py, machines.py,
+money.py), each a part of `Ledger` (writer.py); reader.py reads it all back.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from loguru import logger
 
 from actor_run.actors.base import failure_text
-from actor_run.actors.flag import Flag
-from actor_run.actors.pool import blocking
 from actor_run.supervisors.ledger.batch import Op, _run, _run_all
 from actor_run.supervisors.ledger.db import LedgerError, open_backend
-
-T = TypeVar("T")
-
-
-class StaleClaim(LedgerError):
-    """This controller no longer holds the job (its lease expired, another controller claimed it):
-    the write was not made, and the job is no longer this controller's to touch."""
-
-
-class Waiter:
-    """One queued write: `done` is set once it is committed (or failed: `error`). `when_done(fn)`
-    calls `fn(error)` then, on the writer thread (at once, on the caller's, if it already is): `fn`
-    must only hand the news on, never wait on the ledger."""
-
-    __slots__ = ("_callbacks", "_lock", "done", "error")
-
-    def __init__(self) -> None:
-        self.done = Flag()
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[BaseException | None], None]] = []
-
-    def when_done(self, fn: Callable[[BaseException | None], None]) -> None:
-        with self._lock:
-            if not self.done.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self.error)
-
-    def wait(self, timeout: float = 60.0) -> None:
-        """Return once the write is durable; raise LedgerError if it failed or took too long."""
-        with blocking():
-            committed = self.done.wait(timeout)
-        if not committed:
-            raise LedgerError(f"the ledger did not commit within {timeout:g} s")
-        if isinstance(self.error, StaleClaim):
-            raise StaleClaim(str(self.error))
-        if self.error is not None:
-            raise LedgerError(f"the ledger could not record it: {self.error}") from self.error
-
-    def finish(self) -> None:
-        with self._lock:
-            self.done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self.error)
-            except Exception:  # one bad callback must not kill the writer thread
-                logger.error("a ledger commit callback failed:\n{}", failure_text(*sys.exc_info()))
-
-
-class _WriteQueue(Generic[T]):
-    """The writer thread's queue: a put wakes the writer only when it sleeps (queue.Queue takes a
-    Condition and notifies on every put: about twenty Python calls, five writes per attempt)."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[T] = collections.deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Lock()
-        self._wake.acquire()  # released once per sleep, by the put that ends it
-        self._sleeping = False
-
-    def put(self, item: T) -> None:
-        with self._lock:
-            self._items.append(item)
-            wake, self._sleeping = self._sleeping, False
-        if wake:
-            self._wake.release()
-
-    def take(self, most: int) -> list[T]:
-        """Up to `most` items, oldest first; blocks while there are none."""
-        while True:
-            with self._lock:
-                items = self._items
-                if items:
-                    n = min(most, len(items))
-                    return [items.popleft() for _ in range(n)]
-                self._sleeping = True
-            self._wake.acquire()
-
+from actor_run.supervisors.ledger.queue import FileWrite, StaleClaim, Waiter, _ConnectionLost, _WriteQueue
 
 # what the writer thread queues: a write, who waits for it, and the job whose claim fences it
 _Item = tuple[Op, "Waiter | None", "str | None"]
@@ -125,9 +44,22 @@ class LedgerCore:
     lease and the fencing token of every job its writes are about: writes of a job whose token is
     no longer the one this controller claimed it with, or of any job once this owner's lease has
     expired, are not made; their waiters get StaleClaim and `on_stale(keys)` is told once per job
-    (on the writer thread: it must only hand the news on)."""
+    (on the writer thread: it must only hand the news on).
 
-    def __init__(self, path: str | Path, owner: str, run: str = "", *, lease_s: float = 60.0) -> None:
+    A ledger outage is not a failure (fenced backends): when the connection is lost (the server
+    restarted, failed over, or the network cut), the batch in hand and every write queued after it
+    are held, in order, while the writer reconnects with backoff for up to `outage_s`; once back,
+    its first statement renews this owner's lease (if it has not expired), then the held writes go
+    in. Only a lease that expired meanwhile, or an outage longer than `outage_s` (the lease cannot
+    be proven then), stops the writing: the jobs go to the controllers that adopt them, their
+    machines untouched. Meanwhile the attempts go on: nothing but a waited write waits.
+
+    A batch whose COMMIT was cut may have committed: doing it again must leave what doing it once
+    does. Claims are written so (a claim already made by this controller counts as won); an event
+    row may then be recorded twice."""
+
+    def __init__(self, path: str | Path, owner: str, run: str = "", *, lease_s: float = 60.0,
+                 outage_s: float | None = None) -> None:
         self.backend = open_backend(path)
         self.path = self.backend.location
         self.owner = owner
@@ -137,6 +69,10 @@ class LedgerCore:
         self.tokens: dict[str, str] = {}  # job key -> the fencing token this controller claimed it with
         self.stale: set[str] = set()  # job keys this controller lost
         self.lease_lost = False
+        # how long a lost connection is retried, holding the writes, before the lease counts as lost
+        self.outage_s = lease_s if outage_s is None else outage_s
+        self.outage_since: float | None = None  # monotonic time the connection was lost, while it is
+        self.outages = 0  # connections lost and got back
         self.on_stale: Callable[[set[str]], None] | None = None
         self._machine_jobs: dict[str, str] = {}  # machine name -> job key (fences the machine's writes)
         self._conn = self.backend.connect()
@@ -162,11 +98,91 @@ class LedgerCore:
             self._commit(batch)
 
     def _commit(self, batch: list[_Item]) -> None:
+        if self.backend.fenced:
+            self._commit_fenced(batch)
+        else:
+            with contextlib.suppress(_ConnectionLost):  # (SQLite has no connection to lose)
+                self._commit_once(batch)
+
+    def _commit_fenced(self, batch: list[_Item]) -> None:
+        """The batch, through connection losses: reconnect with backoff (renewing the lease first),
+        holding this batch and everything queued after it, for up to `outage_s`."""
+        delay = 0.05
+        lost: tuple[type[BaseException], ...] = (_ConnectionLost, LedgerError, *self.backend.errors)
+        while True:
+            if self.lease_lost:  # dead for everyone: nothing more is written, nothing is asked
+                self._refuse(batch, "(its lease expired)")
+                return
+            try:
+                if getattr(self._conn, "closed", False):
+                    self._conn = self.backend.connect()
+                    self._renew_first()
+                self._commit_once(batch)
+            except lost as exc:
+                now = time.monotonic()
+                if self.outage_since is None:
+                    self.outage_since = now
+                    logger.warning("the ledger {} cannot be reached ({}); holding its writes in order and retrying "
+                                   "for up to {:g} s while the jobs go on", self.backend.describe(),
+                                   str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                                   self.outage_s)
+                if now - self.outage_since > self.outage_s:
+                    self._lose_lease(f"the ledger could not be reached for {self.outage_s:g} s")
+                    continue
+                time.sleep(delay)  # the writer thread's own backoff: nothing else waits on it
+                delay = min(delay * 2, 1.0)
+                continue
+            if self.outage_since is not None:
+                logger.warning("the ledger is back after {:.1f} s; the held writes are in",
+                               time.monotonic() - self.outage_since)
+                self.outage_since = None
+                self.outages += 1
+            return
+
+    def _renew_first(self) -> None:
+        """On a new connection after a loss, before any held write: renew the lease, unless it
+        expired meanwhile (then another controller may have taken the jobs: the lease is lost)."""
+        now_sql = self.backend.now_sql
+        cur = self._conn.execute(
+            f"UPDATE owners SET beat=?, lease_until={now_sql} + ? WHERE id=? AND closed=0 AND lease_until > {now_sql}",
+            (time.time(), self.lease_s, self.owner))
+        if cur.rowcount != 1:
+            self._lose_lease("its lease expired while the ledger could not be reached")
+
+    def _lose_lease(self, why: str) -> None:
+        if self.lease_lost:
+            return
+        self.lease_lost = True
+        lost = set(self.tokens) - self.stale
+        logger.error("this controller's lease in the ledger is lost ({}): it writes nothing more and lets its jobs "
+                     "go to the controllers that adopt them", why)
+        self._tell_stale(lost)
+
+    def _tell_stale(self, lost: set[str]) -> None:
+        if not lost:
+            return
+        self.stale |= lost
+        if self.on_stale is not None:
+            try:
+                self.on_stale(lost)
+            except Exception:  # the writer thread must live on
+                logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
+
+    def _refuse(self, batch: list[_Item], why: str = "") -> None:
+        for item in batch:
+            if item[1] is not None and item[1].error is None:
+                item[1].error = StaleClaim(f"{item[2] or 'this write'} is no longer this controller's to make"
+                                           + (f" {why}" if why else ""))
+        self._finish(batch)
+
+    def _broken(self) -> bool:
+        return bool(self.backend.fenced and getattr(self._conn, "closed", False))
+
+    def _commit_once(self, batch: list[_Item]) -> None:
         """One transaction for the batch. If an op fails, the batch is done again with a savepoint
         per op, so only that one is rolled back and its waiter gets the error (savepoints cost
-        three statements per op: only when needed). The writer thread never dies of one bad write."""
-        if self.backend.fenced and getattr(self._conn, "closed", False):
-            self._reconnect()
+        three statements per op: only when needed). The writer thread never dies of one bad write.
+        A lost connection raises _ConnectionLost with no waiter told: the batch is done again."""
         conn, errors = self._conn, self.backend.errors
         refused: list[_Item] = []
         try:
@@ -174,7 +190,7 @@ class LedgerCore:
             if self.backend.fenced:
                 batch, refused = self._fence(batch)
             try:
-                _run_all(conn, [op for op, _, _ in batch])
+                _run_all(conn, [op for op, _, _ in batch if not isinstance(op, FileWrite)])
             except errors:  # an op failed: redo the batch so that only that one fails
                 conn.execute("ROLLBACK")
                 self._commit_one_by_one(batch + refused)
@@ -182,8 +198,20 @@ class LedgerCore:
             conn.execute("COMMIT")
             self.commits += 1
         except errors as exc:  # BEGIN or COMMIT itself (disk full, locked for 30 s, the server gone)
+            if self._broken():
+                raise _ConnectionLost(str(exc)) from exc
             self._failed(batch, exc)
+        self._after_commit(batch)
         self._finish(batch + refused)
+
+    def _after_commit(self, batch: list[_Item]) -> None:
+        """The files of the jobs the committed transaction fenced may be written now (queue order)."""
+        for op, _, _ in batch:
+            if isinstance(op, FileWrite):
+                try:
+                    op.write()
+                except OSError as exc:  # a full disk must not stop the writer thread
+                    logger.error("could not write a job's file: {}", exc)
 
     def _fence(self, batch: list[_Item]) -> tuple[list[_Item], list[_Item]]:
         """Split the batch into the writes this controller may still make and those it may not
@@ -195,10 +223,7 @@ class LedgerCore:
                 f"SELECT lease_until > {self.backend.now_sql} FROM owners WHERE id=? FOR SHARE",
                 (self.owner,)).fetchone()
             if row is not None and row[0] is False:
-                self.lease_lost = True
-                lost = set(self.tokens) - self.stale
-                logger.error("this controller's lease in the ledger expired: it writes nothing more and lets "
-                             "its jobs go to the controllers that adopt them")
+                self._lose_lease("it expired: this process was frozen, or cut off from the ledger")
         if not self.lease_lost:
             claimed_here = {op[1][1] for op, _, _ in batch if isinstance(op, tuple) and op[0] is _RECORD_JOB}
             held = {fence: self.tokens[fence] for _, _, fence in batch
@@ -209,13 +234,7 @@ class LedgerCore:
                                           (list(held),)).fetchall()
                 now = {key: token for run, key, token in rows if run == self.run_of(key)}
                 lost = {k for k, token in held.items() if now.get(k) != token}
-        if lost:
-            self.stale |= lost
-            if self.on_stale is not None:
-                try:
-                    self.on_stale(lost)
-                except Exception:  # the writer thread must live on
-                    logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
+        self._tell_stale(lost)
         if not self.stale and not self.lease_lost:
             return batch, []
         kept, refused = [], []
@@ -229,22 +248,17 @@ class LedgerCore:
                 kept.append(item)
         return kept, refused
 
-    def _reconnect(self) -> None:
-        """The server ended the session (a restart, a cut, a transaction left idle too long while
-        this process was frozen): a new connection; the fencing check on it decides what may go on."""
-        try:
-            self._conn = self.backend.connect()
-        except self.backend.errors as exc:
-            logger.error("could not reconnect to the ledger {}: {}", self.backend.describe(), exc)
-
     def _commit_one_by_one(self, batch: list[_Item]) -> None:
         conn, errors = self._conn, self.backend.errors
+        refused: list[_Item] = []
         try:
             conn.execute(self.backend.begin_sql())
             if self.backend.fenced:
                 batch, refused = self._fence(batch)
-                self._finish(refused)
+            failed: list[tuple[Waiter, Exception]] = []
             for op, waiter, _ in batch:
+                if isinstance(op, FileWrite):
+                    continue
                 conn.execute("SAVEPOINT op")
                 try:
                     _run(conn, op)
@@ -254,13 +268,17 @@ class LedgerCore:
                     conn.execute("RELEASE op")
                     logger.error("ledger write failed: {}", exc)
                     if waiter is not None:
-                        waiter.error = exc
+                        failed.append((waiter, exc))
             conn.execute("COMMIT")
             self.commits += 1
+            for waiter, error in failed:
+                waiter.error = error
         except errors as exc:
+            if self._broken():
+                raise _ConnectionLost(str(exc)) from exc
             self._failed(batch, exc)
-        finally:
-            self._finish(batch)
+        self._after_commit(batch)
+        self._finish(batch + refused)
 
     def _failed(self, batch: list[_Item], exc: Exception) -> None:
         logger.error("ledger commit failed: {}", exc)
@@ -301,6 +319,41 @@ class LedgerCore:
 
     def _machine_fence(self, name: str) -> str | None:
         return self._machine_jobs.get(name)
+
+    # --- fencing the job's files ---------------------------------------------------------------------
+
+    def write_file(self, key: str, write: Callable[[], object]) -> None:
+        """Run `write`, which writes the job `key`'s files (log bytes, response.json), only while
+        this controller holds the job. Without fencing (SQLite, or a job not claimed here), at once
+        on this thread. On a shared ledger it is queued with the job's rows and run on the writer
+        thread just after the transaction that proved the claim (lease and token, under share locks
+        that keep an adopter's claim waiting) commits: in order, held while the database is away,
+        never once the claim is lost (a frozen worker that wakes past its lease writes nothing)."""
+        if not self.backend.fenced or key not in self.tokens:
+            write()
+            return
+        if key in self.stale or self.lease_lost or self._closed:
+            return
+        self._queue.put((FileWrite(write), None, key))
+
+    def check_job(self, key: str) -> Waiter | None:
+        """A no-op write fenced by the job `key`: once done, `may_write(key)` says what the database
+        said. None when there is nothing to ask (no fencing, or a job not claimed here)."""
+        if not self.backend.fenced or key not in self.tokens or self._closed:
+            return None
+        return self._track(lambda c: None, key)
+
+    def may_write(self, key: str) -> bool:
+        """Whether this controller still holds the job `key` (what this process knows now)."""
+        return not self.backend.fenced or key not in self.tokens or (key not in self.stale and not self.lease_lost)
+
+    def hand_back(self) -> set[str]:
+        """Let go of every job held here (a worker stopped by SIGTERM): nothing more is written about
+        them, in the ledger or in their files, and their machines are left to the adopter. Returns
+        their keys; `close_owner` then tells the other workers to adopt them."""
+        keys = set(self.tokens) - self.stale
+        self.stale |= keys
+        return keys
 
     def flush(self) -> None:
         self._submit(lambda c: None, wait=True)

@@ -17,6 +17,7 @@ URL itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -27,10 +28,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from loguru import logger
+
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.supervisors.ledger.schema import SchemaError, migrate
 
 ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
+READ_WAIT_S = 5.0  # how long a read waits for a connection to a PostgreSQL ledger
 
 
 class LedgerError(ActorRunError):
@@ -69,6 +73,47 @@ def resolve(ledger: str | Path | None, state_dir: Path) -> str | Path:
         scheme = named.split("://")[0]
         raise SpecError("--ledger", f"expected a file path or a postgresql:// URL, got a {scheme}:// URL")
     return Path(named).expanduser()
+
+
+def wait_for_server(url: str, wait_s: float) -> None:
+    """Connect once to the PostgreSQL ledger at `url`, trying again for up to `wait_s` while it is
+    not up (a worker started before its database, a restart). SpecError naming --ledger for a URL
+    that cannot mean a server; LedgerError, one line without the password, when it is not reached."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        port = str(conninfo_to_dict(url).get("port") or "5432")
+    except psycopg.ProgrammingError as exc:
+        raise SpecError("--ledger", f"not a usable postgresql:// URL: {_first_line(exc, url)}") from exc
+    if not all(p.isdigit() for p in port.split(",")):
+        raise SpecError("--ledger", f"not a usable postgresql:// URL: port {port!r} is not a number")
+    deadline, delay = time.monotonic() + wait_s, 0.1
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=max(1, min(5, int(wait_s) or 1))).close()
+            return
+        except psycopg.Error as exc:
+            if delay == 0.1 and wait_s > READ_WAIT_S:  # a long wait says so (a short one only if it fails)
+                logger.warning("the ledger {} cannot be reached yet; waiting up to {:g} s for it", describe(url),
+                               wait_s)
+            if time.monotonic() + delay > deadline:
+                raise LedgerError(f"the ledger {describe(url)} cannot be reached (waited {wait_s:g} s): "
+                                  f"{_first_line(exc, url)}") from exc
+            time.sleep(delay)  # the server is starting: a bounded backoff, no caller waits on anything else
+            delay = min(delay * 2, 2.0)
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    """An error's first line, with the URL's password (if it quotes one) masked."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    m = re.search(r"://[^:/@]*:([^@]*)@", url)
+    return text.replace(m.group(1), "***") if m and m.group(1) else text
+
+
+def read_failures(backend: Backend) -> tuple[type[BaseException], ...]:
+    """What a read raises when the database cannot answer it (away, restarting): its errors and ours."""
+    return (LedgerError, *backend.errors)
 
 
 def describe(location: str | Path) -> str:
@@ -302,8 +347,14 @@ def _pool(url: str) -> Any:
 
             from psycopg_pool import ConnectionPool
 
-            pool = ConnectionPool(url, min_size=0, max_size=4, kwargs={"autocommit": True}, open=True,
-                                  name="actor-run-ledger")
+            # the pool logs each failed connect of an outage (python logging's last resort: stderr);
+            # the ledger says once that the database is away, and once that it is back
+            logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+
+            # a read waits for a connection at most READ_WAIT_S (not psycopg's 30 s): a command on a
+            # database that is away says so soon, and a worker's poll is skipped, not stuck
+            pool = ConnectionPool(url, min_size=0, max_size=4, kwargs={"autocommit": True, "connect_timeout": 5},
+                                  open=True, name="actor-run-ledger", timeout=READ_WAIT_S)
             _pools[url] = pool
             if len(_pools) == 1:
                 atexit.register(close_pools)

@@ -13,8 +13,9 @@ import psutil
 
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.ledger.core import LedgerCore, Waiter
+from actor_run.supervisors.ledger.core import LedgerCore
 from actor_run.supervisors.ledger.db import Conn
+from actor_run.supervisors.ledger.queue import Waiter
 
 
 def process_start_time(pid: int) -> float | None:
@@ -108,13 +109,14 @@ class MachineRecords(LedgerCore):
             "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row),
             fence=self._machine_fence(machine.name))
 
-    def adopt_machine(self, name: str, key: str | None = None) -> None:
-        """This controller owns the machine now, and a sweep must leave it (resumable) until it is done."""
+    def adopt_machine(self, name: str, key: str | None = None, *, wait: bool = True) -> None:
+        """This controller owns the machine now, and a sweep must leave it (resumable) until it is done
+        (durable before it returns, unless not `wait`: then `flush` before a sweep)."""
         if key is not None and key in self.tokens:
             self._machine_jobs[name] = key
         row = (self.owner, name)
         self._submit(("UPDATE machines SET owner=?, resumable=1 WHERE name=? AND state='alive'",
-                      row), wait=True, fence=self._machine_fence(name))
+                      row), wait=wait, fence=self._machine_fence(name))
 
     def record_started(self, name: str, work: str, pid: int, launched_at: float) -> None:
         row = (work, pid, launched_at, name)

@@ -8,8 +8,9 @@ import uuid
 
 import msgspec
 
-from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore, StaleClaim, Waiter
+from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore
 from actor_run.supervisors.ledger.db import Conn
+from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
 
 
 class Claimed(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,8 +61,10 @@ class RunRecords(LedgerCore):
         owner, now, run, token = self.owner, time.time(), self.run if run is None else run, uuid.uuid4().hex
 
         def op(c: Conn) -> None:
-            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=? AND owner=?"
-                            " AND state='running'", (owner, now, token, run, key, from_owner))
+            # (or token=?: this very claim, committed by a try whose COMMIT answer was cut, counts as won)
+            cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=?"
+                            " AND (owner=? OR token=?) AND state='running'", (owner, now, token, run, key, from_owner,
+                                                                            token))
             won.append(cur.rowcount == 1)
 
         try:
@@ -75,6 +78,37 @@ class RunRecords(LedgerCore):
             return True
         return False
 
+    def claim_jobs(self, wanted: list[tuple[str, str, str]]) -> set[str]:
+        """`claim_job` for each (key, from_owner, run), all in one transaction (one round trip for a
+        dead worker's many jobs: an adopter at full concurrency takes them in one go); the keys won."""
+        if not wanted:
+            return set()
+        owner, now = self.owner, time.time()
+        tokens = {key: uuid.uuid4().hex for key, _, _ in wanted}
+        won: list[set[str]] = []
+
+        def op(c: Conn) -> None:
+            got = set()
+            for key, from_owner, run in wanted:
+                cur = c.execute("UPDATE jobs SET owner=?, updated=?, token=? WHERE run=? AND key=?"
+                                " AND (owner=? OR token=?) AND state='running'",
+                                (owner, now, tokens[key], run, key, from_owner, tokens[key]))
+                if cur.rowcount == 1:
+                    got.add(key)
+            won.append(got)
+
+        try:
+            self._submit(op, wait=True)
+        except StaleClaim:
+            return set()
+        got = won[-1] if won else set()  # the last run of the op is the one committed
+        for key, _, run in wanted:
+            if key in got:
+                self._run_of[key] = run
+                self.tokens[key] = tokens[key]
+                self.stale.discard(key)
+        return got
+
     def claim_queued(self, most: int) -> list[Claimed]:
         """Claim up to `most` queued jobs of any run, oldest first, each with a fresh fencing token.
         On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE SKIP LOCKED);
@@ -86,6 +120,13 @@ class RunRecords(LedgerCore):
         lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
 
         def op(c: Conn) -> None:
+            # this very claim, committed by a try whose COMMIT answer was cut (a ledger outage): those
+            # rows are this controller's already, and claiming more would leave them unrun
+            rows = c.execute("SELECT run, key, spec, token, out_dir FROM jobs WHERE owner=? AND state='running'"
+                             " AND token LIKE ?", (owner, prefix + "%")).fetchall()
+            if rows:
+                got.append([Claimed(run=r[0], key=r[1], spec=bytes(r[2]), token=r[3], out_dir=r[4]) for r in rows])
+                return
             rows = c.execute(
                 "UPDATE jobs SET owner=?, state='running', updated=?, token=? || run || '/' || key"
                 " WHERE (run, key) IN ("
@@ -120,7 +161,18 @@ class RunRecords(LedgerCore):
     def record_job_end(self, *, key: str, state: str, failure: str | None, detail: str, attempts: int,
                        usd: float) -> Waiter:
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
-        row = (state, failure, detail[:1000], attempts, usd, time.time(), self.run_of(key), key)
-        return self._track((
-            "UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?", row),
-            key)
+        now, run = time.time(), self.run_of(key)
+        ended = ("UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?",
+                 (state, failure, detail[:1000], attempts, usd, now, run, key))
+        if not self.backend.fenced:
+            return self._track(ended, key)
+
+        def op(c: Conn) -> None:
+            # a shared run ends with its last job, whoever ran it (its submitter may be long gone); the
+            # run's row locked first, so of two workers ending its last two jobs the later one sees both
+            c.execute("SELECT id FROM runs WHERE id=? FOR UPDATE", (run,))
+            c.execute(*ended)
+            c.execute("UPDATE runs SET ended=?, state='ended' WHERE id=? AND ended IS NULL AND NOT EXISTS"
+                      " (SELECT 1 FROM jobs WHERE run=? AND state IN ('queued', 'running'))", (now, run, run))
+
+        return self._track(op, key)

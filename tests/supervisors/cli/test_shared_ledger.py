@@ -38,13 +38,14 @@ class Controller:
     """One `actor-run worker` process (or, with `run`, the `actor-run run BATCH` that queued the
     batch and works on it too); its JSON events are read on a thread of the test's own."""
 
-    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2, run: Path | None = None) -> None:
+    def __init__(self, tmp: Path, url: str, name: str, *, concurrency: int = 2, run: Path | None = None,
+                 lease: float = LEASE_S, extra: tuple[str, ...] = ()) -> None:
         self.name = name
         command = ["run", str(run)] if run is not None else ["worker", "--until-idle"]
         self.proc = subprocess.Popen(
             [*CLI, *command, "--ledger", url, "--concurrency", str(concurrency), "--json",
-             "--lease", str(LEASE_S), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
-             str(tmp / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+             "--lease", str(lease), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
+             str(tmp / "state"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
         self.events: list[dict[str, Any]] = []
         self.changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -191,8 +192,9 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
         before = written()
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
-    assert frozen.finish() == 1  # it found its lease expired and let its jobs go
+    assert frozen.finish() == 0  # it found its lease expired, let its jobs go, joined again as a new owner
     assert "lease in the ledger expired" in frozen.stderr
+    assert "joining again as a new worker" in frozen.stderr
     assert "Traceback" not in frozen.stderr
     let_go = [e for e in frozen.events if e["type"] == "Released" and not e["confirmed"]]
     assert len(let_go) == 2, frozen.events  # its two machines, left to the adopter, not deleted
