@@ -26,7 +26,7 @@ def test_version_and_python_m() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, f"actor-run {actor_run.__version__}")
     bare = subprocess.run([sys.executable, "-m", "actor_run"], capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2
-    assert bare.stderr.startswith("actor-run: the following arguments are required: command")
+    assert bare.stderr.startswith("usage: actor-run")  # no command: the usage (issue 29.11)
 
 
 def _subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
