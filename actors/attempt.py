@@ -32,6 +32,7 @@ from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
 from actor_run.protocols.failures import Code, MachineGone
+from actor_run.protocols.files import private_opener
 from actor_run.protocols.hosts.workspace import Launch
 from actor_run.protocols.messages import (
     Acquire,
@@ -113,6 +114,7 @@ class AttemptActor(Actor):
             self.deadline = reattach.machine.deadline
             self.name = reattach.machine.name
         else:
+            ctx.at("names", job.key)
             self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
         self.meter: pykka.ActorRef[Any] | None = None  # these three start on Leased
@@ -369,7 +371,7 @@ class AttemptActor(Actor):
         if not self.leased:  # never had a machine: the log says so (the heartbeat, if it
             # started, wrote the header when it did, long before this: the lease's answer came since)
             header = "" if self.heartbeat is not None else self._header()
-            with open(self.seed_dir / "log.txt", "a") as f:
+            with open(self.seed_dir / "log.txt", "a", opener=private_opener) as f:
                 f.write(f"{header}no machine: {failure or outcome_}: {detail}\n")
         if not event.confirmed:
             unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
@@ -385,7 +387,9 @@ class AttemptActor(Actor):
         before its stop returns), then tell the parent the attempt ended `internal`, with what the
         machine cost up to now."""
         self.cancel_tasks()
-        self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
+        # the traceback to the run's log file only (`traceback` bound): the terminal shows the job's end
+        self.log.bind(traceback=True).error("{} failed:\n{}", self.label,
+                                             failure_text(exception_type, exception_value, traceback))
         usage = Usage()
         meter = self.meter
         for child in reversed(self.children):

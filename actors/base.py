@@ -124,7 +124,7 @@ class Context:
     def __init__(
         self, *, reactor: Reactor, clouds: dict[str, Cloud], ledger: LedgerPort,
         emit: Callable[[Event], None], owner: str, out_root: Path, meter_period_s: float = 5.0,
-        delete_timeout_s: float = 120.0,
+        delete_timeout_s: float = 120.0, fault: Callable[[str, str], None] | None = None,
     ) -> None:
         self.reactor = reactor
         self.clouds = clouds
@@ -137,6 +137,15 @@ class Context:
         self.workspaces: dict[str, Workspace] = {}
         self.hash_cache: dict[tuple[str, int, int, int], str] = {}
         self.hash_lock = threading.Lock()
+        self.fault = fault
+
+    def at(self, step: str, key: str) -> None:
+        """A step of job `key`'s life is about to run (`out_folder`, `budget`, `names`, `response`,
+        `event:<message>` in its job supervisor, `batch:<message>` in the batch supervisor): the
+        fault hook, when one is set (tests, chaos drills), may raise there, which is that step's
+        crash as a bug would make it. Without a hook, nothing."""
+        if self.fault is not None:
+            self.fault(step, key)
 
 
 _FIRED: Result[None] = outcome.Value(None)  # what a timer hands its _Reply
@@ -276,5 +285,8 @@ class Actor(PooledActor):
     ) -> None:
         """Actor thread, after a raise in a handler: cancel its tasks, tell the parent."""
         self.cancel_tasks()
-        self.log.error("{} failed:\n{}", self.label, failure_text(exception_type, exception_value, traceback))
+        # the traceback to the run's log file only (`traceback` bound): the terminal shows one line
+        # for the job's end, never a traceback
+        self.log.bind(traceback=True).error("{} failed:\n{}", self.label,
+                                             failure_text(exception_type, exception_value, traceback))
         self.tell_parent(ChildFailed(child=self.label, detail=error_text(exception_type, exception_value)))

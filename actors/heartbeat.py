@@ -290,7 +290,7 @@ class HeartbeatActor(Actor):
         """On this actor's thread, or on the ledger's writer thread (a shared ledger's fence)."""
         with self._log_lock:
             if self._log_closed:  # written after the attempt's stop: one open for it
-                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 try:
                     while data:
                         data = data[os.write(fd, data):]
@@ -298,7 +298,8 @@ class HeartbeatActor(Actor):
                     os.close(fd)
                 return
             if self._log_fd is None:  # opened once: a poll's new bytes cost one write, not an open
-                self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                os.fchmod(self._log_fd, 0o600)  # private whatever the umask: a job's output may hold its secrets
             while data:  # a plain descriptor: no buffered file object to build per attempt or flush per write
                 data = data[os.write(self._log_fd, data):]
 

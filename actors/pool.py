@@ -25,11 +25,13 @@ import contextlib
 import itertools
 import sys
 import threading
+import traceback as traceback_module
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pykka
+from loguru import logger
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
@@ -301,6 +303,30 @@ class PooledActor(pykka.Actor):
             return
         if inbox.release():
             self.pool.schedule(self)
+
+    def _actor_loop_setup(self) -> None:
+        """on_start; a raise there is a failure like one in a handler: `on_failure`, then stopped
+        (pykka's own loop stops the actor without calling `on_failure`: its parent never heard)."""
+        try:
+            self.on_start()
+        except Exception:
+            self._handle_failure(*sys.exc_info())
+            try:
+                self.on_failure(*sys.exc_info())
+            except Exception:
+                self._handle_failure(*sys.exc_info())
+
+    def _handle_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        """Unregister and stop. Not logged here: `on_failure` logs it where the run's log goes
+        (pykka's line goes to the stdlib logger, whose last resort prints a traceback on the terminal)."""
+        ActorRegistry.unregister(self.actor_ref)
+        self.actor_stopped.set()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        """Actor thread, after a raise in `on_start` or a `tell`ed message: logged with its traceback
+        (to the run's log file only: `traceback` is bound, the terminal shows no traceback)."""
+        text = "".join(traceback_module.format_exception(exception_type, exception_value, traceback)).rstrip()
+        logger.bind(traceback=True).error("{} failed:\n{}", type(self).__name__, text)
 
     def _teardown_once(self) -> None:
         if not self._torn_down:

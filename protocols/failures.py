@@ -20,6 +20,8 @@ import enum
 
 import msgspec
 
+from actor_run.protocols.redact import redact
+
 
 class Code(enum.StrEnum):
     """Every failure's code (a str: `"job_failed"`); `POLICIES` says what each one leads to: the
@@ -84,7 +86,11 @@ def policy_for(code: Code) -> Policy:
 
 
 class ActorRunError(Exception):
-    """Base of every exception this project raises on purpose."""
+    """Base of every exception this project raises on purpose. Its message never holds a secret
+    value this process knows (protocols/redact.py): whatever text it is made from is masked."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class SpecError(ActorRunError):

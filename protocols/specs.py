@@ -9,6 +9,7 @@ value and resolves paths relative to the file; a problem raises `SpecError` nami
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.redact import REDACTED, add_secret
 
 NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
 
@@ -30,6 +32,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     timeout_s: float = 3600.0
     env: dict[str, str] = msgspec.field(default_factory=dict)
     max_usd: float | None = None  # per seed: what all of one seed's attempts may cost together
+    # names in `env` whose values the ledger may keep as they are; every other value is masked there
+    public_env: list[str] = msgspec.field(default_factory=list)
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -104,6 +108,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
     candidates: list[CandidateSpec] = msgspec.field(default_factory=lambda: [CandidateSpec()])
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    public_env: list[str] = msgspec.field(default_factory=list)  # env names the ledger keeps in clear
 
     @property
     def key(self) -> str:
@@ -136,11 +141,12 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
               inputs: dict[str, str | Path] | None = None, timeout_s: float = 3600.0,
               env: dict[str, str] | None = None, policy: PolicySpec | None = None,
               candidates: list[CandidateSpec] | None = None, clouds: dict[str, dict[str, Any]] | None = None,
-              base: str | Path = ".") -> Batch:
+              base: str | Path = ".", public_env: list[str] | None = None) -> Batch:
         """A batch made in code, checked like a batch file (its cloud names where clouds are built);
         relative paths are taken from `base`."""
         job = JobSpec(name=name, command=command, seeds=list(seeds), code=None if code is None else str(code),
-                      inputs={k: str(v) for k, v in (inputs or {}).items()}, timeout_s=timeout_s, env=dict(env or {}))
+                      inputs={k: str(v) for k, v in (inputs or {}).items()}, timeout_s=timeout_s, env=dict(env or {}),
+                      public_env=list(public_env or []))
         spec = BatchFile(job=job, policy=policy or PolicySpec(), candidates=list(candidates or []),
                          clouds=dict(clouds or {}))
         return _checked(spec, Path(base).expanduser().resolve(), None)
@@ -156,13 +162,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
                 name=j.name, command=j.command, seed=seed, code=j.code, inputs=dict(j.inputs),
                 timeout_s=j.timeout_s, env=dict(j.env), max_usd=j.max_usd, policy=p,
                 candidates=list(self.spec.candidates) or [CandidateSpec()], clouds=self.spec.clouds,
+                public_env=list(j.public_env),
             )
             for seed in j.seeds
         ]
 
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-REDACTED = "<redacted>"
 
 
 # a cloud setting holding a secret (an API key, a key's passphrase); `key` alone is a key's path,
@@ -175,6 +181,15 @@ def is_secret_setting(name: str) -> bool:
     return bool(SECRET_SETTING.search(name)) and not name.lower().endswith("_env")
 
 
+def add_secret_settings(table: dict[str, Any]) -> None:
+    """Register the values of settings whose names look secret, at any depth, with the redactor."""
+    for k, v in table.items():
+        if isinstance(v, dict):
+            add_secret_settings(v)
+        elif isinstance(v, str) and is_secret_setting(k):
+            add_secret(v)
+
+
 def without_secrets(table: dict[str, Any]) -> dict[str, Any]:
     """A `[clouds.<name>]` table as the ledger may keep it: settings whose names look secret are
     left out, at any depth (a resume merges the user's settings again, which supply them)."""
@@ -183,9 +198,11 @@ def without_secrets(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def redacted(job: Job) -> Job:
-    """The job as the ledger may keep it: env values whose names look secret are replaced, cloud
-    settings whose names look secret are left out."""
-    env = {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in job.env.items()}
+    """The job as the ledger may keep it: env values are replaced unless their names are in
+    `public_env` (and do not look secret), cloud settings whose names look secret are left out."""
+    public = set(job.public_env)
+    env = {k: (v if k in public and not SECRET_NAME.search(k) else REDACTED) for k, v in job.env.items()}
+    add_secret(*(v for k, v in job.env.items() if env[k] == REDACTED))  # and masked in any text
     clouds = {name: without_secrets(table) for name, table in job.clouds.items()}
     return msgspec.structs.replace(job, env=env, clouds=clouds)
 
@@ -234,34 +251,75 @@ def _check(field: str, ok: bool, want: str, got: object) -> None:
         raise SpecError(field, f"expected {want}, got {got!r}")
 
 
+def _number(field: str, value: float, least: float, strict: bool) -> None:
+    """A finite number above (`strict`) or at least `least`: inf and nan are refused everywhere."""
+    _check(field, math.isfinite(value), "a finite number", value)
+    _check(field, value > least if strict else value >= least, f"number {'>' if strict else '>='} {least:g}", value)
+
+
+def _no_nul(field: str, text: str) -> None:
+    if "\0" in text:
+        raise SpecError(field, "contains a NUL byte")
+
+
+# an exec's single argument or environment string is at most 128 KiB on Linux (MAX_ARG_STRLEN,
+# with its NUL); macOS holds all arguments and the environment to 1 MiB together
+MAX_ENV_ENTRY = (128 << 10) - 1
+MAX_ENV_TOTAL = 256 << 10
+
+
 def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _check(f"{at}.max_attempts", p.max_attempts >= 1, "int >= 1", p.max_attempts)
     _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
     if p.budget_usd is not None:
-        _check(f"{at}.budget_usd", p.budget_usd > 0, "number > 0", p.budget_usd)
+        _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True)
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
-        value = getattr(p, name)
-        _check(f"{at}.{name}", value > 0, "number > 0", value)
+        _number(f"{at}.{name}", getattr(p, name), 0, strict=True)
     if p.capacity_wait_s is not None:
-        _check(f"{at}.capacity_wait_s", p.capacity_wait_s >= 0, "number >= 0", p.capacity_wait_s)
+        _number(f"{at}.capacity_wait_s", p.capacity_wait_s, 0, strict=False)
     for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
-        value = getattr(p, name)
-        _check(f"{at}.{name}", value >= 0, "number >= 0", value)
+        _number(f"{at}.{name}", getattr(p, name), 0, strict=False)
     _check(f"{at}.thrash_max", p.thrash_max >= 1, "int >= 1", p.thrash_max)
-    _check(f"{at}.last_grace_factor", p.last_grace_factor >= 1, "number >= 1", p.last_grace_factor)
+    _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False)
+    # a host is judged lost only after several heartbeats could have reached it
+    _check(f"{at}.lost_after_s", p.lost_after_s >= 3 * p.poll_s, f"a number >= 3 x poll_s ({3 * p.poll_s:g})",
+           p.lost_after_s)
+
+
+def check_env(env: dict[str, str], public: list[str], at: str = "job") -> None:
+    """Names a shell can take and actor-run does not own; no NUL; sizes an exec accepts."""
+    from actor_run.protocols.hosts.scripts import env_name_problem  # hosts/ imports nothing of specs
+
+    total = 0
+    for name, value in env.items():
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise SpecError(f"{at}.env", problem)
+        _no_nul(f"{at}.env.{name}", value)
+        size = len(name.encode()) + 1 + len(value.encode())
+        _check(f"{at}.env.{name}", size <= MAX_ENV_ENTRY, f"NAME=value of at most {MAX_ENV_ENTRY} bytes",
+               f"{size} bytes")
+        total += size + 1
+    _check(f"{at}.env", total <= MAX_ENV_TOTAL, f"at most {MAX_ENV_TOTAL} bytes in all", f"{total} bytes")
+    for name in public:
+        if name not in env:
+            raise SpecError(f"{at}.public_env", f"{name!r} is not a name in {at}.env")
 
 
 def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
     _check(f"{at}.name", bool(NAME_RE.fullmatch(job.name)), "[a-z0-9-], 1 to 40 characters", job.name)
     _check(f"{at}.command", bool(job.command.strip()), "a command", job.command)
-    _check(f"{at}.timeout_s", job.timeout_s > 0, "number > 0", job.timeout_s)
+    _no_nul(f"{at}.command", job.command)
+    _number(f"{at}.timeout_s", job.timeout_s, 0, strict=True)
     if job.max_usd is not None:
-        _check(f"{at}.max_usd", job.max_usd > 0, "number > 0", job.max_usd)
+        _number(f"{at}.max_usd", job.max_usd, 0, strict=True)
+    check_env(job.env, job.public_env, at)
     if job.code is not None:
         code = base / job.code
         if not code.is_dir():
             raise SpecError(f"{at}.code", f"no such folder: {code}")
     for name, path in job.inputs.items():
+        _no_nul(f"{at}.inputs.{name}", path)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
             raise SpecError(f"{at}.inputs", f"input name {name!r} must be [A-Za-z0-9_.-]")
         if name == "resume":
@@ -276,7 +334,11 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
             known = ", ".join(sorted(known_clouds))
             raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {known})")
         if c.max_hourly_usd is not None:
-            _check(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd >= 0, "number >= 0", c.max_hourly_usd)
+            _number(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd, 0, strict=False)
+        for field in ("gpu", "regions", "hosts", "accounts"):
+            value = getattr(c, field)
+            for text in [value] if isinstance(value, str) else value:
+                _no_nul(f"candidates[{i}].{field}", text)
 
 
 def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
@@ -285,9 +347,11 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     `protocols.clouds.known_clouds()`; this module does not know it)."""
     p = Path(path).expanduser()
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError("", f"cannot read batch file {p}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError("", f"{p} is not UTF-8 text (byte {exc.start}); TOML must be") from exc
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -17,13 +17,13 @@ from loguru import logger
 from actor_run.actors import Context, Reattach
 from actor_run.actors.pool import PooledActor
 from actor_run.protocols.failures import Code
-from actor_run.protocols.messages import Cancel, JobEnded, Message, Offer
+from actor_run.protocols.messages import Cancel, ChildFailed, JobEnded, Message, Offer
 from actor_run.protocols.specs import (
     Job,
     job_key,
 )
 from actor_run.supervisors.budget import Budget
-from actor_run.supervisors.job import JobSupervisor
+from actor_run.supervisors.job import JobSupervisor, job_label
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.offers import OfferBook
 
@@ -82,9 +82,12 @@ class BatchSupervisor(PooledActor):
         self.live_usd: dict[str, float] = {}
         self.done_usd = 0.0
         self.stopped: Cancel | None = None
+        self.labels: dict[str, str] = {}  # a JobSupervisor's label (as its ChildFailed names it) -> job key
         self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
 
     def on_receive(self, message: Any) -> Any:
+        if self.ctx.fault is not None:
+            self.ctx.at(f"batch:{type(message).__name__}", getattr(message, "key", ""))
         match message:
             case _Submit(job=job) as submit:
                 if self.stopped is not None:
@@ -111,6 +114,8 @@ class BatchSupervisor(PooledActor):
                 self._cancel_one(key, Cancel(failure=failure, detail=detail))
             case Cancel() as c:
                 self._cancel_all(c)
+            case ChildFailed(child=child, detail=detail):
+                self._job_crashed(child, detail)
             case "spent":
                 return self.done_usd + sum(self.live_usd.values())
             case _:
@@ -128,6 +133,25 @@ class BatchSupervisor(PooledActor):
                                                       budget=self.budget, spent_before_usd=s.spent_before_usd,
                                                       seed_dir=Path(s.seed_dir) if s.seed_dir else None)
         self.order.append(s.job.key)
+        self.labels[job_label(s.job)] = s.job.key
+
+    def _job_crashed(self, label: str, detail: str) -> None:
+        """A JobSupervisor raised (a bug): it stopped its attempt first (the lease deleted the
+        machine; JobSupervisor.on_failure), so the job ends here `internal` and the batch goes on."""
+        key = self.labels.get(label)
+        if key is None or key not in self.running:
+            return  # it had ended (JobEnded came first) or was let go
+        self.running.pop(key)
+        usd = self.live_usd.pop(key, 0.0)
+        self.done_usd += usd
+        name, _, seed = key.rpartition("/seed-")
+        logger.error("{}: crashed ({}); ended `internal`, its machine deleted (traceback in the run's log)",
+                     key, detail)
+        e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.INTERNAL,
+                     detail=f"internal error: {detail}", attempts=0, usd=round(usd, 6))
+        self.ctx.emit(e)
+        self.on_end(e)
+        self._fill()
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
         e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
@@ -180,6 +204,27 @@ class BatchSupervisor(PooledActor):
         if spent >= self.budget_usd:
             detail = f"the batch spent ${spent:.2f} of its ${self.budget_usd:.2f} budget"
             self._cancel_all(Cancel(failure=Code.BUDGET, detail=detail))
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        """Actor thread, after a raise here (a bug): logged (to the run's log), every running job is
+        stopped in reverse start order (each deletes its machine) and every job not ended, running or
+        pending, ends `internal`, so that the Runner's `wait`, `cancel` and `close` still return."""
+        super().on_failure(exception_type, exception_value, traceback)
+        failure = Cancel(failure=Code.INTERNAL, detail=f"the batch supervisor failed: {exception_value}")
+        self.stopped = self.stopped or failure
+        try:
+            self.on_stop()
+        finally:
+            for s in self.pending:
+                self._end_unstarted(s.job, failure)
+            self.pending.clear()
+            for key in list(self.running):
+                self.running.pop(key)
+                name, _, seed = key.rpartition("/seed-")
+                e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.INTERNAL,
+                             detail=failure.detail, attempts=0)
+                self.ctx.emit(e)
+                self.on_end(e)
 
     def on_stop(self) -> None:
         """Stop running jobs in reverse start order (each deletes its machine before it stops)."""

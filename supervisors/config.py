@@ -70,13 +70,23 @@ class UserConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise
             # msgspec names a table's key `[...]` (hosts[...].port): the keys that fit are looked up
             pattern = tuple(re.findall(r"\[[^\]]*\]|[^.\[\]]+", exc.field[len(prefix):]))
-            paths = _expand(pattern, merged) or [(*p, pattern[-1]) for p in _expand(pattern[:-1], merged)]  # missing
+            if exc.problem.startswith("required, missing"):  # the tables that lack the key, not those that have it
+                paths = [(*p, pattern[-1]) for p in _expand(pattern[:-1], merged) if pattern[-1] not in _at(merged, p)]
+            else:
+                paths = _expand(pattern, merged)
             field = prefix + ".".join(paths[0]) if len(paths) == 1 else exc.field
             layers = [(self.source, self.clouds.get(name, {})), (table_source, table)]
             came = [s for s in (_source_of(p, layers) for p in paths) if s]
             if not came:
                 raise SpecError(field, exc.problem) from exc
             raise SpecError(field, f"{exc.problem} (set in {came[-1]})") from exc
+
+
+def _at(node: Any, path: tuple[str, ...]) -> Any:
+    """The value at `path` (found by `_expand`) in `node`."""
+    for part in path:
+        node = node[int(part[1:-1])] if isinstance(node, list) else node[part]
+    return node
 
 
 def _expand(pattern: tuple[str, ...], node: Any, done: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

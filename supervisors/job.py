@@ -27,6 +27,7 @@ import random
 import shutil
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypedDict
 
 import msgspec
@@ -35,6 +36,7 @@ import pykka
 
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
 from actor_run.protocols.failures import Code, LaunchError, Refused
+from actor_run.protocols.files import write_private
 from actor_run.protocols.hosts.workspace import RESUME_LINE
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -65,13 +67,18 @@ class _Launch(Message, frozen=True, kw_only=True):
     pass
 
 
+def job_label(job: Job) -> str:
+    """A JobSupervisor's label: what its log lines and its `ChildFailed` name it by."""
+    return f"job:{job.name}/{job.seed}"
+
+
 class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
                  seed_dir: Path | None = None, budget: Budget | None = None,
                  spent_before_usd: float = 0.0) -> None:
-        super().__init__(ctx, parent, f"job:{job.name}/{job.seed}")
+        super().__init__(ctx, parent, job_label(job))
         self.ledger = ledger
         self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
         self.first_attempt = first_attempt
@@ -112,6 +119,7 @@ class JobSupervisor(Actor):
         return self._rng
 
     def on_start(self) -> None:
+        self.ctx.at("out_folder", self.job.key)
         try:
             self.seed_dir.mkdir(parents=True)
         except FileExistsError:
@@ -223,6 +231,7 @@ class JobSupervisor(Actor):
     def _reserve(self, offer: Offer) -> float | None:
         """Set money aside for an attempt on `offer`: the seed's ceiling first, then the batch's.
         None (nothing held) if either cannot hold it."""
+        self.ctx.at("budget", self.job.key)
         grace = self._grace(offer)
         p = self.job.policy
         hold_s = hold_seconds(timeout_s=self.job.timeout_s, setup_grace_s=grace,
@@ -280,6 +289,8 @@ class JobSupervisor(Actor):
     def handle(self, message: Any) -> Any:
         if self.ended:  # JobEnded is told; its stop comes when the pool is idle
             return None
+        if self.ctx.fault is not None:
+            self.ctx.at(f"event:{type(message).__name__}", self.job.key)
         match message:
             case _Offers(candidate=i, result=result):
                 self._offers(i, result)
@@ -373,6 +384,7 @@ class JobSupervisor(Actor):
         self.stop_when_idle()  # told and written: what is left of this actor is bookkeeping
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
+        self.ctx.at("response", self.job.key)
         exit_code = None
         for h in reversed(self.history):
             if h.get("exit_code") is not None:
@@ -388,7 +400,23 @@ class JobSupervisor(Actor):
         }
         data, path = msgspec.json.format(msgspec.json.encode(response)), self.seed_dir / "response.json"
         # through the ledger's fence: a controller that lost the job writes no response.json
-        self.ledger.write_file(self.job.key, functools.partial(path.write_bytes, data))
+        self.ledger.write_file(self.job.key, functools.partial(write_private, path, data))
+
+    def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
+        """Actor thread, after a raise in `on_start` or a handler (a bug): the attempt still running
+        is stopped first (its lease deletes the machine), what it had set aside counts as spent (its
+        cost is unknown now), then the parent hears `ChildFailed` and ends the job `internal`."""
+        try:
+            self.on_stop()
+            if self.reserved is not None:
+                holder = (self.job.key, self.attempt_no)
+                if self.seed_budget is not None:
+                    self.seed_budget.release(holder, self.reserved)
+                self.budget.release(holder, self.reserved)
+                self.reserved = None
+        finally:
+            super().on_failure(exception_type, exception_value, traceback)
 
     def on_stop(self) -> None:
         """Actor thread, after stop(): an attempt still running is stopped (its lease deletes the machine)."""

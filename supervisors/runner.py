@@ -147,6 +147,38 @@ class JobHandle:
         self._runner._batch_tell(_CancelJob(key=self.key))
 
 
+PROBE_BYTES = 4096
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Make the results folder and write to it (a few KiB, removed again): a file in its place, a
+    read-only folder or a full disk is a SpecError naming `out_dir` before anything starts."""
+    probe = out_dir / f".actor-run-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SpecError("out_dir", f"cannot write results in {out_dir}: {exc.strerror}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
+def private_dir(path: Path) -> None:
+    """The state folder (ledger, logs, known hosts, sandboxes): made 0700, and made so if it was not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as exc:
+        raise SpecError("state_dir", f"cannot use {path}: {exc.strerror}") from exc
+
+
 class Runner(Takeover):
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
@@ -169,8 +201,9 @@ class Runner(Takeover):
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
                  sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
                  config: str | Path | UserConfig | None = None, outage_s: float | None = None,
-                 register: bool = True) -> None:
+                 register: bool = True, fault: Callable[[str, str], None] | None = None) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        self._fault = fault  # fault injection (tests, drills): actors.Context.at says where it is called
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
         self.outage_s = outage_s  # a shared ledger's outage ridden out (default: the lease): core.py
@@ -219,6 +252,7 @@ class Runner(Takeover):
         if self.concurrency < 1:
             raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
         self.config = resolve_config(self._config_arg)  # before anything starts: a bad file is a SpecError
+        private_dir(self.state_dir)
         try:
             self._open_parts()
         except BaseException:
@@ -234,7 +268,7 @@ class Runner(Takeover):
             self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
-                           delete_timeout_s=self.delete_timeout_s)
+                           delete_timeout_s=self.delete_timeout_s, fault=self._fault)
         self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
                                             budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
@@ -399,13 +433,15 @@ class Runner(Takeover):
 
     def start_run(self) -> str:
         """Record this Runner's run (its id, batch file, output folder) if not yet done; `submit`
-        calls it. Returns the run's id (a new one if the chosen id was already in the ledger)."""
+        calls it. Returns the run's id (a new one if the chosen id was already in the ledger). Its
+        first step makes the output folder and writes to it: SpecError(`out_dir`) if it cannot."""
         if not self._open:
             raise RuntimeError("the Runner is not open (use it as a context manager)")
         if self._run_started:
             return self.run
         with self._lock:
             if not self._run_started:
+                check_out_dir(self.out_dir)  # the first step: a folder results cannot go to starts nothing
                 for _ in range(20):
                     if self.ledger.start_run(self.run, batch=self.batch, out_dir=str(self.out_dir)):
                         break
@@ -482,7 +518,10 @@ class Runner(Takeover):
     def _batch_tell(self, message: Message) -> None:
         if self._batch is None:
             raise RuntimeError("the Runner is not open")
-        self._batch.tell(message)
+        try:
+            self._batch.tell(message)
+        except pykka.ActorDeadError:  # it failed, and ended every job then (BatchSupervisor.on_failure)
+            logger.debug("the batch supervisor is gone; dropped {}", type(message).__name__)
 
     def statistics(self) -> RunnerStatistics:
         """Counters for benches: actor messages handled, reactor tasks, ledger writes, pool threads."""

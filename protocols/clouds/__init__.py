@@ -18,7 +18,7 @@ import msgspec
 
 from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import CandidateSpec, check_candidates, spec_error
+from actor_run.protocols.specs import CandidateSpec, add_secret_settings, check_candidates, spec_error
 
 # name -> (module, settings struct, cloud class)
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -87,6 +87,7 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
         raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(_REGISTRY))})")
     module, settings, _ = _REGISTRY[name]
     cls = getattr(importlib.import_module(module), settings)
+    add_secret_settings(raw)
     try:
         return msgspec.convert(raw, cls)
     except msgspec.ValidationError as exc:

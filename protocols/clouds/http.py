@@ -13,6 +13,7 @@ never reach an exception, a log line or `statistics()`.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import time
 from typing import Any
@@ -23,6 +24,7 @@ import trio
 from loguru import logger
 
 from actor_run.protocols.failures import ActorRunError
+from actor_run.protocols.redact import MIN_LENGTH, REDACTED, add_secret, redact
 
 MAX_RATE_LIMITED = 8  # 429s in a row one call waits out before it gives up
 MAX_RETRY_AFTER_S = 60.0  # the longest single wait a Retry-After may ask for
@@ -82,9 +84,15 @@ def body_json(resp: httpx.Response) -> Any:
 
 
 def short(resp: httpx.Response, limit: int = 300) -> str:
-    """The status and the start of the body, for a failure's detail (never the request's headers)."""
+    """The status and the start of the body, for a failure's detail. A body may echo the request's
+    headers (the key): every value of them, and every secret this process knows, is masked first."""
     text = resp.text.strip().replace("\n", " ")
-    return f"HTTP {resp.status_code}: {text[:limit]}"
+    with contextlib.suppress(RuntimeError):  # a response made without a request (a unit test's)
+        for value in resp.request.headers.values():
+            for part in (value, *value.split()):
+                if len(part) >= MIN_LENGTH:
+                    text = text.replace(part, REDACTED)
+    return f"HTTP {resp.status_code}: {redact(text)[:limit]}"
 
 
 class ProviderAPI:
@@ -99,6 +107,7 @@ class ProviderAPI:
         self.timeout_s = timeout_s
         self.max_rate_limited = max_rate_limited
         self._headers = headers
+        add_secret(*headers.values())  # a key echoed back in any text is masked (protocols/redact.py)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._calls = 0

@@ -2,11 +2,13 @@
 its host is a local `sh`. It runs the job for real and costs nothing.
 
 Its machines live under `<state_dir>/local/`: `<name>/` is the machine's root, `<name>.json` its
-record. Deleting a machine stops every job process started in its root and removes both.
+record. Deleting a machine stops the process groups started in its root (by the pids recorded at
+their start) and removes both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -29,33 +31,58 @@ class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_machines: int = 64
 
 
-def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
-    """Stop every process group whose leader's command line names a folder under `root`, and wait
-    (up to `wait_s`) until each is dead: a SIGKILL is delivered at the process's next scheduling,
-    so a busy machine may still show it running just after the kill."""
-    marker = str(root)
-    inside = marker + os.sep  # not a sibling whose name merely starts with this one's
-    stopped: list[psutil.Process] = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+# a pid file is written just after its process was made; a process made later than this after the
+# file is another one that got the same pid (psutil's start times are good to a few jiffies)
+PID_SLACK_S = 2.0
+
+
+def started_groups(root: Path) -> list[int]:
+    """The process groups the start script made under `root` (hosts/scripts.py): each attempt's job
+    (`pid`) and its watchdog (`watchdog.pid`), each its own session, recorded as it was started."""
+    groups = []
+    for f in [*root.glob("work/*/*/a*/pid"), *root.glob("work/*/*/a*/watchdog.pid")]:
         try:
-            cmd = proc.info["cmdline"] or []
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or not any(part == marker or inside in part for part in cmd):
-                continue
-            if proc.pid == os.getpid():
-                continue
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-            stopped.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pid = int(f.read_text().strip())
+            written = f.stat().st_mtime
+        except (OSError, ValueError):
             continue
+        if pid <= 1 or pid == os.getpid():
+            continue
+        try:
+            if psutil.Process(pid).create_time() > written + PID_SLACK_S:
+                continue  # that pid is another process now
+        except psutil.NoSuchProcess:
+            pass  # the leader is gone; its group may not be (a pgid is not reused while it exists)
+        groups.append(pid)
+    return groups
+
+
+def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
+    """Stop the process groups started under `root` (`started_groups`: by the pid recorded at their
+    start, never by what a command line says), and wait (up to `wait_s`) until each member is dead:
+    a SIGKILL is delivered at the process's next scheduling, so a busy machine may still show one
+    running just after the kill."""
+    groups = set(started_groups(root))
+    if not groups:
+        return 0
+    members: list[psutil.Process] = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if os.getpgid(proc.pid) in groups:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while (alive := [p for p in stopped if _alive(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in members if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.01)
     if alive:
         raise DeleteUnconfirmed(f"local: {len(alive)} process(es) under {root} survived SIGKILL")
-    return len(stopped)
+    return len(members)
 
 
 def _alive(proc: psutil.Process) -> bool:

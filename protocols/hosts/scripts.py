@@ -3,6 +3,8 @@ fallback). Each is a function of quoted arguments, so what runs there can be rea
 
 from __future__ import annotations
 
+import re
+import secrets
 import shlex
 
 q = shlex.quote
@@ -71,9 +73,10 @@ def discard(path: str) -> str:
 # tombstone beside it, `a<n>.lost` ("<last alive stamp> <lost_after>"): a sweep still reads there
 # that the controller went silent (`beats`).
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
+tag=$(cat "$w/tag" 2>/dev/null); tag=${tag:-$w}
 running() { s=$(ps -ww -p "$pid" -o stat= -o command= 2>/dev/null) || return 1
   case "$s" in Z*|"") return 1;; esac
-  case "$s" in *"$w"*) return 0;; esac; return 1; }
+  case "$s" in *"$tag"*) return 0;; esac; return 1; }
 while [ -d "$w" ]; do
   sleep "$every"
   [ -d "$w" ] || exit 0
@@ -95,27 +98,62 @@ done
 """
 
 # The job's own session leader: runs the command with its log, then writes response.json in one
-# step. Its command line names the attempt's folder, which is how a pid is known to be ours.
+# step. Its command line holds the attempt's tag, which is how a pid is known to be ours. The
+# job's command and environment are files beside it (`command`, `env`), never the start script's
+# own variables or this shell's: the environment is read in a subshell just before the command
+# runs, with the wrapper's paths held in positional parameters it cannot assign, and `sh` found
+# before the job's PATH applies. A command of any length goes this way (an exec's argument or
+# environment string is limited to 128 KiB on Linux).
 WRAPPER = r"""w=$1
-cd "$ACTOR_RUN_CWD" || exit 1
-sh -c "$ACTOR_RUN_COMMAND" >> "$w/log.txt" 2>&1 < /dev/null
+cd "$2" || exit 1
+( set -- "$w/env" "$w/command" "$(command -v sh)"; . "$1" && exec "$3" "$2" ) >> "$w/log.txt" 2>&1 < /dev/null
 rc=$?
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
 """
 
+# How a pid is known to be our job's: its command line holds the attempt's tag (`$w/tag`, ASCII:
+# ps may print a folder's newline or non-ASCII name as `?`), or, started before tags, the folder.
+TAG = 'tag=$(cat "$w/tag" 2>/dev/null); tag=${tag:-$w}\n'
+
 ALIVE = 'date +%s > "$w/alive.tmp" 2>/dev/null && mv -f "$w/alive.tmp" "$w/alive" 2>/dev/null\n'
 
-RUNNING = r"""running() { s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
+RUNNING = TAG + r"""running() { s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
   case "$s" in Z*|"") return 1;; esac
-  case "$s" in *"$w"*) return 0;; esac; return 1; }
+  case "$s" in *"$tag"*) return 0;; esac; return 1; }
 """
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_PREFIX = "ACTOR_RUN_"  # the wrapper's own variables (ACTOR_RUN_OUT, ...): a job's env may not set them
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a job's environment variable, or None when it can."""
+    if not ENV_NAME.fullmatch(name):
+        return f"environment name {name!r} must match [A-Za-z_][A-Za-z0-9_]*"
+    if name.startswith(RESERVED_PREFIX):
+        return f"environment name {name!r} is reserved ({RESERVED_PREFIX}* are actor-run's own)"
+    return None
+
+
+def env_file(env: dict[str, str]) -> str:
+    """The job's environment as sh reads it with `.`: one `export NAME='value'` a line."""
+    for k, v in env.items():
+        if not ENV_NAME.fullmatch(k):
+            raise ValueError(f"environment name {k!r} must match [A-Za-z_][A-Za-z0-9_]*")
+        if "\0" in v:
+            raise ValueError(f"environment value of {k} contains a NUL byte")
+    return "".join(f"export {k}={q(v)}\n" for k, v in sorted(env.items()))
 
 
 def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tuple[str, str]],
           lost: int, every: int, keep: int, request: str, lost_after_s: int = 0) -> str:
     """Start the job detached in its own session with its watchdog; prints the job's pid. With
-    `lost_after_s`, it is written beside the heartbeat (`lost_after`) for sweeps to judge the stamp by."""
-    exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(env.items()))
+    `lost_after_s`, it is written beside the heartbeat (`lost_after`) for sweeps to judge the stamp by.
+    The command and the environment are written as files by `printf` (a builtin: no exec, so no
+    length limit) and reach no shell but the job's own, as data (see WRAPPER)."""
+    if "\0" in command:
+        raise ValueError("the command contains a NUL byte")
     link_lines = "".join(f"mkdir -p {q(dst.rsplit('/', 1)[0])} && ln -sfn {q(src)} {q(dst)}\n" for src, dst in links)
     return (
         "set -e\n"
@@ -126,16 +164,17 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
         ': > "$w/progress.jsonl"; : > "$w/log.txt"\n'
         + (f'echo {int(lost_after_s)} > "$w/lost_after"\n' if lost_after_s > 0 else "")
         + f"{ALIVE}"
-        f"{exports}"
-        f"export ACTOR_RUN_CWD={q(cwd)} ACTOR_RUN_COMMAND={q(command)}\n"
+        f"printf '%s' {q(command)} > \"$w/command\"\n"
+        f"printf '%s' {q(env_file(env))} > \"$w/env\"\n"
+        f"tag=actor-run-{secrets.token_hex(8)}; echo \"$tag\" > \"$w/tag\"\n"
         "if command -v setsid >/dev/null 2>&1; then set -- setsid; "
         "else set -- perl -MPOSIX -e 'POSIX::setsid(); exec @ARGV or die'; fi\n"
-        f'nohup "$@" sh -c {q(WRAPPER)} actor-run-job "$w" > /dev/null 2>&1 < /dev/null &\n'
+        f'nohup "$@" sh -c {q(WRAPPER)} actor-run-job "$w" {q(cwd)} "$tag" > /dev/null 2>&1 < /dev/null &\n'
         "pid=$!\n"
-        'echo $pid > "$w/pid"\n'
+        'echo "$pid" > "$w/pid"\n'
         f'nohup "$@" sh -c {q(WATCHDOG)} actor-run-watchdog "$w" "$pid" {lost} {every} {keep} > /dev/null 2>&1 < /dev/null &\n'
         'echo $! > "$w/watchdog.pid"\n'
-        "echo $pid\n"
+        'echo "$pid"\n'
     )
 
 

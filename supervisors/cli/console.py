@@ -15,11 +15,13 @@ from typing import Any
 from loguru import logger
 
 from actor_run.protocols.messages import Event, JobEnded, Released
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.views.live import View
+from actor_run.supervisors.views.text import printable
 
 LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER, else "
                "<state>/ledger.sqlite)")
@@ -42,17 +44,32 @@ class Exit(enum.IntEnum):
 _stderr_sink: list[int] = []  # loguru's id of the stderr handler (watch() lends stderr to the live view)
 
 
+def _clean(record: Any) -> None:
+    # no secret value this process knows; no terminal control sequence from a name
+    record["message"] = printable(redact(record["message"]))
+
+
 def _line_format(record: Any) -> str:
     """A WARNING line names its job when it is about one."""
+    _clean(record)
     job = record["extra"].get("job")
     return "{time:HH:mm:ss} {level} " + ("{extra[job]}: " if job and job != "-" else "") + "{message}\n{exception}"
+
+
+def _view_format(record: Any) -> str:
+    _clean(record)
+    return "{message}"
+
+
+def _shown(record: Any) -> bool:
+    return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
 
 
 def configure_logging() -> None:
     logger.remove()
     _stderr_sink.clear()
     # no variable values in tracebacks: a job's environment may hold a secret
-    _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, backtrace=False,
+    _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown, backtrace=False,
                                    diagnose=False))
 
 
@@ -93,14 +110,15 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
         lent = view.live is not None and bool(_stderr_sink)
         if lent:  # WARNING lines fold into the frame while it is on the screen (views/live.py)
             logger.remove(_stderr_sink.pop())
-            sink = logger.add(view.warn, level="WARNING", format="{message}", backtrace=False, diagnose=False)
+            sink = logger.add(view.warn, level="WARNING", format=_view_format, filter=_shown, backtrace=False,
+                              diagnose=False)
         try:
             view.follow(events, until)
         finally:
             if lent:
                 logger.remove(sink)
-                _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, backtrace=False,
-                                               diagnose=False))
+                _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown,
+                                               backtrace=False, diagnose=False))
     view.summary()
     for line in view.warnings_summary():
         sys.stderr.write(line + "\n")

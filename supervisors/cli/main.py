@@ -50,8 +50,9 @@ from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
 from actor_run.supervisors.gc_tuning import tune_gc
-from actor_run.supervisors.ledger import LedgerError
+from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
 from actor_run.supervisors.runner import default_state_dir
+from actor_run.supervisors.views.text import printable
 
 __all__ = ["Exit", "entry", "main"]
 
@@ -150,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
-    except LedgerError as exc:  # the ledger could not be read or written (its database away too long)
-        sys.stderr.write(f"actor-run: {exc}\n")
-        return Exit.FAILED
+    except LedgerError as exc:  # a ledger that is no ledger is bad input (2); one that fails or is away is not (1)
+        sys.stderr.write(f"actor-run: {printable(str(exc))}\n")
+        return Exit.USAGE if isinstance(exc, LedgerUnusable) else Exit.FAILED
 
 
 def entry() -> None:

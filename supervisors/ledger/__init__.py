@@ -23,7 +23,7 @@ package, modules import each other by module, never through this file.
 """
 
 from actor_run.supervisors.ledger.core import LedgerCore
-from actor_run.supervisors.ledger.db import LedgerError
+from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
 from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive, process_start_time
 from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
 from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
@@ -36,6 +36,7 @@ __all__ = [
     "LedgerCore",
     "LedgerError",
     "LedgerReader",
+    "LedgerUnusable",
     "MachineRow",
     "OwnerRow",
     "RunRow",

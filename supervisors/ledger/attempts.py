@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actor_run.protocols.messages import Event, encode
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger.core import LedgerCore
 
@@ -12,8 +13,8 @@ class AttemptRecords(LedgerCore):
 
     def record_attempt(self, *, job: str, attempt: int, machine: str, cloud: str, region: str, state: str,
                        failure: str | None, detail: str, started: float, ended: float | None, usd: float) -> None:
-        row = (self.run_of(job), job, attempt, self.owner, machine, cloud, region, state, failure, detail[:1000],
-               started, ended, usd)
+        row = (self.run_of(job), job, attempt, self.owner, machine, cloud, region, state, failure,
+               redact(detail)[:1000], started, ended, usd)
         self._submit((
             "INSERT OR REPLACE INTO attempts (run, job, attempt, owner, machine, cloud, region, state, failure,"
             " detail, started, ended, usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row), fence=job)
@@ -21,7 +22,7 @@ class AttemptRecords(LedgerCore):
     def record_event(self, event: Event) -> None:
         key = job_key(event.job, event.seed)
         row = (event.t, self.run_of(key), self.owner, key, event.seed, event.attempt, type(event).__name__,
-               encode(event).decode())
+               redact(encode(event).decode()))  # no secret value this process knows
         self._submit((
             "INSERT INTO events (t, run, owner, job, seed, attempt, type, body) VALUES (?,?,?,?,?,?,?,?)", row),
             fence=key)

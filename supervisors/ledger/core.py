@@ -166,7 +166,8 @@ class LedgerCore:
             try:
                 self.on_stale(lost)
             except Exception:  # the writer thread must live on
-                logger.error("a ledger stale-claim callback failed:\n{}", failure_text(*sys.exc_info()))
+                logger.bind(traceback=True).error("a ledger stale-claim callback failed:\n{}",
+                                                  failure_text(*sys.exc_info()))
 
     def _refuse(self, batch: list[_Item], why: str = "") -> None:
         for item in batch:

@@ -17,6 +17,7 @@ URL itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.protocols.redact import add_url_password
 from actor_run.supervisors.ledger.schema import SchemaError, migrate
 
 ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
@@ -39,6 +41,11 @@ READ_WAIT_S = 5.0  # how long a read waits for a connection to a PostgreSQL ledg
 
 class LedgerError(ActorRunError):
     """The ledger could not record something (the disk, a lock held too long, the server gone)."""
+
+
+class LedgerUnusable(LedgerError):
+    """The ledger named is no ledger this actor-run can use (a folder, not SQLite, damaged, written
+    by a newer actor-run): the user's input is wrong (exit 2)."""
 
 
 class Cursor(Protocol):
@@ -167,7 +174,7 @@ class Backend:
             migrate(conn)
         except SchemaError as exc:
             conn.close()
-            raise LedgerError(f"{self.describe()}: {exc}") from exc
+            raise LedgerUnusable(f"{self.describe()}: {exc}") from exc
         except self.errors as exc:
             conn.close()
             raise LedgerError(f"{self.describe()}: could not bring the ledger up to date: {exc}") from exc
@@ -199,11 +206,30 @@ class SqliteBackend(Backend):
         self._reader: sqlite3.Connection | None = None
 
     def connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        _set_wal(conn)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=30000")
+        """A connection to the file, made private (0600: SQLite gives its -wal and -shm files the
+        same mode) if it is new. LedgerUnusable for a folder, a file that is not SQLite or is
+        damaged, or a newer actor-run's ledger."""
+        if self.path.is_dir():
+            raise LedgerUnusable(f"--ledger {self.path} is a folder, not a ledger file")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                # made private before SQLite makes it. Never an open and close of a file SQLite has
+                # open in this process: closing any descriptor of it drops that process's POSIX locks
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerUnusable(f"--ledger {self.path}: cannot open it: {exc}") from exc
+        try:
+            _set_wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise LedgerError(f"{self.path}: {exc}") from exc
+            raise LedgerUnusable(f"--ledger {self.path} is not an actor-run ledger (or is damaged): {exc}") from exc
         self.migrate(conn)
         return conn
 
@@ -240,6 +266,7 @@ class PostgresBackend(Backend):
                             ) from exc
         self.errors = (psycopg.Error,)
         self.url = str(location)
+        add_url_password(self.url)  # masked wherever it would appear (protocols/redact.py)
         self._translated: dict[str, str] = {}
         self._tables: dict[str, tuple[list[str], list[str]]] = {}  # table -> (primary key, every column)
         self._lock = threading.Lock()

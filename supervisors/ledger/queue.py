@@ -82,7 +82,8 @@ class Waiter:
             try:
                 fn(self.error)
             except Exception:  # one bad callback must not kill the writer thread
-                logger.error("a ledger commit callback failed:\n{}", failure_text(*sys.exc_info()))
+                logger.bind(traceback=True).error("a ledger commit callback failed:\n{}",
+                                                  failure_text(*sys.exc_info()))
 
 
 class _WriteQueue(Generic[T]):

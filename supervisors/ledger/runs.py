@@ -8,6 +8,7 @@ import uuid
 
 import msgspec
 
+from actor_run.protocols.redact import redact
 from actor_run.supervisors.ledger.core import _RECORD_JOB, LedgerCore
 from actor_run.supervisors.ledger.db import Conn
 from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
@@ -163,7 +164,7 @@ class RunRecords(LedgerCore):
         """Queued; the Waiter says when it is durable (the job's handle resolves then)."""
         now, run = time.time(), self.run_of(key)
         ended = ("UPDATE jobs SET state=?, failure=?, detail=?, attempts=?, usd=?, updated=? WHERE run=? AND key=?",
-                 (state, failure, detail[:1000], attempts, usd, now, run, key))
+                 (state, failure, redact(detail)[:1000], attempts, usd, now, run, key))
         if not self.backend.fenced:
             return self._track(ended, key)
 

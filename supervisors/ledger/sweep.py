@@ -48,6 +48,10 @@ from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow
 from actor_run.supervisors.ledger.writer import Ledger
 
 DEFAULT_LOST_AFTER_S = 120.0  # PolicySpec's default: for a stamp written without its window beside it
+# the sweep's own floor under any window written beside a stamp: a stamp younger than this is never
+# proof, whatever `lost_after` a job (an older actor-run, a hand-edited file, a poll_s above its
+# lost_after_s) wrote on its machine
+MIN_BEAT_WINDOW_S = 10.0
 BEAT_READ_S = 15.0  # how long a machine's host has to answer the stamp read (a sweep waits for the slowest)
 
 
@@ -129,7 +133,7 @@ def decide(m: Machine, row: MachineRow | None, owners: Owners, *, now: float, gr
         if not row.resumable:
             return verdict("delete", "its owner is gone")
     if beat is not None:
-        window = beat.lost_after_s if beat.lost_after_s is not None else lost_after_s
+        window = max(MIN_BEAT_WINDOW_S, beat.lost_after_s if beat.lost_after_s is not None else lost_after_s)
         if beat.age_s > window:
             return verdict("delete", f"its controller's heartbeat on the host stopped {beat.age_s:.0f} s ago "
                                      f"(lost after {window:.0f} s)")

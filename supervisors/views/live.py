@@ -89,6 +89,7 @@ from actor_run.supervisors.views.rows import (
     _number,
     _Screen,
 )
+from actor_run.supervisors.views.text import printable
 
 # a row's columns that may go, in the order they go when the terminal is narrow, with their widths
 # (job 24, state 12, time in attempt 10 and cost 9 always stay: 58 with their spaces)
@@ -214,7 +215,7 @@ class View:
                 if not line.started:
                     line.started = e.t
                 line.attempt, line.attempt_at = e.attempt, e.t
-                line.place = " ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x)
+                line.place = printable(" ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x))
                 self._machine_gone(line)
                 self.progress -= _fraction(line)
                 line.stage, line.step, line.total, line.fields = "", None, None, {}
@@ -236,7 +237,7 @@ class View:
                 self.progress -= _fraction(line)
                 line.state = outcome
                 line.failure = str(failure) if failure else ""
-                line.detail = detail
+                line.detail = printable(detail)
                 line.ended = e.t
                 line.usd = usd
                 line.waiting = False
@@ -270,7 +271,7 @@ class View:
             return
         stage = merged.get("stage")
         if stage:
-            line.stage = str(stage)
+            line.stage = printable(str(stage))
         line.fields.update(merged)
         step, total = merged.get("step"), merged.get("total")
         if total is None and line.total is None:  # no bar (nor a share of the time left) without a total

@@ -18,6 +18,7 @@ emit); `render(report)` makes the page. Phases are cut from the events' times: l
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -230,14 +231,30 @@ def _path(job: JobRow) -> str:
     return " ".join(steps) or "-"
 
 
+# JSON inside a <script> element: no `<` (no `</script>`, no `<!--` that would change how the
+# element ends), `>` and `&` for good measure, and U+2028/2029 (line ends to older JavaScript)
+_SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+_SLOT = re.compile(r"\{\{(\w+)\}\}")
+
+
+def script_json(value: object) -> str:
+    """`value` as JSON that a <script type="application/json"> element holds as it is."""
+    return msgspec.json.encode(value).decode().translate(_SCRIPT_SAFE)
+
+
+def fill(page: str, slots: dict[str, str]) -> str:
+    """Each `{{name}}` of the page replaced once, in one pass: a value is never searched for slots."""
+    return _SLOT.sub(lambda m: slots[m.group(1)], page)
+
+
 def render(report: Report) -> str:
-    data = msgspec.json.encode({
+    data = script_json({
         "t0": report.started, "t1": report.ended,
         "jobs": [{"key": j.key, "state": j.state, "failure": j.failure,
                   "attempts": [{"attempt": a.attempt, "place": a.place, "failure": a.failure, "outcome": a.outcome,
                                 "usd": a.usd, "spans": [[s.phase, s.t0, s.t1] for s in a.spans]}
                                for a in j.attempts]} for j in report.jobs],
-    }).decode().replace("</", "<\\/")  # nothing in the data can close the script element
+    })
     jobs_table = _table(
         ["job", "state", "attempts", "cost", "failure", "path across candidates"],
         [[html.escape(j.key), f'<span class="state {html.escape(j.state)}">{html.escape(j.state)}</span>',
@@ -250,15 +267,16 @@ def render(report: Report) -> str:
                f"{sum(len(j.attempts) for j in report.jobs)} attempts; "
                f"{_money(sum(j.usd for j in report.jobs))}; started {when}, "
                f"{report.ended - report.started:.1f} s")
-    return (_PAGE.replace("{{run}}", html.escape(report.run))
-            .replace("{{batch}}", html.escape(report.batch or "-"))
-            .replace("{{out}}", html.escape(report.out_dir or "-"))
-            .replace("{{summary}}", html.escape(summary))
-            .replace("{{cost}}", _table(["cloud", "GPU", "cost", "machine time", "attempts"], cost_rows(report),
-                                        "cost"))
-            .replace("{{walk}}", _table(["candidate", "place", "attempts", "results"], walk_rows(report), "walk"))
-            .replace("{{jobs}}", jobs_table)
-            .replace("{{data}}", data))
+    return fill(_PAGE, {
+        "run": html.escape(report.run),
+        "batch": html.escape(report.batch or "-"),
+        "out": html.escape(report.out_dir or "-"),
+        "summary": html.escape(summary),
+        "cost": _table(["cloud", "GPU", "cost", "machine time", "attempts"], cost_rows(report), "cost"),
+        "walk": _table(["candidate", "place", "attempts", "results"], walk_rows(report), "walk"),
+        "jobs": jobs_table,
+        "data": data,
+    })
 
 
 _PAGE = """<!doctype html>

@@ -16,6 +16,7 @@ from typing import Any
 
 from loguru import logger
 
+from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
@@ -35,6 +36,7 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
 )
+from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 
 ROTATE_AT = "20 MB"
@@ -50,6 +52,7 @@ def _format(record: Any) -> str:
     extra = record["extra"]
     extra.setdefault("job", "-")
     extra.setdefault("attempt", "-")
+    record["message"] = redact(record["message"])  # no secret value this process knows (protocols/redact.py)
     return FORMAT
 
 
@@ -65,7 +68,7 @@ def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
         return bool(record["extra"].get("run", run) == run)
 
     return logger.add(path, level=level, format=_format, filter=ours, rotation=ROTATE_AT, retention=KEEP,
-                      backtrace=False, diagnose=False, encoding="utf-8")
+                      backtrace=False, diagnose=False, encoding="utf-8", opener=private_opener)
 
 
 def describe(e: Event) -> str | None:

@@ -57,6 +57,7 @@ inputs = {{ data = "data.txt" }}
 seeds = {seeds}
 timeout_s = 120
 env = {{ STEPS = "{steps}", FIRST_STEPS = "{first_steps or steps}", STEP_S = "{step_s}", GATE = "{gate or ''}" }}
+public_env = ["STEPS", "FIRST_STEPS", "STEP_S", "GATE"]
 
 [policy]
 max_attempts = {attempts}

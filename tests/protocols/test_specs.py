@@ -120,6 +120,26 @@ BAD = [
     (GOOD + "[[candidates]]\ncloud = 'sim'\nzone = 'a'\n", "candidates[0].zone", "unknown key"),
     (GOOD + "[clouds.nimbus]\nx = 1\n", "clouds.nimbus", "unknown cloud"),
     ("[policy]\nconcurrency = 1\n", "job", "required, missing"),
+    # issue 23: numbers are finite, a host is lost only after three heartbeats, env names are a
+    # shell's and not actor-run's own, no NUL anywhere, nothing an exec would refuse
+    *[(GOOD + f"[policy]\n{name} = inf\n", f"policy.{name}", "expected a finite number, got inf")
+      for name in ("setup_grace_s", "deadline_margin_s", "last_grace_factor", "lost_after_s", "budget_usd",
+                   "stall_after_s", "poll_s", "backoff_s", "backoff_max_s", "thrash_window_s", "capacity_wait_s")],
+    (GOOD + "[policy]\nlost_after_s = nan\n", "policy.lost_after_s", "finite"),
+    (GOOD + "timeout_s = inf\n", "job.timeout_s", "expected a finite number, got inf"),
+    (GOOD + "max_usd = inf\n", "job.max_usd", "finite"),
+    (GOOD + "[[candidates]]\ncloud = 'sim'\nmax_hourly_usd = inf\n", "candidates[0].max_hourly_usd", "finite"),
+    (GOOD + "[policy]\npoll_s = 10\nlost_after_s = 10\n", "policy.lost_after_s", ">= 3 x poll_s (30)"),
+    (GOOD + "env = { 'X=1; touch PWN; Y' = 'v' }\n", "job.env", "must match [A-Za-z_][A-Za-z0-9_]*"),
+    (GOOD + "env = { MY-VAR = 'v' }\n", "job.env", "must match"),
+    (GOOD + "env = { '' = 'v' }\n", "job.env", "must match"),
+    (GOOD + "env = { ACTOR_RUN_OUT = '/tmp' }\n", "job.env", "reserved"),
+    (GOOD + "env = { A = \"x\\u0000y\" }\n", "job.env.A", "NUL"),
+    (GOOD + "env = { A = '" + "x" * (130 << 10) + "' }\n", "job.env.A", "at most 131071 bytes"),
+    (GOOD + "".join(f"env.A{i} = '{'x' * (100 << 10)}'\n" for i in range(3)), "job.env", "in all"),
+    (GOOD + "env = { A = 'v' }\npublic_env = ['B']\n", "job.public_env", "not a name in job.env"),
+    (GOOD.replace("command = \"sh -c 'echo {seed}'\"", 'command = "echo \\u0000"'), "job.command", "NUL"),
+    (GOOD + "[[candidates]]\ncloud = 'sim'\nregions = [\"a\\u0000\"]\n", "candidates[0].regions", "NUL"),
 ]
 
 

@@ -63,6 +63,7 @@ code = "code"
 seeds = {list(range(1, seeds + 1))}
 timeout_s = 120
 env = {{ TRACE = "{trace}" }}
+public_env = ["TRACE"]  # a resumer or a worker reads it from the ledger
 
 [policy]
 max_attempts = {attempts}

@@ -106,7 +106,8 @@ def test_resume_starts_jobs_that_never_started(tmp_path: Path) -> None:
 def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     job = Job(name="secret", command="echo \"$HF_TOKEN $PLAIN\" > $ACTOR_RUN_OUT/env.txt", seed=1,
-              env={"HF_TOKEN": "hf_supersecret", "PLAIN": "visible"}, policy=PolicySpec(poll_s=0.1))
+              env={"HF_TOKEN": "hf_supersecret", "PLAIN": "visible"}, public_env=["PLAIN"],
+              policy=PolicySpec(poll_s=0.1))
     with Runner(out_dir=tmp_path / "out", state_dir=tmp_path / "state") as runner:
         assert runner.submit(job).result(timeout=60).outcome == "succeeded"
     ledger_file = tmp_path / "state" / "ledger.sqlite"

@@ -14,7 +14,7 @@ from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Released
 from actor_run.protocols.specs import CandidateSpec, Job
-from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.ledger import LedgerError, LedgerReader
 from actor_run.supervisors.runner import Runner
 
 WRITE_OUT = (
@@ -263,7 +263,7 @@ def test_a_runner_that_cannot_open_leaves_nothing_running(tmp_path: Path) -> Non
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the ledger's folder should be")
     before = {t.ident for t in threading.enumerate()}
-    with (pytest.raises(OSError, match="not-a-folder"),
+    with (pytest.raises(LedgerError, match="not-a-folder"),  # one line naming it (issue 23), not an OSError
           Runner(ledger=blocker / "ledger.sqlite", state_dir=tmp_path / "state")):
         pass
     # the autouse leak check also fails the test if a reactor or ledger thread outlives it

@@ -73,6 +73,7 @@ code = "code"
 seeds = {seeds}
 timeout_s = {timeout_s}
 env = {{ STEPS = "{steps}" }}
+public_env = ["STEPS"]
 
 [policy]
 max_attempts = 2

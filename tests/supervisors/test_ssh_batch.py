@@ -43,6 +43,7 @@ inputs = {{ data = "data.txt" }}
 seeds = {seeds}
 timeout_s = 120
 env = {{ STEPS = "{steps}", STEP_S = "{step_s}" }}
+public_env = ["STEPS", "STEP_S"]
 
 [policy]
 max_attempts = 2

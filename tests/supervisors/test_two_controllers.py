@@ -64,6 +64,7 @@ code = "code"
 seeds = {list(range(1, seeds + 1))}
 timeout_s = {timeout_s}
 env = {{ RELEASE = "{self.release}" }}
+public_env = ["RELEASE"]  # a resumer reads it from the ledger
 
 [policy]
 poll_s = 0.2

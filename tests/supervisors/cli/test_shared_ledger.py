@@ -132,7 +132,8 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     mid-batch, the others adopt its jobs within the lease plus one poll."""
     seeds = 9
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
-    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE')  # 5 s jobs
+                     .replace('public_env = ["TRACE"]', 'public_env = ["STEPS", "TRACE"]'))
     first = Controller(tmp_path, url, "run", run=batch)
     first.wait_for("JobStarted")
     controllers = [first, *(Controller(tmp_path, url, name) for name in ("b", "c"))]
@@ -169,7 +170,8 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
 ) -> None:
     seeds = 4
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2)
-    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE'))  # 5 s jobs
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE')  # 5 s jobs
+                     .replace('public_env = ["TRACE"]', 'public_env = ["STEPS", "TRACE"]'))
     queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
     frozen = Controller(tmp_path, url, "frozen", concurrency=2)

@@ -11,7 +11,7 @@ from actor_run.protocols.hosts.workspace import HostBeat
 from actor_run.protocols.messages import Machine
 from actor_run.protocols.names import encode_name
 from actor_run.supervisors.ledger import MachineRow
-from actor_run.supervisors.ledger.sweep import Owners, decide_all
+from actor_run.supervisors.ledger.sweep import MIN_BEAT_WINDOW_S, Owners, decide, decide_all
 
 NOW = 1_800_000_000.0
 
@@ -74,7 +74,7 @@ def worlds(draw: st.DrawFn) -> World:
 def stale(beat: HostBeat | None, default_lost: float) -> bool:
     if beat is None:
         return False
-    return beat.age_s > (beat.lost_after_s if beat.lost_after_s is not None else default_lost)
+    return beat.age_s > max(MIN_BEAT_WINDOW_S, beat.lost_after_s if beat.lost_after_s is not None else default_lost)
 
 
 @settings(max_examples=200, deadline=None)
@@ -116,3 +116,18 @@ def test_a_sweep_deletes_only_on_proof(w: World) -> None:
         elif kind == "alive":
             assert (a.action, name in ask) == ("keep", False)  # a live owner's machine: no stamp is even read
     assert not [n for n in w.launched_during if n in decided and decided[n].action != "keep"]
+
+
+def test_a_small_window_written_on_the_machine_does_not_lower_the_sweeps_floor() -> None:
+    """Another ledger's sweep (a foreign owner) reads a stamp 5 s old with `lost_after` 1 written
+    beside it (poll_s >= lost_after_s, as an older actor-run accepted): its controller may well be
+    polling every 5 s. Below the sweep's own floor, that is no proof: the machine stays."""
+    owner = "f" * 32
+    m = Machine(cloud="sim", id="m", name=encode_name("j", 1, 0, owner, NOW + 3600), deadline=NOW + 3600)
+    owners = Owners(alive=frozenset(), known=frozenset())
+    young = decide(m, None, owners, now=NOW, grace_s=600, beat=HostBeat(age_s=5.0, lost_after_s=1.0))
+    assert young is not None
+    assert young.action == "keep"
+    old = decide(m, None, owners, now=NOW, grace_s=600, beat=HostBeat(age_s=MIN_BEAT_WINDOW_S + 1, lost_after_s=1.0))
+    assert old is not None
+    assert old.action == "delete"

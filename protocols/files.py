@@ -1,0 +1,19 @@
+"""Files only the user may read: what actor-run writes on this computer (a job's log and response,
+the controller's log) is 0600 whatever the umask, since a job's output may hold what it was given."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def private_opener(path: str, flags: int) -> int:
+    """`open(..., opener=private_opener)`: the file is made 0600, and an existing one made so."""
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def write_private(path: Path, data: bytes) -> None:
+    with open(path, "wb", opener=private_opener) as f:
+        f.write(data)

@@ -1,0 +1,182 @@
+"""protocols/hosts/scripts.py: what a user writes reaches a shell only as data.
+
+A property test feeds arbitrary environment names and values, commands and machine-folder paths to
+the start script on this computer's host and on an SSH host (a real sshd on loopback) and checks
+that the job ran with exactly that command and environment, and that nothing was written outside
+the machine folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import trio
+import trio_asyncio
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from actor_run.protocols.hosts import scripts
+from actor_run.protocols.hosts.base import Host
+from actor_run.protocols.hosts.local import LocalHost
+from actor_run.protocols.hosts.ssh import SSHHost
+from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace
+from tests.sshd import Sshd
+
+T = TypeVar("T")
+
+# names the shell itself sets or resets in a new process: a job's value of them is not what it sees
+SHELL_OWNED = {"PWD", "OLDPWD", "SHLVL", "_", "IFS", "OPTIND", "PPID", "LINENO", "PS1", "PS2", "PS4", "HOSTNAME"}
+# names that would break the checking job itself (its python), not the wrapper
+BREAKS_PYTHON = ("PYTHON", "LD_", "DYLD_", "MALLOC")
+
+TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=40)
+NAMES = st.one_of(
+    st.sampled_from(["w", "pid", "rc", "PATH", "HOME", "SHELL", "ENV", "CDPATH", "BASH_ENV", "sh"]),
+    st.from_regex(scripts.ENV_NAME, fullmatch=True).filter(lambda n: len(n) <= 30),
+).filter(lambda n: scripts.env_name_problem(n) is None and n not in SHELL_OWNED and not n.startswith(BREAKS_PYTHON))
+SEGMENT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0/"), min_size=1, max_size=30).filter(
+    lambda s: s not in (".", "..") and len(s.encode()) < 200)
+END = "AR_END_OF_TEXT"
+
+
+def run(fn: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with trio_asyncio.open_loop():
+            return await fn()
+
+    return trio.run(main)
+
+
+def job_command(text: str) -> str:
+    """A job that writes its environment and its here-document (`text`) under out/, with no PATH lookup."""
+    dump = ("import json, os, sys; out = os.environ['ACTOR_RUN_OUT']; "
+            "json.dump(dict(os.environ), open(out + '/env.json', 'w')); "
+            "open(out + '/text', 'w', encoding='utf-8', errors='surrogateescape').write(sys.stdin.read())")
+    return f"{scripts.q(sys.executable)} -c {scripts.q(dump)} <<'{END}'\n{text}\n{END}\n"
+
+
+def tree(root: Path, skip: Path) -> set[str]:
+    return {str(p) for p in root.rglob("*") if skip != p and skip not in p.parents}
+
+
+async def start_and_wait(host: Host, root: str, command: str, env: dict[str, str]) -> str:
+    ws = ShellWorkspace(host, root)  # the root as given: no prepare(), whose output is one line
+    work = ws.work_dir("job", 0, 0)
+    try:
+        # lost_after_s=2: its watchdog wakes each second, so it ends soon after the folder goes
+        pid = await ws.start(Launch(work=work, command=command, code=None, inputs=[], env=env, lost_after_s=2))
+        with trio.fail_after(30):  # the job is a python start-up
+            while True:
+                res = await ws.poll(work, pid, 0, 0)
+                if res.state != "running":
+                    break
+                await trio.sleep(0.05)
+        assert res.state == "exited", res
+        assert res.exit_code == 0, (Path(work) / "log.txt").read_text(errors="replace")
+        return work
+    finally:
+        await ws.aclose()
+
+
+def check_start(make_host: Callable[[], Host], base: Path, segment: str, text: str, env: dict[str, str]) -> None:
+    """Start `text`'s job in a new machine folder named `segment` under `base`, check, remove it."""
+    base.mkdir(parents=True, exist_ok=True)
+    machine = base / "machines" / str(len(list(base.glob("machines/*")))) / segment
+    machine.mkdir(parents=True, mode=0o700)
+    before = tree(base, machine)
+    here = set(os.listdir())
+    work = run(lambda: start_and_wait(make_host(), str(machine), job_command(text), env))
+    out = Path(work) / "out"
+    seen = json.loads((out / "env.json").read_text())
+    for name, value in env.items():
+        assert seen.get(name) == value, name
+    assert (out / "text").read_text(encoding="utf-8", errors="surrogateescape") == text + "\n"
+    assert json.loads((Path(work) / "response.json").read_text())["exit_code"] == 0
+    assert int((Path(work) / "pid").read_text()) > 0
+    assert tree(base, machine) == before  # nothing written beside the machine folder
+    assert set(os.listdir()) == here  # nor where the controller runs
+    # done with it: the watchdog ends when the folder goes
+    (Path(work) / "out").chmod(0o700)
+    run(lambda: _remove(make_host(), str(machine), work))
+
+
+async def _remove(host: Host, root: str, work: str) -> None:
+    ws = ShellWorkspace(host, root)
+    try:
+        await ws.remove(work)
+    finally:
+        await ws.aclose()
+
+
+def injections() -> list[tuple[str, str, dict[str, str]]]:
+    """Values that a shell would run or expand if they were not data, and the wrapper's own names."""
+    return [
+        ("a b", "x'; touch PWN; '$(touch PWN2)`touch PWN3`", {"w": "{outside}", "pid": "1; touch PWN4"}),
+        ("$(touch PWN)", "\\\n' \" $HOME ${w} %s %n", {"PATH": "/nonexistent", "CDPATH": "{outside}"}),
+        ("\n;touch x\n", "ends with a backslash\\", {"IFS": "x", "rc": "$(touch PWN)"}),
+    ]
+
+
+def property_test(make_host: Callable[[], Host], base: Path) -> None:
+    outside = base / "outside"
+    outside.mkdir(parents=True)
+
+    def one(segment: str, text: str, env: dict[str, str]) -> None:
+        env = {k: v.replace("{outside}", str(outside)) for k, v in env.items()}
+        check_start(make_host, base, segment, text, env)
+        assert list(outside.iterdir()) == []
+
+    for segment, text, env in injections():
+        one(segment, text, {k: v for k, v in env.items() if k not in SHELL_OWNED})
+
+    @settings(max_examples=8, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(SEGMENT, TEXT.filter(lambda t: END not in t), st.dictionaries(NAMES, TEXT, max_size=5))
+    @example("w", "", {"w": "{outside}"})
+    def prop(segment: str, text: str, env: dict[str, str]) -> None:
+        one(segment, text, env)
+
+    prop()
+
+
+def test_the_start_script_takes_names_values_commands_and_paths_as_data_locally(tmp_path: Path) -> None:
+    property_test(lambda: LocalHost("test"), tmp_path / "local")
+
+
+def test_the_start_script_takes_names_values_commands_and_paths_as_data_over_ssh(tmp_path: Path) -> None:
+    with Sshd(tmp_path / "sshd") as sshd:
+        def make() -> Host:
+            return SSHHost("test", sshd.address, port=sshd.port, user=sshd.user, key=str(sshd.user_key),
+                           known_hosts=tmp_path / "known_hosts", connect_timeout_s=5)
+
+        property_test(make, tmp_path / "ssh")
+
+
+def test_a_command_longer_than_an_exec_takes_runs(tmp_path: Path) -> None:
+    """Linux holds one argument or environment string to 128 KiB: the command goes as a file."""
+    text = "x" * (300 << 10)
+    check_start(lambda: LocalHost("test"), tmp_path, "m", text, {"BIG": "y" * (100 << 10)})
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("X=1; touch PWN; Y", False), ("MY-VAR", False), ("", False), ("1X", False), ("ACTOR_RUN_OUT", False),
+    ("ACTOR_RUN_ANYTHING", False), ("w", True), ("_x9", True), ("PATH", True),
+])
+def test_environment_names(name: str, ok: bool) -> None:
+    assert (scripts.env_name_problem(name) is None) == ok
+    if scripts.ENV_NAME.fullmatch(name) is None:  # not even a shell's name: the script is never made
+        with pytest.raises(ValueError, match="environment name"):
+            scripts.env_file({name: "v"})
+
+
+def test_a_nul_byte_is_refused_before_a_script_is_made() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        scripts.start("/w", "/w/out", "echo\0x", {}, [], 10, 1, 10, "")
+    with pytest.raises(ValueError, match="NUL"):
+        scripts.start("/w", "/w/out", "echo", {"A": "x\0y"}, [], 10, 1, 10, "")
