@@ -30,6 +30,7 @@ name = "t"
 command = "sh -c 'for i in $(seq 1 1200); do [ -e \\"$GATE\\" ] && exit 0; sleep 0.1; done; exit 3'"
 seeds = [1, 2]
 env = {{ GATE = "{gate}" }}
+public_env = ["GATE"]  # a worker on a shared ledger reads it back from there
 
 [policy]
 poll_s = 0.1
