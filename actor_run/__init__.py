@@ -16,9 +16,10 @@ The public API is what this module exports (`__all__`); everything under `actor_
 - `Job`, `Batch`, `Policy`, `Candidate`: what to run, how often to retry, where.
 - `UserConfig`: the user's settings file (`[clouds.*]` tables merged under a batch's own).
 - Events (`Event` and its subclasses): what `Runner.subscribe` callbacks receive, in order per
-  attempt: `AttemptStarted`, `LeaseRequested`, `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
+  attempt: `AttemptStarted`, `LeaseRequested`, `LeaseStage`..., `Leased` | `LeaseFailed`, `Uploaded`, `JobStarted`,
   `Progress`..., `Exited` | `Stalled`, `Fetched`, `Released`, `AttemptEnded`, then `Retrying` or
-  `JobEnded` for the job (`Reserved` and `Charged` are the budget's, `Metered` the running cost).
+  `JobEnded` for the job (`WaitingForCapacity` while no place has stock; `Reserved` and `Charged`
+  are the budget's, `Metered` the running cost).
   `encode(event)` / `decode_event(data)` are the JSON form `--json` prints.
 - `Code`: every failure's code (`no_capacity`, `job_failed`, ...); `SpecError`: bad input, naming
   the field; `ActorRunError`: the base of every exception raised on purpose.
@@ -46,6 +47,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     LeaseRequested,
+    LeaseStage,
     Machine,
     Metered,
     Offer,
@@ -57,6 +59,7 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
     Usage,
+    WaitingForCapacity,
     decode_event,
     encode,
 )
@@ -85,6 +88,7 @@ __all__ = [
     "JobStarted",
     "LeaseFailed",
     "LeaseRequested",
+    "LeaseStage",
     "Leased",
     "Machine",
     "Metered",
@@ -101,6 +105,7 @@ __all__ = [
     "Uploaded",
     "Usage",
     "UserConfig",
+    "WaitingForCapacity",
     "__version__",
     "decode_event",
     "encode",

@@ -5,6 +5,10 @@ waits on the reactor until the row is committed), so a crash between create and 
 name to sweep; then launches on the reactor and connects a workspace. It answers its parent
 `Leased(machine)` or `LeaseFailed(failure)`.
 
+On its way up it says where the machine is (`LeaseStage`): `booting` once the create goes out,
+`waiting for ssh` once the provider says ready and the cloud's connect (a wait with backoff, not
+one try) begins.
+
 `Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
 stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do the same
 deletion on the actor's thread, waiting for it (the one place an actor waits on the network: after
@@ -49,6 +53,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     LeaseRequested,
+    LeaseStage,
     Machine,
     Message,
     Offer,
@@ -66,6 +71,12 @@ class _Launched(Message, frozen=True, kw_only=True):
 
 class _Deleted(Message, frozen=True, kw_only=True):
     result: Any  # Result[tuple[bool, str]]
+
+
+class _Stage(Message, frozen=True, kw_only=True):
+    """The launch task passed a point worth showing (told from the reactor)."""
+
+    stage: str
 
 
 class _GoneRecorded(Message, frozen=True, kw_only=True):
@@ -111,6 +122,10 @@ class LeaseActor(Actor):
                 self._start_release()
             case _Deleted(result=result):
                 self._finish_release(result)
+            case _Stage(stage=stage):
+                if self.name is not None and not self._releasing:
+                    self.ctx.emit(LeaseStage(job=self.job, seed=self.seed, attempt=self.attempt, name=self.name,
+                                             stage=stage))
             case _GoneRecorded(at=at):
                 self._announce_released(True, "", at)
                 self.stop_when_idle()  # the machine is gone and the ledger has it: nothing left to hold
@@ -136,9 +151,19 @@ class LeaseActor(Actor):
                                      cloud=key, deadline=deadline))
 
         timeout = self.launch_timeout_s
+        ref = self.actor_ref
+        # a cloud whose machines boot (a rented VM) has stages worth showing; a sandbox does not,
+        # and a thousand of them should not pay two events each
+        boots = bool(getattr(cloud, "boots", False))
+
+        def stage(what: str) -> None:  # on the reactor: the actor says it (or is gone: nobody to tell)
+            if boots:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(_Stage(stage=what))
 
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
             await wait_durable(intent, soon)
+            stage("booting")
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
             # once: each cancel scope costs the reactor tens of microseconds)
@@ -149,6 +174,7 @@ class LeaseActor(Actor):
                     if machine.account != offer.account:  # the account it bills, whichever cloud made it
                         machine = msgspec.structs.replace(machine, account=offer.account)
                     scope.deadline = trio.current_time() + timeout
+                    stage("waiting for ssh")
                     return machine, await cloud.connect(machine), None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
                 if machine is None:

@@ -116,6 +116,15 @@ class LeaseRequested(Event, frozen=True, kw_only=True):
     deadline: float
 
 
+class LeaseStage(Event, frozen=True, kw_only=True):
+    """Where the lease's machine is on its way up: `booting` (the create went out; the provider
+    has not said ready) or `waiting for ssh` (the provider says ready; its SSH does not answer
+    yet: the lease keeps connecting, with backoff, until `launch_timeout_s` from the create)."""
+
+    name: str
+    stage: str
+
+
 class Leased(Event, frozen=True, kw_only=True):
     """The provider made the machine and the ledger holds it: from here it is deleted, whatever happens."""
 
@@ -244,11 +253,21 @@ class AttemptEnded(Event, frozen=True, kw_only=True):
 
 
 class Retrying(Event, frozen=True, kw_only=True):
-    """The job tries again after `delay_s` on `offer`, because the last attempt failed with `failure`."""
+    """The job tries again (attempt `attempt`, on `offer`), `delay_s` after its last attempt failed
+    with `failure`. Said as that attempt starts: never for an attempt that does not run."""
 
     failure: Code
     delay_s: float
     offer: Offer
+
+
+class WaitingForCapacity(Event, frozen=True, kw_only=True):
+    """No candidate place has stock: the job waits for some (asking again with backoff, and at
+    once when a machine of its batch is let go) until `until` (unix time), then ends
+    `no_capacity`. `wanted` says what it waits for (each candidate's cloud, GPU and regions)."""
+
+    wanted: str
+    until: float
 
 
 class JobEnded(Event, frozen=True, kw_only=True):
@@ -334,9 +353,10 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed | JobStarted
-    | Progress | Exited
-    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | JobEnded | Reserved | Charged
+    AttemptStarted | LeaseRequested | LeaseStage | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed
+    | JobStarted | Progress | Exited
+    | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | WaitingForCapacity | JobEnded | Reserved
+    | Charged
 )
 
 _encoder = msgspec.json.Encoder()

@@ -9,9 +9,11 @@ value and resolves paths relative to the file; a problem raises `SpecError` nami
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import tomllib
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +341,39 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
             value = getattr(c, field)
             for text in [value] if isinstance(value, str) else value:
                 _no_nul(f"candidates[{i}].{field}", text)
+
+
+def nearest_names(value: str, known: Collection[str], n: int = 3) -> list[str]:
+    """The known names closest to `value` (difflib, case folded), closest first."""
+    folded = {k.lower(): k for k in known}
+    return [folded[m] for m in difflib.get_close_matches(value.lower(), list(folded), n=n, cutoff=0.5)]
+
+
+def check_known_name(field: str, what: str, value: str, known: Collection[str], *, fold: bool = False) -> None:
+    """SpecError naming `field` when `value` is not one of `known` (`fold`: without regard to
+    case), suggesting the nearest known names."""
+    if value in known or (fold and value.lower() in {k.lower() for k in known}):
+        return
+    close = nearest_names(value, known)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else \
+        f"known: {', '.join(sorted(known)[:12])}{', ...' if len(known) > 12 else ''}"
+    raise SpecError(field, f"unknown {what} {value!r} ({hint})")
+
+
+def check_candidate_names(candidates: list[CandidateSpec],
+                          gpus_of: Callable[[int, CandidateSpec], Collection[str] | None],
+                          regions_of: Callable[[int, CandidateSpec], Collection[str] | None]) -> None:
+    """Every candidate's `gpu` and `regions` among the names its cloud knows (None: the cloud does
+    not say, so nothing is checked): a typo is bad input before anything starts, not a walk that
+    finds no stock anywhere."""
+    for i, c in enumerate(candidates):
+        gpus = gpus_of(i, c)
+        if c.gpu and gpus is not None:
+            check_known_name(f"candidates[{i}].gpu", f"GPU for {c.cloud}", c.gpu, gpus, fold=True)
+        regions = regions_of(i, c)
+        if regions is not None:
+            for j, region in enumerate(c.regions):
+                check_known_name(f"candidates[{i}].regions[{j}]", f"region for {c.cloud}", region, regions)
 
 
 def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:

@@ -228,3 +228,8 @@ def show(config: UserConfig, batch_clouds: dict[str, dict[str, Any]] | None = No
                 shown = masked({path[-1]: value})[path[-1]]
                 rows.append(Shown(key=".".join(("clouds", name, *own, *path)), value=shown, source=source))
     return rows
+
+
+def settings_digest(key: str, merged: dict[str, Any]) -> bytes:
+    """What tells one cloud object from another: its key and its merged settings (account included)."""
+    return key.encode() + b"\0" + msgspec.json.encode(merged, order="sorted")

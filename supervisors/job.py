@@ -5,7 +5,13 @@ Supervision, as supervisor.erl would write it down:
   on a fresh machine) only after an abnormal end, and only as `policy.decide` allows;
 - restart intensity: more than `policy.thrash_max` failed attempts within `thrash_window_s`
   stops the job with `thrashing`; besides, at most `max_attempts` counted attempts;
-- between retries, exponential backoff with jitter; a walk past a place with no stock is at once;
+- between retries, exponential backoff with jitter; a walk past a place with no stock is at once
+  and never costs an attempt. `Retrying` is said as the retried attempt starts (never for one
+  that does not run); a retry whose walk has passed over every place walks them all again;
+- no candidate with stock: the job waits for capacity (`WaitingForCapacity`), `capacity_wait_s`
+  long (default by cloud: `CAPACITY_WAIT_S`), asking again with backoff up to
+  `CAPACITY_ASK_MAX_S` apart, and at once when a job of its batch lets a machine go (the shared
+  OfferBook wakes it: one ask per candidate for all the jobs woken); 0 fails at once;
 - the capacity walk (walk.py) chooses each attempt's place; the last candidate's setup grace is
   `last_grace_factor` times longer;
 - before each lease, money is reserved (budget.py): the offer's price x the longest the attempt
@@ -49,6 +55,7 @@ from actor_run.protocols.messages import (
     Offer,
     Reserved,
     Retrying,
+    WaitingForCapacity,
 )
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.budget import Budget, BudgetChange, hold_seconds, reservation_usd
@@ -64,7 +71,17 @@ class _Offers(Message, frozen=True, kw_only=True):
 
 
 class _Launch(Message, frozen=True, kw_only=True):
-    pass
+    wait: int = -1  # >= 0: the wake-up of that wait for capacity (only the first of its wake-ups counts)
+
+
+# How long a job waits for capacity when its policy says nobody (`capacity_wait_s` unset), by the
+# clouds it may use (the longest of its candidates'). Rented clouds: GPU stock comes and goes by
+# the minute. The sim stands in for them, shorter. Your own machines (ssh, local): the job's
+# `timeout_s`. A serverless endpoint queues jobs itself: none.
+CAPACITY_WAIT_S: dict[str, float] = {"sim": 300.0, "runpod-serverless": 0.0}
+RENTED_CAPACITY_WAIT_S = 1800.0
+OWN_MACHINES = ("ssh", "local")
+CAPACITY_ASK_MAX_S = 30.0  # the longest pause between two asks while waiting
 
 
 def job_label(job: Job) -> str:
@@ -110,7 +127,11 @@ class JobSupervisor(Actor):
         self.started = time.time()
         if reattach is not None:  # an adopted job began with its machine, not with the adoption
             self.started = min(self.started, reattach.machine.created_at or self.started)
-        self.capacity_since = time.monotonic()
+        self.retry: tuple[Code, float] | None = None  # the failure a retry follows and its backoff
+        self.rewalk = False  # a retry may walk every place again (its walk passed over them, not found them empty)
+        self.waiting_since: float | None = None  # monotonic: since when no place has had stock
+        self.wait_pause = 0.5
+        self.wait_gen = 0  # the current wait for capacity (its wake-ups carry it)
 
     @property
     def rng(self) -> random.Random:
@@ -167,18 +188,15 @@ class JobSupervisor(Actor):
 
                 self.offers.ask(self.job.candidates[i], i, reply, account=self._account(i))
             case Exhausted():
-                last = self.history[-1] if self.history else None
-                detail = "no candidate place has stock (asked every cloud twice)"
                 if self.short_of_money:
                     self._end("failed", Code.BUDGET, "no offer fits what is left of the budget: "
                               + "; ".join(self.short_of_money[-3:]))
-                elif last and last.get("failure") not in (None, Code.NO_CAPACITY):
-                    self._end("failed", Code(last["failure"]), last.get("detail", ""))
-                elif time.monotonic() - self.capacity_since < self._capacity_wait():
-                    self.walk = Walk(len(self.job.candidates))  # stock may come back: walk again soon
-                    self.later(min(5.0, max(0.2, self._capacity_wait() / 20)), _Launch())
+                elif self.rewalk:  # a retry: the places were passed over after failures, not found empty
+                    self.rewalk = False
+                    self.walk = Walk(len(self.job.candidates))
+                    self._next()
                 else:
-                    self._end("failed", Code.NO_CAPACITY, detail)
+                    self._wait_for_capacity()
             case Offer() as offer:
                 reserved = self._reserve(offer)
                 if reserved is None:  # the budget cannot hold it: the next place, at once
@@ -186,7 +204,47 @@ class JobSupervisor(Actor):
                     self._next()
                     return
                 self.offer = offer
+                if self.retry is not None:  # said now that the attempt runs
+                    code, delay = self.retry
+                    self.retry = None
+                    self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code,
+                                           delay_s=round(delay, 3), offer=offer))
                 self._launch(offer, reserved)
+
+    def _wait_for_capacity(self) -> None:
+        """No candidate place has stock: wait for some (see the module docstring), or end."""
+        now = time.monotonic()
+        wait = self._capacity_wait()
+        if self.waiting_since is None:
+            self.waiting_since, self.wait_pause = now, 0.5
+            if wait > 0:
+                self.ctx.emit(WaitingForCapacity(**self.head, attempt=self.attempt_no, wanted=self._wanted(),
+                                                 until=round(time.time() + wait, 3)))
+        left = self.waiting_since + wait - now
+        if left <= 0:
+            last = self.history[-1] if self.history else None
+            if last and last.get("failure") not in (None, Code.NO_CAPACITY):
+                self._end("failed", Code(last["failure"]), last.get("detail", ""))
+            else:
+                waited = f" (waited {wait:.0f} s)" if wait > 0 else ""
+                self._end("failed", Code.NO_CAPACITY, f"no candidate place has stock{waited}: {self._wanted()}")
+            return
+        self.walk = Walk(len(self.job.candidates))  # stock may come back: walk again soon
+        self.wait_gen += 1
+        gen, ref = self.wait_gen, self.actor_ref
+
+        def freed() -> None:  # on the thread of the job that let a machine go
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_Launch(wait=gen))
+
+        self.offers.when_freed(self.job.key, freed)
+        self.later(min(self.wait_pause, left), _Launch(wait=gen))
+        self.wait_pause = min(self.wait_pause * 2, CAPACITY_ASK_MAX_S)
+
+    def _wanted(self) -> str:
+        """What a waiting job waits for, in a line: each candidate's cloud, GPU and regions."""
+        return "; ".join(f"{c.cloud} {c.gpu or 'any GPU'}" + (f" in {', '.join(c.regions)}" if c.regions else "")
+                         for c in self.job.candidates)
 
     def _account(self, candidate: int) -> str:
         """The account candidate `candidate` is walked on now ("" when it names none)."""
@@ -210,7 +268,9 @@ class JobSupervisor(Actor):
         p = self.job.policy
         if p.capacity_wait_s is not None:
             return p.capacity_wait_s
-        return self.job.timeout_s if any(c.cloud == "ssh" for c in self.job.candidates) else 0.0
+        own = self.job.timeout_s
+        return max((own if c.cloud in OWN_MACHINES else CAPACITY_WAIT_S.get(c.cloud, RENTED_CAPACITY_WAIT_S)
+                    for c in self.job.candidates), default=0.0)
 
     def _offers(self, candidate: int, result: Result[list[Offer]]) -> None:
         if isinstance(result, outcome.Error):
@@ -294,7 +354,11 @@ class JobSupervisor(Actor):
         match message:
             case _Offers(candidate=i, result=result):
                 self._offers(i, result)
-            case _Launch():
+            case _Launch(wait=wait):
+                if wait >= 0:  # a wake-up of a wait for capacity: the first one counts
+                    if wait != self.wait_gen or self.child is not None:
+                        return None
+                    self.wait_gen += 1
                 self._next()
             case AttemptEnded() as ended:
                 self._attempt_ended(ended)
@@ -335,6 +399,7 @@ class JobSupervisor(Actor):
         )
         self.attempt_no += 1
         if e.outcome == "succeeded":
+            self.offers.freed()
             self._end("succeeded", None, "")
             return
         code = e.failure or Code.INTERNAL
@@ -346,7 +411,8 @@ class JobSupervisor(Actor):
             return
         if code not in (Code.NO_CAPACITY, Code.QUOTA):
             self.counted += 1
-            self.capacity_since = time.monotonic()
+            self.waiting_since = None  # it found a place: a wait for capacity after this is a new one
+            self.offers.freed()  # it held a machine, now let go: jobs waiting for capacity ask again
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
                                               now=time.monotonic(), policy=self.job.policy)
         if decision.action is Action.STOP:
@@ -362,10 +428,7 @@ class JobSupervisor(Actor):
             return
         delay = backoff_s(self.counted, base_s=self.job.policy.backoff_s, max_s=self.job.policy.backoff_max_s,
                           rng=self.rng)
-        nxt = self.walk.next()
-        shown = nxt if isinstance(nxt, Offer) else self.offer
-        self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code, delay_s=round(delay, 3),
-                               offer=shown))
+        self.retry, self.rewalk = (code, delay), True  # Retrying is said when the attempt starts
         self.later(delay, _Launch())
 
     # --- the end -------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ its own ask: it is what the job would have heard had it asked itself a moment ea
 
 `ask` is safe from any thread; `reply(outcome)` runs on the reactor thread (it must only hand the
 answer on, e.g. `ActorRef.tell`).
+
+Jobs waiting for capacity share the book too: `when_freed(key, fn)` calls `fn` once, the next time
+a job of the batch says (`freed()`) that one of its machines was let go, so every waiting job asks
+again at that moment (and their asks go out as one call per candidate, above). A waiter's newer
+`fn` replaces its older one (`key`: the job), so a long wait holds one entry, not one per round.
 """
 
 from __future__ import annotations
@@ -41,7 +46,21 @@ class OfferBook:
         self._clouds = clouds
         self._lock = threading.Lock()
         self._out: dict[tuple[int, bytes], list[Reply]] = {}  # calls out: who waits for each
+        self._freed: dict[str, Callable[[], None]] = {}  # jobs waiting for capacity, to wake once
         self.calls = 0  # calls made (for tests and benches)
+
+    def when_freed(self, key: str, fn: Callable[[], None]) -> None:
+        """Call `fn` (once, on the thread that calls `freed`) when a machine is next let go; it
+        replaces what `key` asked for before."""
+        with self._lock:
+            self._freed[key] = fn
+
+    def freed(self) -> None:
+        """A machine of the batch was let go: wake every job waiting for capacity."""
+        with self._lock:
+            waiting, self._freed = self._freed, {}
+        for fn in waiting.values():
+            fn()
 
     def ask(self, candidate: CandidateSpec, index: int, reply: Reply, account: str = "") -> None:
         """Offers for `candidate` (the job's `index`-th) on one of its cloud's accounts: `reply` hears

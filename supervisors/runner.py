@@ -37,11 +37,23 @@ from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
-from actor_run.protocols.clouds import MAIN, Cloud, Reclaiming, accounts_of, check_cloud_names, cloud_key, make_cloud
+from actor_run.protocols.clouds import (
+    MAIN,
+    Cloud,
+    Reclaiming,
+    accounts_of,
+    check_cloud_names,
+    cloud_key,
+    known_gpus,
+    known_regions,
+    make_cloud,
+)
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import (
+    CandidateSpec,
     Job,
+    check_candidate_names,
     check_job,
     check_policy,
     job_key,
@@ -51,7 +63,7 @@ from actor_run.protocols.specs import (
 )
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
-from actor_run.supervisors.config import UserConfig, resolve_config
+from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
 from actor_run.supervisors.ledger.db import Backend, open_backend
@@ -223,7 +235,10 @@ class Runner(Takeover):
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self.reactor = Reactor()
-        self.clouds: dict[str, Cloud] = {}
+        self.clouds: dict[str, Cloud] = {}  # what leases use: by cloud key, built from the jobs' merged settings
+        self._digests: dict[str, bytes] = {}  # cloud key -> the digest of the settings its object was built from
+        self._swept: set[tuple[str, bytes]] = set()  # (cloud key, settings digest) a sweep of this Runner listed
+        self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
         self._reported: dict[str, dict[int, float]] = {}
@@ -236,6 +251,7 @@ class Runner(Takeover):
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
+        self.swept_clouds: list[str] = []
         self._config_arg = config
         self.config = UserConfig()  # the user's settings, read by open()
 
@@ -413,23 +429,54 @@ class Runner(Takeover):
                     if account in used:
                         raise  # one this job walks: it cannot run without it
                     logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
+        self._check_names(job)
+
+    def _check_names(self, job: Job) -> None:
+        """GPU and region names each candidate's cloud knows, and each cloud's own check (a Lambda
+        file system that exists): a typo is exit 2 before anything starts."""
+        def cloud_of(c: CandidateSpec) -> Cloud:
+            return self.clouds[cloud_key(c.cloud, c.accounts[0] if c.accounts else "")]
+
+        check_candidate_names(job.candidates, lambda _i, c: known_gpus(cloud_of(c)),
+                              lambda _i, c: known_regions(cloud_of(c)))
+        for c in job.candidates:
+            key = cloud_key(c.cloud, c.accounts[0] if c.accounts else "")
+            cloud = self.clouds[key]
+            check = getattr(cloud, "check", None)
+            if check is not None and key not in self._checked:
+                self.reactor.call(check, timeout=120)
+                self._checked.add(key)
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
-        """The cloud `name`, built once from the user's settings with `settings` (the job's table)
-        merged over them; the ledger keeps only the job's table, without its secrets."""
+        """The cloud `name` for a job: built from the user's settings with `settings` (the job's
+        table) merged over them, once per settings. A cloud is its settings: the object leases use
+        is never one built from other settings (the ledger's, another run's); a second job of this
+        Runner that wants the same cloud with other settings is refused (SpecError). The ledger
+        keeps only the job's table, without its secrets. A cloud new to this Runner is swept first
+        (sweep_on_start): the start-up sweep sees every cloud the batch names."""
+        merged = self.config.cloud_settings(name, settings)
+        digest = settings_digest(name, merged)
         with self._lock:
-            if name not in self.clouds:
-                self.config.parse(name, settings)  # a bad value names its field and its file
-                cloud = make_cloud(name, self.config.cloud_settings(name, settings), self.state_dir)
-                launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
-                if launchable is not None:
-                    launchable()
-                self.clouds[name] = cloud
-                if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
-                    cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
-                                                      grace_s=self.sweep_grace_s, keep_owner=self.owner)
-                self.ledger.record_cloud(name, without_secrets(settings))
-            return self.clouds[name]
+            have = self.clouds.get(name)
+            if have is not None:
+                if self._digests.get(name) == digest:
+                    return have
+                cloud_name = name.partition("@")[0]
+                raise SpecError(f"clouds.{cloud_name}", f"differs from the [clouds.{cloud_name}] another job of this "
+                                                        "Runner leases with; run it in a Runner of its own")
+            self.config.parse(name, settings)  # a bad value names its field and its file
+            cloud = make_cloud(name, merged, self.state_dir)
+            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
+            if launchable is not None:
+                launchable()
+            if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
+                cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
+                                                  grace_s=self.sweep_grace_s, keep_owner=self.owner)
+            self.clouds[name], self._digests[name] = cloud, digest
+            self.ledger.record_cloud(name, without_secrets(settings))
+        if self.sweep_on_start and (name, digest) not in self._swept:
+            self.swept += self._sweep_clouds({name: cloud}, digests={name: digest})
+        return cloud
 
     def start_run(self) -> str:
         """Record this Runner's run (its id, batch file, output folder) if not yet done; `submit`
@@ -507,7 +554,12 @@ class Runner(Takeover):
                 logger.warning("{}: env {} was kept out of the ledger (secret); set it for this worker",
                                job.key, ", ".join(missing))
             for c in job.candidates:
-                self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                try:
+                    self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                except SpecError as exc:  # another run's settings for that cloud lease here: say so
+                    if c.cloud not in self.clouds:
+                        raise  # not built at all
+                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
             handle = JobHandle(self, job)
             handle.run = claimed.run
             self.handles[job.key] = handle

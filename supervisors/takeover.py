@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from actor_run.actors import Reactor
-from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, make_cloud
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Message
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.batch import _Submit
 from actor_run.supervisors.budget import Budget
-from actor_run.supervisors.config import UserConfig
+from actor_run.supervisors.config import UserConfig, settings_digest
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.ledger.resume import ResumeItem, plan_resume
 from actor_run.supervisors.ledger.sweep import SweepAction, sweep
@@ -40,9 +40,13 @@ class Takeover:
     budget_usd: float | None
     config: UserConfig
     clouds: dict[str, Cloud]
+    _digests: dict[str, bytes]
+    _swept: set[tuple[str, bytes]]
+    state_dir: Path
     reactor: Reactor
     sweep_grace_s: float
     swept: list[SweepAction]
+    swept_clouds: list[str]  # the cloud keys the last sweep() asked
     handles: dict[str, JobHandle]
     _driven: set[str]
 
@@ -156,24 +160,50 @@ class Takeover:
 
     def sweep(self, *, dry_run: bool = False, owners_dead: Iterable[str] = ()) -> list[SweepAction]:
         """Delete the machines sweep.py proves abandoned (this controller counts as alive);
-        `owners_dead`: owner ids (or their 8-hex short form) a person declared dead."""
+        `owners_dead`: owner ids (or their 8-hex short form) a person declared dead. It asks every
+        cloud it can: those this Runner's jobs use (their merged settings), each in the user's
+        config, each the ledger has seen (built from the settings stored there, only to list and
+        delete), and the local one."""
+        clouds, digests = dict(self.clouds), dict(self._digests)
+        wanted: list[tuple[str, dict[str, Any], str]] = []  # (key, the batch-side table, where it comes from)
+        for name, table in self.config.clouds.items():
+            wanted += [(cloud_key(name, account), {}, "your config") for account in accounts_of(table)]
         reader = LedgerReader(self.ledger_path)
         try:
-            clouds = dict(self.clouds)
-            for name, settings in reader.clouds():
-                if name not in clouds:
-                    try:
-                        clouds[name] = self._cloud(name, settings)
-                    except SpecError as exc:  # e.g. its settings were in a user config not given now
-                        logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at",
-                                       name, exc)
-                        continue
-            if "local" not in clouds:
-                clouds["local"] = self._cloud("local", {})
+            wanted += [(name, settings, "the ledger") for name, settings in reader.clouds()]
+        finally:
+            reader.close()
+        wanted.append(("local", {}, "the default"))
+        for key, table, source in wanted:
+            if key in clouds:
+                continue
+            try:
+                self.config.parse(key, table)  # a bad value names its field and its file
+                merged = self.config.cloud_settings(key, table)
+                clouds[key] = make_cloud(key, merged, self.state_dir)
+                digests[key] = settings_digest(key, merged)
+            except SpecError as exc:  # e.g. its settings were in a user config not given now
+                logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at (settings "
+                               "from {})", key, exc, source)
+        self.swept_clouds = sorted(clouds)
+        try:
+            return self._sweep_clouds(clouds, digests=digests, dry_run=dry_run, owners_dead=owners_dead)
+        finally:
+            for key, cloud in clouds.items():
+                if self.clouds.get(key) is not cloud:  # built for this sweep only
+                    with contextlib.suppress(Exception):  # closing a client must not stop the sweep's answer
+                        self.reactor.call(cloud.aclose, timeout=30)
+
+    def _sweep_clouds(self, clouds: dict[str, Cloud], *, digests: dict[str, bytes], dry_run: bool = False,
+                      owners_dead: Iterable[str] = ()) -> list[SweepAction]:
+        """The sweep over `clouds` (by key); each (key, settings) listed is remembered as swept."""
+        reader = LedgerReader(self.ledger_path)
+        try:
             run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
                                     grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
             actions: list[SweepAction] = self.reactor.call(run, timeout=600)
             if not dry_run:
+                self._swept.update((k, d) for k, d in digests.items() if k in clouds)
                 self.ledger.flush()
                 settle_reservations(reader, self.ledger, keep_owner=self.owner)
             return actions

@@ -94,6 +94,19 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
         raise spec_error(exc, f"clouds.{name}") from exc
 
 
+def known_gpus(cloud: Cloud) -> frozenset[str] | None:
+    """The GPU names a candidate for `cloud` may say (its `gpu_names`), or None where the cloud
+    does not say (local, ssh: any name passes)."""
+    names: frozenset[str] | None = getattr(cloud, "gpu_names", None)
+    return names
+
+
+def known_regions(cloud: Cloud) -> frozenset[str] | None:
+    """The region names a candidate for `cloud` may say (its `region_names`), or None."""
+    names: frozenset[str] | None = getattr(cloud, "region_names", None)
+    return names
+
+
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
     """The cloud `name` (a cloud key: `sim`, `sim@team-b`) from the cloud's settings table `raw`."""
     cloud_name, account = split_key(name)
@@ -113,5 +126,5 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 __all__ = [
     "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
-    "known_clouds", "make_cloud", "parse_settings", "split_key",
+    "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key",
 ]

@@ -72,4 +72,9 @@ def our_name(vendor_id: str, vendor: str) -> str:
     return vendor_id
 
 
-__all__ = ["GPUS", "our_name", "vendor_ids"]
+def gpu_names(vendor: str = "") -> frozenset[str]:
+    """The GPU names a candidate may say for `vendor`: ours, and the vendor's own ids."""
+    return frozenset(GPUS) | {i for ids in GPUS.values() for i in ids.get(vendor, ())}
+
+
+__all__ = ["GPUS", "gpu_names", "our_name", "vendor_ids"]

@@ -102,6 +102,11 @@ def _when(value: Any) -> float:
 
 
 class HyperstackCloud(RentedCloud):
+    # hyperstack.md §2.3: regions seen:
+    # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
+    regions = frozenset({
+        "CANADA-1", "NORWAY-1", "US-1"
+    })
     name = VENDOR
     failed_code = Code.NO_CAPACITY
     settings: HyperstackSettings

@@ -7,12 +7,15 @@ Settings (`[clouds.lambda]`), every field optional (and those of clouds/rented.p
     ssh_key = "~/.ssh/id_ed25519"      # its public half is registered once as an ssh-key named
                                        # actor-run-<hash> (or an existing one with that key is used)
     root = "~/.actor-run"
-    file_system = ""                   # a file system to attach (it must be in the offer's region)
+    file_system = ""                   # a file system to attach: offers are limited to its region
     user = "ubuntu"                    # the login on Lambda's images
     shutdown_command = "sudo -n shutdown -h now"
 
 Offers come from `GET /api/v1/instance-types`: one per region in `regions_with_capacity_available`
-of each instance type our GPU name maps to, at `price_cents_per_hour`. An instance is ready when
+of each instance type our GPU name maps to, at `price_cents_per_hour`. With a `file_system`, only
+its region (read once from `GET /api/v1/file-systems`; a launch elsewhere is refused
+`file-system-in-wrong-region`); a file system the account does not have is a `SpecError`, raised
+by `check()` before anything starts. An instance is ready when
 its status is `active` and it has an `ip`. Names are at most 64 characters at Lambda: a longer
 one of ours is cut (clouds/rented.py `vendor_name`) and the whole name rides in the tag
 `actor-run-name`. Lambda has no means for a machine to end itself without the account's key, so
@@ -39,7 +42,7 @@ from actor_run.protocols.clouds.rented import (
     shutdown_script,
     vendor_name,
 )
-from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
+from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused, SpecError
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
 
@@ -113,6 +116,13 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
 
 
 class LambdaCloud(RentedCloud):
+    # Lambda's region codes (lambda.md §2, GET /regions):
+    # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
+    regions = frozenset({
+        "asia-northeast-1", "asia-northeast-2", "asia-south-1", "australia-east-1", "europe-central-1",
+        "me-west-1", "us-east-1", "us-east-2", "us-east-3", "us-midwest-1", "us-south-1", "us-south-2",
+        "us-south-3", "us-west-1", "us-west-2", "us-west-3"
+    })
     name = VENDOR
     settings: LambdaSettings
 
@@ -124,13 +134,39 @@ class LambdaCloud(RentedCloud):
                                timeout_s=settings.timeout_s, transport=transport)
         self._key_name = ""
         self._key_lock = trio.Lock()
+        self._fs_region: str | None = None  # the file system's region, once read
+        self._fs_lock = trio.Lock()
 
     def _refused(self, what: str, resp: httpx.Response) -> Exception:
         if is_auth_refusal(resp.status_code):
             return LaunchRefused(f"lambda: {what}: the key was refused: {short(resp)}", code=Code.GUARD)
         return NoAnswer(f"lambda: {what}: {short(resp)}")
 
+    async def check(self) -> None:
+        """Before anything starts: the settings' file system exists (SpecError names the field)."""
+        await self._file_system_region()
+
+    async def _file_system_region(self) -> str:
+        """The region of the settings' `file_system` ("" for none), read once."""
+        fs = self.settings.file_system
+        if not fs:
+            return ""
+        async with self._fs_lock:
+            if self._fs_region is None:
+                resp = await self.api.call("GET", "/api/v1/file-systems")
+                if resp.status_code != 200:
+                    raise self._refused("file systems", resp)
+                have = {str(f.get("name")): str((f.get("region") or {}).get("name", ""))
+                        for f in (body_json(resp) or {}).get("data") or []}
+                if fs not in have:
+                    listed = ", ".join(sorted(have)) or "none"
+                    raise SpecError(f"clouds.{self.name}.file_system",
+                                    f"no file system named {fs!r} on this account (it has: {listed})")
+                self._fs_region = have[fs]
+            return self._fs_region
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        fs_region = await self._file_system_region()
         resp = await self.api.call("GET", "/api/v1/instance-types")
         if resp.status_code != 200:
             raise self._refused("instance types", resp)
@@ -144,6 +180,8 @@ class LambdaCloud(RentedCloud):
                 continue
             for region in item.get("regions_with_capacity_available") or []:
                 if candidate.regions and region["name"] not in candidate.regions:
+                    continue
+                if fs_region and region["name"] != fs_region:  # the file system mounts only there
                     continue
                 ours = candidate.gpu or our_name(type_name, VENDOR)
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,

@@ -9,6 +9,7 @@ their start) and removes both.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -101,6 +102,15 @@ def remove_tree(path: Path) -> None:
             if not p.is_symlink():
                 p.chmod(0o700)
     path.chmod(0o700)
+    for _ in range(4):
+        # a writer that was mid-write when its process was killed (or a heartbeat's stamp landing
+        # as the folder goes) can leave a file behind a removed one: the folder is walked again
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
     shutil.rmtree(path)
 
 

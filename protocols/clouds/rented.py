@@ -12,13 +12,18 @@ Rules kept here for all of them:
 - Launch waits for readiness, polling `_read`; a machine that is not ready within the settings'
   `launch_timeout_s` raises `LaunchAmbiguous(code=launch_failed)`: the lease then deletes it by
   name. A machine that fails (`Seen.state == "failed"`) is the vendor's `failed_code`.
+- Ready is what we can reach, not what the API says: `connect` to a machine this process
+  launched keeps trying SSH with backoff
+  (refused, reset, timed out, no route, no banner yet, a host key not yet made) until
+  `launch_timeout_s` from the create; only our key refused, or that time passing, ends it
+  (`Refused(LAUNCH_FAILED)` / `Unreachable`: the lease says launch_failed and deletes it).
 - A machine not found right after its create is waited for (`listing_lag_s`): listings lag.
 - Delete is proven by a read: `_read` must say gone. Deleting by name alone (an ambiguous create)
   lists, and lists again for `listing_lag_s`, before it concludes nothing was made.
 - A host call that cannot reach the machine asks the provider: a machine that is gone raises
   `MachineGone` (`preempted`), not `Unreachable`.
-- Each machine's host key is pinned at first sight in a known-hosts file of its own (a new
-  machine may well reuse an address and port of an old one).
+- Each machine's host key is pinned at its first successful login, in a known-hosts file of its
+  own (a new machine may well reuse an address and port of an old one).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import msgspec
 import trio
 from loguru import logger
 
+from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.failures import (
     Code,
@@ -71,7 +77,7 @@ class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     poll_s: Positive = 3.0  # readiness and deletion reads
     listing_lag_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0  # how long a new machine may be missing from reads
     delete_wait_s: Positive = 120.0  # delete to gone, before DeleteUnconfirmed (the lease retries)
-    connect_timeout_s: Positive = 20.0
+    connect_timeout_s: Positive = 20.0  # one SSH try (the readiness wait is launch_timeout_s)
 
 
 class VMSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -147,8 +153,13 @@ class WatchedHost:
         self._host = host
         self._gone = gone
         self.name = host.name
+        # off while the machine is coming up: an SSH try refused then is no news, and asking the
+        # provider after each would spend its rate limit (a hundred machines booting at once)
+        self.watching = True
 
     async def _check(self, exc: Unreachable) -> None:
+        if not self.watching:
+            return
         try:
             gone = await self._gone()
         except (NoAnswer, RateLimited, LaunchRefused, DeleteUnconfirmed):
@@ -187,11 +198,24 @@ class RentedCloud:
     name = "rented"
     account = ""  # make_cloud sets it for an account of [clouds.<name>.accounts]
     failed_code = Code.LAUNCH_FAILED  # what a machine that failed to come up means at this vendor
+    boots = True  # its machines boot: the lease shows their stages (booting, waiting for ssh)
+    regions: frozenset[str] | None = None  # the vendor's region names (None: not checked)
 
     def __init__(self, settings: RentedSettings, state_dir: Path) -> None:
         self.settings = settings
         self.dir = Path(state_dir) / self.name
         self._ids: dict[str, str] = {}  # name -> id, for machines this process launched or found
+        self._created: dict[str, float] = {}  # name -> trio time its create went out (for connect's bound)
+
+    @property
+    def gpu_names(self) -> frozenset[str]:
+        """What a candidate's `gpu` may say here: our names and the vendor's ids."""
+        return gpu_names(self.name)
+
+    @property
+    def region_names(self) -> frozenset[str] | None:
+        """What a candidate's `regions` may say here (None: not checked)."""
+        return self.regions
 
     @functools.cached_property
     def _public_key(self) -> str:
@@ -232,6 +256,7 @@ class RentedCloud:
     # --- the shared half ------------------------------------------------------------------------
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
+        self._created[name] = trio.current_time()
         machine_id = await self._create(offer, name, deadline)
         self._ids[name] = machine_id
         s = self.settings
@@ -290,9 +315,16 @@ class RentedCloud:
         async def gone() -> bool:
             return await self._is_gone(machine.id)
 
-        ws = ShellWorkspace(WatchedHost(ssh, gone), machine.root or s.root)
+        watched = WatchedHost(ssh, gone)
+        ws = ShellWorkspace(watched, machine.root or s.root)
+        created = self._created.pop(machine.name, None)
         try:
-            await ws.prepare()
+            if created is not None:  # made by this process: it may still be booting
+                watched.watching = False
+                await self._wait_ssh(ws, machine, created + s.launch_timeout_s)
+                watched.watching = True
+            else:  # one that was up before (a resume, a sweep reading its stamp): one try says
+                await ws.prepare()
             script = self._deadline_script(machine)
             if script:
                 await ws.host.run(_detached(ws.root, script), timeout=30)
@@ -301,6 +333,30 @@ class RentedCloud:
                 await ws.aclose()
             raise
         return ws
+
+    async def _wait_ssh(self, ws: ShellWorkspace, machine: Machine, until: float) -> None:
+        """Prepare the workspace, trying again with backoff while SSH does not answer (the guest is
+        booting, its sshd not up, the firewall rule not in yet) until `until` (trio time)."""
+        log = logger.bind(cloud=self.name)
+        pause, tries = 0.25, 0
+        last = Unreachable(f"{self.name}: {machine.name}: no SSH try ended in time")
+        while True:
+            tries += 1
+            with trio.move_on_at(until):
+                try:
+                    await ws.prepare()
+                    if tries > 1:
+                        log.info("{}: {} answered SSH at try {}", self.name, machine.name, tries)
+                    return
+                except Unreachable as exc:
+                    last = exc
+            if trio.current_time() + pause >= until:
+                raise Unreachable(f"{self.name}: {machine.name} ({machine.address}:{machine.port}) did not answer "
+                                  f"SSH within launch_timeout_s = {self.settings.launch_timeout_s:g} s of its create "
+                                  f"({tries} tries; the last: {last})") from last
+            log.debug("{}: {} not answering SSH yet ({}); again in {:.2f} s", self.name, machine.name, last, pause)
+            await trio.sleep(pause)
+            pause = min(pause * 2, 4.0)
 
     async def _is_gone(self, machine_id: str) -> bool:
         seen = await self._read(machine_id)
@@ -326,6 +382,7 @@ class RentedCloud:
         except (NoAnswer, RateLimited) as exc:
             raise DeleteUnconfirmed(f"{self.name}: {name}: {exc}") from exc
         self._ids.pop(name, None)
+        self._created.pop(name, None)
         with_known = self._known_hosts(name)
         if not self.settings.known_hosts:
             with_known.unlink(missing_ok=True)

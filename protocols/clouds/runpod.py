@@ -137,6 +137,14 @@ done
 
 
 class RunPodCloud(RentedCloud):
+    # runpod.md §3: dataCenterIds:
+    # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
+    regions = frozenset({
+        "AP-JP-1", "CA-MTL-1", "CA-MTL-2", "CA-MTL-3", "EU-CZ-1", "EU-FR-1", "EU-NL-1", "EU-RO-1",
+        "EU-SE-1", "EUR-IS-1", "EUR-IS-2", "EUR-IS-3", "EUR-NO-1", "OC-AU-1", "US-CA-2", "US-DE-1",
+        "US-GA-1", "US-GA-2", "US-IL-1", "US-KS-2", "US-KS-3", "US-NC-1", "US-TX-1", "US-TX-3", "US-TX-4",
+        "US-WA-1"
+    })
     name = VENDOR
     settings: RunPodSettings
 

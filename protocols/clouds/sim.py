@@ -65,6 +65,7 @@ import msgspec
 import trio
 
 from actor_run.protocols.clouds.batch import Batch
+from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.simstore import (
     SAFE_NAME,
     Billing,
@@ -193,6 +194,16 @@ class SimCloud:
             # its bill stopped (a broken machine is billed until it is deleted)
             preempt_in=u[5] * s.preempt_within_s if u[4] < s.preempt_rate and not u[3] < s.boot_failure_rate else None,
         )
+
+    @property
+    def gpu_names(self) -> frozenset[str]:
+        """What a candidate's `gpu` may say here: the GPU table's names and the regions' own."""
+        return gpu_names() | {g for r in self.settings.regions for g in r.gpus}
+
+    @property
+    def region_names(self) -> frozenset[str]:
+        """The regions `[[clouds.sim.regions]]` configures."""
+        return frozenset(r.name for r in self.settings.regions)
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         held = self._store.held_advice()

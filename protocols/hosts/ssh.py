@@ -8,11 +8,12 @@ a heartbeat. An upload of `bulk_bytes` or more goes through the OpenSSH client i
 the same pinned key: asyncssh's pure-Python packet path tops out below `rsync -e ssh`, OpenSSH's
 C does not (bench/transfer.py). If that client fails, the upload is redone through asyncssh.
 
-Trust: the host key is pinned on first sight into our own known-hosts file (OpenSSH format, so
-`ssh -o UserKnownHostsFile=<it>` agrees) and held to afterwards: a different key at the same
-address and port raises `Refused(GUARD)`, never a silent accept. No agent forwarding, no port
-forwarding. The client key is the configured one, else whatever asyncssh finds (agent, ~/.ssh).
-No key material is ever logged; fingerprints are.
+Trust: the host key is pinned at the first successful login (handshake and our key accepted;
+never before: a booting guest may show a key it replaces a moment later) into our own
+known-hosts file (OpenSSH format, so `ssh -o UserKnownHostsFile=<it>` agrees) and held to
+afterwards: a different key at the same address and port raises `Refused(GUARD)`, never a
+silent accept. No agent forwarding, no port forwarding. The client key is the configured one,
+else whatever asyncssh finds (agent, ~/.ssh). No key material is ever logged; fingerprints are.
 
 Every method is a trio coroutine that must run inside `trio_asyncio.open_loop()` (or be given the
 loop: a call that arrives through `trio.from_thread.run` does not see the loop's context).
@@ -112,19 +113,21 @@ class HostKeys:
 
 
 class _PinningClient(asyncssh.SSHClient):
-    """Called by asyncssh for a host key that is not among the pinned ones."""
+    """Called by asyncssh for a host key that is not among the pinned ones: with none pinned for
+    the address yet it is taken for this connection and pinned once the login succeeds (`seen`);
+    with another one pinned it is refused (`changed_to`)."""
 
     def __init__(self, keys: HostKeys, address: str, port: int) -> None:
         self.keys, self.address, self.port = keys, address, port
         self.changed_to = ""  # the fingerprint of the key that replaced a pinned one
+        self.seen: asyncssh.SSHKey | None = None  # the key to pin when the login succeeds
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        if self.keys.pin(self.address, self.port, key):
-            logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port,
-                        key.get_fingerprint())
-            return True
-        self.changed_to = key.get_fingerprint()
-        return False
+        if self.keys.trusted(self.address, self.port):
+            self.changed_to = key.get_fingerprint()
+            return False
+        self.seen = key
+        return True
 
 
 class _NotSent(Unreachable):
@@ -272,6 +275,13 @@ class SSHHost:
                 raise Refused(Code.LAUNCH_FAILED, f"{self.name}: {where} did not accept our key(s)") from exc
             except _LOST as exc:
                 raise Unreachable(f"{self.name}: cannot reach {where}: {type(exc).__name__}: {exc}") from exc
+            if client.seen is not None:  # the first login: its key is the one held to from now on
+                if not self.keys.pin(self.address, self.port, client.seen):
+                    conn.abort()  # another connection pinned a different key meanwhile
+                    raise Refused(Code.GUARD, f"host key of {self.address}:{self.port} changed while logging in "
+                                              f"(not the key pinned in {self.keys.path}): refusing to connect")
+                logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port,
+                            client.seen.get_fingerprint())
             self._conn = conn
             self.connects += 1
             self._log.debug("ssh: connected to {}", where)

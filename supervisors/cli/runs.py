@@ -76,6 +76,7 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
     for e in reader.events(run=run):
         if e["type"] == "Progress":
             stages[e["job"]] = str(msgspec.json.decode(e["body"]).get("stage") or "")
+    waits = reader.stages(run)  # booting, waiting for ssh, waiting for capacity
     out = []
     for j in jobs:
         ended = [a for a in attempts if a["job"] == j["key"]]
@@ -89,10 +90,13 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
                 state = "running" if m.phase == "running" else "starting"
                 usd = spent + (m.hourly_usd or 0.0) * max(0.0, now - (m.launched_at or m.created)) / 3600
             else:
-                state = "waiting" if ended else "queued"
-        out.append(JobView(key=j["key"], state=state, place=place, stage=stages.get(j["key"], "") if state in (
-            "running", "starting") else "", usd=usd, attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
-            failure=j["failure"] or "", detail=j["detail"] or ""))
+                state = "waiting" if ended or waits.get(j["key"]) == "waiting for capacity" else "queued"
+        stage = stages.get(j["key"], "") if state in ("running", "starting") else ""
+        if j["state"] == "running" and j["key"] in waits:
+            stage = waits[j["key"]]
+        out.append(JobView(key=j["key"], state=state, place=place, stage=stage, usd=usd,
+                           attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
+                           failure=j["failure"] or "", detail=j["detail"] or ""))
     return out
 
 

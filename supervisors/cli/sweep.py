@@ -1,6 +1,7 @@
 """`actor-run sweep`: delete the machines a sweep can prove abandoned (sweep.py), list the rest
 (foreign ones with when their deadline takes them), or, with `--owner ID`, treat that owner as
-dead after showing what that deletes."""
+dead after showing what that deletes. It asks every cloud it can: each the ledger has seen, each
+in the user's config (`--config`), and each a batch file names (`--batch`), with a fresh ledger too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 
 import msgspec
 
+from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.specs import load_batch
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
 from actor_run.supervisors.ledger.sweep import SweepAction
 from actor_run.supervisors.runner import Runner
@@ -19,6 +22,7 @@ HELP = "delete machines nobody needs: owner dead, past deadline + grace, or hear
 EXAMPLE = """example:
   actor-run sweep --dry-run              # what would go, and whose machines stay (foreign owners)
   actor-run sweep --owner 1a2b3c4d       # that controller is dead: delete its machines too
+  actor-run sweep --batch seeds.toml     # the clouds that batch names too (its own settings)
 """
 _OWNER = re.compile(r"^[0-9a-f]{8}([0-9a-f]{24})?$")
 
@@ -31,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--owner", action="append", default=[], metavar="ID",
                    help="treat this owner (8 hex digits as machine names show, or the full id) as dead")
     p.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
+    p.add_argument("--batch", metavar="FILE", help="also ask the clouds this batch file names, with its settings")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
@@ -73,9 +78,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not _OWNER.match(owner):
             return usage_error(f"--owner: expected 8 or 32 hex digits (as machine names and `sweep` show), "
                                f"got {owner!r}")
+    jobs = load_batch(args.batch, known_clouds()).jobs()[:1] if args.batch else []  # one job names its clouds
     runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, sweep_grace_s=args.grace,
                     config=args.config, register=not args.dry_run)  # a dry run leaves no owner row behind
     with runner:
+        for job in jobs:
+            runner.check(job)  # builds the batch's clouds (its merged settings): the sweep asks them too
         if args.owner and not args.dry_run:
             # a person's decision: show what it takes before anything goes
             plan = runner.sweep(dry_run=True, owners_dead=args.owner)

@@ -3,6 +3,7 @@ machines.py's)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,21 @@ class LedgerReader:
                 args.append(value)
         sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return list(self._rows(sql, tuple(args)))
+
+    def stages(self, run: str) -> dict[str, str]:
+        """What each job of `run` waits on now, from its newest events: `booting`, `waiting for
+        ssh` or `waiting for capacity` (a job missing here is doing something else)."""
+        out: dict[str, str] = {}
+        sql = ("SELECT job, type, body FROM events WHERE run=? AND type IN ('LeaseStage', 'WaitingForCapacity', "
+               "'AttemptStarted', 'Leased', 'LeaseFailed', 'AttemptEnded', 'JobEnded') ORDER BY id")
+        for row in self._rows(sql, (run,)):
+            if row["type"] == "LeaseStage":
+                out[row["job"]] = str(json.loads(row["body"]).get("stage", ""))
+            elif row["type"] == "WaitingForCapacity":
+                out[row["job"]] = "waiting for capacity"
+            else:
+                out.pop(row["job"], None)
+        return out
 
     def runs(self) -> list[RunRow]:
         """Every run, oldest first, with its jobs counted by state and their cost; on a shared

@@ -59,8 +59,10 @@ from actor_run.protocols.messages import (
     JobEnded,
     Leased,
     LeaseFailed,
+    LeaseStage,
     Metered,
     Progress,
+    WaitingForCapacity,
     encode,
 )
 from actor_run.protocols.specs import job_key
@@ -224,6 +226,10 @@ class View:
                 line.machine, line.leased_at, line.waiting = m, e.t, False
                 self.rate += m.hourly_usd / 3600
                 self.rate_t += m.hourly_usd / 3600 * e.t
+            case LeaseStage(stage=stage):
+                line.state = stage  # booting, waiting for ssh
+            case WaitingForCapacity():
+                line.state, line.waiting = "waiting for capacity", True
             case LeaseFailed(failure=failure):
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
             case AttemptEnded(usage=u, failure=failure):
@@ -430,7 +436,8 @@ class View:
     def _row(self, line: JobLine, now: float, cols: frozenset[str] = frozenset(COLUMNS)
              ) -> list[tuple[str, Style | None]]:
         state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
-        state = "no capacity" if line.waiting and line.machine is None else line.state
+        state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
+                 else line.state)
         pieces: list[tuple[str, Style | None]] = [
             (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]
         middle = "".join(text for c, text in (("att", f" {line.attempt:>3}"), ("place", f" {line.place[:22]:<22}"),

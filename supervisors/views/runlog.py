@@ -10,6 +10,7 @@ leaves logging to its embedder. `actor-run runs` shows each run's file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     LeaseRequested,
+    LeaseStage,
     Metered,
     Progress,
     Released,
@@ -35,6 +37,7 @@ from actor_run.protocols.messages import (
     Stalled,
     TransferFailed,
     Uploaded,
+    WaitingForCapacity,
 )
 from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
@@ -81,6 +84,10 @@ def describe(e: Event) -> str | None:
             return f"attempt started: candidate {o.candidate} ({place}, ${o.hourly_usd:.2f}/h)"
         case LeaseRequested(name=name):
             return f"create requested: {name}"
+        case LeaseStage(name=name, stage=stage):
+            return f"{name}: {stage}"
+        case WaitingForCapacity(wanted=wanted, until=until):
+            return f"waiting for capacity ({wanted}) until {time.strftime('%H:%M:%S', time.localtime(until))}"
         case Leased(machine=m):
             return f"leased {m.name} ({m.id}) at ${m.hourly_usd:.2f}/h"
         case LeaseFailed(failure=failure, detail=detail):

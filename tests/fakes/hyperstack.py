@@ -5,6 +5,12 @@ address of its own and one port.
 Faults, as in fakes/runpod.py: `stock[(flavor, region)]`, `create_500_made`, `create_500`,
 `stuck` (BUILD for ever), `lag_reads`, `delete_fail`, `rate_limit(n, s)`, `token`, `ready_after`,
 `error_builds` (the next n VMs go to ERROR); `vanish(id)`; `no_stock(gpu)`.
+`ssh_after_s` / `guest_before`: the guest's sshd opens that long after ACTIVE (the API reports a VM
+ready before its OS has booted); meanwhile its port refuses (or drops, or stays silent). Until an
+ingress rule for the port exists the port is filtered (hyperstack.md §8: inbound SSH is closed by
+default): TCP is taken and not a byte comes back. `launch_answers`: what the next creates answer
+first ("no_stock": the 400 refusal; "fail": accepted, then ERROR). `stale(name)` puts an ACTIVE VM
+named so on the account, as an earlier controller left it.
 """
 
 from __future__ import annotations
@@ -77,6 +83,9 @@ class FakeHyperstack(OpenAPIFake):
         self.delete_fail = 0
         self.error_builds = 0
         self.ready_after = 1
+        self.ssh_after_s = 0.3
+        self.guest_before = "refuse"
+        self.launch_answers: list[str] = []
         self.billed: list[tuple[str, float, float]] = []
         self._ids = itertools.count(1001)
         self._addresses = itertools.count(2)
@@ -115,6 +124,8 @@ class FakeHyperstack(OpenAPIFake):
                 vm["power_state"] = "RUNNING"
                 vm["floating_ip"] = vm["_address"]
                 vm["floating_ip_status"] = "ATTACHED"
+                if not self.virtual:
+                    self.boxes.boot(str(vm["id"]), self.ssh_after_s, before=self.guest_before)
         elif vm["status"] == "DELETING":
             self.vms.pop(vm["id"], None)
 
@@ -134,8 +145,9 @@ class FakeHyperstack(OpenAPIFake):
         key = next(k for k in self.keypairs if k["name"] == body["key_name"]
                    and k["environment"]["name"] == env["name"])
         address = f"127.0.0.{next(self._addresses)}"
-        if not self.virtual:
-            self.boxes.start(str(vm_id), key["public_key"], address=address, port=self.port)
+        if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
+            self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port)
+            self.boxes.firewall(str(vm_id), closed=True)
         gpu, _ = FLAVORS[body["flavor_name"]]
         count = 2 if body["flavor_name"].endswith("x2") else 1
         vm = {
@@ -179,6 +191,28 @@ class FakeHyperstack(OpenAPIFake):
     def alive(self) -> list[str]:
         with self.lock:
             return sorted(self._name(v) for v in self.vms.values() if not v.get("_ended"))
+
+    def stale(self, name: str) -> str:
+        """An ACTIVE VM named `name` already on the account (no sshd); its id."""
+        with self.lock:
+            flavor, region = next(k for k, n in self.stock.items() if n > 0)
+            env_name = f"old-{region}"
+            self.environments.setdefault(env_name, {"id": len(self.environments) + 1, "name": env_name,
+                                                    "region": region, "created_at": _iso(time.time())})
+            if not any(k["name"] == "old-key" for k in self.keypairs):
+                self.keypairs.append({"id": len(self.keypairs) + 1, "name": "old-key", "public_key": "ssh-ed25519 A",
+                                      "fingerprint": "aa:bb", "environment": {"id": 1, "name": env_name,
+                                                                              "region": region},
+                                      "created_at": _iso(time.time())})
+            virtual, self.virtual = self.virtual, True
+            try:
+                vm = self._make({"name": name[:50], "environment_name": env_name, "flavor_name": flavor,
+                                 "key_name": "old-key", "labels": [f"ar-name={name}"]})
+            finally:
+                self.virtual = virtual
+            vm.update(status="ACTIVE", vm_state="active", power_state="RUNNING", floating_ip=vm["_address"],
+                      floating_ip_status="ATTACHED")
+            return str(vm["id"])
 
     def _routes(self) -> None:
         @self.route("GET", "/core/flavors")
@@ -262,8 +296,11 @@ class FakeHyperstack(OpenAPIFake):
                 return refusal(400, "Flavor is not available in the environment's region", "bad_request")
             if any(v["name"] == body["name"] for v in self.vms.values()):
                 return refusal(409, "A virtual machine with this name already exists", "already_exist")
-            if self.stock[(body["flavor_name"], env["region"])] <= 0:
+            scripted = self.launch_answers.pop(0) if self.launch_answers else ""
+            if scripted == "no_stock" or self.stock[(body["flavor_name"], env["region"])] <= 0:
                 return refusal(400, "Not enough resources available for the requested flavor", "bad_request")
+            if scripted == "fail":
+                self.error_builds += 1
             vm = self._make(body)
             if self.create_500_made > 0:
                 self.create_500_made -= 1
@@ -281,6 +318,9 @@ class FakeHyperstack(OpenAPIFake):
                     "port_range_min": body.get("port_range_min"), "port_range_max": body.get("port_range_max"),
                     "status": "active", "created_at": _iso(time.time())}
             vm["security_rules"].append(rule)
+            if body["direction"] == "ingress" and (rule["port_range_min"] or 0) <= self.port <= (
+                    rule["port_range_max"] or 65535):
+                self.boxes.firewall(vm_id, closed=False)
             return json_response({"status": True, "message": "Rule added", "security_rule": rule})
 
         @self.route("GET", "/core/virtual-machines")

@@ -5,6 +5,12 @@ one port (as Lambda's answer on their own IP, port 22).
 Faults, as in fakes/runpod.py: `stock[(instance type, region)]`, `create_500_made`, `create_500`,
 `stuck` (booting for ever), `lag_reads`, `delete_fail`, `rate_limit(n, s)`, `token`, `ready_after`;
 `vanish(id)`; `no_stock(gpu)`. Terminated instances answer `terminated` once, then 404.
+`ssh_after_s` / `guest_before`: sshd opens that long after `active` with an ip (lambda.md §3: "sshd can
+lag active by a few seconds"); meanwhile the port refuses (or drops, or stays silent).
+`launch_answers`: what the next launches answer first ("no_stock": insufficient-capacity; "fail": the
+instance is made and goes `unhealthy`, then terminated by Lambda). `file_systems[name] = region`
+(GET /file-systems; a launch with one in another region is refused as the document says).
+`stale(name)` puts an active instance named so on the account, as an earlier controller left it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,10 @@ class FakeLambda(OpenAPIFake):
         self.lag_reads = 0
         self.delete_fail = 0
         self.ready_after = 1
+        self.ssh_after_s = 0.3
+        self.guest_before = "refuse"
+        self.launch_answers: list[str] = []
+        self.file_systems: dict[str, str] = {}
         self.billed: list[tuple[str, float, float]] = []
         self._addresses = itertools.count(2)
         self._routes()
@@ -104,10 +114,17 @@ class FakeLambda(OpenAPIFake):
 
     def _advance(self, inst: dict[str, Any]) -> None:
         inst["_reads"] += 1
-        if inst["status"] == "booting" and not self.stuck and inst["_reads"] >= self.ready_after:
+        if inst["status"] == "booting" and inst["_fail"] and inst["_reads"] >= self.ready_after:
+            inst["status"] = "unhealthy"
+        elif inst["status"] == "unhealthy" and inst["_fail"]:
+            self._end(inst)
+            inst["status"] = "terminated"
+        elif inst["status"] == "booting" and not self.stuck and inst["_reads"] >= self.ready_after:
             inst["status"] = "active"
             inst["ip"] = inst["_address"]
             inst["actions"] = {k: {"available": True} for k in inst["actions"]}
+            if not self.virtual:
+                self.boxes.boot(inst["id"], self.ssh_after_s, before=self.guest_before)
         elif inst["status"] == "terminating":
             inst["status"] = "terminated"
         elif inst["status"] == "terminated":
@@ -123,9 +140,9 @@ class FakeLambda(OpenAPIFake):
         inst_id = secrets.token_hex(16)
         key = self.keys[body["ssh_key_names"][0]]["public_key"]
         address = f"127.0.0.{next(self._addresses)}"
-        if not self.virtual:
-            box = self.boxes.start(inst_id, key, address=address, port=self.port)
-            user = box.user
+        if not self.virtual:  # its sshd comes up after `active` (boot, in _advance)
+            self.boxes.plan(inst_id, key, address=address, port=self.port)
+            user = self.boxes.user
         else:
             user = "ubuntu"
         region = body["region_name"]
@@ -137,6 +154,7 @@ class FakeLambda(OpenAPIFake):
             "actions": {k: dict(NO_ACTION) for k in ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
             "tags": body.get("tags", []),
             "_reads": 0, "_lag": self.lag_reads, "_address": address, "_user": user, "_t0": time.time(),
+            "_fail": False,
         }
         self.instances[inst_id] = inst
         self.stock[(body["instance_type_name"], region)] -= 1
@@ -144,6 +162,9 @@ class FakeLambda(OpenAPIFake):
 
     def _end(self, inst: dict[str, Any]) -> None:
         """Billing stops, stock comes back and the machine goes; the record says terminating."""
+        if inst.get("_ended"):
+            return
+        inst["_ended"] = True
         if inst["status"] in ("terminating", "terminated", "preempted"):
             return
         itype = inst["instance_type"]["name"]
@@ -174,7 +195,32 @@ class FakeLambda(OpenAPIFake):
             return sorted(self._name(i) for i in self.instances.values()
                           if i["status"] not in ("terminating", "terminated", "preempted"))
 
+    def stale(self, name: str) -> str:
+        """An active instance named `name` already on the account (no sshd); its id."""
+        with self.lock:
+            itype, region = next(k for k, n in self.stock.items() if n > 0)
+            if not self.keys:
+                self.keys["old-key"] = {"id": "0" * 32, "name": "old-key", "public_key": "ssh-ed25519 AAAA old"}
+            virtual, self.virtual = self.virtual, True
+            try:
+                inst = self._make({"region_name": region, "instance_type_name": itype, "name": name[:64],
+                                   "ssh_key_names": [next(iter(self.keys))],
+                                   "tags": [{"key": "actor-run-name", "value": name}]})
+            finally:
+                self.virtual = virtual
+            inst["status"], inst["ip"] = "active", inst["_address"]
+            return str(inst["id"])
+
     def _routes(self) -> None:
+        @self.route("GET", "/api/v1/file-systems")
+        def file_systems(req: Request) -> Response:
+            return json_response({"data": [{
+                "id": f"{i:032x}", "name": n, "mount_point": f"/lambda/nfs/{n}", "created": "2026-01-01T00:00:00Z",
+                "created_by": {"id": "3da5a70a57a7422ea8a7203f98b2198b", "email": "me@example.com",
+                               "status": "active"},
+                "is_in_use": False, "region": {"name": r, "description": REGIONS.get(r, r)}, "bytes_used": 0,
+            } for i, (n, r) in enumerate(sorted(self.file_systems.items()))]})
+
         @self.route("GET", "/api/v1/instance-types")
         def types(req: Request) -> Response:
             data = {}
@@ -203,10 +249,20 @@ class FakeLambda(OpenAPIFake):
             if body["ssh_key_names"][0] not in self.keys:
                 return error(400, "global/object-does-not-exist", "Specified SSH key does not exist.",
                              "Check the key's name")
-            if self.stock.get((body["instance_type_name"], body["region_name"]), 0) <= 0:
+            for fs in body.get("file_system_names") or []:
+                if fs not in self.file_systems:
+                    return error(400, "global/object-does-not-exist", "Specified file system does not exist.",
+                                 "Check the file system's name")
+                if self.file_systems[fs] != body["region_name"]:
+                    return error(400, "instance-operations/launch/file-system-in-wrong-region",
+                                 "File system is in a different region than the instance.",
+                                 "Launch the instance in the file system's region")
+            scripted = self.launch_answers.pop(0) if self.launch_answers else ""
+            if scripted == "no_stock" or self.stock.get((body["instance_type_name"], body["region_name"]), 0) <= 0:
                 return error(400, "instance-operations/launch/insufficient-capacity",
                              "Not enough capacity to fulfill launch request.")
             inst = self._make(body)
+            inst["_fail"] = scripted == "fail"
             if self.create_500_made > 0:
                 self.create_500_made -= 1
                 return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")

@@ -7,19 +7,35 @@ on a machine, and only the public key the create call carried in authorized_keys
     box.port, box.user, box.home
     boxes.vanish("pod-1")      # the machine is gone: its sshd, its processes and its folder
     boxes.stop_all()
+
+A machine as a real provider hands it out comes up in steps (the API says ready before the guest
+is; Hyperstack's own integrators note it, and every vendor's document tells to retry SSH):
+
+    port = boxes.plan("vm-1", public_key, address="127.0.0.5", port=2222)   # nothing listens: refused
+    boxes.firewall("vm-1", closed=True)   # the port is filtered: TCP accepted, not a byte said
+    boxes.boot("vm-1", after_s=5.0, before="refuse")   # the API said ready; sshd opens 5 s later
+    boxes.firewall("vm-1", closed=False)  # the ingress rule landed
+
+`before` is what the port does between ready and sshd: "refuse" (nothing listens), "drop" (TCP
+accepted and closed at once: sshd restarting after its host keys were made), "silent" (TCP
+accepted, no banner).
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
 import signal
+import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
-from sshd import Sshd
+from sshd import Sshd, free_port
 
 
 class Box(Sshd):
@@ -69,6 +85,62 @@ def _kill_under(path: Path, also: list[psutil.Process] | None = None) -> None:
             proc.send_signal(signal.SIGKILL)
 
 
+class Porch:
+    """What answers at a machine's address and port before its sshd: a listener that accepts TCP
+    and either holds the connection without a byte ("silent": a filtered port, a guest without its
+    banner yet) or closes it at once ("drop"). Its thread ends on `close()`."""
+
+    def __init__(self, address: str, port: int, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen(64)
+        self.sock.settimeout(0.05)
+        self.held: list[socket.socket] = []
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"porch-{address}:{port}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():  # bounded by close()
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            if self.mode == "silent":
+                self.held.append(conn)
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@dataclass
+class _Guest:
+    """A machine the API knows that has no sshd yet (see the module docstring)."""
+
+    public_key: str
+    env: dict[str, str]
+    address: str
+    port: int
+    before: str = "refuse"
+    due: bool = False  # its sshd's time has come
+    filtered: bool = False  # the provider's firewall drops the port (Hyperstack until its rule)
+    porch: Porch | None = None
+    timer: threading.Timer | None = None
+    starting: bool = False
+
+
 class Boxes:
     """The machines of one fake provider, by its id for them."""
 
@@ -76,7 +148,100 @@ class Boxes:
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.boxes: dict[str, Box] = {}
+        self.guests: dict[str, _Guest] = {}
+        self.knocks: dict[str, int] = {}  # connections a machine's porch took before its sshd opened
+        self.foreign_key = ""  # set: machines authorize this public key, not the one their create carried
         self._lock = threading.Lock()
+
+    @property
+    def user(self) -> str:
+        return getpass.getuser()
+
+    def plan(self, machine_id: str, public_key: str, env: dict[str, str] | None = None, *,
+             address: str = "127.0.0.1", port: int | None = None) -> int:
+        """A machine the API has made whose guest is not up: nothing listens at its address (a
+        connection is refused) until `boot`. Its port (a free one of its own by default)."""
+        guest = _Guest(self.foreign_key or public_key, dict(env or {}), address, port or free_port())
+        with self._lock:
+            self.guests[machine_id] = guest
+        return guest.port
+
+    def boot(self, machine_id: str, after_s: float = 0.0, *, before: str = "refuse") -> None:
+        """The API said ready: sshd opens `after_s` later (at once for 0); meanwhile the port does
+        `before`."""
+        with self._lock:
+            guest = self.guests.get(machine_id)
+            if guest is None or guest.timer is not None or guest.due:
+                return
+            guest.before = before
+            if after_s > 0:
+                guest.timer = threading.Timer(after_s, self._due, args=(machine_id,))
+                guest.timer.daemon = True
+                guest.timer.start()
+        if after_s > 0:
+            self._settle(machine_id)
+        else:
+            self._due(machine_id)
+
+    def firewall(self, machine_id: str, *, closed: bool) -> None:
+        with self._lock:
+            guest = self.guests.get(machine_id)
+            if guest is None:
+                return
+            guest.filtered = closed
+        self._settle(machine_id)
+
+    def _due(self, machine_id: str) -> None:
+        with self._lock:
+            guest = self.guests.get(machine_id)
+            if guest is None:
+                return
+            guest.due = True
+        self._settle(machine_id)
+
+    def _settle(self, machine_id: str) -> None:
+        """Make what listens at the guest's address what its state says."""
+        with self._lock:
+            guest = self.guests.get(machine_id)
+            if guest is None or guest.starting:
+                return
+            want = ("silent" if guest.filtered else "sshd" if guest.due
+                    else "" if guest.before == "refuse" else guest.before)
+            porch = guest.porch
+            if porch is not None and porch.mode == want:
+                return
+            guest.porch = None
+            if want == "sshd":
+                guest.starting = True
+        if porch is not None:
+            self.knocks[machine_id] = self.knocks.get(machine_id, 0) + porch.accepted
+            porch.close()
+        if want == "sshd":
+            box = Box(self.dir / machine_id, guest.public_key, guest.env, address=guest.address, port=guest.port)
+            with self._lock:
+                if self.guests.pop(machine_id, None) is not None:
+                    self.boxes[machine_id] = box
+                    return
+            _stop_box(box)  # vanished while its sshd was starting
+        elif want:
+            made = Porch(guest.address, guest.port, want)
+            with self._lock:
+                if self.guests.get(machine_id) is guest and guest.porch is None:
+                    guest.porch = made
+                    return
+            made.close()
+
+    def _forget_guest(self, machine_id: str) -> None:
+        with self._lock:
+            guest = self.guests.pop(machine_id, None)
+        if guest is None:
+            return
+        if guest.timer is not None:
+            guest.timer.cancel()
+            if guest.timer is not threading.current_thread():
+                guest.timer.join(5)
+        if guest.porch is not None:
+            guest.porch.close()
 
     def start(self, machine_id: str, public_key: str, env: dict[str, str] | None = None, *,
               address: str = "127.0.0.1", port: int | None = None) -> Box:
@@ -88,19 +253,24 @@ class Boxes:
         return box
 
     def vanish(self, machine_id: str) -> None:
+        self._forget_guest(machine_id)
         with self._lock:
             box = self.boxes.pop(machine_id, None)
         if box is None:
             return
-        sshd: list[psutil.Process] = []
-        if box.proc is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                sshd = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
-        _kill_under(box.dir, also=sshd)  # its sessions and its jobs at one moment
-        box.stop()
-        _kill_under(box.dir)
-        shutil.rmtree(box.dir, ignore_errors=True)
+        _stop_box(box)
 
     def stop_all(self) -> None:
-        for machine_id in list(self.boxes):
+        for machine_id in [*self.guests, *self.boxes]:
             self.vanish(machine_id)
+
+
+def _stop_box(box: Any) -> None:
+    sshd: list[psutil.Process] = []
+    if box.proc is not None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            sshd = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
+    _kill_under(box.dir, also=sshd)  # its sessions and its jobs at one moment
+    box.stop()
+    _kill_under(box.dir)
+    shutil.rmtree(box.dir, ignore_errors=True)

@@ -12,6 +12,12 @@ Faults, set on the instance (under `fake.lock` when a test runs):
     rate_limit(n, retry_after)          the next n requests answer 429 with Retry-After
     token = "..."                       the account key it accepts (another one: 401)
     ready_after = n                     reads of a pod before it is RUNNING with ssh.direct
+    ssh_after_s = s                     RUNNING comes before the container's sshd: it opens s later;
+                                        meanwhile its port does `guest_before` (refuse, drop, silent)
+    launch_answers = [...]              what the next creates answer before anything else: "no_stock"
+                                        (the documented 500 "no instances available") or "fail" (the
+                                        pod is made and goes EXITED: its container could not start)
+`stale(name)` puts a pod named so on the account, as an earlier controller left it (RUNNING).
 `vanish(pod_id)` takes a pod away (its sshd and folder) as a failed host would.
 `billed` keeps each deleted pod's (name, seconds it existed, cost per hour).
 """
@@ -76,6 +82,10 @@ class FakeRunPod(OpenAPIFake):
         self.lag_reads = 0
         self.delete_fail = 0
         self.ready_after = 1
+        self.ssh_after_s = 0.3  # runpod.md §9: sshd starts inside the container after RUNNING
+        self.guest_before = "refuse"
+        self.launch_answers: list[str] = []
+        self.created: list[dict[str, Any]] = []  # every create's body, as sent
         self.billed: list[tuple[str, float, float]] = []
         self.self_deleted: list[str] = []  # pods deleted with their own pod-scoped key
         self._ids = itertools.count(1)
@@ -112,8 +122,13 @@ class FakeRunPod(OpenAPIFake):
 
     def _advance(self, pod: dict[str, Any]) -> None:
         pod["_reads"] += 1
-        if pod["status"] == "PROVISIONING" and not self.stuck and pod["_reads"] >= self.ready_after:
+        if pod["status"] == "PROVISIONING" and pod["_fail"] and pod["_reads"] >= self.ready_after:
+            pod["status"] = "EXITED"
+            pod["cost"] = 0.0
+        elif pod["status"] == "PROVISIONING" and not self.stuck and pod["_reads"] >= self.ready_after:
             port = pod["_port"]
+            if not self.virtual:
+                self.boxes.boot(pod["id"], self.ssh_after_s, before=self.guest_before)
             pod["status"] = "RUNNING"
             pod["startedAt"] = _iso(time.time())
             pod["ssh"] = {"proxy": None, "direct": {
@@ -135,10 +150,10 @@ class FakeRunPod(OpenAPIFake):
         pub = body.get("env", {}).get("PUBLIC_KEY", "")
         if self.virtual:
             port, user = 1, "root"
-        else:
-            box = self.boxes.start(pod_id, pub, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key,
+        else:  # its container's sshd comes up after RUNNING (boot, in _advance)
+            port = self.boxes.plan(pod_id, pub, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key,
                                                      "RUNPOD_DC_ID": dc})
-            port, user = box.port, box.user
+            user = self.boxes.user
         now = time.time()
         pod = {
             "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ["stop", "terminate"],
@@ -149,6 +164,7 @@ class FakeRunPod(OpenAPIFake):
             "runtime": None, "createdAt": _iso(now), "startedAt": None, "globalNetworking": {"enabled": False},
             "gpu": {"id": gpu_id, "count": body["gpu"].get("count", 1)},
             "_reads": 0, "_lag": self.lag_reads, "_key": key, "_port": port, "_user": user, "_t0": now,
+            "_fail": False,
         }
         self.pods[pod_id] = pod
         self.stock[(gpu_id, dc)] -= 1
@@ -176,6 +192,18 @@ class FakeRunPod(OpenAPIFake):
         with self.lock:
             return sorted(p["name"] for p in self.pods.values())
 
+    def stale(self, name: str) -> str:
+        """A RUNNING pod named `name` already on the account (no sshd: nobody will log in); its id."""
+        with self.lock:
+            gpu_id, dc = next(k for k, n in self.stock.items() if n > 0)
+            virtual, self.virtual = self.virtual, True
+            try:
+                pod = self._make({"name": name, "gpu": {"id": gpu_id, "count": 1}, "image": "old"}, dc)
+            finally:
+                self.virtual = virtual
+            pod["status"], pod["startedAt"] = "RUNNING", pod["createdAt"]
+            return str(pod["id"])
+
     def _routes(self) -> None:
         @self.route("GET", "/v2/catalog/gpus")
         def catalog(req: Request) -> Response:
@@ -197,6 +225,7 @@ class FakeRunPod(OpenAPIFake):
         @self.route("POST", "/v2/pods")
         def create(req: Request) -> Response:
             body = req.get_json()
+            self.created.append(body)
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return problem(500, "Internal Server Error", "create pod: upstream timeout")
@@ -205,9 +234,11 @@ class FakeRunPod(OpenAPIFake):
                 return problem(400, "Bad Request", f"unknown gpu type {gpu_id}")
             dcs = body.get("dataCenterIds") or sorted({dc for (g, dc) in self.stock if g == gpu_id})
             dc = next((d for d in dcs if self.stock.get((gpu_id, d), 0) > 0), None)
-            if dc is None:  # runpod.md §5: no stock is a 500 with this message
+            scripted = self.launch_answers.pop(0) if self.launch_answers else ""
+            if dc is None or scripted == "no_stock":  # runpod.md §5: no stock is a 500 with this message
                 return problem(500, "Internal Server Error", "create pod: There are no instances currently available")
             pod = self._make(body, dc)
+            pod["_fail"] = scripted == "fail"
             if self.create_500_made > 0:  # runpod.md §6: made, then the read-back failed
                 self.create_500_made -= 1
                 return problem(500, "Internal Server Error", "create pod: failed to read back the created pod")

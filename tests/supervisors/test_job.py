@@ -27,6 +27,7 @@ from actor_run.protocols.messages import (
     Retrying,
     Stalled,
     Uploaded,
+    WaitingForCapacity,
 )
 from actor_run.protocols.specs import CandidateSpec
 from actor_run.supervisors.job import tidy_seed_dir
@@ -107,12 +108,32 @@ def test_no_capacity_at_launch_walks_on_without_counting(
 
 
 def test_no_stock_anywhere_ends_no_capacity(open_runner: Callable[..., Any], events: Any, sim_job: Any) -> None:
-    job = sim_job("none", "true", candidates=[CandidateSpec(cloud="sim", gpu="B200")])
+    # capacity_wait_s = 0: fail fast, as before the default wait
+    job = sim_job("none", "true", candidates=[CandidateSpec(cloud="sim", gpu="B200")], capacity_wait_s=0.0)
     with open_runner() as r:
         ended = r.submit(job).result(60)
     assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.NO_CAPACITY, 0)
     assert "no candidate place has stock" in ended.detail
     assert events.of(AttemptStarted) == []
+    assert events.of(WaitingForCapacity) == []
+
+
+def test_jobs_beyond_the_stock_wait_for_their_batch_s_machines(
+    open_runner: Callable[..., Any], events: Any, sim_job: Any, regions: Any, sim_dir: Path
+) -> None:
+    """Concurrency above stock: with the default wait, a job finding no place with stock waits
+    (it is its own batch that holds the stock) and runs when a machine is let go."""
+    sim = {"regions": regions(("us-east", "A100", 2, 1.8))}
+    jobs = [sim_job("crowd", "sh -c 'sleep 0.3'", seed=s, sim=sim) for s in range(5)]
+    with open_runner(concurrency=5) as r:
+        ended = [h.result(120) for h in [r.submit(j) for j in jobs]]
+    assert [(e.outcome, e.failure) for e in ended] == [("succeeded", None)] * 5
+    waiting = events.of(WaitingForCapacity)
+    assert len(waiting) >= 3  # at most two ran at once
+    assert all(w.wanted == "sim A100" and w.until > time.time() + 200 for w in waiting)  # the sim's 300 s
+    # a create that lost the race for the last machine is a walk (no_capacity), never a counted failure
+    assert {e.failure for e in events.of(AttemptEnded)} <= {None, Code.NO_CAPACITY}
+    assert sim_machines(sim_dir) == []
 
 
 def test_a_job_that_exits_non_zero_is_not_retried(

@@ -105,3 +105,16 @@ def test_an_unknown_cloud_raises_at_the_ask_and_leaves_nothing_out(reactor: Reac
     with pytest.raises(KeyError):
         book.ask(CandidateSpec(cloud="nowhere"), 0, lambda r: None)
     assert book.calls == 0
+
+
+def test_jobs_waiting_for_capacity_are_woken_once_when_a_machine_is_let_go(reactor: Reactor) -> None:
+    book = OfferBook(reactor, {})
+    woken: list[str] = []
+    book.when_freed("job-a", lambda: woken.append("a-old"))
+    book.when_freed("job-a", lambda: woken.append("a"))  # its newer wait replaces the older
+    book.when_freed("job-b", lambda: woken.append("b"))
+    assert woken == []  # nothing freed yet
+    book.freed()
+    assert woken == ["a", "b"]
+    book.freed()  # each wake-up is for one wait: a job waiting again registers again
+    assert woken == ["a", "b"]

@@ -32,7 +32,7 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 def make(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
     monkeypatch.setenv(fake.KEY_VAR, "test-key")
     raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 10.0, **fake.settings(), **extra}
+           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 60.0, **fake.settings(), **extra}
     return make_cloud(fake.CLOUD, raw, tmp_path / "state")
 
 
@@ -195,3 +195,121 @@ def test_the_answer_tables_say_quota_for_an_exhausted_account() -> None:
     assert hyperstack.classify_create(200, {"status": False, "message": "no flavor stock"}) is Code.NO_CAPACITY
     assert hyperstack.classify_create(200, {"status": True}) is None
     assert hyperstack.classify_create(409, {"status": False}) is None  # our unique name exists: ours made it
+
+
+# --- readiness: what the API calls ready is not yet what SSH answers ----------------------------------
+
+
+@pytest.mark.parametrize("before", ["refuse", "drop", "silent"])
+def test_ssh_that_opens_after_ready_is_waited_for(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, before: str) -> None:
+    """sshd opens 2 s after ready; meanwhile the port refuses, or takes TCP and closes it, or takes
+    it and says nothing (one SSH try is then cut by connect_timeout_s): connect waits it out."""
+    cloud = make(fake, tmp_path, monkeypatch, connect_timeout_s=0.5)
+    with fake.lock:
+        fake.ssh_after_s, fake.guest_before = 2.0, before
+    n = name()
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=60)
+    assert machine.id in fake.boxes.guests, "the API said ready before the guest's sshd (as vendors do)"
+    ws = reactor.call(cloud.connect, machine, timeout=60)
+    assert reactor.call(ws.host.run, "echo up", timeout=30).stdout.strip() == b"up"
+    if before != "refuse":
+        assert fake.boxes.knocks[machine.id] >= 1  # it knocked before sshd was there, and came back
+    known = (tmp_path / "state" / fake.CLOUD / "known_hosts.d" / n).read_text().split()
+    box_key = (fake.boxes.boxes[machine.id].host_key.with_name("host_ed25519.pub")).read_text().split()
+    assert known[1:3] == box_key[:2]  # the key pinned is the one of the sshd that let us in
+    reactor.call(ws.aclose, timeout=30)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+
+
+@pytest.mark.parametrize("fake", ["hyperstack"], indirect=True)
+def test_a_port_filtered_until_its_firewall_rule_is_silent_then_answers(fake: Any) -> None:
+    """Hyperstack: inbound SSH is closed until a port-22 rule exists (hyperstack.md §8): the
+    fake's port takes TCP and says nothing until the rule is added."""
+    import socket
+
+    import httpx
+
+    client = httpx.Client(base_url=fake.url, headers={"api_key": fake.token}, timeout=60)
+    client.post("/core/environments", json={"name": "e", "region": "NORWAY-1"})
+    client.post("/core/keypairs", json={"name": "k", "environment_name": "e", "public_key": "ssh-ed25519 AAAA k"})
+    made = client.post("/core/virtual-machines", json={"name": "vm", "environment_name": "e", "count": 1,
+                                                       "flavor_name": "n3-A100x1", "key_name": "k"}).json()
+    vm = made["instances"][0]["id"]
+    address = fake.vms[vm]["_address"]
+    with socket.create_connection((address, fake.port), timeout=5) as s:
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # accepted, and not a byte: no banner behind a closed firewall
+            s.recv(1)
+    rule = {"direction": "ingress", "protocol": "tcp", "ethertype": "IPv4", "remote_ip_prefix": "0.0.0.0/0",
+            "port_range_min": fake.port, "port_range_max": fake.port, "virtual_machine_id": vm}
+    assert client.post(f"/core/virtual-machines/{vm}/sg-rules", json=rule).status_code == 200
+    with pytest.raises(ConnectionRefusedError):  # open now, and nothing listens yet (still BUILD)
+        socket.create_connection((address, fake.port), timeout=5).close()
+    client.close()
+
+
+def test_ssh_that_never_opens_fails_at_launch_timeout(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from actor_run.protocols.failures import Unreachable
+
+    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=4.0)
+    with fake.lock:
+        fake.ssh_after_s = 3600.0
+    n = name()
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=60)
+    with pytest.raises(Unreachable, match="launch_timeout_s = 4 s"):
+        reactor.call(cloud.connect, machine, timeout=60)
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+
+
+def test_our_key_refused_ends_the_wait_at_once(reactor: Reactor, fake: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an authentication refusal (with the key the create carried) ends the wait before
+    launch_timeout_s: 600 s here, and the call is given 60."""
+    from actor_run.protocols.failures import Refused
+
+    other = client_key(tmp_path / "other").with_name("id_ed25519.pub").read_text()
+    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=600.0)
+    fake.boxes.foreign_key = other
+    n = name()
+    machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=60)
+    with pytest.raises(Refused) as info:
+        reactor.call(cloud.connect, machine, timeout=60)
+    assert info.value.code is Code.LAUNCH_FAILED
+    assert not (tmp_path / "state" / fake.CLOUD / "known_hosts.d" / n).exists() or \
+        (tmp_path / "state" / fake.CLOUD / "known_hosts.d" / n).read_text() == ""  # no login: nothing pinned
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+    assert fake.alive() == []
+
+
+# --- Lambda file systems: offers only where the file system lives ------------------------------------
+
+
+@pytest.mark.parametrize("fake", ["lambda"], indirect=True)
+def test_a_lambda_file_system_limits_offers_to_its_region(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.file_systems["shared"] = "us-west-1"
+    cloud = make(fake, tmp_path, monkeypatch, file_system="shared")
+    reactor.call(cloud.check, timeout=60)
+    offers = reactor.call(cloud.offers, CandidateSpec(cloud="lambda", gpu="A100-80G"), 0, timeout=60)
+    assert {o.region for o in offers} == {"us-west-1"}  # us-east-1 has stock too, and no file system
+    reactor.call(cloud.offers, CandidateSpec(cloud="lambda", gpu="H100"), 0, timeout=60)
+    assert [c for c in fake.calls if c[1] == "/api/v1/file-systems"] == [("GET", "/api/v1/file-systems", 200)]
+    n = name()
+    machine = reactor.call(cloud.launch, offers[0], n, time.time() + 3600, timeout=60)
+    assert machine.region == "us-west-1"
+    reactor.call(cloud.delete, n, machine.id, timeout=30)
+
+
+@pytest.mark.parametrize("fake", ["lambda"], indirect=True)
+def test_a_missing_lambda_file_system_is_bad_input(reactor: Reactor, fake: Any, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.file_systems["shared"] = "us-west-1"
+    cloud = make(fake, tmp_path, monkeypatch, file_system="sharde")
+    with pytest.raises(SpecError) as info:
+        reactor.call(cloud.check, timeout=60)
+    assert info.value.field == "clouds.lambda.file_system"
+    assert "shared" in str(info.value)

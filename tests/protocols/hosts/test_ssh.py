@@ -126,6 +126,40 @@ def test_a_changed_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
     assert not (tmp_path / "reached").exists()
 
 
+def test_a_host_key_is_pinned_at_the_first_login_not_before(sshd: Sshd, tmp_path: Path) -> None:
+    """A guest still booting may show a host key it replaces a moment later (its keys made on first
+    boot, sshd restarted): a handshake whose login fails pins nothing, so the key the machine ends
+    up with is the one held to."""
+    from fakes.keys import client_key
+
+    async def refused() -> None:
+        h = SSHHost("test", sshd.address, port=sshd.port, user=sshd.user, connect_timeout_s=5,
+                    key=str(client_key(tmp_path / "stranger")),  # not in authorized_keys
+                    known_hosts=tmp_path / "state" / "ssh" / "known_hosts")
+        try:
+            with pytest.raises(Refused) as info:
+                await h.run("true")
+            assert info.value.code == Code.LAUNCH_FAILED
+        finally:
+            await h.aclose()
+
+    run(refused)
+    known = tmp_path / "state" / "ssh" / "known_hosts"
+    assert not known.exists() or known.read_text() == ""
+    sshd.restart_with_new_host_key()
+
+    async def logs_in() -> None:
+        h = host(sshd, tmp_path)
+        try:
+            assert (await h.run("echo in")).stdout == b"in\n"
+        finally:
+            await h.aclose()
+
+    run(logs_in)
+    pub = sshd.host_key.with_name(sshd.host_key.name + ".pub").read_text().split()
+    assert known.read_text().split()[1:3] == pub[:2]
+
+
 def test_a_cut_connection_is_replaced_on_the_next_call(sshd: Sshd, tmp_path: Path) -> None:
     h = host(sshd, tmp_path)
 
