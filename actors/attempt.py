@@ -154,7 +154,10 @@ class AttemptActor(Actor):
         self.when_idle(_StartWatchers())  # while the create is out, when no other turn waits
 
     def _header(self) -> str:
-        return (f"--- attempt {self.attempt} on {self.offer.cloud} {self.offer.region} {self.offer.gpu}".rstrip()
+        """The line that opens this attempt's part of log.txt: its run and number, place and start."""
+        run = self.ctx.ledger.run_of(self.job.key)
+        return (f"--- {f'run {run} ' if run else ''}attempt {self.attempt} on {self.offer.cloud} {self.offer.region} "
+                f"{self.offer.gpu}".rstrip()
                 + f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.began))}) ---\n")
 
     def _start_watchers(self) -> tuple[pykka.ActorRef[Any], pykka.ActorRef[Any], pykka.ActorRef[Any]]:

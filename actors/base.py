@@ -71,6 +71,10 @@ class Pending(Protocol):
 class LedgerPort(Protocol):
     """What actors need of the ledger (supervisors/ledger/ implements it)."""
 
+    def run_of(self, key: str) -> str:
+        """The run the job `key` (`name/seed-N`) belongs to: an attempt's log header names it."""
+        ...
+
     def queue_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
                      offer: Offer | None = None) -> Pending:
         """The create call goes out only once this is durable."""

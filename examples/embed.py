@@ -36,7 +36,8 @@ def run(out_dir: str | Path, state_dir: str | Path | None = None) -> list[JobEnd
         runner.subscribe(follow)
         handles = [runner.submit(job) for job in batch.jobs()]
         ended = [handle.result(timeout=600) for handle in handles]
-    # leaving the `with` deleted every machine; the outputs are under out_dir/embedded/seed-<n>/
+    # leaving the `with` deleted every machine; the outputs are under out_dir/<run>/embedded/seed-<n>/
+    # (out_dir/latest names the newest run)
     print(f"{len(steps)} progress steps seen")
     return ended
 

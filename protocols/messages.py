@@ -47,6 +47,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     host: str = ""  # for the ssh cloud: which configured host
     account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
     kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
+    stock: str = ""  # what the provider says of its stock: a count ("3"), its word ("high", "low"), or "" (silent)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):

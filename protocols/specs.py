@@ -398,6 +398,26 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     return _checked(spec, p.resolve().parent, known_clouds)
 
 
+def read_batch_table(path: str | Path) -> dict[str, Any]:
+    """A batch file's TOML as a table, unchecked (the one-line run edits it before `batch_from_table`)."""
+    p = Path(path).expanduser()
+    try:
+        return tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise SpecError("", f"cannot read batch file {p}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError("", f"{p} is not valid TOML: {exc}") from exc
+
+
+def batch_from_table(raw: dict[str, Any], base: Path, known_clouds: set[str] | None = None) -> Batch:
+    """A batch from a table shaped like a batch file, checked like one (relative paths from `base`)."""
+    try:
+        spec = msgspec.convert(raw, BatchFile)
+    except msgspec.ValidationError as exc:
+        raise spec_error(exc) from exc
+    return _checked(spec, base, known_clouds)
+
+
 def _checked(spec: BatchFile, base: Path, known_clouds: set[str] | None) -> Batch:
     """Check every value of a batch; make its paths absolute (relative ones are from `base`)."""
     if not spec.job.seeds:

@@ -44,6 +44,8 @@ class UserConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     path: str | None = None  # None: no file (nothing configured)
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    # `run` on a terminal asks before a batch whose worst case (`actor-run plan`) passes this; None: never asks
+    confirm_above_usd: float | None = None
 
     @property
     def source(self) -> str:
@@ -147,8 +149,12 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
         raise SpecError("config", f"{path} is not valid TOML: {exc}") from exc
     where = f" (in {path})"
     for key in raw:
-        if key != "clouds":
-            raise SpecError(key, f"unknown key{where}: a user config holds [clouds.<name>] tables only")
+        if key not in ("clouds", "confirm_above_usd"):
+            raise SpecError(key, f"unknown key{where}: a user config holds confirm_above_usd and [clouds.<name>]"
+                            " tables only")
+    confirm = raw.get("confirm_above_usd")
+    if confirm is not None and (isinstance(confirm, bool) or not isinstance(confirm, int | float) or confirm < 0):
+        raise SpecError("confirm_above_usd", f"expected a number >= 0{where}, got {confirm!r}")
     clouds = raw.get("clouds", {})
     if not isinstance(clouds, dict):
         raise SpecError("clouds", f"expected a table{where}")
@@ -158,7 +164,8 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
             raise SpecError(f"clouds.{name}", f"unknown cloud{where} (known: {', '.join(sorted(known))})")
         if not isinstance(table, dict):
             raise SpecError(f"clouds.{name}", f"expected a table{where}")
-    config = UserConfig(path=str(path.resolve()), clouds=clouds)
+    config = UserConfig(path=str(path.resolve()), clouds=clouds,
+                        confirm_above_usd=None if confirm is None else float(confirm))
     for name in clouds:
         config.parse(name, {})  # every value checked now, naming this file
     return config

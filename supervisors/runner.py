@@ -65,11 +65,14 @@ from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
 from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
+from actor_run.supervisors.ledger.db import Backend, open_backend
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
 from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
+CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
 
 
 def default_state_dir() -> Path:
@@ -239,9 +242,12 @@ class Runner(Takeover):
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
         self._reported: dict[str, dict[int, float]] = {}
+        self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
+        self._cancel_task: Task | None = None
+        self._cancel_backend: Backend | None = None
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
         self.swept: list[SweepAction] = []
@@ -283,6 +289,7 @@ class Runner(Takeover):
                                             budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
         self._open = True
         self._beat()
+        self._watch_cancels()
         if self.sweep_on_start:
             self.swept = self.sweep()
 
@@ -297,6 +304,34 @@ class Runner(Takeover):
                 self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
 
         self._beat_task = self.reactor.call_later(period, beat, name="owner-beat")
+
+    def _watch_cancels(self) -> None:
+        """Read `actor-run cancel`'s requests (ledger/cancels.py) every CANCEL_POLL_S, off the
+        reactor's thread, and cancel the jobs this Runner runs (the machine is deleted first)."""
+        backend = self._cancel_backend = open_backend(self.ledger_path)
+        with backend.reading() as conn:
+            start = last_cancel(conn)
+
+        def read(after: int) -> list[tuple[int, str, str, str]]:
+            with backend.reading() as conn:
+                return cancels_after(conn, after)
+
+        async def watch(last: int) -> None:
+            while self._open:
+                await trio.sleep(CANCEL_POLL_S)
+                try:
+                    rows = await trio.to_thread.run_sync(read, last)
+                except backend.errors as exc:  # busy or gone for a moment: the next poll reads again
+                    logger.warning("reading cancel requests: {}", exc)
+                    continue
+                for row_id, run, key, detail in rows:
+                    last = row_id
+                    handle = self.handles.get(key)
+                    if handle is not None and not handle.done() and self.run_of(key) == run:
+                        logger.bind(job=key).info("canceled from another process")
+                        self._batch_tell(_CancelJob(key=key, detail=detail))
+
+        self._cancel_task = self.reactor.spawn(watch, start, name="cancel-watch")
 
     def _lost(self, keys: set[str]) -> None:
         """On the ledger's thread: these jobs are no longer this controller's (fencing)."""
@@ -353,6 +388,8 @@ class Runner(Takeover):
             self._open = False
             if self._beat_task is not None:
                 self._beat_task.cancel()
+            if self._cancel_task is not None:
+                self._cancel_task.cancel()
             if self._batch is not None:
                 self._batch.stop(block=True, timeout=self.delete_timeout_s + 240)
             for cloud in self.clouds.values():
@@ -361,6 +398,8 @@ class Runner(Takeover):
                 except Exception as exc:  # closing a client must not stop the rest of the shutdown
                     logger.warning("closing cloud {}: {}", cloud.name, exc)
             self.reactor.stop()
+            if self._cancel_backend is not None:
+                self._cancel_backend.close()
             if self.ledger is not None:
                 for run in sorted(self._driven):
                     self.ledger.end_run(run)
@@ -427,6 +466,9 @@ class Runner(Takeover):
                                                         "Runner leases with; run it in a Runner of its own")
             self.config.parse(name, settings)  # a bad value names its field and its file
             cloud = make_cloud(name, merged, self.state_dir)
+            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
+            if launchable is not None:
+                launchable()
             if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
                 cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
                                                   grace_s=self.sweep_grace_s, keep_owner=self.owner)
@@ -455,7 +497,25 @@ class Runner(Takeover):
                     raise RuntimeError("could not find a free run id")
                 self._run_started = True
                 self._driven.add(self.run)
+                self._link_latest()
         return self.run
+
+    def seed_dir(self, job: Job) -> Path:
+        """Where a job of this Runner's run keeps its results: `<out>/<run>/<job>/seed-<n>`, so a
+        batch run again never overwrites the last run's (`<out>/latest` names the newest run)."""
+        return self.out_dir / self.run / job.name / f"seed-{job.seed}"
+
+    def _link_latest(self) -> None:
+        """`<out>/latest` -> this run's folder, replaced in one rename (a reader never sees none)."""
+        (self.out_dir / self.run).mkdir(parents=True, exist_ok=True)
+        link = self.out_dir / "latest"
+        if link.exists() and not link.is_symlink():
+            logger.warning("{} is not a link actor-run made: left as it is", link)
+            return
+        staged = self.out_dir / f".latest-{self.run}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(self.run, target_is_directory=True)
+        os.replace(staged, link)
 
     def run_of(self, key: str) -> str:
         """The run the job `key` belongs to (this Runner's, or the one it resumed it from)."""
@@ -471,9 +531,8 @@ class Runner(Takeover):
         handle = JobHandle(self, job)
         self.handles[job.key] = handle
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="running", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
-                               run=self.run)
-        self._batch_tell(_Submit(job=job))
+                               state="running", out_dir=str(self.seed_dir(job)), run=self.run)
+        self._batch_tell(_Submit(job=job, seed_dir=str(self.seed_dir(job))))
         return handle
 
     def enqueue(self, job: Job) -> None:
@@ -482,8 +541,7 @@ class Runner(Takeover):
         self.start_run()
         self.check(job)
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="queued", out_dir=str(self.out_dir / job.name / f"seed-{job.seed}"),
-                               run=self.run)
+                               state="queued", out_dir=str(self.seed_dir(job)), run=self.run)
 
     def claim(self, most: int) -> list[JobHandle]:
         """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its
@@ -548,7 +606,10 @@ class Runner(Takeover):
         # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
         # figure for the view and the budget: what an attempt cost is in its attempts row
         if isinstance(event, Progress):
-            if "checkpoint" in event.line:
+            # and each new stage, so `actor-run status` from another process says where a job is
+            stage_key = (job_key(event.job, event.seed), event.attempt)
+            if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
+                self._stages[stage_key] = event.stage
                 self.ledger.record_event(event)
         elif not isinstance(event, Metered):
             self.ledger.record_event(event)

@@ -59,7 +59,8 @@ def test_the_embedding_example_runs_its_batch(tmp_path: Path) -> None:
     ended = _example("embed").run(tmp_path / "out", tmp_path / "state")
     assert [(e.seed, e.outcome) for e in ended] == [(1, "succeeded"), (2, "succeeded"), (3, "succeeded")]
     for e in ended:
-        assert Path(e.out_dir) == tmp_path / "out" / "embedded" / f"seed-{e.seed}"
+        # each run keeps its results under <out>/<run>/, and <out>/latest names the newest
+        assert Path(e.out_dir) == (tmp_path / "out" / "latest" / "embedded" / f"seed-{e.seed}").resolve()
         assert list((Path(e.out_dir) / "out").iterdir())
 
 
@@ -67,7 +68,7 @@ def test_the_async_example_awaits_without_blocking_its_loop(tmp_path: Path) -> N
     ended, ticks = asyncio.run(_example("async_embed").run(tmp_path / "out", tmp_path / "state"))
     assert ended.outcome == "succeeded", ended.detail
     assert ticks >= 3  # the job waited for the loop's third tick
-    assert (tmp_path / "out" / "awaited" / "seed-1" / "out" / "note.txt").read_text() == "released\n"
+    assert (tmp_path / "out" / "latest" / "awaited" / "seed-1" / "out" / "note.txt").read_text() == "released\n"
 
 
 def test_wait_async_in_trio(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ machine is an OS shutdown (a SHUTOFF VM still bills: the sweep is the real backs
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Literal
@@ -114,13 +115,19 @@ class HyperstackCloud(RentedCloud):
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(settings, state_dir)
         key = api_key(self.name, settings.api_key_env)
-        self._public_key = " ".join(public_key(self.name, settings.ssh_key).split()[:2])
-        self._key_name = "actor-run-" + hashlib.sha256(self._public_key.encode()).hexdigest()[:12]
         self.api = ProviderAPI(self.name, settings.api_url, {"api_key": key}, timeout_s=settings.timeout_s,
                                transport=transport)
         self._ready_envs: set[str] = set()
         self._env_lock = trio.Lock()
         self._prices: dict[str, float] = {}
+
+    @functools.cached_property
+    def _public_key(self) -> str:  # read when first needed: the read-only calls need no local key
+        return " ".join(public_key(self.name, self.settings.ssh_key).split()[:2])
+
+    @functools.cached_property
+    def _key_name(self) -> str:
+        return "actor-run-" + hashlib.sha256(self._public_key.encode()).hexdigest()[:12]
 
     def _refused(self, what: str, resp: httpx.Response) -> Exception:
         if is_auth_refusal(resp.status_code):
@@ -141,8 +148,9 @@ class HyperstackCloud(RentedCloud):
         stocks = await self._get("stocks", "/core/stocks")
         prices = {str(p.get("name")): float(p.get("value") or 0) for p in await self._get("pricebook", "/pricebook")}
         self._prices = prices
-        empty = {(s.get("region"), m.get("model")) for s in stocks.get("stocks") or []
-                 for m in s.get("models") or [] if str(m.get("available", "")) == "0"}
+        left = {(s.get("region"), m.get("model")): str(m.get("available", "")) for s in stocks.get("stocks") or []
+                for m in s.get("models") or []}
+        empty = {place for place, n in left.items() if n == "0"}
         wanted = vendor_ids(candidate.gpu, VENDOR)
         out = []
         for group in flavors.get("data") or []:
@@ -156,7 +164,8 @@ class HyperstackCloud(RentedCloud):
                 if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
                     continue
                 out.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu or our_name(gpu, VENDOR),
-                                 hourly_usd=round(price, 4), candidate=index, kind=str(f["name"])))
+                                 hourly_usd=round(price, 4), candidate=index, kind=str(f["name"]),
+                                 stock=left.get((region, gpu), "")))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 

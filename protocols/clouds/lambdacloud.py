@@ -39,7 +39,6 @@ from actor_run.protocols.clouds.rented import (
     Seen,
     VMSettings,
     api_key,
-    public_key,
     shutdown_script,
     vendor_name,
 )
@@ -131,7 +130,6 @@ class LambdaCloud(RentedCloud):
                  ) -> None:
         super().__init__(settings, state_dir)
         key = api_key(self.name, settings.api_key_env)
-        self._public_key = public_key(self.name, settings.ssh_key)
         self.api = ProviderAPI(self.name, settings.api_url, {"Authorization": f"Bearer {key}"},
                                timeout_s=settings.timeout_s, transport=transport)
         self._key_name = ""
@@ -187,7 +185,7 @@ class LambdaCloud(RentedCloud):
                     continue
                 ours = candidate.gpu or our_name(type_name, VENDOR)
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=type_name))
+                                 kind=type_name, stock="available"))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 

@@ -28,6 +28,7 @@ Rules kept here for all of them:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -216,6 +217,16 @@ class RentedCloud:
         """What a candidate's `regions` may say here (None: not checked)."""
         return self.regions
 
+    @functools.cached_property
+    def _public_key(self) -> str:
+        """The public half of `ssh_key`, read when first needed: the read-only calls (`clouds check`,
+        `offers`, a sweep) need no local key; `check_launchable` reads it before anything starts."""
+        return public_key(self.name, self.settings.ssh_key)
+
+    def check_launchable(self) -> None:
+        """Raise SpecError (naming `ssh_key`) when this cloud could not launch a machine we can reach."""
+        _ = self._public_key
+
     # --- what a provider module answers -----------------------------------------------------------
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
@@ -284,6 +295,14 @@ class RentedCloud:
         if self.settings.known_hosts:
             return Path(self.settings.known_hosts).expanduser()
         return self.dir / "known_hosts.d" / name
+
+    def login(self, machine: Machine) -> list[str]:
+        """The OpenSSH client's arguments for a shell on `machine`, held to its pinned host key
+        (`actor-run ssh`); nothing is connected here."""
+        ssh = SSHHost(f"{self.name}:{machine.name}", machine.address, port=machine.port or 22, user=machine.user,
+                      key=self.settings.ssh_key, known_hosts=self._known_hosts(machine.name),
+                      connect_timeout_s=self.settings.connect_timeout_s)
+        return ssh.ssh_client_args()
 
     async def connect(self, machine: Machine) -> Workspace:
         known = self._known_hosts(machine.name)

@@ -35,7 +35,7 @@ from actor_run.protocols.clouds.http import (
     is_auth_refusal,
     short,
 )
-from actor_run.protocols.clouds.rented import RentedCloud, RentedSettings, Seen, api_key, public_key
+from actor_run.protocols.clouds.rented import RentedCloud, RentedSettings, Seen, api_key
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
 from actor_run.protocols.hosts.scripts import q
 from actor_run.protocols.messages import Machine, Offer
@@ -152,7 +152,6 @@ class RunPodCloud(RentedCloud):
                  ) -> None:
         super().__init__(settings, state_dir)
         key = api_key(self.name, settings.api_key_env)  # a missing key is exit 2, before anything starts
-        self._public_key = public_key(self.name, settings.ssh_key)
         self.api = ProviderAPI(self.name, settings.api_url, {"Authorization": f"Bearer {key}"},
                                timeout_s=settings.timeout_s, transport=transport)
 
@@ -181,7 +180,7 @@ class RunPodCloud(RentedCloud):
                     continue
                 ours = candidate.gpu or our_name(gpu["id"], VENDOR)
                 out.append(Offer(cloud=self.name, region=str(dc["id"]), gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=str(gpu["id"])))
+                                 kind=str(gpu["id"]), stock=str(dc.get("availability", "")).lower()))
         out.sort(key=lambda o: (o.hourly_usd, o.region))
         return out
 

@@ -215,12 +215,14 @@ class SimCloud:
                 continue
             if candidate.gpu and gpu.lower() != candidate.gpu.lower():
                 continue
-            if spec.stock - held.get(key, 0) <= 0:
+            left = spec.stock - held.get(key, 0)
+            if left <= 0:
                 continue
             if candidate.max_hourly_usd is not None and spec.hourly_usd > candidate.max_hourly_usd:
                 continue
             out.append(
-                Offer(cloud=self.name, region=region, gpu=gpu, hourly_usd=spec.hourly_usd, candidate=index)
+                Offer(cloud=self.name, region=region, gpu=gpu, hourly_usd=spec.hourly_usd, candidate=index,
+                      stock=str(left))
             )
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.gpu))
         return out

@@ -218,6 +218,12 @@ class SSHCloud:
             deadline=deadline, created_at=time.time(), address=cfg.address, root=root,
         )
 
+    def login(self, machine: Machine) -> list[str]:
+        """The OpenSSH client's arguments for a shell on `machine`'s host, held to its pinned host
+        key (`actor-run ssh`); nothing is connected here."""
+        host = machine.id.split("/", 1)[0] or machine.region
+        return self._new_host(host, f"{host}:{machine.name}").ssh_client_args()
+
     async def connect(self, machine: Machine) -> Workspace:
         host = machine.id.split("/", 1)[0] or machine.region
         if machine.name not in self._machines:

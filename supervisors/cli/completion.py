@@ -26,7 +26,7 @@ examples:
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     c = sub.add_parser("completion", help="print a shell completion script", epilog=EPILOG,
                        description="Print a completion script for bash or zsh, made from this command's own parser.")
-    c.add_argument("shell", choices=["bash", "zsh"])
+    c.add_argument("shell", choices=["bash", "zsh"], help="the shell the script is for")
 
 
 class Node(NamedTuple):

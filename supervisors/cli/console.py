@@ -23,6 +23,16 @@ from actor_run.supervisors.runner import Runner, default_ledger_path
 from actor_run.supervisors.views.live import View
 from actor_run.supervisors.views.text import printable
 
+LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER, else "
+               "<state>/ledger.sqlite)")
+
+
+def where_state_lives() -> str:
+    """What `run --help` says of the state folder and the default ledger."""
+    return (f"state (the ledger, pinned host keys, the local and sim clouds' sandboxes) lives in <state> = "
+            f"{default_ledger_path().parent} (under $XDG_STATE_HOME when set); the ledger is <state>/ledger.sqlite "
+            "unless --ledger or $ACTOR_RUN_LEDGER names another")
+
 
 class Exit(enum.IntEnum):
     OK = 0  # every job succeeded
@@ -31,18 +41,36 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
 
 
+_stderr_sink: list[int] = []  # loguru's id of the stderr handler (watch() lends stderr to the live view)
+
+
+def _clean(record: Any) -> None:
+    # no secret value this process knows; no terminal control sequence from a name
+    record["message"] = printable(redact(record["message"]))
+
+
+def _line_format(record: Any) -> str:
+    """A WARNING line names its job when it is about one."""
+    _clean(record)
+    job = record["extra"].get("job")
+    return "{time:HH:mm:ss} {level} " + ("{extra[job]}: " if job and job != "-" else "") + "{message}\n{exception}"
+
+
+def _view_format(record: Any) -> str:
+    _clean(record)
+    return "{message}"
+
+
+def _shown(record: Any) -> bool:
+    return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
+
+
 def configure_logging() -> None:
     logger.remove()
+    _stderr_sink.clear()
     # no variable values in tracebacks: a job's environment may hold a secret
-    def line(record: Any) -> str:
-        # no secret value this process knows; no terminal control sequence from a name
-        record["message"] = printable(redact(record["message"]))
-        return "{time:HH:mm:ss} {level} {message}\n{exception}"
-
-    def shown(record: Any) -> bool:
-        return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
-
-    logger.add(sys.stderr, level="WARNING", format=line, filter=shown, backtrace=False, diagnose=False)
+    _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown, backtrace=False,
+                                   diagnose=False))
 
 
 class Interrupts:
@@ -79,8 +107,21 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
 
     with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
               budget=runner.budget.statistics) as view:
-        view.follow(events, until)
+        lent = view.live is not None and bool(_stderr_sink)
+        if lent:  # WARNING lines fold into the frame while it is on the screen (views/live.py)
+            logger.remove(_stderr_sink.pop())
+            sink = logger.add(view.warn, level="WARNING", format=_view_format, filter=_shown, backtrace=False,
+                              diagnose=False)
+        try:
+            view.follow(events, until)
+        finally:
+            if lent:
+                logger.remove(sink)
+                _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown,
+                                               backtrace=False, diagnose=False))
     view.summary()
+    for line in view.warnings_summary():
+        sys.stderr.write(line + "\n")
     for r in unconfirmed:
         sys.stderr.write(
             f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "

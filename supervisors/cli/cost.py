@@ -26,7 +26,7 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account")
@@ -36,6 +36,7 @@ class CostRow(msgspec.Struct, frozen=True, kw_only=True):
     """One group's money (or the total, `group` "total")."""
 
     group: str
+    run: str = ""  # with --all, the run the group is of (jobs of the same name in two runs are two groups)
     attempts: int = 0
     machine_hours: float = 0.0
     spent_usd: float = 0.0  # what ended attempts cost (an "at least" figure when at_least)
@@ -69,7 +70,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every run in the ledger")
     p.add_argument("--json", action="store_true", help="one JSON object per group, then the total")
     p.add_argument("--by", default="job", help="job | cloud | gpu | account (default: job)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
@@ -105,10 +106,11 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
         raise SpecError("--by", f"expected one of {', '.join(GROUPS)}, got {by!r}")
     rows = [r for r in reservations if run is None or r["run"] == run]
     unconfirmed = {(m.job, m.attempt) for m in at_least_rows(machines, run)}
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
-        g = groups.setdefault(_group_of(r, by), {"attempts": 0, "seconds": 0.0, "spent": 0.0, "reserved": 0.0,
-                                                 "held": 0.0, "failed": 0.0, "failed_attempts": 0, "at_least": False})
+        key = (r["run"] if run is None else "", _group_of(r, by))
+        g = groups.setdefault(key, {"attempts": 0, "seconds": 0.0, "spent": 0.0, "reserved": 0.0, "held": 0.0,
+                                    "failed": 0.0, "failed_attempts": 0, "at_least": False})
         g["attempts"] += 1
         g["reserved"] += r["usd"] or 0.0
         if r["state"] != "released":
@@ -122,10 +124,10 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
             g["failed_attempts"] += 1
         if r["at_least"] or (r["job"], r["attempt"]) in unconfirmed:
             g["at_least"] = True
-    out = [CostRow(group=k, attempts=g["attempts"], machine_hours=round(g["seconds"] / 3600, 6),
+    out = [CostRow(group=k, run=in_run, attempts=g["attempts"], machine_hours=round(g["seconds"] / 3600, 6),
                    spent_usd=round(g["spent"], 6), reserved_usd=round(g["reserved"], 6), held_usd=round(g["held"], 6),
                    failed_usd=round(g["failed"], 6), failed_attempts=g["failed_attempts"], at_least=g["at_least"])
-           for k, g in sorted(groups.items())]
+           for (in_run, k), g in sorted(groups.items())]
     total = CostRow(
         group="total", attempts=sum(c.attempts for c in out),
         machine_hours=round(sum(c.machine_hours for c in out), 6), spent_usd=round(sum(c.spent_usd for c in out), 6),
@@ -136,21 +138,39 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
 
 
 def _money(usd: float, at_least: bool = False) -> str:
-    return f"{'>=' if at_least else ''}${usd:,.2f}"
+    """Sub-dollar amounts to 4 places ($0.0068: a cheap run is not $0.00), the rest to cents."""
+    amount = f"${usd:.4f}" if abs(usd) < 1 else f"${usd:,.2f}"
+    return f"{'>=' if at_least else ''}{amount}"
 
 
 def render(groups: list[CostRow], total: CostRow, at_least: list[AtLeast], by: str) -> str:
-    head = f"{by:<34} {'attempts':>8} {'machine-h':>10} {'spent':>11} {'reserved':>11} {'held':>9} {'failures':>16}"
-    lines = [head]
-    for c in [*groups, total]:
-        fails = f"{_money(c.failed_usd)} ({c.failed_attempts})"
-        spent = _money(c.spent_usd, c.at_least)
-        lines.append(f"{c.group[:34]:<34} {c.attempts:>8} {c.machine_hours:>10.3f} {spent:>11}"
-                     f" {_money(c.reserved_usd):>11} {_money(c.held_usd):>9} {fails:>16}")
+    """The table; the reservation columns only while money is held (an attempt not ended): on a
+    finished run what was reserved has all been replaced by charges, and read as money still held."""
+    live = total.held_usd > 0
+    head = f"{by:<34} {'attempts':>8} {'machine-h':>10} {'spent':>11}"
+    head += f" {'reserved':>11} {'held now':>9}" if live else ""
+    lines = [head + f" {'failures':>16}"]
+    runs = sorted({c.run for c in groups if c.run})
+    sections = [(r, [c for c in groups if c.run == r]) for r in runs] if runs else [("", groups)]
+    for run, rows in sections:
+        if run:
+            lines.append(f"run {run}")
+        for c in rows:
+            lines.append(_line(c, live, indent=bool(run)))
+    lines.append(_line(total, live, indent=False))
     for a in at_least:
         lines.append(f"at least {_money(a.usd)}: {a.machine} on {a.cloud} ({a.job}, attempt {a.attempt}) was never "
                      "confirmed deleted; run `actor-run sweep`, or delete it in the provider's console")
     return "\n".join(lines)
+
+
+def _line(c: CostRow, live: bool, *, indent: bool) -> str:
+    fails = f"{_money(c.failed_usd)} ({c.failed_attempts})"
+    name = ("  " + c.group)[:34] if indent else c.group[:34]
+    line = f"{name:<34} {c.attempts:>8} {c.machine_hours:>10.3f} {_money(c.spent_usd, c.at_least):>11}"
+    if live:
+        line += f" {_money(c.reserved_usd):>11} {_money(c.held_usd):>9}"
+    return line + f" {fails:>16}"
 
 
 def cmd_cost(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ the job writes it, across retries onto new machines, until the job ends.
 How the live log gets here. The controller already reads the new tail of the job's log with every
 heartbeat, over the machine's one host connection (actors/heartbeat.py), and appends it to the
 seed's `log.txt` in the run's output folder, each attempt opening its part with a header line
-(`--- attempt N on <place> (<when>) ---`); the fetched `log.txt` is that same file once the job
+(`--- run <run> attempt N on <place> (<when>) ---`); the fetched `log.txt` is that same file once the job
 has ended. So `logs` runs in a process of its own and needs no channel into the controller, nor
 a second connection to the machine (a cloud's host may allow one): it reads that file, and
 `-f` follows it (new bytes every FOLLOW_S; the heartbeat hands them over every couple of seconds,
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
 from actor_run.supervisors.ledger.db import read_failures
 
@@ -39,7 +39,9 @@ EXAMPLE = """example:
 """
 FOLLOW_S = 0.2  # how often -f looks for new bytes
 LEDGER_S = 0.5  # how often -f asks the ledger whether the job has ended
-HEADER = re.compile(rb"^--- attempt (\d+) on .*\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\) ---$", re.MULTILINE)
+# `--- run 3f2a9c1d attempt 1 on ...`; logs written before the run was named have no `run <id> `
+HEADER = re.compile(rb"^--- (?:run \S+ )?attempt (\d+) on .*\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\) ---$",
+                    re.MULTILINE)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("-f", "--follow", action="store_true", help="keep printing as the job writes, until it ends")
     p.add_argument("--attempt", type=int, help="only this attempt (numbered from 0)")
     p.add_argument("--run", help="the run (default: the latest run that has this job; see `actor-run runs`)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
@@ -145,6 +147,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
             run, job = _choose(reader, name, seed, args.run)
         except ValueError as exc:
             return usage_error(str(exc))
+        if args.attempt is not None and (not args.follow or job["state"] != "running"):
+            made = sorted(a["attempt"] for a in reader.attempts(run.id) if a["job"] == job["key"])
+            if args.attempt not in made:
+                have = f"attempt(s) {', '.join(map(str, made))}" if made else "no attempts"
+                sys.stderr.write(f"actor-run: --attempt {args.attempt}: {job['key']} has {have} in run {run.id}\n")
+                return Exit.FAILED
         later = [r.started for r in reader.runs() if (r.started or 0.0) > (run.started or 0.0) and r.started]
         until = run.ended if run.ended else (min(later) if later else None)
         selection = Selection(run.started or 0.0, until, args.attempt)

@@ -3,14 +3,19 @@
 console.py. It parses, the command builds specs, calls the Runner, renders. Nothing else.
 
     actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR]
+    actor-run run [BATCH.toml] --gpu H100 [--cloud C] [--seeds 1-8] ... [--print-batch] -- CMD  (oneline.py)
     actor-run runs [--json] [--ledger PATH]
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]
+    actor-run cancel RUN|JOB|JOB/SEED [--run ID] [--wait S] [--ledger PATH]
+    actor-run ssh JOB/SEED [--run ID] [-- CMD]
     actor-run resume [RUN] [--json] [--ledger PATH]
     actor-run cost [RUN] [--json] [--by job|cloud|gpu|account] [--ledger PATH]
     actor-run logs JOB[/SEED] [-f] [--attempt N] [--run ID] [--ledger PATH]
     actor-run report [RUN] [--out FILE.html] [--ledger PATH]
     actor-run clouds check [NAME] [--batch FILE]
+    actor-run plan BATCH [--json]            (also: run BATCH --dry-run; run asks on a terminal: --yes)
+    actor-run offers [--gpu G] [--cloud NAME] [--region R] [--max-price USD] [--json]
     actor-run worker --ledger postgresql://... [--concurrency N]   (worker.py: a shared ledger)
     actor-run config show [BATCH] [--json]
     actor-run completion bash|zsh
@@ -20,21 +25,27 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from actor_run import __version__
 from actor_run.protocols.failures import SpecError
+from actor_run.supervisors.cli import cancel as cmd_cancel
 from actor_run.supervisors.cli import clouds as cmd_clouds
 from actor_run.supervisors.cli import completion as cmd_completion
 from actor_run.supervisors.cli import config as cmd_config
 from actor_run.supervisors.cli import cost as cmd_cost
 from actor_run.supervisors.cli import logs as cmd_logs
+from actor_run.supervisors.cli import offers as cmd_offers
+from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli import report as cmd_report
 from actor_run.supervisors.cli import resume as cmd_resume
 from actor_run.supervisors.cli import run as cmd_run
 from actor_run.supervisors.cli import runs as cmd_runs
+from actor_run.supervisors.cli import ssh as cmd_ssh
 from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
@@ -52,6 +63,10 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # one line, exit 2
+        if message.startswith("the following arguments are required") and any(
+                isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            sys.stderr.write(self.format_help())  # `actor-run`, `actor-run clouds`: no command named, its usage
+            raise SystemExit(Exit.USAGE)
         sys.stderr.write(f"actor-run: {message}\n")
         raise SystemExit(Exit.USAGE)
 
@@ -62,15 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"actor-run {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = cmd_run.add_parser(sub)
+    cmd_plan.add_run_flags(run)
     cmd_worker.add_run_arguments(run)
     cmd_worker.add_worker_parser(sub)
     cmd_runs.add_parsers(sub)
     cmd_sweep.add_parser(sub)
+    cmd_cancel.add_parser(sub)
+    cmd_ssh.add_parser(sub)
     cmd_resume.add_parser(sub)
     cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
     cmd_clouds.add_parser(sub)
+    cmd_offers.add_parser(sub)
+    cmd_plan.add_parser(sub)
     cmd_config.add_parser(sub)
     cmd_completion.add_parser(sub)
     _config_option(p, top=True)  # last: every command registered above gets it
@@ -88,9 +108,20 @@ def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
                 _config_option(child)
 
 
+TAKES_COMMAND = ("run", "ssh")  # the commands that take a command after `--`
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail = None
+    if "--" in argv:  # what follows `--` is a command for the machine, never our options
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.tail = tail
+    if tail is not None and args.command not in TAKES_COMMAND:
+        return usage_error(f"{args.command}: takes no command after --")
     configure_logging()
     if getattr(args, "state_dir", None) is None:
         args.state_dir = str(default_state_dir())
@@ -103,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     except LedgerError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.FAILED
+    run = (cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
+           else cmd_plan.cmd_plan if getattr(args, "dry_run", False)
+           else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run, "runs": cmd_runs.cmd_runs,
+        "run": run, "runs": cmd_runs.cmd_runs,
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
-        "clouds": cmd_clouds.cmd_clouds,
+        "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers, "plan": cmd_plan.cmd_plan,
+        "cancel": cmd_cancel.cmd_cancel, "ssh": cmd_ssh.cmd_ssh,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:
@@ -123,7 +158,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `actor-run` console script: this process is ours, so the collector is set for batches
-    of thousands of attempts (gc_tuning.py) before the command runs."""
+    of thousands of attempts (gc_tuning.py) before the command runs. A reader that stops reading
+    (`actor-run runs | head -1`) ends it quietly, as Unix tools end: exit 141 (128 + SIGPIPE), no
+    traceback (a run's `with Runner` still deletes its machines on the way out)."""
     tune_gc()
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit finds somewhere to write
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.views.report import build, render
 
 HELP = "write a run's report: one HTML page with its timeline, cost by cloud and GPU, the walk and the jobs"
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("run", nargs="?", metavar="RUN", help="the run's id (default: the latest; see `actor-run runs`)")
     p.add_argument("--out", metavar="FILE.html", help="where to write it (default: report-<run>.html in the run's "
                                                       "output folder)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

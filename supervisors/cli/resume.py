@@ -12,7 +12,7 @@ from loguru import logger
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded
-from actor_run.supervisors.cli.console import Exit, Interrupts, open_reader, usage_error, watch
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, open_reader, usage_error, watch
 from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="the run to take over (default: every unfinished run of a dead owner)")
     p.add_argument("--json", action="store_true", help="one event per line (JSON)")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--out", default="actor-run-out",
                    help="only for jobs whose run recorded no output folder (a ledger from before runs)")
     p.add_argument("--state-dir", help=argparse.SUPPRESS)

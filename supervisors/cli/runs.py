@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from actor_run.supervisors.cli.console import Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
 from actor_run.supervisors.views.runlog import run_log_path
 
@@ -37,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     status.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
     for p in (runs, status):
         p.add_argument("--json", action="store_true", help="one JSON object per line")
-        p.add_argument("--ledger")
+        p.add_argument("--ledger", help=LEDGER_HELP)
         p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
@@ -52,6 +52,59 @@ def run_state(run: RunRow, live: set[str]) -> str:
     if run.jobs == 0:
         return "running" if run.owner in live and run.state == "running" else "empty"
     return "failed" if run.failed else "succeeded"
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as `status` shows it: `state` is queued (no attempt yet: waiting for a slot or a
+    worker), waiting (between attempts), starting (its machine is being leased or set up),
+    running, or how it ended; where it runs, its job's last stage, what it cost so far."""
+
+    key: str
+    state: str
+    place: str = ""
+    stage: str = ""
+    usd: float = 0.0
+    attempts: int = 0
+    failure: str = ""
+    detail: str = ""
+
+
+def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: float) -> list[JobView]:
+    machines = [m for m in reader.machines(alive_only=True) if m.run == run]
+    attempts = reader.attempts(run)
+    stages: dict[str, str] = {}
+    for e in reader.events(run=run):
+        if e["type"] == "Progress":
+            stages[e["job"]] = str(msgspec.json.decode(e["body"]).get("stage") or "")
+    waits = reader.stages(run)  # booting, waiting for ssh, waiting for capacity
+    out = []
+    for j in jobs:
+        ended = [a for a in attempts if a["job"] == j["key"]]
+        spent = sum(a["usd"] or 0.0 for a in ended)
+        mine = [m for m in machines if m.job == j["name"] and m.seed == j["seed"]]
+        state, place, usd = j["state"], "", j["usd"] or spent
+        if state == "running":
+            if mine:
+                m = max(mine, key=lambda m: m.attempt)
+                place = " ".join(x for x in (m.cloud, m.region or "") if x)
+                state = "running" if m.phase == "running" else "starting"
+                usd = spent + (m.hourly_usd or 0.0) * max(0.0, now - (m.launched_at or m.created)) / 3600
+            else:
+                state = "waiting" if ended or waits.get(j["key"]) == "waiting for capacity" else "queued"
+        stage = stages.get(j["key"], "") if state in ("running", "starting") else ""
+        if j["state"] == "running" and j["key"] in waits:
+            stage = waits[j["key"]]
+        out.append(JobView(key=j["key"], state=state, place=place, stage=stage, usd=usd,
+                           attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
+                           failure=j["failure"] or "", detail=j["detail"] or ""))
+    return out
+
+
+def view_line(v: JobView) -> str:
+    where = f" on {v.place}" if v.place else ""
+    stage = f", stage {v.stage}" if v.stage else ""
+    tail = f"  {v.failure}: {v.detail}" if v.failure else ""
+    return f"{v.key:<32} {v.state:<10} {v.attempts:>2} attempt(s) ${v.usd:.4f}{where}{stage}{tail}"
 
 
 def _when(t: float | None) -> str:
@@ -106,15 +159,16 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
     else:
         run = max(runs, key=lambda r: (r.started or 0.0)) if runs else None
     jobs = reader.jobs(run.id) if run is not None else []
-    stages = reader.stages(run.id) if run is not None else {}
     machines, live = reader.machines(), reader.live_owners()
     if args.json:
         out = []
         if run is not None:
             out.append({"kind": "run", **_run_dict(run, live)})
+        views = {v.key: v for v in job_views(reader, run.id, jobs, time.time())} if run is not None else {}
         for j in jobs:
-            row = {k: v for k, v in j.items() if k != "spec"}
-            out.append({"kind": "job", **row, "stage": stages.get(j["key"], "")})
+            v = views[j["key"]]
+            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"},
+                        "now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
         for m in machines:
             out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
         for d in out:
@@ -125,11 +179,8 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
     else:
         print(f"run {run.id} ({run_state(run, live)}), started {_when(run.started)}, batch {run.batch or '-'},"
               f" results in {run.out_dir or '-'}")
-        for j in jobs:
-            tail = f"  {j['failure']}: {j['detail']}" if j["failure"] else ""
-            if j["state"] == "running" and j["key"] in stages:
-                tail = f"  ({stages[j['key']]})"  # booting, waiting for ssh, waiting for capacity
-            print(f"  {j['key']:<32} {j['state']:<10} {j['attempts'] or 0:>2} attempt(s) ${j['usd'] or 0:.4f}{tail}")
+        for v in job_views(reader, run.id, jobs, time.time()):
+            print("  " + view_line(v))
     alive = [m for m in machines if m.state == "alive"]
     if not alive:
         print(f"no machine alive ({len(machines)} in the ledger, all deleted)")

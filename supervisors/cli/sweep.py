@@ -14,7 +14,7 @@ import msgspec
 
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors.cli.console import Exit, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
 from actor_run.supervisors.ledger.sweep import SweepAction
 from actor_run.supervisors.runner import Runner
 
@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="treat this owner (8 hex digits as machine names show, or the full id) as dead")
     p.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
     p.add_argument("--batch", metavar="FILE", help="also ask the clouds this batch file names, with its settings")
-    p.add_argument("--ledger")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 

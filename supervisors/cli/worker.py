@@ -27,6 +27,7 @@ few seconds, then say in one line that the database cannot be reached (exit 1).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -39,10 +40,10 @@ from typing import Any
 import msgspec
 from loguru import logger
 
-from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
-from actor_run.protocols.specs import load_batch
+from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
 from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
@@ -248,7 +249,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     with the other workers until every job of it has ended; the exit code is the batch's."""
     try:
         _check(args)
-        batch = load_batch(args.batch, known_clouds())
+        batch = oneline.load(args)
         wait_for_ledger(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
@@ -256,7 +257,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
-                    lease_s=args.lease, sweep_on_start=False, batch=str(Path(args.batch).resolve()),
+                    lease_s=args.lease, sweep_on_start=False, batch=oneline.label(args, batch),
                     config=args.config, outage_s=_wait_s(args))
     try:
         with runner:
@@ -271,8 +272,9 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
                 print(f"run {run}: queued {len(jobs)} job(s) for workers; follow them with: "
                       f"actor-run status --run {run} --follow{_ledger_hint(args)}")
                 return OK
-            print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker",
-                  file=sys.stderr if args.json else sys.stdout, flush=True)
+            print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker\n"
+                  f"controller pid {os.getpid()}; to stop it from another terminal: actor-run cancel {run}"
+                  f"{_ledger_hint(args)}", file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
             if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel"):
                 return FAILED  # its lease expired: the other workers finish the batch
@@ -291,7 +293,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
     reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
-    seen: dict[str, tuple[str, str]] = {}  # job key -> (state, owner): a change of either is a line
+    seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:
         run = args.run
         if run is None:
@@ -306,26 +308,30 @@ def cmd_follow(args: argparse.Namespace) -> int:
         while True:
             try:
                 jobs = reader.jobs(run)
+                views = {v.key: v for v in job_views(reader, run, jobs, time.time())}
             except read_failures(reader.backend) as exc:  # the database restarting: look again
                 logger.warning("the ledger could not be read ({}); trying again", str(exc).strip()[:200])
                 time.sleep(args.poll)
                 continue
             for j in jobs:
+                v = views[j["key"]]
                 before = seen.get(j["key"])
-                if before != (j["state"], j["owner"]):
-                    seen[j["key"]] = (j["state"], j["owner"])
+                # what status shows but the cost (it moves every poll), and who runs it
+                now = (j["state"], j["owner"], f"{v.state} {v.place} {v.stage}")
+                if before != now:
+                    seen[j["key"]] = now
                     # the same state under another owner: a worker adopted it (its owner stopped or died)
-                    adopted = before[1] if before is not None and before[0] == j["state"] == "running" else None
+                    adopted = before[1] if before is not None and before[0] == j["state"] == "running" \
+                        and before[1] != j["owner"] else None
                     if args.json:
                         d = {k: v for k, v in j.items() if k != "spec"}
+                        d.update({"now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
                         if adopted:
                             d["adopted_from"] = adopted
                         sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
                     else:
-                        tail = f" {j['failure']}: {j['detail']}" if j["failure"] else ""
-                        if adopted:
-                            tail = f" adopted from {str(adopted)[:8]}"
-                        print(f"{j['key']:<28} {j['state']:<10} owner {str(j['owner'])[:8]}{tail}", flush=True)
+                        tail = f" adopted from {str(adopted)[:8]}" if adopted else ""
+                        print(f"{view_line(v)}  owner {str(j['owner'])[:8]}{tail}", flush=True)
             if not any(j["state"] in ("queued", "running") for j in jobs):
                 return OK if all(j["state"] == "succeeded" for j in jobs) else FAILED
             time.sleep(args.poll)

@@ -185,6 +185,10 @@ MIGRATIONS: list[Migration] = [
     # recorded before its submit returns, so resume follows the job instead of submitting it again
     Migration(version=5, name="machines.handle: a queue job's handle",
               statements=("ALTER TABLE machines ADD COLUMN handle TEXT",)),
+    # `actor-run cancel` from another process: one row per job asked to stop; each controller reads
+    # the rows after the last it saw (cancels.py) and cancels the jobs it runs
+    Migration(version=6, name="cancels: jobs asked to stop from another process",
+              statements=("CREATE TABLE cancels (id INTEGER PRIMARY KEY, t REAL, run TEXT, job TEXT, detail TEXT)",)),
 ]
 
 

@@ -8,6 +8,18 @@ dollars so far), then the failed jobs with their codes. When more jobs run than 
 rows, the rows that changed most recently are shown and the rest counted. Finished jobs fold into
 the header's counts.
 
+Fitting the terminal: its width as it reports it, else `$COLUMNS`, else 80 (a terminal that says 0
+columns: `script`, `docker run -t`); its height likewise (else `$LINES`, else 24). The header is cut
+to the width in this order, never losing the money, the budget, elapsed and the time left: (1) the
+long words shortened, (2) "reserved" left out, (3) counts of 0 left out, (4) the queued and
+waiting counts, (5) the other counts but "done". A job's row drops its columns in this order:
+reported, progress, stage, place, attempt; job, state, time in attempt and cost stay.
+
+Log lines at WARNING while the view is on the screen (`warn`, the sink `watch` puts in place of
+stderr's) are not written between frames (each left a stale header behind): they are folded into
+one line of the frame (how many, of how many kinds, the latest with its job), and after the batch
+each kind is printed once with its count and jobs (`warnings_summary`); the run's log has each.
+
 Not on a terminal: one plain line per job whose state changed. With `--json`: every event as one
 JSON line (nothing else).
 
@@ -28,6 +40,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -80,6 +93,37 @@ from actor_run.supervisors.views.rows import (
 )
 from actor_run.supervisors.views.text import printable
 
+# a row's columns that may go, in the order they go when the terminal is narrow, with their widths
+# (job 24, state 12, time in attempt 10 and cost 9 always stay: 58 with their spaces)
+COLUMNS = ("reported", "progress", "stage", "place", "att")
+_WIDTHS = {"reported": 30, "progress": BAR + 9, "stage": 11, "place": 23, "att": 4}
+_KEPT = 24 + 1 + 12 + 1 + 10 + 1 + 9 + 1
+
+
+def columns_for(width: int | None) -> frozenset[str]:
+    """The row columns that fit `width` (None: all), dropped in COLUMNS' order."""
+    cols = list(COLUMNS)
+    if width is not None:
+        while cols and _KEPT + sum(_WIDTHS[c] for c in cols) > width - 1:
+            cols.pop(0)
+    return frozenset(cols)
+
+
+def terminal_size(out: TextIO) -> tuple[int, int]:
+    """(columns, lines) of the terminal `out` is: as it reports them, else $COLUMNS / $LINES, else 80 x 24
+    (some terminals report 0 x 0: `script`, `docker run -t`)."""
+    try:
+        size = os.get_terminal_size(out.fileno())
+        width, height = size.columns, size.lines
+    except (OSError, ValueError):
+        width, height = 0, 0
+
+    def env(name: str) -> int:
+        value = os.environ.get(name, "")
+        return int(value) if value.isdigit() else 0
+
+    return width or env("COLUMNS") or 80, height or env("LINES") or 24
+
 
 class View:
     def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
@@ -110,6 +154,10 @@ class View:
         self.events = 0
         self.redraws = 0
         self.cpu_s = 0.0
+        self.warned: collections.deque[tuple[str, str]] = collections.deque()  # (job, text), from any thread
+        self.warnings: dict[str, list[Any]] = {}  # kind -> [count, latest job, latest text, jobs]
+        self.warning_count = 0
+        self.latest_warning = ""
 
     def __enter__(self) -> View:
         if not self.json_mode and self.tty and not self.console.is_dumb_terminal:  # TERM=dumb: plain lines
@@ -257,6 +305,37 @@ class View:
             self.rate_t -= m.hourly_usd / 3600 * line.leased_at
             line.machine, line.metered = None, 0.0
 
+    # --- warnings ------------------------------------------------------------------------------
+
+    def warn(self, message: Any) -> None:
+        """A loguru sink (any thread): a WARNING line, kept for the frame instead of the terminal."""
+        record = getattr(message, "record", None)
+        job = str(record["extra"].get("job", "")) if record is not None else ""
+        text = str(record["message"]) if record is not None else str(message).strip()
+        self.warned.append(("" if job == "-" else job, text))
+        self.dirty = True
+
+    def _fold_warnings(self) -> None:
+        while self.warned:
+            job, text = self.warned.popleft()
+            kind = re.sub(r"\d+(\.\d+)?", "#", text)[:120]
+            entry = self.warnings.setdefault(kind, [0, "", "", []])
+            entry[0] += 1
+            entry[1], entry[2] = job, text
+            if job and job not in entry[3] and len(entry[3]) < 3:
+                entry[3].append(job)
+            self.warning_count += 1
+            self.latest_warning = f"{job}: {text}" if job else text
+
+    def warnings_summary(self) -> list[str]:
+        """Each kind of warning once: how many times, an example, the first jobs it named."""
+        self._fold_warnings()
+        out = []
+        for count, job, text, jobs in self.warnings.values():
+            named = f" (jobs {', '.join(jobs)}{' and others' if count > len(jobs) else ''})" if jobs else ""
+            out.append(f"WARNING x{count}: {(job + ': ') if job and count == 1 else ''}{text}{named}")
+        return out
+
     # --- the terminal --------------------------------------------------------------------------
 
     def due(self) -> float:
@@ -274,12 +353,8 @@ class View:
             return
         now = time.monotonic()
         self._take_pending()
-        try:
-            size = os.get_terminal_size(self.out.fileno())
-            width, height = size.columns, size.lines
-        except (OSError, ValueError):
-            width, height = 120, 40
-        self.live.draw(self._screen(time.time(), height), width)
+        width, height = terminal_size(self.out)
+        self.live.draw(self._screen(time.time(), height, width), width)
         self.dirty = False
         self.last_draw = now
         self.next_draw = now + 1.0 / MAX_REDRAWS_PER_S
@@ -289,18 +364,14 @@ class View:
         """Ended attempts' cost plus every leased machine's up to `now` (its hourly price since its lease)."""
         return self.usd_done + max(0.0, self.rate * now - self.rate_t)
 
-    def header(self, now: float) -> str:
-        """The batch in one line (also the plain summary's first line). Every figure is kept as events
-        come (counts by category, money, the sum of progress), so this costs the same at any N."""
+    def header(self, now: float, width: int | None = None) -> str:
+        """The batch in one line (also the plain summary's first line), cut to `width` in the order
+        the module docstring states. Every figure is kept as events come (counts by category,
+        money, the sum of progress), so this costs the same at any N."""
         c = self.count
         n = len(self.lines)
         b = self.budget() if self.budget is not None else None  # the batch's reservations (budget.py)
         limit = b.limit_usd if b is not None and b.limit_usd is not None else self.budget_usd
-        money = f"${self.spent_usd(now):.4f} spent"
-        if b is not None:
-            money += f", ${b.reserved_usd:.4f} reserved"
-        if limit is not None:
-            money += f", budget ${limit:.2f}"
         elapsed = now - self.began
         done = c["succeeded"] + c["failed"]
         fraction = done + self.progress
@@ -309,13 +380,34 @@ class View:
             eta = "0:00"
         elif fraction > 0.01:
             eta = _clock(elapsed * (n - fraction) / fraction)
-        return (f"{done}/{n} done: {c['succeeded']} succeeded, {c['failed']} failed, {c['running']} running, "
-                f"{c['waiting']} waiting for capacity, {c['queued']} queued | {money} | elapsed "
-                f"{_clock(elapsed)}, left ~{eta}")
+        text = ""
+        for level in range(6):
+            long = level == 0
+            counts = [("succeeded" if long else "ok", c["succeeded"], 5), ("failed", c["failed"], 5),
+                      ("running", c["running"], 5), ("waiting for capacity" if long else "waiting", c["waiting"], 4),
+                      ("queued", c["queued"], 4)]
+            shown = [f"{v} {name}" for name, v, drop_at in counts if level < drop_at and (level < 3 or v)]
+            money = f"${self.spent_usd(now):.4f} spent"
+            if b is not None and level < 2:
+                money += f", ${b.reserved_usd:.4f} reserved"
+            if limit is not None:
+                money += f", budget ${limit:.2f}"
+            text = (f"{done}/{n} done" + (": " + ", ".join(shown) if shown else "")
+                    + f" | {money} | elapsed {_clock(elapsed)}, left ~{eta}")
+            if width is None or len(text) <= width - 1:
+                break
+        return text
 
-    def _screen(self, now: float, height: int) -> list[list[tuple[str, Style | None]]]:
+    def _screen(self, now: float, height: int, width: int | None = None) -> list[list[tuple[str, Style | None]]]:
         height = max(8, height - 1)
-        out: list[list[tuple[str, Style | None]]] = [[(self.header(now), BOLD)]]
+        self._fold_warnings()
+        out: list[list[tuple[str, Style | None]]] = [[(self.header(now, width), BOLD)]]
+        if self.warning_count:
+            kinds = len(self.warnings)
+            out.append([(f"warnings: {self.warning_count} ({kinds} kind{'s' if kinds > 1 else ''}); latest: "
+                         f"{self.latest_warning}", YELLOW)])
+            height -= 1
+        cols = columns_for(width)
         failed = self.failed_order
         shown_failed = failed[-max(2, height // 4):][::-1]
         room = height - 2 - len(shown_failed) - (1 if len(failed) > len(shown_failed) else 0) - (1 if failed else 0)
@@ -323,10 +415,13 @@ class View:
         rows = list(itertools.islice(reversed(self.recent.values()), max(1, room - 1)))
         if len(rows) < running and len(rows) > 1:
             rows = rows[:-1]  # one line for the count of the rest
-        out.append([(f"{'job':<24} {'state':<12} {'att':>3} {'place':<22} {'stage':<10} {'progress':<{BAR + 8}}"
-                     f" {'in attempt':>10} {'cost':>9}  reported", DIM)])
+        heads = {"att": f" {'att':>3}", "place": f" {'place':<22}", "stage": f" {'stage':<10}",
+                 "progress": f" {'progress':<{BAR + 8}}", "reported": "  reported"}
+        middle = "".join(heads[c] for c in ("att", "place", "stage", "progress") if c in cols)
+        out.append([(f"{'job':<24} {'state':<12}{middle} {'in attempt':>10} {'cost':>9}"
+                     + (heads["reported"] if "reported" in cols else ""), DIM)])
         for line in rows:
-            out.append(self._row(line, now))
+            out.append(self._row(line, now, cols))
         if len(rows) < running:
             out.append([(f"... and {running - len(rows)} more running (most recently changed shown)", DIM)])
         if failed:
@@ -338,24 +433,30 @@ class View:
                 out.append([(f"  ... and {len(failed) - len(shown_failed)} more failed", DIM)])
         return out
 
-    def _row(self, line: JobLine, now: float) -> list[tuple[str, Style | None]]:
+    def _row(self, line: JobLine, now: float, cols: frozenset[str] = frozenset(COLUMNS)
+             ) -> list[tuple[str, Style | None]]:
         state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
         state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
                  else line.state)
         pieces: list[tuple[str, Style | None]] = [
-            (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style),
-            (f" {line.attempt:>3} {line.place[:22]:<22} {line.stage[:10]:<10} ", None)]
-        f = line.fraction()
-        if f is None:
-            pieces.append((f"{'':<{BAR + 8}}", None))
-        else:
-            filled = round(f * BAR)
-            step = f"{line.step:g}/{line.total:g}"
-            pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7}", None)]
-        numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
-        reported = " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
-        pieces.append((f" {_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
-                       f"${line.live_usd(now):>8.4f}  {reported}", None))
+            (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]
+        middle = "".join(text for c, text in (("att", f" {line.attempt:>3}"), ("place", f" {line.place[:22]:<22}"),
+                                              ("stage", f" {line.stage[:10]:<10}")) if c in cols)
+        pieces.append((middle + " ", None))
+        if "progress" in cols:
+            f = line.fraction()
+            if f is None:
+                pieces.append((f"{'':<{BAR + 8}} ", None))
+            else:
+                filled = round(f * BAR)
+                step = f"{line.step:g}/{line.total:g}"
+                pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7} ", None)]
+        reported = ""
+        if "reported" in cols:
+            numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
+            reported = "  " + " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
+        pieces.append((f"{_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
+                       f"${line.live_usd(now):>8.4f}{reported}", None))
         return pieces
 
     # --- plain lines and the summary -----------------------------------------------------------

@@ -295,11 +295,12 @@ table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 
 .span { position: absolute; top: 1px; height: 14px; min-width: 1px; border-radius: 2px; }
 .phase-lease { background: #8e7cc3; } .phase-upload { background: #6fa8dc; } .phase-run { background: #6aa84f; }
 .phase-fetch { background: #f6b26b; } .phase-release { background: #999; }
-.fail { position: absolute; top: -14px; transform: translateX(-50%); font-size: 10px; color: #c00; font-weight: bold;
-        white-space: nowrap; }
+.fail { position: absolute; top: -14px; transform: translateX(-50%); font-size: 10px; line-height: 12px; color: #c00;
+        font-weight: bold; white-space: nowrap; }
 .axis { position: relative; height: 16px; margin-left: 220px; font-size: 11px; color: #777; }
 .axis span { position: absolute; white-space: nowrap; }
 .state.succeeded { color: #38761d; } .state.failed { color: #c00; }
+td:first-child { white-space: nowrap; }
 .step.bad { color: #c00; } .step.ok { color: #38761d; }
 </style></head>
 <body>
@@ -325,11 +326,17 @@ table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 
   function pct(t) { return (100 * (t - t0) / width).toFixed(3) + "%"; }
   var axis = document.createElement("div");
   axis.className = "axis";
-  for (var i = 0; i <= 5; i++) {
+  // ticks at round values: a step of 1, 2 or 5 times a power of ten, about five of them
+  var raw = width / 5, power = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / power;
+  var step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * power;
+  var decimals = Math.max(0, -Math.floor(Math.log10(step)));
+  for (var v = 0; v <= width + step * 1e-9; v += step) {
     var tick = document.createElement("span");
-    tick.style.left = (i * 20) + "%";
-    if (i === 5) { tick.style.transform = "translateX(-100%)"; }
-    tick.textContent = (width * i / 5).toFixed(1) + " s";
+    tick.className = "tick";
+    tick.style.left = (100 * v / width).toFixed(3) + "%";
+    if (v + step > width + step * 1e-9 && v > 0) { tick.style.transform = "translateX(-100%)"; }
+    tick.textContent = v.toFixed(decimals) + " s";
+    tick.dataset.value = v.toFixed(decimals);
     axis.appendChild(tick);
   }
   root.appendChild(axis);
@@ -369,6 +376,27 @@ table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 
     row.appendChild(track);
     root.appendChild(row);
   });
+  // failure labels that would touch go up a level each (their row grows to hold them)
+  var overlaps = 0;
+  Array.prototype.forEach.call(root.querySelectorAll(".tl-track"), function (track) {
+    var marks = Array.prototype.slice.call(track.querySelectorAll(".fail"));
+    marks.sort(function (a, b) { return a.getBoundingClientRect().left - b.getBoundingClientRect().left; });
+    var ends = [];
+    marks.forEach(function (mark) {
+      var box = mark.getBoundingClientRect(), level = 0;
+      while (level < ends.length && box.left < ends[level] + 3) { level++; }
+      ends[level] = box.right;
+      mark.style.top = (-14 - 13 * level) + "px";
+    });
+    if (ends.length > 1) { track.parentNode.style.height = (32 + 13 * (ends.length - 1)) + "px"; }
+    for (var i = 0; i < marks.length; i++) {
+      for (var j = i + 1; j < marks.length; j++) {
+        var a = marks[i].getBoundingClientRect(), b = marks[j].getBoundingClientRect();
+        if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) { overlaps++; }
+      }
+    }
+  });
+  root.dataset.overlaps = String(overlaps);
   root.dataset.ready = "1";
 })();
 </script>

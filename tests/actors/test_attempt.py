@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,7 +141,7 @@ def test_a_successful_attempt(
     assert not (seed_dir / "response.json").exists()  # the host's exit record stays there: the poll read it
     assert not (seed_dir / ".attempts").exists()
     log = (seed_dir / "log.txt").read_text()
-    assert log.startswith("--- attempt 0 on local this-computer")
+    assert re.match(r"--- (run [0-9a-f]+ )?attempt 0 on local this-computer", log), log[:200]
     assert "training seed 1\n" in log
 
     assert_no_machine(state_dir, reader, ledger)
@@ -270,7 +271,7 @@ def assert_logged_no_machine(seed_dir: Path, failure: Code) -> None:
     """The log says there was no machine once, under one header (whoever wrote the header)."""
     lines = (seed_dir / "log.txt").read_text().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("--- attempt 0 on sim")
+    assert re.match(r"--- (run [0-9a-f]+ )?attempt 0 on sim", lines[0]), lines[0]
     assert lines[1].startswith(f"no machine: {failure}: ")
 
 

@@ -84,7 +84,7 @@ def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) ->
     assert ended.outcome == "succeeded"
     leased = [e for e in seen if isinstance(e, Leased)]
     assert [e.machine.cloud for e in leased] == ["local"]
-    assert "words" in (tmp_path / "out" / "t" / "seed-1" / "log.txt").read_text()
+    assert "words" in (tmp_path / "out" / "latest" / "t" / "seed-1" / "log.txt").read_text()
 
 
 BAD = [

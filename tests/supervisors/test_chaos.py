@@ -166,9 +166,9 @@ def test_kill_then_resume_finishes_every_job_once(tmp_path: Path, baseline: floa
     resume_delay = time.time() - killed_at
     assert resume.returncode == 0, resume.stdout + resume.stderr
     for seed in range(1, 5):
-        response = json.loads((tmp_path / "out" / "chaos" / f"seed-{seed}" / "response.json").read_text())
+        response = json.loads((tmp_path / "out" / "latest" / "chaos" / f"seed-{seed}" / "response.json").read_text())
         assert response["outcome"] == "succeeded"
-        assert (tmp_path / "out" / "chaos" / f"seed-{seed}" / "out" / "done.txt").read_text() == str(seed)
+        assert (tmp_path / "out" / "latest" / "chaos" / f"seed-{seed}" / "out" / "done.txt").read_text() == str(seed)
     lines = trace_lines(tmp_path)
     assert not [ln for ln in lines if ln.startswith("OVERLAP")], lines
     ends = [ln.split()[1] for ln in lines if ln.startswith("end")]

@@ -136,7 +136,7 @@ root = "{tmp_path / 'batch-root'}"
     run = cli(tmp_path, "run", str(batch), "--json", "--state-dir", str(tmp_path / "state"), "--ledger", str(ledger),
               "--out", str(tmp_path / "out"), env={ENV_VAR: str(user)})
     assert run.returncode == 0, run.stderr + run.stdout
-    assert (tmp_path / "out" / "cfg" / "seed-1" / "out" / "r.txt").read_text() == "from-the-box\n"
+    assert (tmp_path / "out" / "latest" / "cfg" / "seed-1" / "out" / "r.txt").read_text() == "from-the-box\n"
     assert (tmp_path / "batch-root").is_dir()
     assert not (tmp_path / "user-root").exists()
     assert SECRET not in run.stdout + run.stderr

@@ -51,7 +51,8 @@ def wait_until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
 
 
 def response(tmp_path: Path, job: str, seed: int = 1) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((tmp_path / "out" / job / f"seed-{seed}" / "response.json").read_text())
+    path = tmp_path / "out" / "latest" / job / f"seed-{seed}" / "response.json"
+    data: dict[str, Any] = json.loads(path.read_text())
     return data
 
 
@@ -74,7 +75,7 @@ def test_the_walk_moves_past_places_without_stock(
     body = response(tmp_path, "walk")
     assert body["outcome"] == "succeeded"
     assert [(a["gpu"], a["region"], a["outcome"]) for a in body["attempts"]] == [("A100", "us-east", "succeeded")]
-    assert (tmp_path / "out" / "walk" / "seed-1" / "out" / "w.txt").read_text() == "walked\n"
+    assert (tmp_path / "out" / "latest" / "walk" / "seed-1" / "out" / "w.txt").read_text() == "walked\n"
     assert sim_machines(sim_dir) == []
 
 
@@ -153,7 +154,7 @@ def test_a_job_that_exits_non_zero_is_not_retried(
     body = response(tmp_path, "exit3")
     assert (body["outcome"], body["failure"], body["exit_code"]) == ("failed", "job_failed", 3)
     assert len(body["attempts"]) == 1
-    assert "about to fail" in (tmp_path / "out" / "exit3" / "seed-1" / "log.txt").read_text()
+    assert "about to fail" in (tmp_path / "out" / "latest" / "exit3" / "seed-1" / "log.txt").read_text()
     assert [m.state for m in ledger_machines()] == ["deleted"]
     assert sim_machines(sim_dir) == []
 
@@ -183,7 +184,7 @@ def test_a_stalled_job_is_retried_on_a_fresh_machine(
         (0, "failed", "stalled"),
         (1, "succeeded", None),
     ]
-    assert "ok-1" in (tmp_path / "out" / "stall" / "seed-1" / "log.txt").read_text()
+    assert "ok-1" in (tmp_path / "out" / "latest" / "stall" / "seed-1" / "log.txt").read_text()
     assert sim_machines(sim_dir) == []
 
 

@@ -46,7 +46,8 @@ def test_a_batch_runs_end_to_end_and_leaves_nothing(tmp_path: Path, provider: An
     done, _ = run(tmp_path, provider, seeds=[1, 2])
     assert done.returncode == 0, done.stderr
     for seed in (1, 2):
-        assert (tmp_path / "out" / "rented" / f"seed-{seed}" / "out" / "result.txt").read_text() == f"{seed} payload"
+        assert (tmp_path / "out" / "latest" / "rented" / f"seed-{seed}" / "out" / "result.txt").read_text() == (
+            f"{seed} payload")
     evs = events(done.stdout)
     assert [e["outcome"] for e in evs if e["type"] == "AttemptEnded"] == ["succeeded"] * 2
     assert provider.alive() == []
@@ -113,7 +114,7 @@ def test_kill_9_then_resume_then_sweep_leaves_no_machine(tmp_path: Path, provide
     assert swept.returncode == 0, swept.stderr
     assert provider.alive() == []
     for seed in (1, 2):
-        assert (tmp_path / "out" / "rented" / f"seed-{seed}" / "out" / "result.txt").is_file()
+        assert (tmp_path / "out" / "latest" / "rented" / f"seed-{seed}" / "out" / "result.txt").is_file()
 
 
 def test_a_missing_key_stops_the_run_before_anything_starts(tmp_path: Path, one_provider: Any) -> None:

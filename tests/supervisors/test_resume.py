@@ -61,7 +61,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         ended = handle.result(timeout=60)
     assert ended.outcome == "succeeded", ended
     assert ended.attempts == 2
-    assert (tmp_path / "out" / "ckpt" / "seed-1" / "out" / "resumed.txt").read_text() == "1200 step=1200"
+    assert (tmp_path / "out" / "latest" / "ckpt" / "seed-1" / "out" / "resumed.txt").read_text() == "1200 step=1200"
     assert sim_machines(tmp_path / "sim") == []
 
 
@@ -94,6 +94,7 @@ def test_resume_starts_jobs_that_never_started(tmp_path: Path) -> None:
         assert [h.key for h in handles] == ["never/seed-7"]
         assert handles[0].result(timeout=60).outcome == "succeeded"
         assert runner.resume() == []  # nothing left to take
+    # a job its run gave no folder (an old ledger): under out_dir, as then
     assert (tmp_path / "out" / "never" / "seed-7" / "out" / "ran.txt").read_text().strip() == "ran"
     reader = LedgerReader(ledger_path)
     try:
@@ -112,7 +113,8 @@ def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
     ledger_file = tmp_path / "state" / "ledger.sqlite"
     raw = b"".join(p.read_bytes() for p in ledger_file.parent.glob("ledger.sqlite*"))
     assert b"hf_supersecret" not in raw
-    assert (tmp_path / "out" / "secret" / "seed-1" / "out" / "env.txt").read_text().strip() == "hf_supersecret visible"
+    assert (tmp_path / "out" / "latest" / "secret" / "seed-1" / "out" / "env.txt").read_text().strip() == (
+        "hf_supersecret visible")
     # a resumer gets the secret back from its own environment
     reader = LedgerReader(ledger_file)
     try:

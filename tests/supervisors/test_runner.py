@@ -43,9 +43,11 @@ def test_outputs_land_in_the_seed_folder(
     with open_runner() as r:
         handles = [r.submit(j) for j in jobs]
         ended = [h.result(60) for h in handles]
+        run = r.run
     assert [e.outcome for e in ended] == ["succeeded", "succeeded"]
+    assert (tmp_path / "out" / "latest").resolve() == tmp_path / "out" / run
     for job, e in zip(jobs, ended, strict=True):
-        seed_dir = tmp_path / "out" / job.name / f"seed-{job.seed}"
+        seed_dir = tmp_path / "out" / run / job.name / f"seed-{job.seed}"  # each run its own folder
         assert e.out_dir == str(seed_dir)
         assert {p.name for p in seed_dir.iterdir()} == {"log.txt", "out", "response.json", "progress.jsonl"}
         assert json.loads((seed_dir / "progress.jsonl").read_text()) == {"stage": "train"}
@@ -63,7 +65,8 @@ def test_outputs_land_in_the_seed_folder(
         assert {"lease", "upload", "start", "run", "fetch", "release"} <= set(body["phases"])
         assert all(v >= 0 for v in body["phases"].values())
         assert body["usd"] == pytest.approx(sum(a["usd"] for a in body["attempts"]), abs=1e-6)  # rounded to 6 places
-    loc, sim = (json.loads((tmp_path / "out" / j.name / f"seed-{j.seed}" / "response.json").read_text()) for j in jobs)
+    loc, sim = (json.loads((tmp_path / "out" / "latest" / j.name / f"seed-{j.seed}" / "response.json").read_text())
+        for j in jobs)
     assert loc["usd"] == 0.0  # this computer costs nothing
     assert sim["usd"] > 0.0  # $36/h for the seconds it was held
     assert ended[1].usd == pytest.approx(sim["usd"], abs=1e-6)
@@ -95,14 +98,19 @@ def test_a_second_run_replaces_what_the_first_fetched(
     leaves nothing of the first run's outputs (a job that made its seed folder skips that check)."""
     first = "sh -c 'echo {\\\"stage\\\": \\\"one\\\"} >> $ACTOR_RUN_PROGRESS; echo 1 > $ACTOR_RUN_OUT/first.txt'"
     second = "sh -c 'echo 2 > $ACTOR_RUN_OUT/second.txt'"
-    seed_dir = tmp_path / "out" / "again" / "seed-1"
+    seed_dir = tmp_path / "out" / "latest" / "again" / "seed-1"
     with open_runner() as r:
         assert r.submit(local_job("again", first)).result(60).outcome == "succeeded"
+        first_run = r.run
     assert (seed_dir / "out" / "first.txt").read_text() == "1\n"
     assert (seed_dir / "progress.jsonl").exists()
     with open_runner() as r:
         assert r.submit(local_job("again", second)).result(60).outcome == "succeeded"
     assert sorted(p.name for p in (seed_dir / "out").iterdir()) == ["second.txt"]
+    # the first run's results are its own, untouched: <out>/<run>/ (issue 29.7)
+    kept = tmp_path / "out" / first_run / "again" / "seed-1"
+    assert (kept / "out" / "first.txt").read_text() == "1\n"
+    assert json.loads((kept / "response.json").read_text())["outcome"] == "succeeded"
     assert not (seed_dir / "progress.jsonl").exists() or "one" not in (seed_dir / "progress.jsonl").read_text()
 
 

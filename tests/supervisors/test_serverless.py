@@ -61,7 +61,7 @@ def test_a_job_runs_on_a_queue_worker_and_its_output_comes_home(
     with open_runner() as r:
         ended = r.submit(job(fake, tmp_path)).result(60)
     assert (ended.outcome, ended.attempts) == ("succeeded", 1), ended.detail
-    seed_dir = tmp_path / "out" / "sls" / "seed-3"
+    seed_dir = tmp_path / "out" / "latest" / "sls" / "seed-3"
     assert (seed_dir / "out" / "result.txt").read_text() == "alpha beta\n"
     assert json.loads((seed_dir / "progress.jsonl").read_text()) == {"stage": "train", "seed": 3}
     log = (seed_dir / "log.txt").read_text()
@@ -98,7 +98,7 @@ def test_a_non_zero_exit_is_final_with_its_output(
     with open_runner() as r:
         ended = r.submit(spec).result(60)
     assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.JOB_FAILED, 1)
-    assert (tmp_path / "out" / "sls" / "seed-3" / "out" / "half.txt").read_text() == "half\n"
+    assert (tmp_path / "out" / "latest" / "sls" / "seed-3" / "out" / "half.txt").read_text() == "half\n"
     assert len(fake.submitted) == 1  # final: not retried
     assert fake.live_endpoints() == []
 
@@ -157,7 +157,7 @@ gpu = "A100-80G"
                             timeout=120, cwd=tmp_path, env=env)
     assert resume.returncode == 0, resume.stdout + resume.stderr
     assert "(reattached)" in resume.stdout
-    assert (tmp_path / "out" / "sls" / "seed-3" / "out" / "f.txt").read_text() == "fin\n"
+    assert (tmp_path / "out" / "latest" / "sls" / "seed-3" / "out" / "f.txt").read_text() == "fin\n"
     assert len(fake.submitted) == 1  # followed, not submitted twice
     assert fake.live_endpoints() == []
 

@@ -136,7 +136,8 @@ def test_a_batch_walks_past_a_region_without_capacity_and_leaves_nothing(
     done = cli(tmp_path, "run", str(path), "--json", "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr[-3000:]
     for seed in (1, 2):
-        assert (tmp_path / "out" / "sky-batch" / f"seed-{seed}" / "out" / "result.txt").read_text() == str(seed)
+        assert (tmp_path / "out" / "latest" / "sky-batch" / f"seed-{seed}" / "out" / "result.txt").read_text() == (
+            str(seed))
     evs = events(done.stdout)
     # the first candidate refused (no capacity), the second placed both: one attempt, one placement each
     assert sorted(e["failure"] for e in evs if e["type"] == "LeaseFailed") == ["no_capacity", "no_capacity"]

@@ -85,8 +85,9 @@ def test_a_batch_over_ssh_brings_outputs_back_and_sends_nothing_twice(tmp_path: 
     first = cli(tmp_path, "run", str(path), "--json", "--out", str(tmp_path / "out"))
     assert first.returncode == 0, first.stderr
     for seed in (1, 2):
-        assert (tmp_path / "out" / "ssh-batch" / f"seed-{seed}" / "out" / "result.txt").read_text() == f"{seed} payload"
-        assert "step 3" in (tmp_path / "out" / "ssh-batch" / f"seed-{seed}" / "log.txt").read_text()
+        assert (tmp_path / "out" / "latest" / "ssh-batch" / f"seed-{seed}" / "out" / "result.txt").read_text() == (
+            f"{seed} payload")
+        assert "step 3" in (tmp_path / "out" / "latest" / "ssh-batch" / f"seed-{seed}" / "log.txt").read_text()
     evs = events(first.stdout)
     # two attempts on one host at once: both started before either ended
     started = [e["t"] for e in evs if e["type"] == "JobStarted"]

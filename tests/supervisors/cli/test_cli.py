@@ -92,10 +92,10 @@ poll_s = 0.1
 def test_run_the_example_then_status(paths: Paths) -> None:
     done = cli(paths.run_args(ROOT / "examples" / "seeds.toml"))
     assert done.returncode == 0, done.stderr
-    seeds = sorted(p.name for p in (paths.out / "seeds").iterdir())
+    seeds = sorted(p.name for p in (paths.out / "latest" / "seeds").iterdir())
     assert seeds == ["seed-1", "seed-2", "seed-3"]
     for n in (1, 2, 3):
-        d = paths.out / "seeds" / f"seed-{n}"
+        d = paths.out / "latest" / "seeds" / f"seed-{n}"
         model = json.loads((d / "out" / "model.json").read_text())
         assert model["seed"] == n
         assert f"seed {n}:" in (d / "log.txt").read_text()
@@ -131,7 +131,8 @@ def test_a_mixed_batch_exits_1_and_a_good_one_0(paths: Paths) -> None:
     done = cli(paths.run_args(mixed))
     assert done.returncode == 1
     outcomes = {
-        n: json.loads((paths.out / "t" / f"seed-{n}" / "response.json").read_text())["outcome"] for n in (1, 2, 3)
+        n: json.loads((paths.out / "latest" / "t" / f"seed-{n}" / "response.json").read_text())["outcome"]
+        for n in (1, 2, 3)
     }
     assert outcomes == {1: "succeeded", 2: "failed", 3: "succeeded"}
     assert "job_failed" in done.stdout  # the summary names the failure
@@ -165,15 +166,14 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(paths: Paths, body: 
     assert lines[0].startswith("actor-run: ")
     assert message in lines[0]
     assert paths.machine_rows() == []
-    assert not (paths.out / "t").exists()
+    assert not (paths.out / "latest" / "t").exists()
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        ([], "the following arguments are required: command"),
-        (["run"], "the following arguments are required: batch"),
+        (["run"], "give a batch file, or a command after --"),  # bare `actor-run` prints the usage: test_cli_fixes
         (["run", "x.toml", "--bogus"], "unrecognized arguments: --bogus"),
         (["run", "x.toml", "--concurrency", "many"], "argument --concurrency: invalid int value: 'many'"),
         (["run", "{good}", "--concurrency", "0"], "--concurrency: expected int >= 1, got 0"),
@@ -309,5 +309,5 @@ def test_ctrl_c_deletes_every_machine_then_exits_130(paths: Paths, second: str) 
     assert sleeping("61.917", paths.tmp) == []
     assert under(paths.state) == []
     for n in (1, 2):
-        body = json.loads((paths.out / "long" / f"seed-{n}" / "response.json").read_text())
+        body = json.loads((paths.out / "latest" / "long" / f"seed-{n}" / "response.json").read_text())
         assert (body["outcome"], body["failure"]) == ("failed", "canceled")

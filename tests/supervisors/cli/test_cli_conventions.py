@@ -26,7 +26,7 @@ def test_version_and_python_m() -> None:
     assert (done.returncode, done.stdout.strip()) == (0, f"actor-run {actor_run.__version__}")
     bare = subprocess.run([sys.executable, "-m", "actor_run"], capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2
-    assert bare.stderr.startswith("actor-run: the following arguments are required: command")
+    assert bare.stderr.startswith("usage: actor-run")  # no command: the usage (issue 29.11)
 
 
 def _subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -86,7 +86,8 @@ def test_completion_follows_the_command_tree(shell: str, tmp_path: Path) -> None
 
     assert {"run", "status", "sweep", "resume", "config", "completion", "--version", "--config"} <= words("")
     assert {"--concurrency", "--json", "--out", "--config"} <= words("run", "--")
-    assert "--dry-run" not in words("run", "--")
+    assert "--grace" not in words("run", "--")  # sweep's, not run's
+    assert {"--dry-run", "--gpu", "--print-batch", "--yes"} <= words("run", "--")
     assert "show" in words("config", "")
     assert {"--json"} <= words("--config", "user.toml", "config", "show", "--")  # an option's value is no command
     assert {"bash", "zsh"} <= words("completion", "")

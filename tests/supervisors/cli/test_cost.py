@@ -125,7 +125,8 @@ def test_the_cost_report_equals_the_providers_bill_to_the_cent(tmp_path: Path) -
     text = cli("cost", runs[0]["id"], "--by", "gpu", tmp=tmp_path)
     assert text.returncode == 0
     assert "A100" in text.stdout
-    assert f"${total['spent_usd']:,.2f}" in text.stdout
+    spent = total["spent_usd"]
+    assert (f"${spent:.4f}" if spent < 1 else f"${spent:,.2f}") in text.stdout
 
 
 def test_cost_of_an_unknown_run_or_grouping_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -170,7 +171,9 @@ def test_groups_failures_and_unconfirmed_deletions(tmp_path: Path) -> None:
     assert (total.spent_usd, total.failed_usd, total.failed_attempts, total.machine_hours) == (4.0, 2.5, 2, 1.311111)
     assert [(a.job, a.usd) for a in at_least] == [("t/seed-2", 2.0)]  # 200 s at $36 an hour, to its deadline
     by_gpu, _, _ = cost_rows(rows, [], run=None, by="gpu")
-    assert [(g.group, g.spent_usd) for g in by_gpu] == [("A100", 11.0), ("H100", 2.0)]
+    # every run: grouped by run (issue 29.10), a group of one run never merged with another's
+    assert [(g.run, g.group, g.spent_usd) for g in by_gpu] == [("r1", "A100", 2.0), ("r1", "H100", 2.0),
+                                                               ("r2", "A100", 9.0)]
     text = render(by_account, total, at_least, "account")
     assert ">=$2.00" in text  # the unconfirmed deletion's group is "at least"
     assert "at least $2.00: ar-t-2-a0-aaaaaaaa-d100 on sim@team-b" in text

@@ -4,6 +4,7 @@ stalls), and exits when the job has ended. Then the same log, whole and by attem
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -66,13 +67,13 @@ def test_logs_follows_a_job_across_a_retry_and_ends_with_it(paths: Paths) -> Non
         follow = subprocess.Popen([*CLI, "logs", "t/1", "-f", *paths.common()], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=ENV)
         out = Lines(follow.stdout)
-        out.wait_for("--- attempt 0 on local", 60)
+        out.wait_for(" attempt 0 on local", 60)
         out.wait_for("first attempt is here", 60)  # live: the job is still running, waiting for the gate
         out.wait_for("tick", 30)
         assert run.poll() is None
         gate.touch()
         out.wait_for("first attempt goes quiet", 30)
-        out.wait_for("--- attempt 1 on local", 60)  # the retry, on a fresh machine
+        out.wait_for(" attempt 1 on local", 60)  # the retry, on a fresh machine
         out.wait_for("second attempt is here", 60)
         assert follow.wait(60) == 0  # it ends with the job
         assert run.wait(60) == 0
@@ -86,14 +87,14 @@ def test_logs_follows_a_job_across_a_retry_and_ends_with_it(paths: Paths) -> Non
         if follow is not None and follow.stderr is not None:
             follow.stderr.close()
     text = out.rest()
-    assert text.index("first attempt goes quiet") < text.index("--- attempt 1 on") < text.index("second attempt")
+    assert text.index("first attempt goes quiet") < text.index(" attempt 1 on") < text.index("second attempt")
 
     whole = cli([*CLI, "logs", "t", *paths.common()])  # one seed: the name is enough
     assert whole.returncode == 0, whole.stderr
-    assert whole.stdout == (paths.out / "t" / "seed-1" / "log.txt").read_text()
+    assert whole.stdout == (paths.out / "latest" / "t" / "seed-1" / "log.txt").read_text()
     second = cli([*CLI, "logs", "t/seed-1", "--attempt", "1", *paths.common()])
     assert second.returncode == 0, second.stderr
-    assert second.stdout.startswith("--- attempt 1 on local")
+    assert re.match(r"--- run [0-9a-f]+ attempt 1 on local", second.stdout), second.stdout[:200]
     assert "second attempt is here" in second.stdout
     assert "first attempt" not in second.stdout
 

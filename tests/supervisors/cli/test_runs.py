@@ -58,8 +58,8 @@ def test_two_runs_of_one_batch_keep_their_own_history(tmp_path: Path) -> None:
         assert [d["id"] for d in shown if d["kind"] == "run"] == [run]
         jobs = [d for d in shown if d["kind"] == "job"]
         assert [(j["run"], j["key"], j["state"], j["out_dir"]) for j in jobs] == [
-            (run, f"twice/seed-{s}", "succeeded", str(tmp_path / out / "twice" / f"seed-{s}")) for s in (1, 2)]
-        assert (tmp_path / out / "twice" / "seed-2" / "out" / "seed.txt").read_text() == "2\n"
+            (run, f"twice/seed-{s}", "succeeded", str(tmp_path / out / run / "twice" / f"seed-{s}")) for s in (1, 2)]
+        assert (tmp_path / out / run / "twice" / "seed-2" / "out" / "seed.txt").read_text() == "2\n"
     # each run keeps its own attempt 0 of each seed: the second did not replace the first's
     reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
     try:
@@ -93,7 +93,7 @@ def test_resume_from_another_folder_writes_where_the_run_said(tmp_path: Path) ->
     assert resume.returncode == 0, resume.stdout + resume.stderr
     assert f"resuming 4 job(s) of run {run['id']}: " in resume.stdout, resume.stdout
     for seed in range(1, 5):
-        seed_dir = tmp_path / "out" / "chaos" / f"seed-{seed}"
+        seed_dir = tmp_path / "out" / "latest" / "chaos" / f"seed-{seed}"
         assert (seed_dir / "out" / "done.txt").read_text() == str(seed)
         assert json.loads((seed_dir / "response.json").read_text())["outcome"] == "succeeded"
         assert (seed_dir / "log.txt").is_file()

@@ -118,7 +118,7 @@ def check_every_job_ended_once(tmp: Path, url: str, seeds: int) -> None:
     finally:
         reader.close()
     for s in range(1, seeds + 1):
-        assert (tmp / "out" / "chaos" / f"seed-{s}" / "out" / "done.txt").read_text() == str(s)
+        assert (tmp / "out" / "latest" / "chaos" / f"seed-{s}" / "out" / "done.txt").read_text() == str(s)
     lines = trace_lines(tmp)
     assert not [ln for ln in lines if ln.startswith("OVERLAP")], lines  # never two copies at once
     assert sorted({ln.split()[1] for ln in lines if ln.startswith("end")}) == sorted(str(s) for s in
@@ -240,7 +240,8 @@ def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_ho
          "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env={**os.environ, "API_TOKEN": "from-the-worker"})
     assert worker.returncode == 0, worker.stderr
-    assert (tmp_path / "out" / "secret" / "seed-1" / "out" / "token.txt").read_text().strip() == "from-the-worker"
+    assert (tmp_path / "out" / "latest" / "secret" / "seed-1" / "out" / "token.txt").read_text().strip() == (
+        "from-the-worker")
     import psycopg
 
     with psycopg.connect(url) as conn:

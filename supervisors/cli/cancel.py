@@ -1,0 +1,131 @@
+"""`actor-run cancel RUN | JOB | JOB/SEED [--run ID] [--ledger ...]`: stop jobs from another terminal.
+
+The request goes into the ledger (ledger/cancels.py); the controller that runs each job (an
+`actor-run run` on SQLite, any worker on PostgreSQL) reads it within a poll (a second), stops the
+attempt, deletes the machine and ends the job `canceled`; this command waits for that (bounded by
+`--wait`). A job whose controller is dead is ended here, and its machines are deleted as the sweep
+would (their owner proven dead); a queued job is ended before any worker claims it.
+
+TARGET: a run id (every unfinished job of it), a job name (every unfinished seed of it, of every
+run or of `--run`), or `name/seed` (`train/3` or `train/seed-3`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+from actor_run.protocols.specs import job_key
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, ledger_path, open_reader, usage_error
+from actor_run.supervisors.ledger import owner_is_alive
+from actor_run.supervisors.ledger.cancels import end_unowned, request_cancels
+from actor_run.supervisors.runner import Runner
+
+ENDED = ("succeeded", "failed")
+DETAIL = "canceled with actor-run cancel"
+EXAMPLE = """examples:
+  actor-run cancel 1a2b3c4d          # every unfinished job of that run
+  actor-run cancel train             # every unfinished seed of the job named train
+  actor-run cancel train/3           # one seed (train/seed-3 also works)
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("cancel", help="stop a run, a job or one seed from another terminal (its machine deleted)",
+                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="RUN|JOB|JOB/SEED", help="a run id, a job name, or name/seed")
+    p.add_argument("--run", help="only jobs of this run")
+    p.add_argument("--wait", type=float, default=120.0, metavar="S",
+                   help="seconds to wait for the controllers to stop the jobs (default 120; 0: do not wait)")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+
+def _matches(target: str, jobs: list[dict[str, Any]], runs: set[str]) -> list[dict[str, Any]] | None:
+    """The jobs TARGET names (None: it names nothing in the ledger)."""
+    if "/" in target:
+        name, _, seed = target.partition("/")
+        m = re.fullmatch(r"(?:seed-)?(-?\d+)", seed)
+        if not m:
+            return None
+        key = job_key(name, int(m.group(1)))
+        found = [j for j in jobs if j["key"] == key]
+    elif target in runs:
+        found = [j for j in jobs if j["run"] == target]
+    else:
+        found = [j for j in jobs if j["name"] == target]
+    return found or None
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    reader = open_reader(args)
+    try:
+        jobs = reader.jobs(args.run)
+        runs = {r.id for r in reader.runs()}
+        owners = {o.id: o for o in reader.owners()}
+    finally:
+        reader.close()
+    found = _matches(args.target, jobs, runs)
+    if found is None:
+        return usage_error(f"cancel: no run, job or job/seed {args.target!r} in the ledger"
+                           + (f" (run {args.run})" if args.run else ""))
+    unfinished = [j for j in found if j["state"] not in ENDED]
+    if not unfinished:
+        states = ", ".join(sorted({f"{j['state']}" for j in found}))
+        print(f"nothing to cancel: {args.target} has ended ({states})")
+        return Exit.FAILED
+    now = time.time()
+    alive = {o for o, row in owners.items() if owner_is_alive(row, now=now)}
+    owned = [j for j in unfinished if j["state"] == "running" and j["owner"] in alive]
+    unowned = [j for j in unfinished if j not in owned]
+    location = ledger_path(args)
+    if owned:
+        request_cancels(location, [(j["run"], j["key"]) for j in owned], DETAIL)
+        print(f"asked the controller(s) of {len(owned)} job(s) to cancel them")
+    if unowned:
+        end_unowned(location, [(j["run"], j["key"], j["name"], j["seed"]) for j in unowned],
+                    f"{DETAIL} (nobody was running it)")
+        dead = sorted({j["owner"] for j in unowned if j["owner"]})
+        if dead:  # their machines go as the sweep would: their owner is proven dead
+            runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, config=args.config)
+            with runner:
+                actions = runner.sweep()
+            gone = [a for a in actions if a.action == "deleted"]
+            print(f"{len(gone)} machine(s) of dead controller(s) deleted")
+            for a in actions:
+                if a.action == "failed":
+                    sys.stderr.write(f"actor-run: could not delete {a.machine} on {a.cloud}: {a.detail}; "
+                                     "`actor-run sweep` tries again\n")
+        for j in unowned:
+            print(f"{j['key']} (run {j['run']}): canceled (nobody was running it)")
+    return _wait(args, owned)
+
+
+def _wait(args: argparse.Namespace, owned: list[dict[str, Any]]) -> int:
+    if not owned or args.wait <= 0:
+        return Exit.OK
+    pending = {(j["run"], j["key"]) for j in owned}
+    end = time.monotonic() + args.wait
+    reader = open_reader(args)
+    try:
+        while pending and time.monotonic() < end:
+            for j in reader.jobs(args.run):
+                if (j["run"], j["key"]) in pending and j["state"] in ENDED:
+                    pending.discard((j["run"], j["key"]))
+                    how = j["failure"] or j["state"]
+                    print(f"{j['key']} (run {j['run']}): {how}" + ("" if how == "canceled" else " (it ended first)"))
+            if pending:
+                time.sleep(0.2)  # a person's command polling the ledger another process writes, bounded above
+    finally:
+        reader.close()
+    if pending:
+        sys.stderr.write(f"actor-run: {len(pending)} job(s) not ended after {args.wait:.0f} s; their controller "
+                         "has the request and cancels them when it reads it\n")
+        return Exit.FAILED
+    return Exit.OK
+
+
+__all__ = ["add_parser", "cmd_cancel"]

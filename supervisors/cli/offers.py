@@ -1,0 +1,155 @@
+"""`actor-run offers [--gpu G] [--cloud NAME] [--region R] [--max-price USD] [--json]`: what every
+configured cloud would rent now, cheapest first, with what it says of its stock. No batch needed.
+
+Configured: `local` (unless a GPU class is asked for) and `sim` always; `ssh` and `skypilot` when
+the user config has their table; a rented cloud (runpod, lambda, hyperstack, runpod-serverless)
+when its key is set (each account of it too). Only read-only calls are made (the catalog); no local
+SSH key is needed. A cloud left out is named on stderr with why; one that does not answer is exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds, make_cloud
+from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.specs import CandidateSpec
+from actor_run.supervisors.cli.console import Exit
+from actor_run.supervisors.config import UserConfig, load_config
+
+CALL_TIMEOUT_S = 60.0
+ALWAYS = ("local", "sim")  # nothing to configure
+WHEN_CONFIGURED = ("ssh", "skypilot")  # asked when the user config has their table
+
+EXAMPLE = """examples:
+  actor-run offers                       # every configured cloud, cheapest first
+  actor-run offers --gpu H100 --max-price 3
+  actor-run offers --cloud runpod --region EU-RO-1 --json
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("offers", help="what every configured cloud would rent now, cheapest first, with stock",
+                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", default="", help="one GPU class (H100, A100-80G, ...; default: every one)")
+    p.add_argument("--cloud", action="append", choices=sorted(known_clouds()), metavar="NAME",
+                   help="only this cloud (repeat for more; default: every configured one)")
+    p.add_argument("--region", action="append", metavar="R", help="only this region (repeat for more)")
+    p.add_argument("--max-price", type=float, metavar="USD", help="only offers at most this many $/h")
+    p.add_argument("--json", action="store_true", help="one offer per line (JSON)")
+    p.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+
+def open_clouds(names: list[str], config: UserConfig, state: Path, tables: dict[str, dict[str, Any]] | None = None,
+                *, explicit: bool) -> tuple[dict[str, Cloud], dict[str, str]]:
+    """Each account of each cloud in `names` that can be built ({key: cloud}) and why the others
+    cannot ({name: reason}). `tables` are a batch's `[clouds.*]`, over the user's. When not
+    `explicit`, ssh and skypilot without a table of theirs are not configured (left out quietly)."""
+    clouds: dict[str, Cloud] = {}
+    skipped: dict[str, str] = {}
+    tables = tables or {}
+    for name in names:
+        if not explicit and name in WHEN_CONFIGURED and name not in config.clouds and name not in tables:
+            continue
+        settings = config.cloud_settings(name, tables.get(name, {}))
+        try:
+            for account in accounts_of(settings):
+                key = cloud_key(name, account)
+                clouds[key] = make_cloud(key, settings, state)
+        except SpecError as exc:
+            skipped[name] = exc.problem
+    return clouds, skipped
+
+
+async def ask(cloud: Cloud, candidate: CandidateSpec, index: int) -> list[Offer] | str:
+    """The cloud's offers for `candidate` now, or what went wrong (one line)."""
+    try:
+        with trio.fail_after(CALL_TIMEOUT_S):
+            found = await cloud.offers(candidate, index)
+    except trio.TooSlowError:
+        return f"no answer in {CALL_TIMEOUT_S:.0f} s"
+    except (ActorRunError, SpecError) as exc:
+        return str(exc)
+    account = getattr(cloud, "account", "")
+    return [o if o.account or not account else msgspec.structs.replace(o, account=account) for o in found]
+
+
+async def aclose_all(clouds: dict[str, Cloud]) -> None:
+    for cloud in clouds.values():
+        await cloud.aclose()
+
+
+def cmd_offers(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except SpecError as exc:
+        sys.stderr.write(f"actor-run: {exc}\n")
+        return Exit.USAGE
+    if args.max_price is not None and args.max_price < 0:
+        sys.stderr.write(f"actor-run: --max-price: expected a number >= 0, got {args.max_price}\n")
+        return Exit.USAGE
+    explicit = bool(args.cloud)
+    names = list(dict.fromkeys(args.cloud)) if explicit else sorted(known_clouds())
+    clouds, skipped = open_clouds(names, config, Path(args.state_dir), explicit=explicit)
+    if explicit and skipped:
+        for name, why in skipped.items():
+            sys.stderr.write(f"actor-run: {name}: {why}\n")
+        return Exit.USAGE
+
+    async def gather() -> dict[str, list[Offer] | str]:
+        answers: dict[str, list[Offer] | str] = {}
+
+        async def one(key: str, cloud: Cloud) -> None:
+            candidate = CandidateSpec(cloud=key.partition("@")[0], gpu=args.gpu, regions=list(args.region or []),
+                                      max_hourly_usd=args.max_price)
+            answers[key] = await ask(cloud, candidate, 0)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for key, cloud in clouds.items():
+                    if key == "local" and args.gpu:
+                        continue  # this computer: whatever GPU it has, not one of a class
+                    nursery.start_soon(one, key, cloud)
+        finally:
+            await aclose_all(clouds)
+        return answers
+
+    answers = trio.run(gather)
+    offers = [o for found in answers.values() if isinstance(found, list) for o in found
+              if args.max_price is None or o.hourly_usd <= args.max_price]
+    offers.sort(key=lambda o: (o.hourly_usd, o.cloud, o.account, o.region, o.gpu))
+    if args.json:
+        for o in offers:
+            sys.stdout.write(msgspec.json.encode(o).decode() + "\n")
+    else:
+        print_table(offers)
+    failed = {k: v for k, v in answers.items() if isinstance(v, str)}
+    for key, why in sorted(failed.items()):
+        sys.stderr.write(f"actor-run: {key}: {why}\n")
+    for key, why in sorted(skipped.items()):
+        sys.stderr.write(f"not asked: {key}: {why}\n")
+    return Exit.FAILED if failed else Exit.OK
+
+
+def print_table(offers: list[Offer]) -> None:
+    if not offers:
+        print("no offers (nothing in stock that fits)")
+        return
+    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND")]
+    rows += [(cloud_key(o.cloud, o.account), o.region, o.gpu or "-", f"{o.hourly_usd:.4f}", o.stock or "-",
+              o.kind or "-") for o in offers]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,
+                                                                                                    strict=True)))
+              .rstrip())
+
+
+__all__ = ["add_parser", "ask", "cmd_offers", "open_clouds"]

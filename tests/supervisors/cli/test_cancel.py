@@ -1,0 +1,158 @@
+"""supervisors/cli/cancel.py: `actor-run cancel` from another terminal (issue 29.3), through the
+real command line: the owning controller (SQLite, or a worker on PostgreSQL) stops the attempt,
+deletes the machine and records `canceled`; a dead controller's jobs are ended and their machines
+deleted as the sweep would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from actor_run.supervisors.ledger import LedgerReader
+
+CLI = [sys.executable, "-m", "actor_run"]
+ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+T = TypeVar("T")
+
+# each seed holds until the test opens the gate (bounded: 120 s), then succeeds
+BATCH = """\
+[job]
+name = "t"
+command = "sh -c 'for i in $(seq 1 1200); do [ -e \\"$GATE\\" ] && exit 0; sleep 0.1; done; exit 3'"
+seeds = [1, 2]
+env = {{ GATE = "{gate}" }}
+public_env = ["GATE"]  # a worker on a shared ledger reads it back from there
+
+[policy]
+poll_s = 0.1
+max_attempts = 1
+"""
+
+
+def poll(check: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll the ledger a subprocess writes, bounded."""
+    end = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def read(ledger: str | Path, what: str) -> list[Any]:
+    reader = LedgerReader(ledger)
+    try:
+        return list(reader.jobs() if what == "jobs" else reader.machines())
+    finally:
+        reader.close()
+
+
+def running_machines(ledger: str | Path) -> list[tuple[str, str, int]]:
+    """(state, phase, seed) of each machine, read with a connection of the test's own and named
+    columns (a controller may still be adding columns to its new tables)."""
+    sql = "SELECT state, phase, seed FROM machines"
+    if isinstance(ledger, Path):
+        if not ledger.exists():
+            return []
+        conn = sqlite3.connect(ledger)
+        try:
+            return [tuple(r) for r in conn.execute(sql).fetchall()]
+        except sqlite3.OperationalError:  # no table yet
+            return []
+        finally:
+            conn.close()
+    with psycopg.connect(ledger) as pg:
+        try:
+            return [tuple(r) for r in pg.execute(sql).fetchall()]
+        except psycopg.errors.UndefinedTable:  # the controller has not made the tables yet
+            return []
+
+
+def both_running(ledger: str | Path) -> Callable[[], list[Any]]:
+    def check() -> list[Any]:
+        rows = [m for m in running_machines(ledger) if m[0] == "alive" and m[1] == "running"]
+        return rows if len(rows) == 2 else []
+
+    return check
+
+
+def start(tmp: Path, ledger: str | Path) -> tuple[subprocess.Popen[str], Path]:
+    gate = tmp / "gate"
+    path = tmp / "b.toml"
+    path.write_text(BATCH.format(gate=gate))
+    proc = subprocess.Popen([*CLI, "run", str(path), "--ledger", str(ledger), "--state-dir", str(tmp / "state"),
+                             "--out", str(tmp / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    return proc, gate
+
+
+def cancel(tmp: Path, ledger: str | Path, *target: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "cancel", *target, "--ledger", str(ledger), "--state-dir", str(tmp / "state")],
+                          capture_output=True, text=True, timeout=180, env=ENV)
+
+
+def test_cancel_one_seed_from_another_terminal(tmp_path: Path, ledger_location: str | Path) -> None:
+    proc, gate = start(tmp_path, ledger_location)
+    try:
+        poll(both_running(ledger_location), 90, "both seeds running")
+        done = cancel(tmp_path, ledger_location, "t/1")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "t/seed-1 (run " in done.stdout
+        assert "canceled" in done.stdout
+        jobs = {j["key"]: j for j in read(ledger_location, "jobs")}
+        assert (jobs["t/seed-1"]["state"], jobs["t/seed-1"]["failure"]) == ("failed", "canceled")
+        assert jobs["t/seed-2"]["state"] == "running"  # the other seed goes on
+        machines = {m.seed: m for m in read(ledger_location, "machines")}
+        assert machines[1].state == "deleted"
+        assert machines[2].state == "alive"
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out + err  # one job canceled
+    said = out + err
+    assert f"controller pid {proc.pid}" in said
+    assert "actor-run cancel " in said
+    jobs = {j["key"]: j for j in read(ledger_location, "jobs")}
+    assert jobs["t/seed-2"]["state"] == "succeeded"
+    assert jobs["t/seed-1"]["failure"] == "canceled"
+
+
+def test_cancel_of_a_dead_controllers_run_deletes_its_machines(tmp_path: Path) -> None:
+    ledger = tmp_path / "l.sqlite"
+    proc, _ = start(tmp_path, ledger)
+    try:
+        poll(both_running(ledger), 90, "both seeds running")
+        run = read(ledger, "jobs")[0]["run"]
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    done = cancel(tmp_path, ledger, run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 machine(s) of dead controller(s) deleted" in done.stdout
+    jobs = read(ledger, "jobs")
+    assert {(j["state"], j["failure"]) for j in jobs} == {("failed", "canceled")}
+    assert {m.state for m in read(ledger, "machines")} == {"deleted"}
+    again = cancel(tmp_path, ledger, run)
+    assert again.returncode == 1
+    assert "nothing to cancel" in again.stdout
+
+
+def test_cancel_of_nothing_known_is_one_line(tmp_path: Path) -> None:
+    done = cancel(tmp_path, tmp_path / "l.sqlite", "nosuch/3")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "actor-run: cancel: no run, job or job/seed 'nosuch/3' in the ledger"
