@@ -43,6 +43,7 @@ code = "code"
 seeds = [1, 2, 3, 4, 5, 6]
 timeout_s = 120
 env = {{ GATE = "{tmp / 'gate'}" }}
+public_env = ["GATE"]  # a resume reads the job's env back from the ledger
 
 [policy]
 max_attempts = 8
