@@ -15,8 +15,8 @@ from loguru import logger
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, make_cloud
-from actor_run.protocols.failures import SpecError
-from actor_run.protocols.messages import Message
+from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.messages import Cancel, Message
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.batch import _Submit
 from actor_run.supervisors.budget import Budget
@@ -124,9 +124,19 @@ class Takeover:
                 reader.close()
             spent_before = self._adopt_budget(items=[i for i, _ in taken], reservations=reservations)
         for item, _ in taken:
+            refuse = None
+            if item.missing_env:
+                # a job already running on its machine has its env there: it is watched; one that would
+                # start now is never run with a placeholder where its secret should be, nor rented for
+                why = (f"env {', '.join(item.missing_env)} was kept out of the ledger (secret) and is not set "
+                       "here: set it in this process's environment, or list it in job.public_env")
+                if item.reattach is None:
+                    refuse = Cancel(failure=Code.INPUT, detail=why)
+                else:
+                    logger.warning("{}: {} (a retry would need it)", item.job.key, why)
             self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
                                      offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
-                                     seed_dir=item.seed_dir))
+                                     seed_dir=item.seed_dir, refuse=refuse))
         return [h for _, h in taken]
 
     def _adopt_budget(self, *, items: list[ResumeItem], reservations: list[dict[str, Any]]) -> dict[str, float]:

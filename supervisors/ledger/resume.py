@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 import msgspec
-from loguru import logger
 
 from actor_run.actors import Reattach
 from actor_run.protocols.messages import Machine, Offer
@@ -32,6 +31,7 @@ class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
     first_attempt: int
     reattach: Reattach | None = None
     offer: Offer | None = None
+    missing_env: tuple[str, ...] = ()  # secret env names the ledger kept out and this process lacks
 
 
 def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
@@ -49,9 +49,6 @@ def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> lis
         if row["state"] != "running" or row["owner"] in live:
             continue
         job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), dict(os.environ))
-        if missing:
-            logger.warning("{}: env {} was kept out of the ledger (secret); set it for `actor-run resume`",
-                           job.key, ", ".join(missing))
         mine = [m for m in machines if m.job == job.name and m.seed == job.seed and m.run in (row["run"], None)]
         first = max((m.attempt for m in mine), default=-1) + 1
         best = _reattachable(mine)
@@ -65,5 +62,5 @@ def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> lis
             offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
             first = best.attempt
         items.append(ResumeItem(job=job, from_owner=row["owner"], run=row["run"], seed_dir=row["out_dir"] or None,
-                                first_attempt=first, reattach=reattach, offer=offer))
+                                first_attempt=first, reattach=reattach, offer=offer, missing_env=tuple(missing)))
     return items

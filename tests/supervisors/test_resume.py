@@ -132,3 +132,31 @@ def test_secret_env_stays_out_of_the_ledger_and_comes_back_from_the_environment(
     back, missing = unredacted(stored, dict(os.environ))
     assert back.env["HF_TOKEN"] == "from-env"
     assert missing == []
+
+
+def test_resume_of_a_job_whose_secret_is_not_in_this_environment_ends_it_input_without_renting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgspec
+
+    from actor_run.protocols.specs import redacted
+
+    monkeypatch.delenv("DEPLOY_TOKEN", raising=False)
+    ledger_path = tmp_path / "state" / "ledger.sqlite"
+    dead = Ledger(ledger_path, "d" * 32)
+    job = Job(name="needs", command="echo \"$DEPLOY_TOKEN\" > $ACTOR_RUN_OUT/t.txt", seed=3,
+              env={"DEPLOY_TOKEN": "dt_0123456789"}, policy=PolicySpec(poll_s=0.1))
+    dead.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
+                    state="running", out_dir="")
+    dead.close()
+    with Runner(out_dir=tmp_path / "out", state_dir=tmp_path / "state", sweep_on_start=False) as runner:
+        [handle] = runner.resume()
+        ended = handle.result(timeout=60)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", "input", 0)
+    assert "DEPLOY_TOKEN" in ended.detail
+    assert not (tmp_path / "out" / "needs").exists()  # nothing ran, nothing was fetched
+    reader = LedgerReader(ledger_path)
+    try:
+        assert [(j["state"], j["failure"]) for j in reader.jobs()] == [("failed", "input")]
+        assert reader.machines() == []  # nothing was rented
+    finally:
+        reader.close()
