@@ -67,7 +67,8 @@ from actor_run.protocols.specs import Batch, Job, load_batch
 from actor_run.protocols.specs import CandidateSpec as Candidate
 from actor_run.protocols.specs import PolicySpec as Policy
 from actor_run.supervisors.config import UserConfig, load_config
-from actor_run.supervisors.runner import JobHandle, Runner
+from actor_run.supervisors.handle import JobHandle
+from actor_run.supervisors.runner import Runner
 
 __all__ = [
     "ActorRunError",

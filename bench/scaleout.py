@@ -78,7 +78,8 @@ def child(url: str, concurrency: int, lease_s: float, poll_s: float, root: Path)
     from loguru import logger
 
     from actor_run.supervisors.cli.worker import serve
-    from actor_run.supervisors.runner import JobHandle, Runner
+    from actor_run.supervisors.handle import JobHandle
+    from actor_run.supervisors.runner import Runner
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")

@@ -1,8 +1,9 @@
 """The supervision tree and what stands around it: the controller side of actor-run.
 
-    supervisors/          the tree: runner.py (Runner, JobHandle: the embedding API), batch.py
-                          (BatchSupervisor), job.py (JobSupervisor), supervisor.py (the OTP-style
-                          supervisor), takeover.py (resume, sweep), walk.py, policy.py, budget.py,
+    supervisors/          the tree: runner.py (Runner: the embedding API), handle.py (JobHandle),
+                          places.py (state folder, results folder), batch.py (BatchSupervisor),
+                          job.py (JobSupervisor), supervisor.py (the OTP-style supervisor),
+                          takeover.py (resume, sweep), walk.py, policy.py, budget.py,
                           reservations.py, offers.py, config.py (user settings), gc_tuning.py
     supervisors/ledger/   the durable record (SQLite, or PostgreSQL shared by workers): writer,
                           reader, backends, schema steps, the sweep's and resume's decisions

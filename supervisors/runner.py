@@ -16,12 +16,10 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import functools
 import os
-import secrets
 import threading
 import uuid
 from collections.abc import Callable
@@ -29,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import platformdirs
 import pykka
-import sniffio
 import trio
 from loguru import logger
 
@@ -64,131 +60,17 @@ from actor_run.protocols.specs import (
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
+from actor_run.supervisors.handle import JobHandle, RunnerStatistics
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
 from actor_run.supervisors.ledger.db import Backend, open_backend
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
+from actor_run.supervisors.places import check_out_dir, default_state_dir, new_run_id, private_dir
 from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
-
-
-def default_state_dir() -> Path:
-    return Path(platformdirs.user_state_dir("actor-run"))
-
-
-def default_ledger_path() -> Path:
-    return default_state_dir() / "ledger.sqlite"
-
-
-def new_run_id() -> str:
-    """A run's short id: 8 hex digits."""
-    return secrets.token_hex(4)
-
-
-class RunnerStatistics(msgspec.Struct, frozen=True):
-    messages: int
-    actor_turns: int
-    pool_workers: int
-    reactor_tasks: int
-    reactor_timers: int
-    ledger_writes: int
-
-
-class JobHandle:
-    """A submitted job (what `Runner.submit` returns).
-
-    `result(timeout)` blocks until the job's `JobEnded` and returns it; `await wait_async()` does
-    the same without blocking an asyncio or trio event loop; `done()` says whether it ended;
-    `cancel()` asks the job to stop (its machine is deleted first; it then ends `canceled`). The
-    `JobEnded` is in the ledger before any of these return it. Cancelling a task that awaits
-    `wait_async()` stops the wait, not the job."""
-
-    def __init__(self, runner: Runner, job: Job) -> None:
-        self.job = job
-        self.key = job.key
-        self.reattached = False
-        self.run = runner.run
-        self._runner = runner
-        self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
-
-    def result(self, timeout: float | None = None) -> JobEnded:
-        return self._future.result(timeout)
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    async def wait_async(self) -> JobEnded:
-        """Wait for the job's `JobEnded` inside an asyncio or trio event loop, without blocking it:
-        the end wakes the loop through its own thread-safe entry (call_soon_threadsafe, a trio token)."""
-        library = sniffio.current_async_library()
-        if library == "trio":
-            token, ended = trio.lowlevel.current_trio_token(), trio.Event()
-
-            def wake_trio(_: object) -> None:
-                with contextlib.suppress(trio.RunFinishedError):  # the loop ended while the job ran
-                    token.run_sync_soon(ended.set)
-
-            self._future.add_done_callback(wake_trio)
-            await ended.wait()
-        elif library == "asyncio":
-            loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[None] = loop.create_future()
-
-            def settle() -> None:
-                if not waiter.done():
-                    waiter.set_result(None)
-
-            def wake_asyncio(_: object) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop closed while the job ran
-                    loop.call_soon_threadsafe(settle)
-
-            self._future.add_done_callback(wake_asyncio)
-            await waiter
-        else:
-            raise RuntimeError(f"wait_async runs in asyncio or trio, not {library}")
-        return self._future.result(0)
-
-    def _resolve(self, e: JobEnded) -> None:
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # the first end stands
-            self._future.set_result(e)
-
-    def cancel(self) -> None:
-        self._runner._batch_tell(_CancelJob(key=self.key))
-
-
-PROBE_BYTES = 4096
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Make the results folder and write to it (a few KiB, removed again): a file in its place, a
-    read-only folder or a full disk is a SpecError naming `out_dir` before anything starts."""
-    probe = out_dir / f".actor-run-probe-{uuid.uuid4().hex[:8]}"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"\0" * PROBE_BYTES)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise SpecError("out_dir", f"cannot write results in {out_dir}: {exc.strerror}") from exc
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-
-
-def private_dir(path: Path) -> None:
-    """The state folder (ledger, logs, known hosts, sandboxes): made 0700, and made so if it was not."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o700)
-    except OSError as exc:
-        raise SpecError("state_dir", f"cannot use {path}: {exc.strerror}") from exc
 
 
 class Runner(Takeover):

@@ -27,7 +27,7 @@ from actor_run.supervisors.ledger.sweep import SweepAction, sweep
 from actor_run.supervisors.reservations import settle_reservations
 
 if TYPE_CHECKING:
-    from actor_run.supervisors.runner import JobHandle
+    from actor_run.supervisors.handle import JobHandle
 
 
 class Takeover:

@@ -19,7 +19,8 @@ from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
-from actor_run.supervisors.runner import Runner, default_ledger_path
+from actor_run.supervisors.places import default_ledger_path
+from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.live import View
 from actor_run.supervisors.views.text import printable
 

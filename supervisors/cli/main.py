@@ -51,7 +51,7 @@ from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
 from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
-from actor_run.supervisors.runner import default_state_dir
+from actor_run.supervisors.places import default_state_dir
 from actor_run.supervisors.views.text import printable
 
 __all__ = ["Exit", "entry", "main"]

@@ -44,9 +44,11 @@ from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.runs import job_views, view_line
+from actor_run.supervisors.handle import JobHandle
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
-from actor_run.supervisors.runner import JobHandle, Runner, default_state_dir
+from actor_run.supervisors.places import default_state_dir
+from actor_run.supervisors.runner import Runner
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 ENDED = ("succeeded", "failed")

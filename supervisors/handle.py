@@ -1,0 +1,94 @@
+"""What `Runner.submit` hands back: a `JobHandle` to wait on (from a thread, asyncio or trio) or
+cancel one job by, and the Runner's `statistics()` counters. Imports only protocols and the batch
+supervisor's private cancel message."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from typing import TYPE_CHECKING
+
+import msgspec
+import sniffio
+import trio
+
+from actor_run.protocols.messages import JobEnded
+from actor_run.protocols.specs import Job
+from actor_run.supervisors.batch import _CancelJob
+
+if TYPE_CHECKING:
+    from actor_run.supervisors.runner import Runner
+
+
+class RunnerStatistics(msgspec.Struct, frozen=True):
+    messages: int
+    actor_turns: int
+    pool_workers: int
+    reactor_tasks: int
+    reactor_timers: int
+    ledger_writes: int
+
+
+class JobHandle:
+    """A submitted job (what `Runner.submit` returns).
+
+    `result(timeout)` blocks until the job's `JobEnded` and returns it; `await wait_async()` does
+    the same without blocking an asyncio or trio event loop; `done()` says whether it ended;
+    `cancel()` asks the job to stop (its machine is deleted first; it then ends `canceled`). The
+    `JobEnded` is in the ledger before any of these return it. Cancelling a task that awaits
+    `wait_async()` stops the wait, not the job."""
+
+    def __init__(self, runner: Runner, job: Job) -> None:
+        self.job = job
+        self.key = job.key
+        self.reattached = False
+        self.run = runner.run
+        self._runner = runner
+        self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
+
+    def result(self, timeout: float | None = None) -> JobEnded:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    async def wait_async(self) -> JobEnded:
+        """Wait for the job's `JobEnded` inside an asyncio or trio event loop, without blocking it:
+        the end wakes the loop through its own thread-safe entry (call_soon_threadsafe, a trio token)."""
+        library = sniffio.current_async_library()
+        if library == "trio":
+            token, ended = trio.lowlevel.current_trio_token(), trio.Event()
+
+            def wake_trio(_: object) -> None:
+                with contextlib.suppress(trio.RunFinishedError):  # the loop ended while the job ran
+                    token.run_sync_soon(ended.set)
+
+            self._future.add_done_callback(wake_trio)
+            await ended.wait()
+        elif library == "asyncio":
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def settle() -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            def wake_asyncio(_: object) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed while the job ran
+                    loop.call_soon_threadsafe(settle)
+
+            self._future.add_done_callback(wake_asyncio)
+            await waiter
+        else:
+            raise RuntimeError(f"wait_async runs in asyncio or trio, not {library}")
+        return self._future.result(0)
+
+    def _resolve(self, e: JobEnded) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # the first end stands
+            self._future.set_result(e)
+
+    def cancel(self) -> None:
+        self._runner._batch_tell(_CancelJob(key=self.key))
+
+
