@@ -120,7 +120,8 @@ def test_attack_a_provider_echoes_the_key_in_its_error_body(tmp_path: Path, echo
     env = {"RUNPOD_API_KEY": KEY, "MY_GITHUB_PAT": "ghp_plain_named_value_42"}
     settings = f'[clouds.runpod]\napi_url = "{echo}"\nssh_key = "{client_key(tmp_path / "keys")}"\n'
     path = batch(tmp_path, "\n[[candidates]]\ncloud = \"runpod\"\ngpu = \"H100\"\n" + settings,
-                 job='env = { GITHUB_PAT = "ghp_plain_named_value_42" }', policy="max_attempts = 1")
+                 job='env = { GITHUB_PAT = "ghp_plain_named_value_42" }',
+                 policy="max_attempts = 1\ncapacity_wait_s = 0")  # a catalog that errors is no stock: fail fast
     check = actor_run(tmp_path, "clouds", "check", "--batch", str(path), "--state-dir", str(tmp_path / "state"),
                       env=env)
     assert check.returncode != 0
@@ -167,7 +168,7 @@ def test_attack_a_command_longer_than_an_exec_takes(tmp_path: Path) -> None:
     done = actor_run(tmp_path, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
                      str(tmp_path / "state"))
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out" / "t" / "seed-1" / "out" / "ran").read_text() == "ran\n"
+    assert (tmp_path / "out" / "latest" / "t" / "seed-1" / "out" / "ran").read_text() == "ran\n"
 
 
 def test_attack_the_wrappers_own_variable_in_the_env(tmp_path: Path) -> None:
@@ -178,7 +179,7 @@ def test_attack_the_wrappers_own_variable_in_the_env(tmp_path: Path) -> None:
     done = actor_run(tmp_path, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
                      str(tmp_path / "state"))
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out" / "t" / "seed-1" / "out" / "w").read_text() == f"{elsewhere}\n"
+    assert (tmp_path / "out" / "latest" / "t" / "seed-1" / "out" / "w").read_text() == f"{elsewhere}\n"
     assert list(elsewhere.iterdir()) == []  # the wrapper wrote its pid, log and response where it should
 
 
@@ -287,6 +288,10 @@ def test_attack_an_ssh_host_without_an_address_is_named(tmp_path: Path) -> None:
     path = batch(tmp_path, '\n[[candidates]]\ncloud = "ssh"\nhosts = ["b"]\n[clouds.ssh.hosts.b]\nuser = "me"\n')
     done = actor_run(tmp_path, "run", str(path), "--config", str(user), "--out", str(tmp_path / "out"),
                      "--state-dir", str(tmp_path / "state"))
+    # the start-up sweep asks every configured cloud (issue 25) and warns that host a is unreachable;
+    # the error itself is one line naming b
+    done = subprocess.CompletedProcess(done.args, done.returncode, done.stdout, "\n".join(
+        line for line in done.stderr.splitlines() if " WARNING ssh: a skipped while listing machines" not in line))
     one_line_error(done, 2, "clouds.ssh.hosts.b.address")
 
 
@@ -367,8 +372,9 @@ def test_attack_files_others_could_read(tmp_path: Path) -> None:
                      str(tmp_path / "state"), env={"UMASK_NOTE": "0022"})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    seed = tmp_path / "out" / "latest" / "t" / "seed-1"
     private = [tmp_path / "state" / "ledger.sqlite", *tmp_path.glob("state/runs/*/controller.log"),
-               tmp_path / "out" / "t" / "seed-1" / "log.txt", tmp_path / "out" / "t" / "seed-1" / "response.json"]
+               seed / "log.txt", seed / "response.json"]
     assert len(private) == 4
     for f in private:
         assert f.stat().st_mode & 0o777 == 0o600, f

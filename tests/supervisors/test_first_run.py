@@ -61,7 +61,8 @@ def test_a_2_seed_batch_waits_for_sshd_that_opens_5_s_after_ready(tmp_path: Path
     assert sorted(stages) == [(1, "booting"), (1, "waiting for ssh"), (2, "booting"), (2, "waiting for ssh")]
     assert provider.alive() == []
     for seed in (1, 2):
-        assert (tmp_path / "out" / "rented" / f"seed-{seed}" / "out" / "result.txt").read_text() == f"{seed} payload"
+        result = tmp_path / "out" / "latest" / "rented" / f"seed-{seed}" / "out" / "result.txt"
+        assert result.read_text() == f"{seed} payload"
 
 
 def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> None:
@@ -77,10 +78,10 @@ def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> 
         shown = ""
         for _ in range(50):  # the ledger's writer commits in batches: a bounded wait for the row
             shown = cli(tmp_path, "status", key_var=runpod.KEY_VAR).stdout
-            if "(waiting for ssh)" in shown:
+            if "stage waiting for ssh" in shown:
                 break
         assert "rented/seed-1" in shown
-        assert "(waiting for ssh)" in shown, shown
+        assert "stage waiting for ssh" in shown, shown
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
     finally:

@@ -82,7 +82,7 @@ def check_ran_once_and_logs_whole(tmp: Path, seeds: int, steps: int) -> None:
     starts = [ln.split()[1] for ln in trace_lines(tmp) if ln.startswith("start")]
     assert sorted(starts) == sorted(str(s) for s in range(1, seeds + 1)), starts
     for s in range(1, seeds + 1):
-        log = (tmp / "out" / "chaos" / f"seed-{s}" / "log.txt").read_text()
+        log = (tmp / "out" / "latest" / "chaos" / f"seed-{s}" / "log.txt").read_text()
         assert log.count("--- attempt 0 on ") == 1, log
         said = re.findall(r"^step (\d+)$", log, re.MULTILINE)
         assert said == [str(i) for i in range(steps)], (s, log)
@@ -104,8 +104,8 @@ def test_a_busy_survivor_watches_every_adopted_job_at_once_and_none_runs_twice(t
     assert len(orphans) == 3
     assert not orphans & own
     # the victim's jobs have written some log (what the adopter must not write again)
-    wait_until(lambda: all((tmp_path / "out" / k / "log.txt").exists()
-                           and "step 1" in (tmp_path / "out" / k / "log.txt").read_text() for k in orphans),
+    wait_until(lambda: all((tmp_path / "out" / "latest" / k / "log.txt").exists()
+                           and "step 1" in (tmp_path / "out" / "latest" / k / "log.txt").read_text() for k in orphans),
                30, "the victim's jobs logging")
     victim.proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -128,9 +128,9 @@ def test_a_busy_survivor_watches_every_adopted_job_at_once_and_none_runs_twice(t
     check_every_job_ended_once(tmp_path, url, seeds)
     check_ran_once_and_logs_whole(tmp_path, seeds, steps)
     for k in orphans:
-        log = (tmp_path / "out" / k / "log.txt").read_text()
+        log = (tmp_path / "out" / "latest" / k / "log.txt").read_text()
         assert log.count(" taken over by controller ") == 1, log
-        response = json.loads((tmp_path / "out" / k / "response.json").read_text())
+        response = json.loads((tmp_path / "out" / "latest" / k / "response.json").read_text())
         # the whole attempt, not the adopter's part: the run phase covers the job's 15 s
         assert response["attempts"][0]["phases"]["run"] >= steps * 0.25 * 0.9, response
         assert response["seconds"] >= steps * 0.25 * 0.9, response
@@ -174,9 +174,10 @@ def test_a_frozen_worker_writes_no_byte_after_its_lease_ran_out(tmp_path: Path, 
     frozen = Controller(tmp_path, url, "frozen", concurrency=2)
     frozen.wait_for("JobStarted", 2)
     held = keys_started(frozen)
-    wait_until(lambda: all("step 2" in (tmp_path / "out" / k / "log.txt").read_text()
-                           for k in held if (tmp_path / "out" / k / "log.txt").exists())
-               and all((tmp_path / "out" / k / "log.txt").exists() for k in held), 30, "the frozen worker's logs")
+    logs = tmp_path / "out" / "latest"
+    wait_until(lambda: all("step 2" in (logs / k / "log.txt").read_text()
+                           for k in held if (logs / k / "log.txt").exists())
+               and all((logs / k / "log.txt").exists() for k in held), 30, "the frozen worker's logs")
     owner = next(iter({jobs(url)[k]["owner"] for k in held}))
     frozen.proc.send_signal(signal.SIGSTOP)
     try:
@@ -185,8 +186,8 @@ def test_a_frozen_worker_writes_no_byte_after_its_lease_ran_out(tmp_path: Path, 
         written = sum(e["owner"] == owner for e in ledger_events(url))
         # the adopter writes on: the frozen worker's jobs end while it is still frozen
         adopter.wait_for("JobEnded", seeds, timeout=120)
-        sizes = {k: (tmp_path / "out" / k / "log.txt").stat().st_size for k in held}
-        responses = {k: (tmp_path / "out" / k / "response.json").read_bytes() for k in held}
+        sizes = {k: (tmp_path / "out" / "latest" / k / "log.txt").stat().st_size for k in held}
+        responses = {k: (tmp_path / "out" / "latest" / k / "response.json").read_bytes() for k in held}
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
     assert frozen.finish() == 0  # it let its jobs go and joined again as a new owner (nothing left to do)
@@ -195,8 +196,8 @@ def test_a_frozen_worker_writes_no_byte_after_its_lease_ran_out(tmp_path: Path, 
     assert "Traceback" not in frozen.stderr, frozen.stderr
     assert adopter.finish() == 0, adopter.stderr
     assert sum(e["owner"] == owner for e in ledger_events(url)) == written  # no row after the lease ran out
-    assert {k: (tmp_path / "out" / k / "log.txt").stat().st_size for k in held} == sizes  # no log byte
-    assert {k: (tmp_path / "out" / k / "response.json").read_bytes() for k in held} == responses
+    assert {k: (tmp_path / "out" / "latest" / k / "log.txt").stat().st_size for k in held} == sizes  # no log byte
+    assert {k: (tmp_path / "out" / "latest" / k / "response.json").read_bytes() for k in held} == responses
     check_every_job_ended_once(tmp_path, url, seeds)
     check_ran_once_and_logs_whole(tmp_path, seeds, steps)
 
