@@ -420,20 +420,23 @@ class AttemptActor(Actor):
 
 
 _TAKEN_OVER = re.compile(
-    rb"^--- attempt (\d+) taken over by controller \S+ \(.*\); its log goes on from byte (\d+) ---\n", re.MULTILINE)
+    rb"^--- (?:run \S+ )?attempt (\d+) taken over by controller \S+ \(.*\); its log goes on from byte (\d+) ---\n",
+    re.MULTILINE)
 
 
 def taken_over(log: Path, attempt: int, owner: str, header: str) -> tuple[str, int]:
     """For an adopted attempt: the line that opens the adopter's writing in log.txt, and how many
     bytes of the job's log the file already holds (the heartbeat reads on from there, so no line
-    is written twice). The attempt's part is the one its header opened (`--- attempt N on ...`);
+    is written twice). The attempt's part is the one its header opened (`--- run R attempt N on ...`);
     each takeover line records where the job's log stood, so a second adopter counts from it. With
     no part of that attempt here (another computer, a removed file): `header` and byte 0."""
     try:
         data = log.read_bytes()
     except OSError:
         return header, 0
-    opened = list(re.finditer(rb"^--- attempt " + str(attempt).encode() + rb" on .*---\n", data, re.MULTILINE))
+    # the header names its run (`--- run R attempt N on ...`); a log written before runs were named has none
+    opened = list(re.finditer(rb"^--- (?:run \S+ )?attempt " + str(attempt).encode() + rb" on .*---\n", data,
+                              re.MULTILINE))
     if not opened:
         return header, 0
     part = data[opened[-1].end():]

@@ -83,7 +83,7 @@ def check_ran_once_and_logs_whole(tmp: Path, seeds: int, steps: int) -> None:
     assert sorted(starts) == sorted(str(s) for s in range(1, seeds + 1)), starts
     for s in range(1, seeds + 1):
         log = (tmp / "out" / "latest" / "chaos" / f"seed-{s}" / "log.txt").read_text()
-        assert log.count("--- attempt 0 on ") == 1, log
+        assert len(re.findall(r"^--- run \w+ attempt 0 on ", log, re.MULTILINE)) == 1, log
         said = re.findall(r"^step (\d+)$", log, re.MULTILINE)
         assert said == [str(i) for i in range(steps)], (s, log)
 
