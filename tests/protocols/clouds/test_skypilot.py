@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
 import trio_asyncio
-from fake_sky import FakeSky, aws_env, power_off
+from fake_sky import FakeSky
 from moto_ec2 import MotoEc2
 from sshd import Sshd, free_port
 
@@ -34,27 +34,6 @@ from actor_run.protocols.specs import CandidateSpec, load_batch
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoEc2]:
-    with MotoEc2() as server:
-        yield server
-
-
-@pytest.fixture
-def ec2(moto_server: MotoEc2, monkeypatch: pytest.MonkeyPatch) -> MotoEc2:
-    for k, v in aws_env().items():
-        monkeypatch.setenv(k, v)
-    moto_server.reset()
-    return moto_server
-
-
-@pytest.fixture
-def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
-    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, root=tmp_path / "root",
-                   sshd_pidfile=sshd.dir / "sshd.pid")
-    yield fake
-    fake.stop()  # its skylets and their jobs
-    power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
 
 
 def settings(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> dict[str, Any]:

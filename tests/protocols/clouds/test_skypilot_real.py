@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ import psutil
 import pytest
 import trio
 import trio_asyncio
-from fake_sky import CATALOG, FakeSky, aws_env, has_active_ssh_sessions, power_off
-from moto_ec2 import MotoEc2
+from fake_sky import CATALOG, FakeSky, has_active_ssh_sessions
 from sshd import Sshd
 
 from actor_run.protocols.clouds import parse_settings
@@ -59,27 +57,6 @@ def own(python: str, what: str, request: Any, home: Path) -> Any:
     return json.loads(done.stdout)
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoEc2]:
-    with MotoEc2() as server:
-        yield server
-
-
-@pytest.fixture
-def ec2(moto_server: MotoEc2, monkeypatch: pytest.MonkeyPatch) -> MotoEc2:
-    for k, v in aws_env().items():
-        monkeypatch.setenv(k, v)
-    moto_server.reset()
-    return moto_server
-
-
-@pytest.fixture
-def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
-    fake = FakeSky(tmp_path / "sky", address=sshd.address, ec2_endpoint=ec2.endpoint, root=tmp_path / "root",
-                   sshd_pidfile=sshd.dir / "sshd.pid")
-    yield fake
-    fake.stop()
-    power_off(tmp_path / "root")
 
 
 def cloud(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> SkyPilotCloud:
