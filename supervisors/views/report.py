@@ -7,10 +7,14 @@ time and the money went.
 - cost by cloud and GPU (dollars, machine time, attempts);
 - the walk: for each candidate place, how often it was tried and what came of it, and each job's
   path across the candidates;
-- the table of jobs.
+- the batch's budget and its reservations (money set aside before each lease, then charged);
+- the table of jobs, each attempt linked to its seed's log.txt (the timeline's rows and spans too);
+- a resume's gap on the timeline: where the owner of a job's events changes, from the dead
+  controller's last event to the adopter's first (no controller watched the job in between).
 
-`build(events, jobs, run)` reads what the ledger recorded (events are the same structs the actors
-emit); `render(report)` makes the page. Phases are cut from the events' times: lease from
+`build(run, jobs, events, reservations=, owned=)` reads what the ledger recorded (events are the
+same structs the actors emit); `render(report, base)` makes the page (`base`: its folder, for
+relative links). Phases are cut from the events' times: lease from
 `AttemptStarted` to `Leased` (or `LeaseFailed`), upload to `Uploaded`, run to `Exited` (or
 `Stalled`), fetch to `Fetched`, release from the end of the last phase to `Released`.
 """
