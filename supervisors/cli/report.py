@@ -41,13 +41,14 @@ def cmd_report(args: argparse.Namespace) -> int:
                 return usage_error("RUN: this ledger holds no run yet")
         run = chosen[0]
         report = build({"id": run.id, "batch": run.batch, "out_dir": run.out_dir, "started": run.started,
-                        "ended": run.ended}, reader.jobs(run.id), reader.run_events(run.id))
+                        "ended": run.ended}, reader.jobs(run.id), reader.run_events(run.id),
+                       reservations=reader.reservations(run.id), owned=reader.events(run=run.id))
     finally:
         reader.close()
     out = Path(args.out) if args.out else Path(run.out_dir or ".") / f"report-{run.id}.html"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render(report), encoding="utf-8")
+        out.write_text(render(report, base=str(out.parent)), encoding="utf-8")
     except OSError as exc:
         return usage_error(f"--out: cannot write {out}: {exc.strerror or exc}")
     sys.stdout.write(f"{out}\n")

@@ -7,10 +7,14 @@ time and the money went.
 - cost by cloud and GPU (dollars, machine time, attempts);
 - the walk: for each candidate place, how often it was tried and what came of it, and each job's
   path across the candidates;
-- the table of jobs.
+- the batch's budget and its reservations (money set aside before each lease, then charged);
+- the table of jobs, each attempt linked to its seed's log.txt (the timeline's rows and spans too);
+- a resume's gap on the timeline: where the owner of a job's events changes, from the dead
+  controller's last event to the adopter's first (no controller watched the job in between).
 
-`build(events, jobs, run)` reads what the ledger recorded (events are the same structs the actors
-emit); `render(report)` makes the page. Phases are cut from the events' times: lease from
+`build(run, jobs, events, reservations=, owned=)` reads what the ledger recorded (events are the
+same structs the actors emit); `render(report, base)` makes the page (`base`: its folder, for
+relative links). Phases are cut from the events' times: lease from
 `AttemptStarted` to `Leased` (or `LeaseFailed`), upload to `Uploaded`, run to `Exited` (or
 `Stalled`), fetch to `Fetched`, release from the end of the last phase to `Released`.
 """
@@ -18,8 +22,10 @@ emit); `render(report)` makes the page. Phases are cut from the events' times: l
 from __future__ import annotations
 
 import html
+import os
 import re
 import time
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,7 +82,26 @@ class JobRow(msgspec.Struct, kw_only=True):
     failure: str = ""
     detail: str = ""
     usd: float = 0.0
+    log: str = ""  # the seed's log.txt (every attempt's part of it, each under its header), "" if unknown
+    gaps: list[Gap] = msgspec.field(default_factory=list)
     attempts: list[AttemptRow] = msgspec.field(default_factory=list)
+
+
+class Gap(msgspec.Struct, frozen=True, kw_only=True):
+    """A resume's gap: from a dead controller's last event of a job to the adopter's first."""
+    t0: float
+    t1: float
+    attempt: int
+
+
+class Money(msgspec.Struct, frozen=True, kw_only=True):
+    """The batch's budget (None: none was set) and its reservations (budget.py), from the ledger."""
+    budget_usd: float | None = None
+    reservations: int = 0
+    reserved_usd: float = 0.0  # set aside before each lease
+    charged_usd: float = 0.0  # what the released ones were charged
+    held: int = 0  # live: the machine not gone yet
+    held_usd: float = 0.0
 
 
 class Report(msgspec.Struct, kw_only=True):
@@ -85,6 +110,7 @@ class Report(msgspec.Struct, kw_only=True):
     out_dir: str = ""
     started: float = 0.0
     ended: float = 0.0
+    money: Money = msgspec.field(default_factory=Money)
     jobs: list[JobRow] = msgspec.field(default_factory=list)
 
 
@@ -119,11 +145,15 @@ class _Marks:
         return out
 
 
-def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Event]) -> Report:
+def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Event], *,
+          reservations: Iterable[dict[str, Any]] = (), owned: Iterable[dict[str, Any]] = ()) -> Report:
     """The report of one run from its ledger rows: `run` (id, batch, out_dir, started, ended), its
-    `jobs` rows and its `events` in the order they were recorded."""
+    `jobs` rows and its `events` in the order they were recorded; its `reservations` rows (the
+    budget and the money set aside), and `owned`: the events' rows (job, attempt, owner, t) in the
+    order they were recorded, whose change of owner marks a resume's gap."""
     rows = {j["key"]: JobRow(key=j["key"], state=j["state"] or "running", failure=j["failure"] or "",
-                             detail=j["detail"] or "", usd=j["usd"] or 0.0) for j in jobs}
+                             detail=j["detail"] or "", usd=j["usd"] or 0.0,
+                             log=os.path.join(j["out_dir"], "log.txt") if j.get("out_dir") else "") for j in jobs}
     marks: dict[tuple[str, int], _Marks] = {}
     first, last = float("inf"), 0.0
     for e in events:
@@ -172,9 +202,37 @@ def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Even
         m.row.spans = m.spans()
     started = run.get("started") or (first if first != float("inf") else 0.0)
     ended = run.get("ended") or last or started
+    _gaps(rows, owned)
     ordered = sorted(rows.values(), key=lambda j: _order(j.key))
     return Report(run=str(run.get("id", "")), batch=str(run.get("batch") or ""), out_dir=str(run.get("out_dir") or ""),
-                  started=min(started, first), ended=max(ended, last), jobs=ordered)
+                  started=min(started, first), ended=max(ended, last), money=_money_of(reservations), jobs=ordered)
+
+
+def _gaps(rows: dict[str, JobRow], owned: Iterable[dict[str, Any]]) -> None:
+    """Each job's resume gaps: where the owner of its events changes, from the old owner's last event
+    to the new one's first (no controller watched the job in between)."""
+    last: dict[str, tuple[str, float]] = {}
+    for e in owned:
+        key, owner, t = e["job"], e["owner"] or "", float(e["t"])
+        before = last.get(key)
+        if before is not None and owner and before[0] and owner != before[0] and key in rows:
+            rows[key].gaps.append(Gap(t0=before[1], t1=max(before[1], t), attempt=int(e["attempt"] or 0)))
+        last[key] = (owner, t)
+
+
+def _money_of(reservations: Iterable[dict[str, Any]]) -> Money:
+    limits, n, reserved, charged, held, held_usd = [], 0, 0.0, 0.0, 0, 0.0
+    for r in reservations:
+        n += 1
+        reserved += r["usd"] or 0.0
+        if r["limit_usd"] is not None:
+            limits.append(float(r["limit_usd"]))
+        if r["state"] == "live":
+            held, held_usd = held + 1, held_usd + (r["usd"] or 0.0)
+        else:
+            charged += r["charged"] or 0.0
+    return Money(budget_usd=limits[-1] if limits else None, reservations=n, reserved_usd=reserved,
+                 charged_usd=charged, held=held, held_usd=held_usd)
 
 
 def _order(key: str) -> tuple[str, int]:
@@ -231,6 +289,14 @@ def _path(job: JobRow) -> str:
     return " ".join(steps) or "-"
 
 
+def _logs(job: JobRow, href: str) -> str:
+    """One link per attempt to the seed's log.txt (each attempt's part of it is under its own header)."""
+    if not href:
+        return "-"
+    return " ".join(f'<a class="log" data-attempt="{a.attempt}" href="{html.escape(href)}">attempt {a.attempt}</a>'
+                    for a in job.attempts) or f'<a class="log" href="{html.escape(href)}">log</a>'
+
+
 # JSON inside a <script> element: no `<` (no `</script>`, no `<!--` that would change how the
 # element ends), `>` and `&` for good measure, and U+2028/2029 (line ends to older JavaScript)
 _SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
@@ -247,19 +313,40 @@ def fill(page: str, slots: dict[str, str]) -> str:
     return _SLOT.sub(lambda m: slots[m.group(1)], page)
 
 
-def render(report: Report) -> str:
+def _link(path: str, base: str | None) -> str:
+    """A link to a file: relative to the page's folder `base` when given, else a file: URL."""
+    if not path:
+        return ""
+    if base is not None:
+        return "/".join(os.path.relpath(os.path.abspath(path), os.path.abspath(base)).split(os.sep))
+    return "file://" + urllib.parse.quote(os.path.abspath(path))
+
+
+def budget_rows(money: Money) -> list[list[str]]:
+    budget = _money(money.budget_usd) if money.budget_usd is not None else "none set"
+    return [["budget", budget],
+            ["reservations", f"{money.reservations}: {_money(money.reserved_usd)} set aside"],
+            ["charged", _money(money.charged_usd)],
+            ["still held", f"{money.held}: {_money(money.held_usd)}"]]
+
+
+def render(report: Report, base: str | None = None) -> str:
+    """The page; `base` is the folder it will sit in (its links to the logs are relative to it)."""
+    logs = {j.key: _link(j.log, base) for j in report.jobs}
     data = script_json({
         "t0": report.started, "t1": report.ended,
-        "jobs": [{"key": j.key, "state": j.state, "failure": j.failure,
+        "jobs": [{"key": j.key, "state": j.state, "failure": j.failure, "log": logs[j.key],
+                  "gaps": [[g.t0, g.t1, g.attempt] for g in j.gaps],
                   "attempts": [{"attempt": a.attempt, "place": a.place, "failure": a.failure, "outcome": a.outcome,
                                 "usd": a.usd, "spans": [[s.phase, s.t0, s.t1] for s in a.spans]}
                                for a in j.attempts]} for j in report.jobs],
     })
     jobs_table = _table(
-        ["job", "state", "attempts", "cost", "failure", "path across candidates"],
+        ["job", "state", "attempts", "cost", "failure", "path across candidates", "logs"],
         [[html.escape(j.key), f'<span class="state {html.escape(j.state)}">{html.escape(j.state)}</span>',
           str(len(j.attempts)), _money(j.usd),
-          html.escape(f"{j.failure}: {j.detail}" if j.failure else ""), _path(j)] for j in report.jobs], "jobs")
+          html.escape(f"{j.failure}: {j.detail}" if j.failure else ""), _path(j), _logs(j, logs[j.key])]
+         for j in report.jobs], "jobs")
     n = len(report.jobs)
     ok = sum(j.state == "succeeded" for j in report.jobs)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.started)) if report.started else "-"
@@ -272,6 +359,7 @@ def render(report: Report) -> str:
         "batch": html.escape(report.batch or "-"),
         "out": html.escape(report.out_dir or "-"),
         "summary": html.escape(summary),
+        "budget": _table(["", ""], budget_rows(report.money), "budget"),
         "cost": _table(["cloud", "GPU", "cost", "machine time", "attempts"], cost_rows(report), "cost"),
         "walk": _table(["candidate", "place", "attempts", "results"], walk_rows(report), "walk"),
         "jobs": jobs_table,
@@ -299,6 +387,9 @@ table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 
         font-weight: bold; white-space: nowrap; }
 .axis { position: relative; height: 16px; margin-left: 220px; font-size: 11px; color: #777; }
 .axis span { position: absolute; white-space: nowrap; }
+.gap { position: absolute; top: 0; height: 16px; min-width: 2px; background: repeating-linear-gradient(
+        45deg, #c00 0 3px, transparent 3px 6px); opacity: 0.6; }
+.tl-label a { color: inherit; text-decoration: none; }
 .state.succeeded { color: #38761d; } .state.failed { color: #c00; }
 td:first-child { white-space: nowrap; }
 .step.bad { color: #c00; } .step.ok { color: #38761d; }
@@ -309,8 +400,12 @@ td:first-child { white-space: nowrap; }
 <h2>Timeline</h2>
 <p class="legend"><span class="phase-lease">lease</span><span class="phase-upload">upload</span>
 <span class="phase-run">run</span><span class="phase-fetch">fetch</span><span class="phase-release">release</span>
-<b style="color:#c00">✕ code</b> a failed attempt</p>
+<b style="color:#c00">✕ code</b> a failed attempt;
+<span class="gap" style="position: static; display: inline-block; width: 24px"></span>
+a resume's gap (no controller)</p>
 <div id="timeline"></div>
+<h2>Budget and reservations</h2>
+{{budget}}
 <h2>Cost by cloud and GPU</h2>
 {{cost}}
 <h2>The walk across candidates</h2>
@@ -346,7 +441,15 @@ td:first-child { white-space: nowrap; }
     row.dataset.job = job.key;
     var label = document.createElement("div");
     label.className = "tl-label";
-    label.textContent = job.key + " (" + job.state + ")";
+    if (job.log) {
+      var link = document.createElement("a");
+      link.href = job.log;
+      link.className = "log";
+      link.textContent = job.key + " (" + job.state + ")";
+      label.appendChild(link);
+    } else {
+      label.textContent = job.key + " (" + job.state + ")";
+    }
     var track = document.createElement("div");
     track.className = "tl-track";
     job.attempts.forEach(function (a) {
@@ -355,6 +458,11 @@ td:first-child { white-space: nowrap; }
         var span = document.createElement("div");
         span.className = "span phase-" + s[0];
         span.dataset.attempt = a.attempt;
+        if (job.log) {
+          span.dataset.log = job.log;
+          span.style.cursor = "pointer";
+          span.addEventListener("click", function () { window.location.href = job.log; });
+        }
         span.style.left = pct(s[1]);
         span.style.width = (100 * (s[2] - s[1]) / width).toFixed(3) + "%";
         span.title = job.key + " attempt " + a.attempt + " on " + a.place + ": " + s[0] + " " +
@@ -371,6 +479,15 @@ td:first-child { white-space: nowrap; }
         mark.title = "attempt " + a.attempt + " failed: " + a.failure;
         track.appendChild(mark);
       }
+    });
+    job.gaps.forEach(function (g) {
+      var gap = document.createElement("div");
+      gap.className = "gap";
+      gap.dataset.attempt = g[2];
+      gap.style.left = pct(g[0]);
+      gap.style.width = (100 * (g[1] - g[0]) / width).toFixed(3) + "%";
+      gap.title = job.key + ": no controller for " + (g[1] - g[0]).toFixed(2) + " s (resumed)";
+      track.appendChild(gap);
     });
     row.appendChild(label);
     row.appendChild(track);

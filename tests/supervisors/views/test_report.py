@@ -103,6 +103,17 @@ def test_the_report_of_a_batch_with_a_walk_and_a_retry_in_chromium(paths: Paths)
     assert re.search(r"<td>sim</td><td>A100</td><td>\$[0-9.]+</td>", dom)
     assert re.search(r"<td>1</td><td>sim r2 A100</td>", dom)
     assert all(f"<td>t/seed-{n}</td>" in dom for n in (1, 2, 3))
+    # each attempt links to its seed's log.txt, relative to the page, and the file is there
+    links = re.findall(r'<a class="log" data-attempt="(\d+)" href="([^"]+)">', dom)
+    attempts = [e for e in events if e["type"] == "AttemptStarted"]
+    assert len(links) == len(attempts)
+    for _, href in links:
+        assert not href.startswith(("http:", "https:", "/"))
+        assert (page.parent / href).resolve().name == "log.txt"
+        assert (page.parent / href).resolve().is_file(), href
+    assert {str((page.parent / h).resolve().parent.name) for _, h in links} == {"seed-1", "seed-2", "seed-3"}
+    # the timeline's rows and spans lead there too
+    assert len(re.findall(r'<div class="tl-label"><a href="[^"]+log\.txt" class="log">', dom)) == 3
 
 
 def test_report_of_an_unknown_run_exits_2_with_one_line(paths: Paths) -> None:

@@ -8,9 +8,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from actor_run.supervisors.ledger import LedgerReader
 
 CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1"}
@@ -74,3 +77,102 @@ def test_failure_labels_side_by_side_never_overlap_and_ticks_are_round(tmp_path:
     mantissa = step / 10 ** __import__("math").floor(__import__("math").log10(step))
     assert round(mantissa, 6) in (1.0, 2.0, 5.0)
     assert all(abs(t - i * step) < 1e-6 for i, t in enumerate(ticks))
+
+
+GATED = r'''
+import os, time
+for _ in range(2400):  # hold until the test opens the gate (bounded: 120 s)
+    if os.path.exists(os.environ["GATE"]):
+        break
+    time.sleep(0.05)
+print("done")
+'''
+
+
+def test_a_killed_then_resumed_run_shows_its_budget_reservations_and_gap(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text(GATED)
+    (tmp_path / "b.toml").write_text(f"""
+[job]
+name = "gated"
+command = "python3 job.py"
+code = "code"
+seeds = [1, 2]
+timeout_s = 120
+env = {{ GATE = "{tmp_path / 'gate'}" }}
+public_env = ["GATE"]
+
+[policy]
+concurrency = 2
+budget_usd = 50.0
+poll_s = 0.1
+setup_grace_s = 30
+stall_after_s = 60
+lost_after_s = 60
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.05
+delete_latency_s = 0.0
+state_dir = "{tmp_path / 'sim'}"
+regions = [{{ name = "r1", gpus = {{ A100 = {{ stock = 4, hourly_usd = 3.0 }} }} }}]
+""")
+    common = ["--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    uploaded: set[int] = set()
+    run = ""
+    for line in proc.stdout:  # kill -9 once both seeds run on their machines
+        event = json.loads(line)
+        run = event["run"]
+        if event["type"] == "Uploaded":
+            uploaded.add(event["seed"])
+            if len(uploaded) == 2:
+                break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert uploaded == {1, 2}
+    (tmp_path / "gate").touch()
+    resumed = subprocess.run([*CLI, "resume", "--out", str(tmp_path / "out"), *common], capture_output=True,
+                             text=True, timeout=180, env=ENV, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+
+    reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
+    try:
+        reservations = reader.reservations(run)
+        owners = {e["owner"] for e in reader.events(run=run)}
+    finally:
+        reader.close()
+    assert len(owners) == 2  # the killed controller and the one that resumed
+    assert reservations
+
+    page = tmp_path / "report.html"
+    made = subprocess.run([*CLI, "report", run, "--out", str(page), *common], capture_output=True, text=True,
+                          timeout=60, env=ENV)
+    assert made.returncode == 0, made.stderr
+    dom = dom_of(page, tmp_path / "chromium")
+    assert 'data-ready="1"' in dom
+    # the budget and the reservations, as the ledger holds them
+    budget = re.search(r'<table class="budget">.*?</table>', dom, re.S)
+    assert budget is not None
+    cells = dict(re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td></tr>", budget.group(0)))
+    assert cells["budget"] == "$50.0000"
+    reserved = sum(r["usd"] for r in reservations)
+    assert cells["reservations"] == f"{len(reservations)}: ${reserved:.4f} set aside"
+    charged = sum(r["charged"] or 0.0 for r in reservations if r["state"] != "live")
+    assert cells["charged"] == f"${charged:.4f}"
+    # a gap on each seed's row: from the killed controller's last event to the adopter's first
+    row_re = r'<div class="tl-row" data-job="([^"]+)">(.*?)(?=<div class="tl-row"|</div>\s*<h2>)'
+    rows = {m.group(1): m.group(2) for m in re.finditer(row_re, dom, re.S)}
+    assert sorted(rows) == ["gated/seed-1", "gated/seed-2"]
+    for key, row in rows.items():
+        gap = re.search(r'<div class="gap" data-attempt="\d+"[^>]* style="left: ([0-9.]+)%; width: ([0-9.]+)%;', row)
+        assert gap is not None, key
+        assert float(gap.group(2)) > 0, key
