@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -341,20 +342,28 @@ def test_a_worker_started_before_its_database_waits_for_it(tmp_path: Path) -> No
 
 def test_status_follow_shows_an_adoption(tmp_path: Path, url: str) -> None:
     """Item 7: `status --follow` prints a line when a running job changes owner (an adoption)."""
-    batch = team_batch(tmp_path, seeds=2, steps=24)
+    batch = team_batch(tmp_path, seeds=2, steps=60)  # 15 s jobs: still running when the SIGTERM lands
     run = submit(tmp_path, url, batch)
     leaving = Controller(tmp_path, url, "leaving", concurrency=2, lease=30.0)
     leaving.wait_for("JobStarted", 2)
     follow = subprocess.Popen([*CLI, "status", "--run", run, "--follow", "--poll", "0.2", "--ledger", url,
                                "--state-dir", str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=tmp_path)
+    stuck = threading.Timer(60, follow.kill)  # bounds the first read below
+    stuck.start()
     try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # its first look, taken while the leaving worker holds the jobs
+        stuck.cancel()
+        assert "chaos/seed-" in first, first
         staying = Controller(tmp_path, url, "staying", concurrency=1, lease=30.0)
         leaving.proc.send_signal(signal.SIGTERM)
         assert leaving.finish() == 0, leaving.stderr
         assert staying.finish(timeout=180) == 0, staying.stderr
         out, err = follow.communicate(timeout=60)
+        out = first + out
     finally:
+        stuck.cancel()
         if follow.poll() is None:
             follow.kill()
             follow.communicate()
