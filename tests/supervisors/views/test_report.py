@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from chromium import chromium_dom
 from test_cli import CLI, Paths, batch, cli
 
 BATCH = """\
@@ -54,20 +53,6 @@ gpus = {{ A100 = {{ stock = 8, hourly_usd = 1.5 }} }}
 
 # what the report draws, from the events: a phase for each step an attempt reached
 PHASE_OF = {"AttemptStarted": "lease", "Leased": "upload", "Uploaded": "run", "Exited": "fetch", "Released": "release"}
-
-
-def chromium_dom(page: Path, profile: Path) -> str:
-    """The page's DOM after its scripts ran, as headless Chromium sees it (no network: a file URL,
-    and every background service off)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe is not None, "chromium is not installed (scripts/test.sh installs it)"
-    done = subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-default-apps",
-         "--no-first-run", "--no-pings", "--disable-breakpad", f"--user-data-dir={profile}", "--dump-dom",
-         page.as_uri()], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def test_the_report_of_a_batch_with_a_walk_and_a_retry_in_chromium(paths: Paths) -> None:
