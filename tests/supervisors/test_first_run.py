@@ -13,26 +13,17 @@ from typing import Any
 import pytest
 from fakes.batch_kit import cli, events, kill9, start_run, write_batch
 from fakes.keys import client_key
-from fakes.providers import FAKES
-
-
-def _start(name: str, tmp_path: Path) -> Iterator[Any]:
-    fake = FAKES[name](tmp_path / "fake").start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-    assert fake.violations == []
+from fakes.providers import FAKES, serve
 
 
 @pytest.fixture(params=sorted(FAKES))
 def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    yield from _start(request.param, tmp_path)
+    yield from serve(request.param, tmp_path)
 
 
 @pytest.fixture
 def runpod(tmp_path: Path) -> Iterator[Any]:
-    yield from _start("runpod", tmp_path)
+    yield from serve("runpod", tmp_path)
 
 
 def run(tmp: Path, fake: Any, *, seeds: list[int], settings: dict[str, Any] | None = None,

@@ -11,29 +11,20 @@ from typing import Any
 
 import pytest
 from fakes.batch_kit import cli, events, kill9, read_until, start_run, write_batch
-from fakes.providers import FAKES
-
-
-def _start(name: str, tmp_path: Path) -> Iterator[Any]:
-    fake = FAKES[name](tmp_path / "fake").start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-    assert fake.violations == []
+from fakes.providers import FAKES, serve
 
 
 @pytest.fixture(params=sorted(FAKES))
 def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """Each vendor's fake: what every adapter must prove through a whole batch."""
-    yield from _start(request.param, tmp_path)
+    yield from serve(request.param, tmp_path)
 
 
 @pytest.fixture(params=["runpod"])
 def one_provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """One vendor's fake, for batch-level proofs of the shared path (each adapter's own answer to
     the same fault is proven in tests/protocols/clouds/test_rented.py)."""
-    yield from _start(request.param, tmp_path)
+    yield from serve(request.param, tmp_path)
 
 
 def run(tmp: Path, fake: Any, *, seeds: list[int], **kw: Any) -> Any:
