@@ -1,6 +1,7 @@
 """`actor-run resume` after a `kill -9` of `actor-run run` (issue 29.7): the reattached attempt's
 log.txt holds the job's output once, under its header once and one takeover line, whatever the
-killed controller had written of it and whatever the job printed while no controller watched."""
+killed controller had written of it and whatever the job printed while no controller watched; and
+a resumer killed in its turn is resumed onto the same attempt (one takeover line each)."""
 
 from __future__ import annotations
 
