@@ -22,22 +22,15 @@ from typing import Any
 
 import pytest
 from pg import Postgres
-from test_chaos import JOB, trace_lines, write_batch
+from test_chaos import JOB, release, trace_lines, write_batch
 from test_shared_ledger import CLI, LEASE_S, POLL_S, Controller, check_every_job_ended_once, cli, jobs
 
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import close_pools
 
-# the chaos job, saying each step on its standard output too (what log.txt holds); with HOLD set, a
-# job that has said its steps waits (at most 120 s) for the test to write `release` beside the trace
-GATE = ("gate = os.path.join(os.path.dirname(trace), 'release')\n"
-        "held = time.monotonic()\n"
-        "while os.environ.get('HOLD') and not os.path.exists(gate) and time.monotonic() - held < 120:\n"
-        "    time.sleep(0.05)\n")
-PRINTING_JOB = (JOB.replace("    progress.flush()\n", "    progress.flush()\n    print(f'step {step}', flush=True)\n")
-                .replace("open(os.path.join(os.environ[\"ACTOR_RUN_OUT\"], \"done.txt\")",
-                         GATE + "open(os.path.join(os.environ[\"ACTOR_RUN_OUT\"], \"done.txt\")"))
-assert PRINTING_JOB.count("print(f'step") == 1 and PRINTING_JOB.count("release") == 1
+# the chaos job, saying each step on its standard output too (what log.txt holds)
+PRINTING_JOB = JOB.replace("    progress.flush()\n", "    progress.flush()\n    print(f'step {step}', flush=True)\n")
+assert PRINTING_JOB != JOB
 
 
 @pytest.fixture
@@ -48,18 +41,13 @@ def url(postgres: Any) -> Iterator[str]:
 
 def team_batch(tmp: Path, *, seeds: int, steps: int, hold: bool = False) -> Path:
     """The chaos batch, jobs of `steps` quarter seconds that print each step (and with `hold`, then
-    wait for `release`: see `release`)."""
+    wait for `release(tmp)`)."""
     batch = write_batch(tmp, seeds=seeds, latency=0.2)
     held, public = (' HOLD = "1",', '"HOLD", ') if hold else ("", "")
     batch.write_text(batch.read_text().replace("env = { TRACE", f'env = {{{held} STEPS = "{steps}", TRACE')
                      .replace('public_env = ["TRACE"]', f'public_env = [{public}"STEPS", "TRACE"]'))
     (tmp / "code" / "job.py").write_text(PRINTING_JOB)
     return batch
-
-
-def release(tmp: Path) -> None:
-    """Lets every held job of `team_batch(hold=True)` end."""
-    (tmp / "trace" / "release").write_text("")
 
 
 def submit(tmp: Path, url: str, batch: Path) -> str:
