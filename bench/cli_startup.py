@@ -42,6 +42,9 @@ def main() -> None:
         env = {**os.environ, "XDG_STATE_HOME": str(Path(tmp) / "state"), "XDG_CONFIG_HOME": str(Path(tmp) / "config")}
         for name in ("ACTOR_RUN_LEDGER", "ACTOR_RUN_CONFIG"):  # the defaults: a fresh state folder, no settings
             env.pop(name, None)
+        # compiled bytecode written once and read after (as scripts/test.sh does): the figure is the
+        # import, not the compiling a PYTHONDONTWRITEBYTECODE environment would add to every process
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         commands = {
             "run examples/seeds.toml": [a.exe, "run", "examples/seeds.toml", "--out", str(Path(tmp) / "out")],
             "--version": [a.exe, "--version"],
