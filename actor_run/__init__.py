@@ -27,8 +27,9 @@ The public API is what this module exports (`__all__`); everything under `actor_
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actor_run.protocols import lazy
 
 if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name loads on first use
     from actor_run.protocols.failures import ActorRunError, Code, SpecError
@@ -103,21 +104,7 @@ def _version() -> str:
 
 
 if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
-
-    def __getattr__(name: str) -> Any:
-        """A public name, imported on first use and kept in this module (PEP 562)."""
-        if name == "__version__":
-            value: Any = _version()
-        elif name in _WHERE:
-            module, attr = _WHERE[name]
-            value = getattr(importlib.import_module(module), attr)
-        else:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        globals()[name] = value  # the next use finds it here, without this function
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = lazy.exports(globals(), _WHERE, computed={"__version__": _version})
 
 
 __all__ = [

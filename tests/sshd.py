@@ -191,6 +191,25 @@ class Sshd:
             "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes", "-F", "/dev/null",
         ]
 
+    def cloud_toml(self, tmp: Path, *, slots: int | None = None) -> str:
+        """A batch's candidate on the ssh cloud whose one host, `box`, is this sshd (the batch's
+        tail: the candidate and the cloud's tables); host keys pinned in `tmp`, jobs under `tmp`/root."""
+        return f"""
+[[candidates]]
+cloud = "ssh"
+hosts = ["box"]
+
+[clouds.ssh]
+known_hosts = "{tmp / 'known_hosts'}"
+
+[clouds.ssh.hosts.box]
+address = "{self.address}"
+port = {self.port}
+user = "{self.user}"
+key = "{self.user_key}"
+root = "{tmp / 'root'}"
+""" + (f"slots = {slots}\n" if slots is not None else "")
+
     def __enter__(self) -> Sshd:
         return self
 

@@ -25,8 +25,9 @@ package, modules import each other by module, never through this file.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actor_run.protocols import lazy
 
 if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on first use (PEP 562)
     from actor_run.supervisors.ledger.core import LedgerCore
@@ -56,17 +57,7 @@ _WHERE = {
 }
 
 if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
-
-    def __getattr__(name: str) -> Any:
-        """A public name, imported on first use and kept in this package (PEP 562)."""
-        if name not in _WHERE:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = lazy.exports(globals(), _WHERE)
 
 
 __all__ = [

@@ -8,8 +8,9 @@ command line (supervisors.cli): the command line hands a view what it reads.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actor_run.protocols import lazy
 
 if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on first use (PEP 562)
     from actor_run.supervisors.views.live import View
@@ -25,17 +26,7 @@ _WHERE = {
 }
 
 if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
-
-    def __getattr__(name: str) -> Any:
-        """A public name, imported on first use and kept in this package (PEP 562)."""
-        if name not in _WHERE:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = lazy.exports(globals(), _WHERE)
 
 
 __all__ = ["View", "event_logger", "open_run_log", "run_log_path"]

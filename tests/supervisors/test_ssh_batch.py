@@ -52,22 +52,7 @@ setup_grace_s = 30
 stall_after_s = 30
 poll_s = 0.2
 lost_after_s = {lost_after_s}
-
-[[candidates]]
-cloud = "ssh"
-hosts = ["box"]
-
-[clouds.ssh]
-known_hosts = "{tmp / 'known_hosts'}"
-
-[clouds.ssh.hosts.box]
-address = "{sshd.address}"
-port = {sshd.port}
-user = "{sshd.user}"
-key = "{sshd.user_key}"
-root = "{tmp / 'root'}"
-slots = {slots}
-""")
+""" + sshd.cloud_toml(tmp, slots=slots))
     return path
 
 

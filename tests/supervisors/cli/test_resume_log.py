@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd import Sshd
 
 CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1"}
@@ -42,24 +41,6 @@ def logged(out: Path) -> Path | None:
     return found[0] if found and "line-3\n" in found[0].read_text() else None
 
 
-def ssh_cloud(tmp: Path, sshd: Sshd) -> str:
-    """The batch's candidate: the ssh cloud's one host, the test's sshd."""
-    return f"""
-[[candidates]]
-cloud = "ssh"
-hosts = ["box"]
-
-[clouds.ssh]
-known_hosts = "{tmp / 'known_hosts'}"
-
-[clouds.ssh.hosts.box]
-address = "{sshd.address}"
-port = {sshd.port}
-user = "{sshd.user}"
-key = "{sshd.user_key}"
-root = "{tmp / 'root'}"
-"""
-
 
 @pytest.mark.parametrize("cloud", ["local", "ssh"])
 def test_resume_after_kill_9_writes_the_reattached_attempts_log_once(
@@ -68,7 +49,7 @@ def test_resume_after_kill_9_writes_the_reattached_attempts_log_once(
     batch = tmp_path / "b.toml"
     batch.write_text(f'[job]\nname = "lines"\ncommand = "{JOB}"\nseeds = [1]\nenv = {{ GATE = "{gate}" }}\n'
                      "[policy]\npoll_s = 0.1\nlost_after_s = 60\n"
-                     + (ssh_cloud(tmp_path, request.getfixturevalue("sshd")) if cloud == "ssh" else ""))
+                     + (request.getfixturevalue("sshd").cloud_toml(tmp_path) if cloud == "ssh" else ""))
     common = ["--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out")]
     proc = subprocess.Popen([*CLI, "run", str(batch), "--json", *common], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)

@@ -86,21 +86,7 @@ env = {{ GATE = "{gate}" }}
 
 [policy]
 poll_s = 0.2
-
-[[candidates]]
-cloud = "ssh"
-hosts = ["box"]
-
-[clouds.ssh]
-known_hosts = "{tmp / 'known_hosts'}"
-
-[clouds.ssh.hosts.box]
-address = "{sshd.address}"
-port = {sshd.port}
-user = "{sshd.user}"
-key = "{sshd.user_key}"
-root = "{tmp / 'root'}"
-"""
+""" + sshd.cloud_toml(tmp)
 
 
 def test_ssh_runs_a_command_and_a_shell_in_the_job_folder_on_the_ssh_cloud(tmp_path: Path, sshd: Sshd) -> None:
