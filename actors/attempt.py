@@ -26,6 +26,7 @@ import outcome
 import pykka
 
 from actor_run.actors.base import Actor, Context, error_text, failure_text
+from actor_run.actors.flag import Flag
 from actor_run.actors.heartbeat import HeartbeatActor
 from actor_run.actors.lease import LeaseActor, wait_durable
 from actor_run.actors.meter import CostMeterActor, usage_between
@@ -132,6 +133,7 @@ class AttemptActor(Actor):
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
+        self._polls_off = Flag()  # set at the release: the heartbeat's polls stop at their next beat
         self._releasing = False
         self._early_release: Released | None = None
 
@@ -176,7 +178,7 @@ class AttemptActor(Actor):
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from,
+            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._polls_off,
         )
         self.children.append(self.heartbeat)
         return self.meter, self.transfer, self.heartbeat
@@ -341,6 +343,7 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
+        self._polls_off.set()  # the polls stop now, not when the heartbeat's stop has its turn
         # the meter too: the charge ends when the delete goes out, and no live figure may pass it
         for child in (self.heartbeat, self.transfer, self.meter):
             if child is not None:

@@ -83,15 +83,25 @@ class ActorPool:
             else:
                 self._spawn()
 
-    def schedule(self, actor: PooledActor) -> None:
+    def schedule(self, actor: PooledActor, urgent: bool = False) -> None:
         """Queue an actor's turn. A worker is woken only when none is running: a running worker
         takes the next turn itself when it finishes one (under load, most puts wake nobody). One
         worker runs turns at a time, more only while some wait in `blocking()`: with the GIL, a
         second one running adds no CPU, only hand-offs that the reactor and the ledger's thread
         then wait for (at N=1000, 0.6-1.3 s less CPU and wall/ideal 1.052-1.070 against
-        1.065-1.072 in 3 A/B pairs, with up to 32 queued turns per running worker before)."""
+        1.065-1.072 in 3 A/B pairs, with up to 32 queued turns per running worker before).
+
+        `urgent` (a message on the way to deleting a machine: `Message.urgent`) puts the turn at
+        the front, ahead of the routine ones (polls' reports, stops, events): cancelling 3,000
+        running jobs queued each step of each job's way to its delete (job, attempt, lease)
+        behind every turn the step before had queued, so no delete went out before most of the
+        end's bookkeeping was done (bench/RESULTS.md, item 36). Front-first, a job's steps run one
+        after the other and its delete goes out at once."""
         with self._cond:
-            self._runnable.append(actor)
+            if urgent:
+                self._runnable.appendleft(actor)
+            else:
+                self._runnable.append(actor)
             running = self._workers - self._idle - self._blocked
             if running > 0:
                 return
@@ -226,7 +236,7 @@ class _Inbox:
             if wake:
                 self.scheduled = True
         if wake:
-            self._actor.pool.schedule(self._actor)
+            self._actor.pool.schedule(self._actor, getattr(envelope.message, "urgent", False))
 
     def get(self) -> Envelope[Any]:
         with self._lock:

@@ -163,6 +163,25 @@ class SimStore:
         except FileNotFoundError:
             return None
 
+    def _read_raw(self, name: str) -> SimRecord | None:
+        """`read` in three system calls (open, read, close) where a file object takes five or six:
+        a thousand deletes in one batch, each call a moment the GIL is let go (a name already
+        checked against SAFE_NAME)."""
+        try:
+            fd = os.open(self.path(name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.read(fd, 1 << 16)
+            while len(data) % (1 << 16) == 0 and data:  # a record is a few hundred bytes; any size is read whole
+                more = os.read(fd, 1 << 16)
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
+        return _record_decoder.decode(data)
+
     def records(self) -> list[SimRecord]:
         out = []
         for p in sorted(self.machines.glob("*.json")):
@@ -269,13 +288,14 @@ class SimStore:
         if (self.root / "fail_deletes").exists():
             return [DeleteUnconfirmed("sim: the provider refused the delete (injected)") for _ in items]
         out: list[DeleteUnconfirmed | None] = []
-        with self.locked(), open(self.root / "billing.jsonl", "ab", buffering=0) as bills:
+        bills: list[bytes] = []
+        with self.locked():
             held, changed = self._held_locked(), False
             for name, now in items:
                 if not SAFE_NAME.fullmatch(name):
                     out.append(None)  # no machine can have this name
                     continue
-                rec = self.read(name)
+                rec = self._read_raw(name)
                 # a virtual machine has no sandbox: its record is all there is (a stat or three
                 # fewer per machine; each lets go of the GIL, and a thousand deletes come at once)
                 sandbox = None if rec is not None and rec.virtual else self.sandboxes / name
@@ -291,13 +311,16 @@ class SimStore:
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
                     changed = True
-                    bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                    bills.append(msgspec.json.encode(_bill(rec, now)) + b"\n")
                 if sandbox is not None and sandbox.exists():
                     # after the record: a call that passed its guard before may still write here
                     with contextlib.suppress(OSError):  # then what it wrote is left: "still there", retried
                         remove_tree(sandbox)
                 left = sandbox is not None and sandbox.exists()
                 out.append(DeleteUnconfirmed(f"sim: {name} is still there") if left else None)
+            if bills:  # one write for the batch, before the lock is let go (a line per machine cost a system call each)
+                with open(self.root / "billing.jsonl", "ab", buffering=0) as f:
+                    f.write(b"".join(bills))
             if changed:
                 self._save_held(held)
                 self._look.moved()
