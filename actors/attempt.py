@@ -133,7 +133,10 @@ class AttemptActor(Actor):
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
-        self._polls_off = Flag()  # set at the release: the heartbeat's polls stop at their next beat
+        # set at the release (the machine is being deleted): the heartbeat's polls stop at their next
+        # beat and the meter says no live figure more, before either's stop has its turn (a Release
+        # is urgent: actors/pool.py; their stops are not)
+        self._ending = Flag()
         self._releasing = False
         self._early_release: Released | None = None
 
@@ -168,7 +171,7 @@ class AttemptActor(Actor):
         if self.meter is not None and self.transfer is not None and self.heartbeat is not None:
             return self.meter, self.transfer, self.heartbeat
         p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
-        self.meter = CostMeterActor.start(ctx, parent, **self.head)
+        self.meter = CostMeterActor.start(ctx, parent, **self.head, ending=self._ending)
         self.children.append(self.meter)
         self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
         self.children.append(self.transfer)
@@ -178,7 +181,7 @@ class AttemptActor(Actor):
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._polls_off,
+            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._ending,
         )
         self.children.append(self.heartbeat)
         return self.meter, self.transfer, self.heartbeat
@@ -343,7 +346,7 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        self._polls_off.set()  # the polls stop now, not when the heartbeat's stop has its turn
+        self._ending.set()  # polls and live figures stop now, not when the watchers' stops have their turns
         # the meter too: the charge ends when the delete goes out, and no live figure may pass it
         for child in (self.heartbeat, self.transfer, self.meter):
             if child is not None:
