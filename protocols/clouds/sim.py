@@ -33,6 +33,8 @@ behind exactly as at a real provider, and two controllers share one sim cloud::
     machines/<name>.json  one per machine the provider holds: the Machine fields, `state`
                           (running | preempted), `preempt_at`, `virtual`, `broken`
     held.json             machines held per "region/gpu": stock left is stock - held
+    changes               how many times an existing record was replaced or removed (8 bytes): the
+                          machines' guards look at their records again only when it moved
     billing.jsonl         one line per deleted machine (`Billing`), naming the account it bills
     sandboxes/<name>/     a real machine's root (mode 0700), as in the local cloud
     fail_deletes          while this file exists every delete raises `DeleteUnconfirmed`
