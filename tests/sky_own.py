@@ -2,7 +2,11 @@
 `skypilot` cloud check the adapter and the fake `sky` against. Offline: nothing here reaches an
 API server or a cloud (the SDK calls that would are answered here, below the CLI's own code).
 
-Run as `<sky python> tests/sky_own.py <what>` with a JSON request on stdin; prints a JSON answer:
+Run as `<sky python> tests/sky_own.py <what>` with a JSON request on stdin; prints a JSON answer.
+Or as `<sky python> tests/sky_own.py serve`: SkyPilot is imported once (seconds of CPU), then each
+line on stdin, `{"what", "request", "env"}`, is answered on stdout as one line, `{"answer"}` or
+`{"error"}`, by a fork of that process with `env` added to its environment (a request never sees
+another's state; the fork exits after answering). What each <what> answers:
 
     parse        [argv, ...] -> [{"command": "launch", "params": {...}} | {"error": "..."}]: each
                  command line through SkyPilot's click objects (`make_context`, callbacks never run)
@@ -152,18 +156,64 @@ def key() -> str:
     return str(private)
 
 
+def answer(what: str, req: Any) -> Any:
+    return {
+        "parse": lambda: parse(req),
+        "ssh": lambda: ssh(int(req["sshd_pid"])),
+        "cli": lambda: cli(req),
+        "models": lambda: models(req),
+        "key": key,
+    }[what]()
+
+
+def serve() -> None:
+    """Answers requests, one line each, each in a fork of this process (see the module docstring)."""
+    import traceback
+
+    import click  # noqa: F401  (imported here once: what every request's fork then has already)
+    import pandas  # noqa: F401
+    import psutil  # noqa: F401
+    from sky.catalog import common  # noqa: F401
+    from sky.client import sdk  # noqa: F401
+    from sky.client.cli import command  # noqa: F401
+    from sky.schemas.api.responses import StatusResponse  # noqa: F401
+    from sky.server.requests.payloads import RequestPayload  # noqa: F401
+    from sky.skylet import autostop_lib  # noqa: F401
+    from sky.utils import auth_utils  # noqa: F401
+
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever SkyPilot prints goes to stderr; stdout carries only the answers
+    for line in sys.stdin:
+        msg = json.loads(line)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the fork: answer, write, exit without running the parent's cleanup
+            os.close(r)
+            os.environ.update(msg.get("env", {}))
+            try:
+                out: dict[str, Any] = {"answer": answer(msg["what"], msg.get("request", {}))}
+            except BaseException:
+                out = {"error": traceback.format_exc()}
+            with os.fdopen(w, "w") as f:
+                f.write(json.dumps(out))
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            reply = f.read()
+        os.waitpid(pid, 0)
+        answers.write((reply or json.dumps({"error": "the fork died without an answer"})) + "\n")
+        answers.flush()
+
+
 def main() -> None:
     what = sys.argv[1]
+    if what == "serve":
+        serve()
+        return
     req = json.loads(sys.stdin.read() or "{}")
     with contextlib.redirect_stdout(sys.stderr):  # whatever SkyPilot prints on import stays out of the answer
-        answer: Any = {
-            "parse": lambda: parse(req),
-            "ssh": lambda: ssh(int(req["sshd_pid"])),
-            "cli": lambda: cli(req),
-            "models": lambda: models(req),
-            "key": key,
-        }[what]()
-    print(json.dumps(answer))
+        result = answer(what, req)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

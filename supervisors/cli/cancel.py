@@ -86,8 +86,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         request_cancels(location, [(j["run"], j["key"]) for j in owned], DETAIL)
         print(f"asked the controller(s) of {len(owned)} job(s) to cancel them")
     if unowned:
-        end_unowned(location, [(j["run"], j["key"], j["name"], j["seed"]) for j in unowned],
-                    f"{DETAIL} (nobody was running it)")
+        ended = end_unowned(location, [(j["run"], j["key"], j["name"], j["seed"], j["state"], j["owner"])
+                                       for j in unowned], f"{DETAIL} (nobody was running it)")
+        # a worker claimed (or adopted) it meanwhile, or it ended: its controller cancels it as any running job
+        claimed = [j for j in unowned if (j["run"], j["key"]) not in ended]
+        unowned = [j for j in unowned if (j["run"], j["key"]) in ended]
+        if claimed:
+            request_cancels(location, [(j["run"], j["key"]) for j in claimed], DETAIL)
+            print(f"asked the controller(s) of {len(claimed)} job(s) that started meanwhile to cancel them")
+            owned += claimed
         dead = sorted({j["owner"] for j in unowned if j["owner"]})
         if dead:  # their machines go as the sweep would: their owner is proven dead
             runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, config=args.config)

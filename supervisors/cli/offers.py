@@ -5,6 +5,12 @@ Configured: `local` (unless a GPU class is asked for) and `sim` always; `ssh` an
 the user config has their table; a rented cloud (runpod, lambda, hyperstack, runpod-serverless)
 when its key is set (each account of it too). Only read-only calls are made (the catalog); no local
 SSH key is needed. A cloud left out is named on stderr with why; one that does not answer is exit 1.
+
+Two clouds answer only some questions. The `ssh` cloud's hosts are the user's, at $0, one offer
+each (its region is the host's name); they declare no GPU class, so under `--gpu` they are left out
+(as `local` is), with a note. SkyPilot's catalog is asked for one GPU class in one region at a
+time (each a `sky gpus list`): without `--gpu`, or without a region (`--region`, or the region of
+`clouds.skypilot.infra`), it is not asked, and the note says what to add.
 """
 
 from __future__ import annotations
@@ -103,6 +109,19 @@ def cmd_offers(args: argparse.Namespace) -> int:
             sys.stderr.write(f"actor-run: {name}: {why}\n")
         return Exit.USAGE
 
+    left_out: dict[str, Cloud] = {}
+    for key in list(clouds):
+        reason = not_asked(key, clouds[key], args)
+        if reason is not None:
+            left_out[key] = clouds.pop(key)
+            if reason:
+                skipped[key] = reason
+    trio.run(aclose_all, left_out)
+    if not clouds:  # nothing to ask: what the question lacks, as a usage error
+        for key, why in sorted(skipped.items()):
+            sys.stderr.write(f"actor-run: {key}: {why}\n")
+        return Exit.USAGE
+
     async def gather() -> dict[str, list[Offer] | str]:
         answers: dict[str, list[Offer] | str] = {}
 
@@ -114,8 +133,6 @@ def cmd_offers(args: argparse.Namespace) -> int:
         try:
             async with trio.open_nursery() as nursery:
                 for key, cloud in clouds.items():
-                    if key == "local" and args.gpu:
-                        continue  # this computer: whatever GPU it has, not one of a class
                     nursery.start_soon(one, key, cloud)
         finally:
             await aclose_all(clouds)
@@ -138,6 +155,24 @@ def cmd_offers(args: argparse.Namespace) -> int:
     return Exit.FAILED if failed else Exit.OK
 
 
+def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
+    """Why the cloud `key` is not asked this question (\"\": left out quietly), or None: ask it."""
+    name = key.partition("@")[0]
+    if name == "local" and args.gpu:
+        return ""  # this computer: whatever GPU it has, not one of a class
+    if name == "ssh" and args.gpu:
+        return f"its hosts declare no GPU class, so none is offered as {args.gpu} (without --gpu each host is listed)"
+    if name == "skypilot":
+        if not args.gpu:
+            return ("SkyPilot's catalog is asked for one GPU class at a time: name one with --gpu "
+                    "(for example --gpu A10G)")
+        infra = str(getattr(getattr(cloud, "settings", None), "infra", ""))
+        if not args.region and len(infra.split("/")) < 2:
+            return (f"SkyPilot's catalog is asked for one region at a time: name one with --region (or set "
+                    f"clouds.skypilot.infra = 'aws/<region>'; it is {infra!r})")
+    return None
+
+
 def print_table(offers: list[Offer]) -> None:
     if not offers:
         print("no offers (nothing in stock that fits)")
@@ -152,4 +187,4 @@ def print_table(offers: list[Offer]) -> None:
               .rstrip())
 
 
-__all__ = ["add_parser", "ask", "cmd_offers", "open_clouds"]
+__all__ = ["add_parser", "ask", "cmd_offers", "not_asked", "open_clouds"]

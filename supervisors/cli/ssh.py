@@ -5,7 +5,8 @@ Over SSH (the ssh cloud, rented clouds) it runs the OpenSSH client held to the h
 controller pinned (our own known-hosts file, StrictHostKeyChecking=yes, no agent or forwarding);
 a terminal gets a login shell (`-t`), CMD runs without one. On `local` and `sim` the machine is a
 sandbox folder on this computer: the shell opens there. A serverless job has no machine of ours to
-open a shell on: the command says so (exit 2). The exit code is the shell's or CMD's.
+open a shell on, and a SkyPilot cluster's login is SkyPilot's: the command says so in one line
+(exit 2). The exit code is the shell's or CMD's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ LOCAL = ("local", "sim")  # machines that are sandbox folders on this computer
 NO_SHELL = {
     "runpod-serverless": "a serverless job runs as a queued request in a RunPod worker, not on a machine of ours:"
                          " there is no shell to open (its log: actor-run logs {job})",
-    "skypilot": "a SkyPilot cluster is reached with SkyPilot's own `sky ssh`/`ssh <cluster>`; the machine is {name}",
+    "skypilot": "actor-run opens no shell on a SkyPilot cluster (SkyPilot holds its login: its key and host entry);"
+                " use SkyPilot's: ssh {name}{cd}",
 }
 EXAMPLE = """examples:
   actor-run ssh train/3                  # a shell in the job folder of seed 3's running attempt
@@ -72,7 +74,8 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     row, recorded = found
     cloud_name, _ = split_key(row.cloud)
     if cloud_name in NO_SHELL:
-        return usage_error(f"ssh: {row.cloud}: " + NO_SHELL[cloud_name].format(job=args.job, name=row.name))
+        cd = f", then cd {shlex.quote(row.work)}" if row.work else ""
+        return usage_error(f"ssh: {row.cloud}: " + NO_SHELL[cloud_name].format(job=args.job, name=row.name, cd=cd))
     if not row.machine or not row.work:
         return usage_error(f"ssh: {name}/seed-{seed}'s machine {row.name} has not started its job yet; try again")
     machine = msgspec.json.decode(row.machine, type=Machine)

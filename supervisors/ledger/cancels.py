@@ -36,18 +36,33 @@ def request_cancels(location: str | Path, jobs: list[tuple[str, str]], detail: s
                       for run, key in jobs])
 
 
-def end_unowned(location: str | Path, jobs: list[tuple[str, str, str, int]], detail: str) -> None:
-    """End jobs (run, key, name, seed) nobody runs as `canceled` (queued ones, or a dead
-    controller's), unless they ended; their machines are no longer kept for a resume, so the sweep
-    deletes them (their owner is dead)."""
+def end_unowned(location: str | Path, jobs: list[tuple[str, str, str, int, str, str | None]],
+                detail: str) -> set[tuple[str, str]]:
+    """End jobs (run, key, name, seed, state, owner) nobody runs as `canceled` (queued ones, or a
+    dead controller's), each only while it is as it was read (that state, that owner): a queued job
+    a worker claimed meanwhile is that worker's to cancel. Their machines are no longer kept for a
+    resume, so the sweep deletes them (their owner is dead). Answers the (run, key) ended here."""
     now = time.time()
-    statements: list[tuple[str, tuple[Any, ...]]] = []
-    for run, key, name, seed in jobs:
-        statements.append(("UPDATE jobs SET state='failed', failure='canceled', detail=?, updated=?"
-                           " WHERE run=? AND key=? AND state NOT IN ('succeeded', 'failed')", (detail, now, run, key)))
-        statements.append(("UPDATE machines SET resumable=0 WHERE run=? AND job=? AND seed=? AND state='alive'",
-                           (run, name, seed)))
-    _write(location, statements)
+    ended: set[tuple[str, str]] = set()
+    backend = open_backend(location)
+    conn = backend.connect()
+    try:
+        conn.execute(backend.begin_sql())
+        for run, key, name, seed, state, owner in jobs:
+            same = "owner IS NULL" if owner is None else "owner=?"
+            cur = conn.execute("UPDATE jobs SET state='failed', failure='canceled', detail=?, updated=?"
+                               f" WHERE run=? AND key=? AND state=? AND {same}",
+                               (detail, now, run, key, state, *(() if owner is None else (owner,))))
+            if cur.rowcount != 1:
+                continue
+            ended.add((run, key))
+            conn.execute("UPDATE machines SET resumable=0 WHERE run=? AND job=? AND seed=? AND state='alive'",
+                         (run, name, seed))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+        backend.close()
+    return ended
 
 
 def last_cancel(conn: Any) -> int:

@@ -104,9 +104,13 @@ class MachineRecords(LedgerCore):
             " created, offer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row), key)
 
     def record_launched(self, machine: Machine) -> None:
+        """The machine answers. An adopted one (a resume, a worker's adoption) answers again while
+        its job runs: its row stays `running` (with its work folder and pid), so that if this
+        controller dies too, the next one reattaches to the job instead of running it again."""
         row = (machine.id, machine.region, machine.hourly_usd, msgspec.json.encode(machine).decode(), machine.name)
         self._submit((
-            "UPDATE machines SET phase='launched', machine_id=?, region=?, hourly_usd=?, machine=? WHERE name=?", row),
+            "UPDATE machines SET phase=CASE WHEN phase='running' THEN phase ELSE 'launched' END, machine_id=?,"
+            " region=?, hourly_usd=?, machine=? WHERE name=?", row),
             fence=self._machine_fence(machine.name))
 
     def adopt_machine(self, name: str, key: str | None = None, *, wait: bool = True) -> None:

@@ -38,6 +38,10 @@ for step in range(int(os.environ.get("STEPS", "8"))):
     time.sleep(0.25)
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n")
     progress.flush()
+held = time.monotonic()  # with HOLD set, the job then waits (at most 120 s) for the test's `release` file
+while os.environ.get("HOLD") and not os.path.exists(os.path.join(os.path.dirname(trace), "release")) \
+        and time.monotonic() - held < 120:
+    time.sleep(0.05)
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "done.txt"), "w").write(seed)
 open(trace, "a").write(f"end {seed} {os.environ['ACTOR_RUN_ATTEMPT']} {time.time()}\n")
 '''
@@ -46,6 +50,11 @@ open(trace, "a").write(f"end {seed} {os.environ['ACTOR_RUN_ATTEMPT']} {time.time
 def machine_rows(status_json: str) -> list[dict[str, Any]]:
     """The machine lines of `actor-run status --json` (it also prints its run and the run's jobs)."""
     return [d for d in map(json.loads, status_json.splitlines()) if d["kind"] == "machine"]
+
+
+def release(tmp: Path) -> None:
+    """Lets every job of a batch run with HOLD = "1" end (JOB waits for this file once its steps are done)."""
+    (tmp / "trace" / "release").write_text("")
 
 
 def write_batch(tmp: Path, *, seeds: int = 4, latency: float = 0.6, extra_sim: str = "", attempts: int = 4) -> Path:

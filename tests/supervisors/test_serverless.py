@@ -141,6 +141,13 @@ gpu = "A100-80G"
         if json.loads(line)["type"] == "JobStarted":
             break
     fake.wait_for(lambda: fake.submitted and fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
+    # `actor-run ssh` (issue 29.4) on the running job: no machine of ours, so no shell, and it says why
+    shell = subprocess.run([*CLI, "ssh", "sls/3", *state, "--", "pwd"], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert (shell.returncode, shell.stdout) == (2, "")
+    assert shell.stderr == ("actor-run: ssh: runpod-serverless: a serverless job runs as a queued request in a "
+                            "RunPod worker, not on a machine of ours: there is no shell to open (its log: actor-run "
+                            "logs sls/3)\n")
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     proc.stdout.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,6 +168,15 @@ def test_a_killed_controller_is_swept_to_zero_clusters_and_zero_instances(
     for line in proc.stdout:
         if '"type":"Progress"' in line:
             break
+    # `actor-run ssh` (issue 29.4) on the running job: SkyPilot's cluster, SkyPilot's login; it says so
+    shell = subprocess.run([*CLI, "ssh", "sky-batch/1", "--state-dir", str(tmp_path / "state"), "--", "pwd"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                           env={**os.environ, **aws_env()})
+    assert (shell.returncode, shell.stdout) == (2, "")
+    [cluster] = fake.clusters()
+    assert re.fullmatch(r"actor-run: ssh: skypilot: actor-run opens no shell on a SkyPilot cluster \(SkyPilot "
+                        rf"holds its login: its key and host entry\); use SkyPilot's: ssh {cluster}, then cd \S+\n",
+                        shell.stderr), shell.stderr
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert len(fake.clusters()) == 1

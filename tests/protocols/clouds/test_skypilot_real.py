@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +38,61 @@ OWN = ROOT / "tests" / "sky_own.py"
 PIN = "0.14.1"
 
 
-@pytest.fixture(scope="module")
-def sky_python() -> str:
-    """SkyPilot's interpreter; its absence fails the test (scripts/test.sh always makes it)."""
+class SkyOwn:
+    """SkyPilot's own code (tests/sky_own.py) in one long-lived process of its interpreter: SkyPilot
+    is imported once, and each answer comes from a fork of that process, in a HOME of the test's own."""
+
+    def __init__(self, python: str, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([python, str(OWN), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, **self.env(home)})
+        self.replies: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="sky-own").start()
+
+    @staticmethod
+    def env(home: Path) -> dict[str, str]:
+        return {"HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.replies.put(line)
+        self.replies.put("")  # the process ended
+
+    def ask(self, what: str, request: Any, home: Path) -> Any:
+        home.mkdir(parents=True, exist_ok=True)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"what": what, "request": request, "env": self.env(home)}) + "\n")
+        self.proc.stdin.flush()
+        line = self.replies.get(timeout=300)
+        assert line, f"SkyPilot's process ended (exit {self.proc.poll()})"
+        reply = json.loads(line)
+        assert "error" not in reply, reply["error"][-3000:]
+        return reply["answer"]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sky_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SkyOwn]:
+    """SkyPilot's interpreter, once per test process; its absence fails the test (scripts/test.sh
+    always makes it)."""
     python = os.environ.get("ACTOR_RUN_SKY_PYTHON") or str(ROOT / ".venv-sky" / "bin" / "python")
     if not Path(python).exists():
         pytest.fail(f"SkyPilot's venv is missing ({python}): scripts/test.sh makes it (skypilot=={PIN})")
     version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('skypilot'))"],
                              capture_output=True, text=True, timeout=120, check=True).stdout.strip()
     assert version == PIN
-    return python
-
-
-def own(python: str, what: str, request: Any, home: Path) -> Any:
-    """One answer of SkyPilot's own code (tests/sky_own.py), in a HOME of the test's own."""
-    home.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([python, str(OWN), what], input=json.dumps(request), capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
+    own = SkyOwn(python, tmp_path_factory.mktemp("sky-own-home"))
+    yield own
+    own.close()
 
 
 def cloud(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> SkyPilotCloud:
@@ -86,7 +122,7 @@ def sky(fake: FakeSky, *argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_command_line_the_adapter_builds_is_parsed_by_skypilots_own_cli(
-        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_python: str) -> None:
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_own: SkyOwn) -> None:
     c = cloud(tmp_path, sshd, fake)
     deadline = time.time() + 1800
     n = encode_name("sky", 1, 0, "0123abcd", deadline)
@@ -107,7 +143,7 @@ def test_every_command_line_the_adapter_builds_is_parsed_by_skypilots_own_cli(
     run(lambda: cloud(tmp_path, sshd, fake).offers(CandidateSpec(cloud="skypilot", gpu="T4"), 0))
 
     argvs = fake.argvs()
-    parsed = own(sky_python, "parse", argvs, tmp_path / "home")
+    parsed = sky_own.ask("parse", argvs, tmp_path / "home")
     assert [p.get("error") for p in parsed] == [None] * len(argvs), list(zip(argvs, parsed, strict=True))
     commands = {p["command"] for p in parsed}
     assert {"launch", "down", "status", "api status", "api cancel", "gpus list", "show-gpus"} <= commands
@@ -131,7 +167,7 @@ def test_the_hold_command_is_bash_that_lasts_until_the_deadline(tmp_path: Path) 
 
 
 def test_the_fake_prints_what_skypilot_014_prints(
-        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_python: str) -> None:
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_own: SkyOwn) -> None:
     """Each case: the fake's exit code, stdout and stderr are SkyPilot's own CLI code's, given the
     same answers (the fake's catalog and clusters)."""
     c = cloud(tmp_path, sshd, fake)
@@ -152,13 +188,13 @@ def test_the_fake_prints_what_skypilot_014_prints(
     for argv in cases:
         got = sky(fake, *argv)
         rid = re.search(r"request: (\S+)", got.stdout)
-        want = own(sky_python, "cli", {"argv": argv, "catalog": catalog, "clusters": clusters,
+        want = sky_own.ask("cli", {"argv": argv, "catalog": catalog, "clusters": clusters,
                                        "request_id": rid.group(1) if rid else ""}, tmp_path / "home")
         assert (got.returncode, got.stdout, got.stderr) == (want["code"], want["out"], want["err"]), argv
 
 
 def test_the_fakes_json_is_skypilots_own_models(
-        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_python: str) -> None:
+        tmp_path: Path, sshd: Sshd, fake: FakeSky, sky_own: SkyOwn) -> None:
     c = cloud(tmp_path, sshd, fake)
     fake.set_faults(launch="never")  # a cluster being launched: INIT, nothing on the cloud yet
     n = encode_name("sky", 1, 0, "0123abcd", time.time() + 1800)
@@ -168,7 +204,7 @@ def test_the_fakes_json_is_skypilots_own_models(
     assert [(s["name"], s["status"], s["cluster_name_on_cloud"], s["region"]) for s in status] == [
         (n, "INIT", None, None)]
     requests = json.loads(sky(fake, "api", "status", "-a", "-v", "-o", "json").stdout)
-    assert own(sky_python, "models", {"status": status, "requests": requests}, tmp_path / "home") == []
+    assert sky_own.ask("models", {"status": status, "requests": requests}, tmp_path / "home") == []
     # the sweep lists a cluster with null fields (its region then from the EC2 tags, here none yet)
     assert [m.name for m in run(lambda: c.list_ours("ar-"))] == [n]
     fake.set_faults()
@@ -177,7 +213,7 @@ def test_the_fakes_json_is_skypilots_own_models(
 
 
 def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
-        tmp_path: Path, sshd: Sshd, sky_python: str) -> None:
+        tmp_path: Path, sshd: Sshd, sky_own: SkyOwn) -> None:
     """skylet counts an SSH session as activity only when it has a terminal under sshd: actor-run's
     connection has none (so the cluster needs a job of its own); `ssh -tt` has one, `ssh -T` not.
     The fake's skylet model gives the same answer as SkyPilot's function each time."""
@@ -200,7 +236,7 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
         assert session_runs(), what
 
     def both() -> tuple[bool, bool]:
-        return own(sky_python, "ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
+        return sky_own.ask("ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
 
     async def ours() -> tuple[bool, bool]:
         host = SSHHost("t", sshd.address, port=sshd.port, user=sshd.user, key=str(sshd.user_key),
@@ -230,8 +266,8 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
             sshd.kill_sessions()
 
 
-def test_the_readme_names_the_key_where_skypilot_014_keeps_it(tmp_path: Path, sky_python: str) -> None:
-    path = own(sky_python, "key", {}, tmp_path / "home")
+def test_the_readme_names_the_key_where_skypilot_014_keeps_it(tmp_path: Path, sky_own: SkyOwn) -> None:
+    path = sky_own.ask("key", {}, tmp_path / "home")
     assert path == "~/.sky/clients/<user hash>/ssh/sky-key"
     section = (ROOT / "README.md").read_text().split("## SkyPilot clusters on AWS", 1)[1].split("\n## ", 1)[0]
     assert f'ssh_key = "{path}"' in section

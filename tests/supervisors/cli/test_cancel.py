@@ -6,6 +6,7 @@ deleted as the sweep would."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -156,3 +157,36 @@ def test_cancel_of_nothing_known_is_one_line(tmp_path: Path) -> None:
     done = cancel(tmp_path, tmp_path / "l.sqlite", "nosuch/3")
     assert done.returncode == 2
     assert done.stderr.strip() == "actor-run: cancel: no run, job or job/seed 'nosuch/3' in the ledger"
+
+
+def test_cancel_of_a_queued_seed_ends_it_without_a_machine_and_the_others_go_on(
+        tmp_path: Path, ledger_location: str | Path) -> None:
+    """One seed at a time: seed 1 holds the only slot, seeds 2 and 3 wait (queued in a shared
+    ledger's queue, or in the controller's own). Seed 2 is canceled before it ever starts."""
+    gate = tmp_path / "gate"
+    path = tmp_path / "b.toml"
+    path.write_text(BATCH.format(gate=gate).replace("seeds = [1, 2]", "seeds = [1, 2, 3]")
+                    + "concurrency = 1\n")
+    proc = subprocess.Popen([*CLI, "run", str(path), "--ledger", str(ledger_location), "--poll", "0.2", "--state-dir",
+                             str(tmp_path / "state"), "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        poll(lambda: [m for m in running_machines(ledger_location) if m[:2] == ("alive", "running")], 90,
+             "the first seed running")
+        assert [m[2] for m in running_machines(ledger_location)] == [1]  # the others wait for the slot
+        done = cancel(tmp_path, ledger_location, "t/2")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert re.search(r"^t/seed-2 \(run \w+\): canceled", done.stdout, re.M), done.stdout
+        jobs = {j["key"]: j for j in read(ledger_location, "jobs")}
+        assert (jobs["t/seed-2"]["state"], jobs["t/seed-2"]["failure"]) == ("failed", "canceled")
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out + err  # one job canceled, the others succeeded
+    jobs = {j["key"]: j for j in read(ledger_location, "jobs")}
+    assert {k: (j["state"], j["failure"]) for k, j in jobs.items()} == {
+        "t/seed-1": ("succeeded", None), "t/seed-2": ("failed", "canceled"), "t/seed-3": ("succeeded", None)}
+    assert sorted(m.seed for m in read(ledger_location, "machines")) == [1, 3]  # seed 2 never leased one

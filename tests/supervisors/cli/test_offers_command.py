@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fake_sky import FakeSky
 from fakes.batch_kit import cli
 from fakes.runpod import FakeRunPod
 
@@ -67,3 +68,57 @@ def test_clouds_check_covers_every_cloud(tmp_path: Path) -> None:
     assert sim.returncode == 0, sim.stdout + sim.stderr
     assert "in stock in us-east" in sim.stdout
     assert "not configured (no [clouds.skypilot] table" in done.stdout
+
+
+def test_offers_of_the_ssh_cloud_list_each_configured_host(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"  # nothing is connected to: the hosts are listed from the config
+    user.write_text('[clouds.ssh.hosts.box]\naddress = "127.0.0.1"\nslots = 2\n'
+                    '[clouds.ssh.hosts.gpu2]\naddress = "127.0.0.2"\n')
+    table = cli(tmp_path, "offers", "--cloud", "ssh", "--config", str(user), key_var="UNRELATED")
+    assert table.returncode == 0, table.stderr
+    assert [line.split() for line in table.stdout.splitlines()] == [
+        ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND"], ["ssh", "box", "-", "0.0000", "-", "-"],
+        ["ssh", "gpu2", "-", "0.0000", "-", "-"]]
+    every = cli(tmp_path, "offers", "--json", "--config", str(user), key_var="UNRELATED")
+    assert every.returncode == 0, every.stderr
+    offers = [json.loads(line) for line in every.stdout.splitlines()]
+    assert [(o["cloud"], o["host"], o["hourly_usd"]) for o in offers if o["cloud"] == "ssh"] == [
+        ("ssh", "box", 0.0), ("ssh", "gpu2", 0.0)]
+    assert {o["cloud"] for o in offers} == {"local", "sim", "ssh"}
+    # its hosts name no GPU class: under --gpu they are not offered as one, and the note says why
+    h100 = cli(tmp_path, "offers", "--gpu", "H100", "--json", "--config", str(user), key_var="UNRELATED")
+    assert h100.returncode == 0, h100.stderr
+    assert {json.loads(line)["cloud"] for line in h100.stdout.splitlines()} == {"sim"}
+    assert "not asked: ssh: its hosts declare no GPU class, so none is offered as H100" in h100.stderr
+    only = cli(tmp_path, "offers", "--cloud", "ssh", "--gpu", "H100", "--config", str(user), key_var="UNRELATED")
+    assert (only.returncode, only.stdout) == (2, "")
+    assert only.stderr.startswith("actor-run: ssh: its hosts declare no GPU class")
+
+
+def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lacks(tmp_path: Path) -> None:
+    sky = FakeSky(tmp_path / "sky", address="127.0.0.1", ec2_endpoint="")  # its catalog only: nothing is made
+    user = tmp_path / "user.toml"
+    user.write_text(f'[clouds.skypilot]\nsky = "{sky.command}"\ninfra = "aws/us-east-1"\n')
+    found = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "A10G", "--region", "us-west-2", "--json",
+                "--config", str(user), key_var="UNRELATED")
+    assert found.returncode == 0, found.stderr
+    assert [json.loads(line) for line in found.stdout.splitlines()] == [
+        {"cloud": "skypilot", "region": "us-west-2", "gpu": "A10G", "hourly_usd": 1.006, "candidate": 0, "host": "",
+         "account": "", "kind": "", "stock": ""}]  # the cheapest g5 with one A10G in SkyPilot's AWS catalog
+    table = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "T4", "--config", str(user),
+                key_var="UNRELATED")  # the region of clouds.skypilot.infra
+    assert table.returncode == 0, table.stderr
+    assert [line.split() for line in table.stdout.splitlines()][1:] == [
+        ["skypilot", "us-east-1", "T4", "0.5260", "-", "-"]]
+    assert sky.calls() == ["gpus list A10G:1 --infra aws/us-west-2 -o json",
+                           "gpus list T4:1 --infra aws/us-east-1 -o json"]  # read-only
+    no_gpu = cli(tmp_path, "offers", "--cloud", "skypilot", "--config", str(user), key_var="UNRELATED")
+    assert (no_gpu.returncode, no_gpu.stdout) == (2, "")
+    assert no_gpu.stderr == ("actor-run: skypilot: SkyPilot's catalog is asked for one GPU class at a time: name one "
+                             "with --gpu (for example --gpu A10G)\n")
+    user.write_text(f'[clouds.skypilot]\nsky = "{sky.command}"\n')  # infra = "aws": no region
+    no_region = cli(tmp_path, "offers", "--gpu", "T4", "--config", str(user), key_var="UNRELATED")
+    assert no_region.returncode == 0, no_region.stderr  # the others answer
+    assert "not asked: skypilot: SkyPilot's catalog is asked for one region at a time: name one with --region" in (
+        no_region.stderr)
+    assert len(sky.calls()) == 2  # not asked

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_chaos import trace_lines, wait_no_processes, write_batch
+from test_chaos import release, trace_lines, wait_no_processes, write_batch
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
@@ -132,8 +132,9 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     mid-batch, the others adopt its jobs within the lease plus one poll."""
     seeds = 9
     batch = write_batch(tmp_path, seeds=seeds, latency=0.2, extra_sim="")
-    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { STEPS = "20", TRACE')  # 5 s jobs
-                     .replace('public_env = ["TRACE"]', 'public_env = ["STEPS", "TRACE"]'))
+    # 5 s jobs, held until the test has seen the run still running after the adoption
+    batch.write_text(batch.read_text().replace("env = { TRACE", 'env = { HOLD = "1", STEPS = "20", TRACE')
+                     .replace('public_env = ["TRACE"]', 'public_env = ["HOLD", "STEPS", "TRACE"]'))
     first = Controller(tmp_path, url, "run", run=batch)
     first.wait_for("JobStarted")
     controllers = [first, *(Controller(tmp_path, url, name) for name in ("b", "c"))]
@@ -151,6 +152,7 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     assert time.monotonic() - killed >= waited
     print(f"adopted {waited:.2f} s after the kill (bound {LEASE_S + POLL_S:.1f} s)")
     assert waited <= LEASE_S + POLL_S + 5.0, waited
+    release(tmp_path)
     for c in (controllers[0], controllers[2]):
         assert c.finish() == 0, c.stderr
     check_every_job_ended_once(tmp_path, url, seeds)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from pg import Postgres
-from test_chaos import JOB, trace_lines, write_batch
+from test_chaos import JOB, release, trace_lines, write_batch
 from test_shared_ledger import CLI, LEASE_S, POLL_S, Controller, check_every_job_ended_once, cli, jobs
 
 from actor_run.supervisors.ledger import LedgerReader
@@ -39,11 +39,13 @@ def url(postgres: Any) -> Iterator[str]:
     close_pools()
 
 
-def team_batch(tmp: Path, *, seeds: int, steps: int) -> Path:
-    """The chaos batch, jobs of `steps` quarter seconds that print each step."""
+def team_batch(tmp: Path, *, seeds: int, steps: int, hold: bool = False) -> Path:
+    """The chaos batch, jobs of `steps` quarter seconds that print each step (and with `hold`, then
+    wait for `release(tmp)`)."""
     batch = write_batch(tmp, seeds=seeds, latency=0.2)
-    batch.write_text(batch.read_text().replace("env = { TRACE", f'env = {{ STEPS = "{steps}", TRACE')
-                     .replace('public_env = ["TRACE"]', 'public_env = ["STEPS", "TRACE"]'))
+    held, public = (' HOLD = "1",', '"HOLD", ') if hold else ("", "")
+    batch.write_text(batch.read_text().replace("env = { TRACE", f'env = {{{held} STEPS = "{steps}", TRACE')
+                     .replace('public_env = ["TRACE"]', f'public_env = [{public}"STEPS", "TRACE"]'))
     (tmp / "code" / "job.py").write_text(PRINTING_JOB)
     return batch
 
@@ -93,8 +95,8 @@ def test_a_busy_survivor_watches_every_adopted_job_at_once_and_none_runs_twice(t
     """Item 1: the survivor runs its full concurrency when the other worker is killed -9; it
     adopts and watches all of the dead worker's jobs within the lease plus one poll (not when its
     own end), none runs twice, and each adopted log goes on under its one header (item 4)."""
-    seeds, steps = 6, 60  # 15 s jobs: the survivor's own outlive the adoption
-    batch = team_batch(tmp_path, seeds=seeds, steps=steps)
+    seeds, steps = 6, 20  # 5 s jobs, then held until the adoption was seen: the survivor's own outlive it
+    batch = team_batch(tmp_path, seeds=seeds, steps=steps, hold=True)
     submit(tmp_path, url, batch)
     survivor = Controller(tmp_path, url, "survivor", concurrency=3)
     survivor.wait_for("JobStarted", 3)
@@ -125,6 +127,7 @@ def test_a_busy_survivor_watches_every_adopted_job_at_once_and_none_runs_twice(t
     # what the poll's claim, sweep and the attempt's start take on a loaded machine)
     assert waited <= LEASE_S + POLL_S + 5.0, waited
     assert time.monotonic() - killed >= waited
+    release(tmp_path)
     assert survivor.finish(timeout=180) == 0, survivor.stderr
     check_every_job_ended_once(tmp_path, url, seeds)
     check_ran_once_and_logs_whole(tmp_path, seeds, steps)

@@ -30,6 +30,7 @@ from actor_run.supervisors.ledger import (
     process_start_time,
 )
 from actor_run.supervisors.ledger.batch import _run, _run_all, _run_many
+from actor_run.supervisors.ledger.cancels import end_unowned
 
 
 class Db:
@@ -684,3 +685,24 @@ def test_a_workers_poll_reads_states_and_a_count_not_every_jobs_spec(
     assert reader.job_states() == {f"r1/j/seed-{i}": s for i, s in
                                    enumerate(("queued", "running", "succeeded", "failed"))}
     assert reader.unfinished_jobs() == 2
+
+
+def test_cancel_ends_a_queued_job_only_while_nobody_claimed_it(ledgers: Callable[..., Ledger], path: str | Path,
+                                                                 reader: LedgerReader) -> None:
+    """`actor-run cancel` read two jobs queued; a worker claimed one before the cancel's write: that
+    one is the worker's to cancel (through a request), the other ends here."""
+    submitter, worker = ledgers(), ledgers()
+    for led in (submitter, worker):
+        led.register_owner()
+    submitter.run = "r1"
+    for seed in (1, 2):
+        submitter.record_job(key=f"j/seed-{seed}", name="j", seed=seed, spec=b"{}", state="queued", out_dir="o")
+    submitter.flush()
+    read = {j["key"]: j for j in reader.jobs()}
+    [claimed] = worker.claim_queued(1)
+    ended = end_unowned(path, [(j["run"], j["key"], j["name"], j["seed"], j["state"], j["owner"])
+                               for j in read.values()], "canceled with actor-run cancel")
+    left = ({"j/seed-1", "j/seed-2"} - {claimed.key}).pop()
+    assert ended == {("r1", left)}
+    now = {j["key"]: (j["state"], j["failure"], j["owner"]) for j in reader.jobs()}
+    assert now == {claimed.key: ("running", None, worker.owner), left: ("failed", "canceled", submitter.owner)}
