@@ -4,9 +4,10 @@ Children, started in this order and stopped in the reverse: LeaseActor, then (on
 idle while the create is out, or on `Leased`) CostMeterActor, TransferActor, HeartbeatActor.
 Every step is a message; nothing here waits on the network.
 
-The end (`_finish`) is the same for every outcome: stop the heartbeat and the transfer, tell the
-lease `Release` (deleting the machine ends the job on it), and on `Released` close the meter
-and tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
+The end (`_finish`) is the same for every outcome: silence the heartbeat's polls and the meter's
+live figures (one flag they share), stop the transfer, tell the lease `Release` (deleting the
+machine ends the job on it; a Release is urgent: actors/pool.py), and on `Released` stop the
+heartbeat and the meter, tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
 (`on_failure`) stops the children, which deletes the machine (the lease's stop hook), and still
 tells the parent, with `internal`.
 """
@@ -346,11 +347,13 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        self._ending.set()  # polls and live figures stop now, not when the watchers' stops have their turns
-        # the meter too: the charge ends when the delete goes out, and no live figure may pass it
-        for child in (self.heartbeat, self.transfer, self.meter):
-            if child is not None:
-                self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
+        # the heartbeat's polls and the meter's live figures stop now: the charge ends when the
+        # delete goes out, and no live figure may pass it. Their stops (each a trio cancel on the
+        # reactor: the exit hint's wait, the budget guard's timer) come with `Released`, after the
+        # delete: ten thousand of them before it held the deletes back on the reactor (item 40)
+        self._ending.set()
+        if self.transfer is not None:
+            self.stop_soon(self.transfer)  # its stop hook cancels a transfer in flight; the lease goes on
         if self.taken_at is not None and self.machine is not None:
             # before the release: the ledger has when its bill stopped before it has the machine gone
             self.ctx.ledger.record_taken(self.machine.name, self.taken_at)
@@ -372,8 +375,9 @@ class AttemptActor(Actor):
                  if self.machine is not None else Usage())
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
-        if self.meter is not None:
-            self.stop_soon(self.meter)
+        for child in (self.heartbeat, self.meter):  # silenced since the release began (`_ending`)
+            if child is not None:
+                self.stop_soon(child)
         if not self.leased:  # never had a machine: the log says so (the heartbeat, if it
             # started, wrote the header when it did, long before this: the lease's answer came since)
             header = "" if self.heartbeat is not None else self._header()
