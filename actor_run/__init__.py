@@ -25,50 +25,100 @@ The public API is what this module exports (`__all__`); everything under `actor_
   the field; `ActorRunError`: the base of every exception raised on purpose.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-try:
-    __version__ = version("actor-run")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from actor_run.protocols.failures import ActorRunError, Code, SpecError
-from actor_run.protocols.messages import (
-    AttemptEnded,
-    AttemptStarted,
-    Charged,
-    CheckpointSaved,
-    Event,
-    Exited,
-    Fetched,
-    InputRef,
-    JobEnded,
-    JobStarted,
-    Leased,
-    LeaseFailed,
-    LeaseRequested,
-    LeaseStage,
-    Machine,
-    Metered,
-    Offer,
-    Progress,
-    Released,
-    Reserved,
-    Retrying,
-    Stalled,
-    TransferFailed,
-    Uploaded,
-    Usage,
-    WaitingForCapacity,
-    decode_event,
-    encode,
-)
-from actor_run.protocols.specs import Batch, Job, load_batch
-from actor_run.protocols.specs import CandidateSpec as Candidate
-from actor_run.protocols.specs import PolicySpec as Policy
-from actor_run.supervisors.config import UserConfig, load_config
-from actor_run.supervisors.handle import JobHandle
-from actor_run.supervisors.runner import Runner
+if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name loads on first use
+    from actor_run.protocols.failures import ActorRunError, Code, SpecError
+    from actor_run.protocols.messages import (
+        AttemptEnded,
+        AttemptStarted,
+        Charged,
+        CheckpointSaved,
+        Event,
+        Exited,
+        Fetched,
+        InputRef,
+        JobEnded,
+        JobStarted,
+        Leased,
+        LeaseFailed,
+        LeaseRequested,
+        LeaseStage,
+        Machine,
+        Metered,
+        Offer,
+        Progress,
+        Released,
+        Reserved,
+        Retrying,
+        Stalled,
+        TransferFailed,
+        Uploaded,
+        Usage,
+        WaitingForCapacity,
+        decode_event,
+        encode,
+    )
+    from actor_run.protocols.specs import Batch, Job, load_batch
+    from actor_run.protocols.specs import CandidateSpec as Candidate
+    from actor_run.protocols.specs import PolicySpec as Policy
+    from actor_run.supervisors.config import UserConfig, load_config
+    from actor_run.supervisors.handle import JobHandle
+    from actor_run.supervisors.runner import Runner
+
+    __version__: str
+
+# public name -> (the module it lives in, its name there). Loaded on first use (PEP 562), so that
+# `import actor_run` (every `actor-run` process imports it) costs nothing it does not use: the
+# Runner alone brings trio, pykka and every cloud.
+_WHERE = {
+    **{name: ("actor_run.protocols.failures", name) for name in ("ActorRunError", "Code", "SpecError")},
+    **{name: ("actor_run.protocols.messages", name) for name in (
+        "AttemptEnded", "AttemptStarted", "Charged", "CheckpointSaved", "Event", "Exited", "Fetched", "InputRef",
+        "JobEnded", "JobStarted", "LeaseFailed", "LeaseRequested", "LeaseStage", "Leased", "Machine", "Metered",
+        "Offer", "Progress", "Released", "Reserved", "Retrying", "Stalled", "TransferFailed", "Uploaded", "Usage",
+        "WaitingForCapacity", "decode_event", "encode")},
+    "Batch": ("actor_run.protocols.specs", "Batch"),
+    "Candidate": ("actor_run.protocols.specs", "CandidateSpec"),
+    "Job": ("actor_run.protocols.specs", "Job"),
+    "Policy": ("actor_run.protocols.specs", "PolicySpec"),
+    "load_batch": ("actor_run.protocols.specs", "load_batch"),
+    "UserConfig": ("actor_run.supervisors.config", "UserConfig"),
+    "load_config": ("actor_run.supervisors.config", "load_config"),
+    "JobHandle": ("actor_run.supervisors.handle", "JobHandle"),
+    "Runner": ("actor_run.supervisors.runner", "Runner"),
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # about 50 ms of CPU: only when asked
+
+    try:
+        return version("actor-run")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
+if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported on first use and kept in this module (PEP 562)."""
+        if name == "__version__":
+            value: Any = _version()
+        elif name in _WHERE:
+            module, attr = _WHERE[name]
+            value = getattr(importlib.import_module(module), attr)
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value  # the next use finds it here, without this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ActorRunError",

@@ -46,6 +46,37 @@ def test_every_public_name_is_there_sorted_and_says_what_it_promises() -> None:
     assert events <= set(names)
 
 
+def test_the_public_names_load_on_first_use(tmp_path: Path) -> None:
+    """`import actor_run` (which every `actor-run` process does) loads none of the tree: each public
+    name is imported when first used (PEP 562), is the object its module defines, and is listed by
+    dir(); a name it does not export is an AttributeError. So for the ledger's and the views' packages."""
+    script = """
+import sys
+import actor_run
+import actor_run.supervisors.ledger as ledger
+import actor_run.supervisors.views as views
+heavy = {"trio", "pykka", "actor_run.supervisors.runner", "actor_run.actors", "rich", "importlib.metadata"}
+assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))
+for package in (actor_run, ledger, views):
+    assert set(package.__all__) <= set(dir(package)), package
+    try:
+        package.NoSuchName
+    except AttributeError as exc:
+        assert "NoSuchName" in str(exc)
+    else:
+        raise AssertionError(package)
+from actor_run import Runner, __version__
+from actor_run.supervisors.runner import Runner as Defined
+assert Runner is Defined and "trio" in sys.modules
+assert __version__ and __version__ == actor_run.__version__
+assert ledger.LedgerReader is sys.modules["actor_run.supervisors.ledger.reader"].LedgerReader
+assert views.View is sys.modules["actor_run.supervisors.views.live"].View
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
 def test_the_examples_pass_mypy_strict() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary",

@@ -10,11 +10,13 @@ Every method is a trio coroutine that runs on the reactor.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
+
+if TYPE_CHECKING:  # the hosts bring trio: reading a cloud's name or settings needs none of it
+    from actor_run.protocols.hosts.workspace import Workspace
 
 
 class Cloud(Protocol):

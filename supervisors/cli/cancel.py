@@ -22,7 +22,6 @@ from actor_run.protocols.specs import job_key
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, ledger_path, open_reader, usage_error
 from actor_run.supervisors.ledger import owner_is_alive
 from actor_run.supervisors.ledger.cancels import end_unowned, request_cancels
-from actor_run.supervisors.runner import Runner
 
 ENDED = ("succeeded", "failed")
 DETAIL = "canceled with actor-run cancel"
@@ -97,6 +96,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             owned += claimed
         dead = sorted({j["owner"] for j in unowned if j["owner"]})
         if dead:  # their machines go as the sweep would: their owner is proven dead
+            from actor_run.supervisors.runner import Runner  # the tree: only when there is a machine to delete
+
             runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, config=args.config)
             with runner:
                 actions = runner.sweep()

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
 from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
@@ -68,6 +66,8 @@ def _plan(args: argparse.Namespace, configured: set[str]
 
 
 async def _check(cloud: Cloud, candidates: list[CandidateSpec], *, keyed: bool) -> tuple[list[str], bool]:
+    import trio
+
     lines: list[str] = []
     try:
         with trio.fail_after(CALL_TIMEOUT_S):
@@ -97,6 +97,8 @@ async def _check(cloud: Cloud, candidates: list[CandidateSpec], *, keyed: bool) 
 
 
 def cmd_clouds(args: argparse.Namespace) -> int:
+    import trio  # the reactor's library: only when a cloud is asked (`actor-run --help` needs none of it)
+
     try:
         config = load_config(args.config)  # the user's [clouds.*] tables, the batch's over them
         names, settings, candidates, unconfigured = _plan(args, set(config.clouds))

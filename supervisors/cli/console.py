@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
-from typing import Any
-
-from loguru import logger
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any
 
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.redact import redact
@@ -20,9 +22,10 @@ from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.places import default_ledger_path
-from actor_run.supervisors.runner import Runner
-from actor_run.supervisors.views.live import View
 from actor_run.supervisors.views.text import printable
+
+if TYPE_CHECKING:  # a command that reads the ledger loads neither the Runner nor the live view
+    from actor_run.supervisors.runner import Runner
 
 LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER, else "
                "<state>/ledger.sqlite)")
@@ -66,12 +69,57 @@ def _shown(record: Any) -> bool:
     return not record["extra"].get("traceback")  # a crash's traceback goes to the run's log file only
 
 
-def configure_logging() -> None:
+def _configure(loguru: ModuleType) -> None:
+    logger = loguru.logger
     logger.remove()
     _stderr_sink.clear()
     # no variable values in tracebacks: a job's environment may hold a secret
     _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown, backtrace=False,
                                    diagnose=False))
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """A module's own loader, then `then(module)` once the module has run (the way
+    importlib.util.LazyLoader wraps a loader)."""
+
+    def __init__(self, loader: importlib.abc.Loader, then: Callable[[ModuleType], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+
+class _ConfigureOnImport(importlib.abc.MetaPathFinder):
+    """Set loguru up as whoever needs it first imports it (then this finder leaves sys.meta_path)."""
+
+    def find_spec(self, fullname: str, path: Any,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "loguru":
+            return None
+        _stop_waiting()
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, _configure)
+        return spec
+
+
+def _stop_waiting() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _ConfigureOnImport)]
+
+
+def configure_logging() -> None:
+    """WARNING lines on stderr, one format, secrets redacted. loguru costs about 0.1 s of CPU to
+    import (it imports asyncio) and most commands log nothing: it is set up now if it is loaded,
+    else as it is first imported, by whichever module logs."""
+    _stop_waiting()
+    if "loguru" in sys.modules:
+        _configure(sys.modules["loguru"])
+    else:
+        sys.meta_path.insert(0, _ConfigureOnImport())
 
 
 class Interrupts:
@@ -96,6 +144,10 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
     """Show the jobs `keys` until each has ended (the live view on a terminal, a line per change
     otherwise, or with `json_mode` one event per line carrying its run); their JobEnded events, in
     the order of `keys`. `events` is what the Runner's subscriber `events.append` fills."""
+    from loguru import logger
+
+    from actor_run.supervisors.views.live import View  # rich: only where a run is watched
+
     ended: dict[str, JobEnded] = {}
     unconfirmed = [] if unconfirmed is None else unconfirmed
 

@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from actor_run import __version__
 from actor_run.protocols.failures import SpecError
 from actor_run.supervisors.cli import cancel as cmd_cancel
 from actor_run.supervisors.cli import clouds as cmd_clouds
@@ -71,10 +70,21 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(Exit.USAGE)
 
 
+class _Version(argparse._VersionAction):
+    """`--version`: the installed version is read (importlib.metadata, about 50 ms) only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from actor_run import __version__
+
+        self.version = f"actor-run {__version__}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="actor-run", description="Run GPU jobs on rented machines, in attempts.",
                 epilog="examples:\n  actor-run run examples/seeds.toml\n  actor-run <command> --help\n")
-    p.add_argument("--version", action="version", version=f"actor-run {__version__}")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = cmd_run.add_parser(sub)
     cmd_plan.add_run_flags(run)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import trio
 
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds, make_cloud
 from actor_run.protocols.failures import ActorRunError, SpecError
@@ -76,6 +75,8 @@ def open_clouds(names: list[str], config: UserConfig, state: Path, tables: dict[
 
 async def ask(cloud: Cloud, candidate: CandidateSpec, index: int) -> list[Offer] | str:
     """The cloud's offers for `candidate` now, or what went wrong (one line)."""
+    import trio
+
     try:
         with trio.fail_after(CALL_TIMEOUT_S):
             found = await cloud.offers(candidate, index)
@@ -93,6 +94,8 @@ async def aclose_all(clouds: dict[str, Cloud]) -> None:
 
 
 def cmd_offers(args: argparse.Namespace) -> int:
+    import trio  # the reactor's library: only when a cloud is asked (`actor-run --help` needs none of it)
+
     try:
         config = load_config(args.config)
     except SpecError as exc:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import trio
 
 from actor_run.protocols.clouds import Cloud, cloud_key
 from actor_run.protocols.failures import SpecError
@@ -102,6 +101,8 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
 
 def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
     """Ask each candidate's clouds for offers now (read-only) and work out the money."""
+    import trio  # the reactor's library: only when a cloud is asked (`actor-run --help` needs none of it)
+
     spec, policy = batch.spec, batch.spec.policy
     candidates = list(spec.candidates) or [CandidateSpec()]
     names = sorted({c.cloud for c in candidates})

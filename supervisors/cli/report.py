@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
-from actor_run.supervisors.views.report import build, render
 
 HELP = "write a run's report: one HTML page with its timeline, cost by cloud and GPU, the walk and the jobs"
 EXAMPLE = """example:
@@ -28,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from actor_run.supervisors.views.report import build, render  # the page's makings: only for this command
+
     reader = open_reader(args)
     try:
         runs = reader.runs()

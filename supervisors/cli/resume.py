@@ -8,12 +8,9 @@ import collections
 import signal
 import sys
 
-from loguru import logger
-
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, open_reader, usage_error, watch
-from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
 HELP = "pick up the unfinished jobs of controllers that died"
@@ -35,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from loguru import logger
+
+    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+
     if args.run is not None:
         reader = open_reader(args)
         try:

@@ -9,15 +9,12 @@ import os
 import signal
 import sys
 
-from loguru import logger
-
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, watch, where_state_lives
 from actor_run.supervisors.ledger.db import describe
-from actor_run.supervisors.runner import Runner
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
 RUN_EXAMPLE = """examples:
@@ -56,6 +53,10 @@ def cmd_print_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from loguru import logger
+
+    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+
     try:
         batch = oneline.load(args)
         if args.concurrency is not None and args.concurrency < 1:

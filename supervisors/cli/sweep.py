@@ -9,14 +9,16 @@ import argparse
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.specs import load_batch
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
-from actor_run.supervisors.ledger.sweep import SweepAction
-from actor_run.supervisors.runner import Runner
+
+if TYPE_CHECKING:  # the sweep's machinery (trio, the clouds, the tree) loads when it runs
+    from actor_run.supervisors.ledger.sweep import SweepAction
 
 HELP = "delete machines nobody needs: owner dead, past deadline + grace, or heartbeat stopped on the host"
 EXAMPLE = """example:
@@ -74,6 +76,8 @@ def _print(actions: list[SweepAction], *, json_mode: bool, dry_run: bool) -> boo
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+
     for owner in args.owner:
         if not _OWNER.match(owner):
             return usage_error(f"--owner: expected 8 or 32 hex digits (as machine names and `sweep` show), "

@@ -35,20 +35,21 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from loguru import logger
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.runs import job_views, view_line
-from actor_run.supervisors.handle import JobHandle
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
 from actor_run.supervisors.places import default_state_dir
-from actor_run.supervisors.runner import Runner
+
+if TYPE_CHECKING:  # the tree (trio, pykka, the clouds) loads when a worker or a shared run starts
+    from actor_run.supervisors.handle import JobHandle
+    from actor_run.supervisors.runner import Runner
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 ENDED = ("succeeded", "failed")
@@ -164,6 +165,8 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
     the free slots), then queued jobs up to the free slots. A poll that cannot read the ledger (the
     database restarting) is skipped: the jobs go on. False if this controller's lease was lost
     meanwhile (it let its jobs go)."""
+    from loguru import logger  # the Runner has loaded it
+
     signals = _Signals(mode=mode) if signals is None else signals
     mode = signals.mode
     signal.signal(signal.SIGINT, signals)
@@ -226,6 +229,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
+    from actor_run.supervisors.runner import Runner  # the tree: only when a worker starts
+
     signals = _Signals(mode="drain" if args.drain else "hand back")
     while True:
         try:
@@ -256,6 +261,8 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
+    from actor_run.supervisors.runner import Runner  # the tree: only when the batch is queued
+
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
@@ -294,6 +301,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
     """`actor-run status [--run ID] --follow`: one line per job of the run (default: the latest)
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
+    from loguru import logger  # for a database away meanwhile (configure_logging sets it up as it loads)
+
     reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
     seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:

@@ -7,8 +7,9 @@ it: claims, leases, fencing tokens).
     writer.py      Ledger: core.py with the records of each kind ...
     runs.py          ... runs and jobs (claims with fencing tokens)
     attempts.py      ... attempts and events
-    machines.py      ... owners (leases, liveness), machines, clouds
+    machines.py      ... owners (leases), machines, clouds
     money.py         ... reservations and charges
+    owners.py      an owner row and whether it is alive (what a reader needs of owners)
     reader.py      LedgerReader and its rows (MachineRow, RunRow)
     db.py          the backends: SQLite, PostgreSQL (pools, SQL translation); a --ledger's meaning
     batch.py       how a batch of writes runs (multi-row statements)
@@ -22,13 +23,51 @@ What it may import: protocols, actors, and its own modules. Never the command li
 package, modules import each other by module, never through this file.
 """
 
-from actor_run.supervisors.ledger.core import LedgerCore
-from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
-from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive, process_start_time
-from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
-from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
-from actor_run.supervisors.ledger.runs import Claimed
-from actor_run.supervisors.ledger.writer import Ledger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on first use (PEP 562)
+    from actor_run.supervisors.ledger.core import LedgerCore
+    from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
+    from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive, process_start_time
+    from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
+    from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
+    from actor_run.supervisors.ledger.runs import Claimed
+    from actor_run.supervisors.ledger.writer import Ledger
+
+# public name -> the module it lives in. A reader (`actor-run status`) loads
+# reader.py and db.py only: the writer's machinery brings the actors' thread pool.
+_WHERE = {
+    "Claimed": "actor_run.supervisors.ledger.runs",
+    "Ledger": "actor_run.supervisors.ledger.writer",
+    "LedgerCore": "actor_run.supervisors.ledger.core",
+    "LedgerError": "actor_run.supervisors.ledger.db",
+    "LedgerReader": "actor_run.supervisors.ledger.reader",
+    "LedgerUnusable": "actor_run.supervisors.ledger.db",
+    "MachineRow": "actor_run.supervisors.ledger.reader",
+    "OwnerRow": "actor_run.supervisors.ledger.owners",
+    "RunRow": "actor_run.supervisors.ledger.reader",
+    "StaleClaim": "actor_run.supervisors.ledger.queue",
+    "Waiter": "actor_run.supervisors.ledger.queue",
+    "owner_is_alive": "actor_run.supervisors.ledger.owners",
+    "process_start_time": "actor_run.supervisors.ledger.owners",
+}
+
+if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported on first use and kept in this package (PEP 562)."""
+        if name not in _WHERE:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "Claimed",

@@ -29,8 +29,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from loguru import logger
-
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.redact import add_url_password
 from actor_run.supervisors.ledger.schema import SchemaError, migrate
@@ -95,6 +93,8 @@ def wait_for_server(url: str, wait_s: float) -> None:
         raise SpecError("--ledger", f"not a usable postgresql:// URL: {_first_line(exc, url)}") from exc
     if not all(p.isdigit() for p in port.split(",")):
         raise SpecError("--ledger", f"not a usable postgresql:// URL: port {port!r} is not a number")
+    from loguru import logger  # loguru imports asyncio: a command reading a SQLite ledger does without it
+
     deadline, delay = time.monotonic() + wait_s, 0.1
     while True:
         try:

@@ -1,5 +1,6 @@
-"""What the ledger records of owners (the controllers, each alive by its lease or its process) and
-machines (the LedgerPort a lease uses: intent, launch, run, gone), and of the clouds they are on."""
+"""What the ledger records of owners (the controllers, each alive by its lease or its process: owners.py
+reads them) and machines (the LedgerPort a lease uses: intent, launch, run, gone), and of the clouds
+they are on."""
 
 from __future__ import annotations
 
@@ -9,45 +10,13 @@ import time
 from typing import Any
 
 import msgspec
-import psutil
 
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger.core import LedgerCore
 from actor_run.supervisors.ledger.db import Conn
+from actor_run.supervisors.ledger.owners import process_start_time
 from actor_run.supervisors.ledger.queue import Waiter
-
-
-def process_start_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-class OwnerRow(msgspec.Struct, frozen=True):
-    id: str
-    pid: int
-    started: float
-    host: str
-    beat: float
-    closed: int
-    lease_until: float | None = None
-
-
-def owner_is_alive(row: OwnerRow, *, now: float, stale_after_s: float = 600.0) -> bool:
-    """Fail closed: an owner counts as alive unless we can tell it is gone. On this computer, by
-    its pid and that process's start time (a reused pid is another process); elsewhere, by a
-    heartbeat older than `stale_after_s`."""
-    if row.closed:
-        return False
-    if row.host == socket.gethostname():
-        started = process_start_time(row.pid)
-        if started is None:
-            return False
-        return abs(started - row.started) < 2.0
-    return now - row.beat < stale_after_s
-
 
 
 class MachineRecords(LedgerCore):

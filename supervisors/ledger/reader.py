@@ -13,7 +13,7 @@ import msgspec
 
 from actor_run.protocols.messages import Event, decode_event
 from actor_run.supervisors.ledger.db import open_backend
-from actor_run.supervisors.ledger.machines import OwnerRow, owner_is_alive
+from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive
 
 
 class MachineRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,7 +43,7 @@ from actor_run.protocols.hosts.workspace import HostBeat
 from actor_run.protocols.messages import Machine
 from actor_run.protocols.names import PREFIX, parse_name
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.ledger.machines import owner_is_alive
+from actor_run.supervisors.ledger.owners import owner_is_alive
 from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow
 from actor_run.supervisors.ledger.writer import Ledger
 

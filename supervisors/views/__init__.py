@@ -6,7 +6,36 @@ the Runner's events). Never a ledger backend (supervisors.ledger.db, batch, sche
 command line (supervisors.cli): the command line hands a view what it reads.
 """
 
-from actor_run.supervisors.views.live import View
-from actor_run.supervisors.views.runlog import event_logger, open_run_log, run_log_path
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on first use (PEP 562)
+    from actor_run.supervisors.views.live import View
+    from actor_run.supervisors.views.runlog import event_logger, open_run_log, run_log_path
+
+# public name -> the module it lives in. The live view (rich) loads only
+# where a run is watched: `actor-run runs` needs run_log_path alone.
+_WHERE = {
+    "View": "actor_run.supervisors.views.live",
+    "event_logger": "actor_run.supervisors.views.runlog",
+    "open_run_log": "actor_run.supervisors.views.runlog",
+    "run_log_path": "actor_run.supervisors.views.runlog",
+}
+
+if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
+
+    def __getattr__(name: str) -> Any:
+        """A public name, imported on first use and kept in this package (PEP 562)."""
+        if name not in _WHERE:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
+
 
 __all__ = ["View", "event_logger", "open_run_log", "run_log_path"]

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -64,6 +62,8 @@ def open_run_log(state_dir: Path | str, run: str, level: str = "INFO") -> int:
     `event_logger`) and those bound to none (a controller resuming two runs writes each run's lines
     to its own file); returns loguru's handler id (`logger.remove(id)` stops it). No variable
     values in tracebacks: a job's environment may hold a secret."""
+    from loguru import logger  # loguru imports asyncio: `actor-run runs` (run_log_path) does without it
+
     path = run_log_path(state_dir, run)
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +121,7 @@ def describe(e: Event) -> str | None:
 def event_logger(run_of: Callable[[str], str]) -> Callable[[Event], None]:
     """A Runner subscriber (`runner.subscribe(event_logger(runner.run_of))`): each event as one line
     (a failure as a WARNING) with its job, attempt and run bound."""
+    from loguru import logger
 
     def log_event(e: Event) -> None:
         text = describe(e)

@@ -40,12 +40,15 @@ PIN = "0.14.1"
 
 class SkyOwn:
     """SkyPilot's own code (tests/sky_own.py) in one long-lived process of its interpreter: SkyPilot
-    is imported once, and each answer comes from a fork of that process, in a HOME of the test's own."""
+    is imported once, and each answer comes from a fork of that process, in a HOME of the test's own.
+    The process detaches (a test that checks it left no child behind does not see it) and ends when
+    its stdin closes: at `close`, or when this test process ends."""
 
     def __init__(self, python: str, home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([python, str(OWN), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env={**os.environ, **self.env(home)})
+        self.proc.wait(timeout=60)  # the process we started forks the server and exits at once
         self.replies: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="sky-own").start()
 
@@ -65,19 +68,15 @@ class SkyOwn:
         self.proc.stdin.write(json.dumps({"what": what, "request": request, "env": self.env(home)}) + "\n")
         self.proc.stdin.flush()
         line = self.replies.get(timeout=300)
-        assert line, f"SkyPilot's process ended (exit {self.proc.poll()})"
+        assert line, "SkyPilot's process ended (its stderr is the test's)"
         reply = json.loads(line)
         assert "error" not in reply, reply["error"][-3000:]
         return reply["answer"]
 
     def close(self) -> None:
+        """Its stdin closed, the process (detached: not our child) ends by itself."""
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,131 @@
+"""Each `actor-run` command imports only what it needs (issue 24: every process paid ~0.7 s of CPU
+importing the whole package). The commands that read the ledger or print what they know
+(status, runs, cost, logs, report, cancel of an ended run, config show, completion, --version)
+run here on a real ledger, made by a real `actor-run run`, in a process that prints at its exit
+which modules it loaded: the supervision tree, the actors, trio, pykka and the network libraries
+are not among them. What each still prints is checked too, so a command cut short cannot pass."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actor_run.protocols.redact import REDACTED
+
+# `python -m actor_run ARGS`, printing sorted(sys.modules) on stderr when the process exits
+PROBE = ("import atexit, runpy, sys\n"
+         "atexit.register(lambda: print('MODULES ' + ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
+         "sys.argv = ['actor-run', *sys.argv[1:]]\n"
+         "runpy.run_module('actor_run', run_name='__main__')\n")
+# what running a batch needs and reading about one does not
+NOT_FOR_READING = ("trio", "trio_asyncio", "pykka", "asyncssh", "httpx", "rich", "actor_run.actors",
+                   "actor_run.supervisors.runner", "actor_run.supervisors.handle", "actor_run.supervisors.batch",
+                   "actor_run.supervisors.ledger.writer", "actor_run.supervisors.views.live")
+
+
+class Ran:
+    def __init__(self, done: subprocess.CompletedProcess[str]) -> None:
+        self.code = done.returncode
+        self.stdout = done.stdout
+        *rest, last = done.stderr.splitlines() or [""]
+        assert last.startswith("MODULES "), done.stderr  # the process reached its exit
+        self.stderr = "\n".join(rest)
+        self.modules = set(last.split()[1:])
+
+    def heavy(self) -> list[str]:
+        """The modules of NOT_FOR_READING (or under them) this process loaded."""
+        return sorted(m for m in self.modules if any(m == h or m.startswith(h + ".") for h in NOT_FOR_READING))
+
+
+def actor_run(*args: str, cwd: Path, env: dict[str, str]) -> Ran:
+    return Ran(subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
+                              cwd=cwd, env=env))
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], str]:
+    """A folder whose ledger holds one ended run of two seeds (run by the real command), the
+    environment to read it with, and the run's id."""
+    tmp = tmp_path_factory.mktemp("startup")
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160", "XDG_STATE_HOME": str(tmp / "xdg-state"),
+           "XDG_CONFIG_HOME": str(tmp / "xdg-config")}
+    for name in ("ACTOR_RUN_LEDGER", "ACTOR_RUN_CONFIG"):
+        env.pop(name, None)
+    (tmp / "batch.toml").write_text(
+        '[job]\nname = "hello"\ncommand = "sh -c \'echo hello {seed}; echo {seed} > $ACTOR_RUN_OUT/seed.txt\'"\n'
+        "seeds = [1, 2]\n\n[policy]\npoll_s = 0.1\n")
+    done = actor_run("run", "batch.toml", "--out", "out", cwd=tmp, env=env)
+    assert done.code == 0, done.stderr
+    assert {"trio", "pykka", "actor_run.supervisors.runner"} <= done.modules  # `run` loads what it runs with
+    assert (tmp / "out").is_dir()
+    [run] = [line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("run ")]
+    return tmp, env, run
+
+
+@pytest.mark.parametrize(("args", "code", "shows"), [
+    (["status"], 0, "(succeeded)"),
+    (["status", "--json"], 0, '"kind":"job"'),
+    (["runs"], 0, "succeeded"),
+    (["runs", "--json"], 0, '"state":"succeeded"'),
+    (["cost"], 0, "hello/seed-2"),
+    (["cost", "--json", "--by", "cloud"], 0, '"group":"local"'),
+    (["logs", "hello/1"], 0, "hello 1"),
+    (["report", "--out", "report.html"], 0, "report.html"),
+    (["config", "show"], 0, "no cloud settings"),
+    (["completion", "bash"], 0, "complete -o filenames -F _actor_run actor-run"),
+    (["completion", "zsh"], 0, "#compdef actor-run"),
+    (["--version"], 0, "actor-run "),
+    (["status", "--help"], 0, "--follow"),
+])
+def test_a_command_that_reads_loads_no_tree_no_reactor_no_network(
+        ran: tuple[Path, dict[str, str], str], args: list[str], code: int, shows: str) -> None:
+    tmp, env, run = ran
+    done = actor_run(*args, cwd=tmp, env=env)
+    assert (done.code, done.stderr) == (code, ""), done.stderr
+    assert shows in done.stdout, done.stdout
+    if args[0] in ("status", "runs", "cost") and not {"--help", "--by"} & set(args):
+        assert run in done.stdout  # it read the ledger the run wrote
+    assert done.heavy() == [], args
+
+
+def test_cancel_of_an_ended_run_loads_no_tree(ran: tuple[Path, dict[str, str], str]) -> None:
+    tmp, env, run = ran
+    for target in (run, "hello/1"):
+        done = actor_run("cancel", target, cwd=tmp, env=env)
+        assert (done.code, done.stdout.strip()) == (1, f"nothing to cancel: {target} has ended (succeeded)")
+        assert done.heavy() == [], target
+
+
+def test_only_version_reads_the_installed_metadata(ran: tuple[Path, dict[str, str], str]) -> None:
+    """importlib.metadata is about 50 ms of CPU: `--version` pays it, `status` does not, nor does
+    loguru (it imports asyncio) load where nothing logs."""
+    tmp, env, _ = ran
+    assert "importlib.metadata" in actor_run("--version", cwd=tmp, env=env).modules
+    status = actor_run("status", cwd=tmp, env=env)
+    assert "importlib.metadata" not in status.modules
+    assert "loguru" not in status.modules
+    assert "asyncio" not in status.modules
+
+
+def test_logging_is_set_up_by_whoever_first_imports_loguru(tmp_path: Path) -> None:
+    """configure_logging before loguru is loaded: the first module to import it gets the command's
+    sink (WARNING and above, one line each, a secret redacted), not loguru's default (DEBUG)."""
+    script = ("import sys\n"
+              "from actor_run.protocols.redact import add_secret\n"
+              "from actor_run.supervisors.cli.console import configure_logging\n"
+              "add_secret('sk-abcdefabcdefabcdef')\n"
+              "configure_logging()\n"
+              "assert 'loguru' not in sys.modules\n"
+              "from loguru import logger\n"
+              "logger.debug('a debug line'); logger.info('an info line')\n"
+              "logger.bind(job='j/seed-1').warning('key {}', 'sk-abcdefabcdefabcdef')\n"
+              "configure_logging()  # again, with loguru loaded: the same one sink\n"
+              "logger.warning('once')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = [line.split(" ", 1)[1] for line in done.stderr.splitlines()]  # after the time of day
+    assert shown == [f"WARNING j/seed-1: key {REDACTED}", "WARNING once"], done.stderr
