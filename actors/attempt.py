@@ -4,9 +4,10 @@ Children, started in this order and stopped in the reverse: LeaseActor, then (on
 idle while the create is out, or on `Leased`) CostMeterActor, TransferActor, HeartbeatActor.
 Every step is a message; nothing here waits on the network.
 
-The end (`_finish`) is the same for every outcome: stop the heartbeat and the transfer, tell the
-lease `Release` (deleting the machine ends the job on it), and on `Released` close the meter
-and tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
+The end (`_finish`) is the same for every outcome: silence the heartbeat's polls and the meter's
+live figures (one flag they share), stop the transfer, tell the lease `Release` (deleting the
+machine ends the job on it; a Release is urgent: actors/pool.py), and on `Released` stop the
+heartbeat and the meter, tell the parent `AttemptEnded(outcome, failure, usage, phases)`, then stop. A raise here
 (`on_failure`) stops the children, which deletes the machine (the lease's stop hook), and still
 tells the parent, with `internal`.
 """
@@ -26,6 +27,7 @@ import outcome
 import pykka
 
 from actor_run.actors.base import Actor, Context, error_text, failure_text
+from actor_run.actors.flag import Flag
 from actor_run.actors.heartbeat import HeartbeatActor
 from actor_run.actors.lease import LeaseActor, wait_durable
 from actor_run.actors.meter import CostMeterActor, usage_between
@@ -132,6 +134,10 @@ class AttemptActor(Actor):
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
+        # set at the release (the machine is being deleted): the heartbeat's polls stop at their next
+        # beat and the meter says no live figure more, before either's stop has its turn (a Release
+        # is urgent: actors/pool.py; their stops are not)
+        self._ending = Flag()
         self._releasing = False
         self._early_release: Released | None = None
 
@@ -166,7 +172,7 @@ class AttemptActor(Actor):
         if self.meter is not None and self.transfer is not None and self.heartbeat is not None:
             return self.meter, self.transfer, self.heartbeat
         p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
-        self.meter = CostMeterActor.start(ctx, parent, **self.head)
+        self.meter = CostMeterActor.start(ctx, parent, **self.head, ending=self._ending)
         self.children.append(self.meter)
         self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
         self.children.append(self.transfer)
@@ -176,7 +182,7 @@ class AttemptActor(Actor):
         self.heartbeat = HeartbeatActor.start(
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
-            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from,
+            log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._ending,
         )
         self.children.append(self.heartbeat)
         return self.meter, self.transfer, self.heartbeat
@@ -341,10 +347,13 @@ class AttemptActor(Actor):
         if self._releasing:
             return
         self._releasing = True
-        # the meter too: the charge ends when the delete goes out, and no live figure may pass it
-        for child in (self.heartbeat, self.transfer, self.meter):
-            if child is not None:
-                self.stop_soon(child)  # their stop hooks cancel what they wait for; the lease goes on
+        # the heartbeat's polls and the meter's live figures stop now: the charge ends when the
+        # delete goes out, and no live figure may pass it. Their stops (each a trio cancel on the
+        # reactor: the exit hint's wait, the budget guard's timer) come with `Released`, after the
+        # delete: ten thousand of them before it held the deletes back on the reactor (item 40)
+        self._ending.set()
+        if self.transfer is not None:
+            self.stop_soon(self.transfer)  # its stop hook cancels a transfer in flight; the lease goes on
         if self.taken_at is not None and self.machine is not None:
             # before the release: the ledger has when its bill stopped before it has the machine gone
             self.ctx.ledger.record_taken(self.machine.name, self.taken_at)
@@ -366,8 +375,9 @@ class AttemptActor(Actor):
                  if self.machine is not None else Usage())
         assert self.finishing is not None
         outcome_, failure, detail = self.finishing
-        if self.meter is not None:
-            self.stop_soon(self.meter)
+        for child in (self.heartbeat, self.meter):  # silenced since the release began (`_ending`)
+            if child is not None:
+                self.stop_soon(child)
         if not self.leased:  # never had a machine: the log says so (the heartbeat, if it
             # started, wrote the header when it did, long before this: the lease's answer came since)
             header = "" if self.heartbeat is not None else self._header()

@@ -23,6 +23,7 @@ from typing import Any
 import pykka
 
 from actor_run.actors.base import Actor, Context
+from actor_run.actors.flag import Flag
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
     AttemptHead,
@@ -70,8 +71,11 @@ def usage_between(machine: Machine, start: float, end: float, *, confirmed: bool
 
 
 class CostMeterActor(Actor):
-    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int) -> None:
+    def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
+                 ending: Flag | None = None) -> None:
         super().__init__(ctx, parent, f"meter:{job}/{seed}/a{attempt}")
+        # the attempt's: set once its release began (the delete may be out): no live figure after it
+        self.ending = ending
         self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.machine: Machine | None = None
         self.started = 0.0
@@ -88,8 +92,10 @@ class CostMeterActor(Actor):
                         due = at + guard_after_s(machine.hourly_usd, reserved)
                         self.later(max(0.0, due - time.time()), _Guard())
             case _Beat():
-                if self.machine is not None and self.final is None:
-                    usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
+                now = time.time()  # read before `ending`: a figure made is of a moment before the delete
+                ending = self.ending is not None and self.ending.is_set()
+                if self.machine is not None and self.final is None and not ending:
+                    usage = usage_between(self.machine, self.started, now, confirmed=True)
                     self.ctx.emit(Metered(**self.head, usd=usage.usd, reserved_usd=self.reserved_usd or 0.0))
             case _Guard():
                 if self.machine is not None and self.final is None and self.reserved_usd is not None:

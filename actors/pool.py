@@ -27,7 +27,7 @@ import sys
 import threading
 import traceback as traceback_module
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
@@ -39,6 +39,7 @@ from pykka.messages import _ActorStop
 from actor_run.actors.flag import Flag
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
+DEFER_TURNS = 32  # a wake-up put off by `defer` goes out after at most this many turns of its worker
 LATER_EVERY = 64  # a tell put off until idle goes out after at most this many turns all the same
 _local = threading.local()
 # a UUID's text whose last group counts up: random per process, unique in it, one format per actor
@@ -83,15 +84,25 @@ class ActorPool:
             else:
                 self._spawn()
 
-    def schedule(self, actor: PooledActor) -> None:
+    def schedule(self, actor: PooledActor, urgent: bool = False) -> None:
         """Queue an actor's turn. A worker is woken only when none is running: a running worker
         takes the next turn itself when it finishes one (under load, most puts wake nobody). One
         worker runs turns at a time, more only while some wait in `blocking()`: with the GIL, a
         second one running adds no CPU, only hand-offs that the reactor and the ledger's thread
         then wait for (at N=1000, 0.6-1.3 s less CPU and wall/ideal 1.052-1.070 against
-        1.065-1.072 in 3 A/B pairs, with up to 32 queued turns per running worker before)."""
+        1.065-1.072 in 3 A/B pairs, with up to 32 queued turns per running worker before).
+
+        `urgent` (a message on the way to deleting a machine: `Message.urgent`) puts the turn at
+        the front, ahead of the routine ones (polls' reports, stops, events): cancelling 3,000
+        running jobs queued each step of each job's way to its delete (job, attempt, lease)
+        behind every turn the step before had queued, so no delete went out before most of the
+        end's bookkeeping was done (bench/RESULTS.md, item 36). Front-first, a job's steps run one
+        after the other and its delete goes out at once."""
         with self._cond:
-            self._runnable.append(actor)
+            if urgent:
+                self._runnable.appendleft(actor)
+            else:
+                self._runnable.append(actor)
             running = self._workers - self._idle - self._blocked
             if running > 0:
                 return
@@ -109,6 +120,8 @@ class ActorPool:
 
     def _work(self) -> None:
         _local.pool = self
+        _local.deferred = {}
+        _local.deferred_turns = 0
         while True:
             later = None
             with self._cond:
@@ -132,9 +145,14 @@ class ActorPool:
             if actor is not None:
                 self.turns += 1
                 actor._turn()
+                if _local.deferred:
+                    _local.deferred_turns += 1
+                    if _local.deferred_turns >= DEFER_TURNS or not self._runnable:
+                        _flush_deferred()
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
+        _flush_deferred()  # what this worker will wait for may need them
         with self._cond:
             self._blocked += 1
             if self._idle == 0 and (self._runnable or self._workers - self._blocked < 1):
@@ -190,6 +208,32 @@ with ActorRegistry._actor_refs_lock:
         ActorRegistry._actor_refs = _RegistryRefs(ActorRegistry._actor_refs)  # type: ignore[assignment]
 
 
+def defer(wake: Callable[[], None]) -> bool:
+    """On a pool worker: call `wake` (once, however often it is deferred) after this worker's run of
+    turns: when its queue is empty, before it blocks, or after DEFER_TURNS turns. False off the
+    workers (the caller calls it itself). For the reactor's wake-up (a write to its socket, which
+    wakes its thread: actors/runtime.py): cancelling 3,000 jobs, each lease's delete woke the reactor
+    on its own, a system call and a thread switch each, 28 % of the worker's time (item 37); now a
+    run of turns wakes it once."""
+    deferred: dict[Callable[[], None], None] | None = getattr(_local, "deferred", None)
+    if deferred is None:
+        return False
+    deferred[wake] = None
+    return True
+
+
+def _flush_deferred() -> None:
+    deferred: dict[Callable[[], None], None] | None = getattr(_local, "deferred", None)
+    if not deferred:
+        return
+    _local.deferred, _local.deferred_turns = {}, 0
+    for wake in deferred:
+        try:
+            wake()
+        except Exception as exc:  # the worker must live on
+            logger.error("a deferred wake-up failed: {}", exc)
+
+
 @contextlib.contextmanager
 def blocking() -> Iterator[None]:
     """Wrap a wait that may be long; a no-op off the pool's workers."""
@@ -226,7 +270,7 @@ class _Inbox:
             if wake:
                 self.scheduled = True
         if wake:
-            self._actor.pool.schedule(self._actor)
+            self._actor.pool.schedule(self._actor, getattr(envelope.message, "urgent", False))
 
     def get(self) -> Envelope[Any]:
         with self._lock:
@@ -353,5 +397,5 @@ class PooledActor(pykka.Actor):
             ActorRegistry.stop_all()
 
 
-__all__ = ["POOL", "ActorDeadError", "ActorPool", "PooledActor", "blocking"]
+__all__ = ["POOL", "ActorDeadError", "ActorPool", "PooledActor", "blocking", "defer"]
 _ = _ActorStop

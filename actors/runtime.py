@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import itertools
 import threading
@@ -29,7 +30,7 @@ import trio
 import trio_asyncio
 
 from actor_run.actors.flag import Flag
-from actor_run.actors.pool import blocking
+from actor_run.actors.pool import blocking, defer
 from actor_run.protocols.failures import CallCancelled
 
 T = TypeVar("T")
@@ -157,11 +158,29 @@ class Reactor:
         self._pending.append(fn)
         if not self._draining:
             self._draining = True
-            try:
-                self._token.run_sync_soon(self._drain)
-            except trio.RunFinishedError as exc:
-                self._draining = False  # no drain was scheduled: the next call must raise too, not wait
-                raise CallCancelled("the reactor has stopped") from exc
+            # from an actor's turn the wake-up waits for the end of the worker's run of turns
+            # (actors/pool.py `defer`): a burst of spawns wakes the reactor once, not once each
+            if self._nursery is None or not defer(self._wake_deferred):
+                self._wake()
+
+    def _wake(self) -> None:
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(self._drain)
+        except trio.RunFinishedError as exc:
+            self._draining = False  # no drain was scheduled: the next call must raise too, not wait
+            raise CallCancelled("the reactor has stopped") from exc
+
+    def _wake_deferred(self) -> None:
+        """A pool worker's put-off wake-up. If the run ended meanwhile, what was queued runs here, as
+        it would have on a stopping reactor (a spawn's task ends `CallCancelled`)."""
+        try:
+            self._wake()
+        except CallCancelled:
+            pending = self._pending
+            while pending:
+                with contextlib.suppress(Exception):
+                    pending.popleft()()
 
     def _drain(self) -> None:
         # clear the flag first: a callback appended after the last popleft() schedules a new drain

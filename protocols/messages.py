@@ -9,7 +9,7 @@ failed step carries its failure code as the plain string field `failure` (`"job_
 from __future__ import annotations
 
 import time
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import msgspec
 
@@ -17,7 +17,11 @@ from actor_run.protocols.failures import Code
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Base of every message."""
+    """Base of every message. `urgent` (a class's, not a field): the actor that gets one is put at
+    the front of the actor pool's queue of turns (actors/pool.py), ahead of routine turns: the
+    commands on the way to deleting a machine (`Cancel`, `Release`)."""
+
+    urgent: ClassVar[bool] = False
 
 
 class JobHead(TypedDict):
@@ -320,6 +324,8 @@ class Fetch(Message, frozen=True, kw_only=True):
 class Release(Message, frozen=True, kw_only=True):
     """Delete the machine now and say `Released` when the provider confirms it is gone."""
 
+    urgent: ClassVar[bool] = True
+
 
 class Watch(Message, frozen=True, kw_only=True):
     machine: str
@@ -341,6 +347,7 @@ class StopMeter(Message, frozen=True, kw_only=True):
 
 
 class Cancel(Message, frozen=True, kw_only=True):
+    urgent: ClassVar[bool] = True
     failure: Code = Code.CANCELED
     detail: str = ""
 

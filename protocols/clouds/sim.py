@@ -33,6 +33,8 @@ behind exactly as at a real provider, and two controllers share one sim cloud::
     machines/<name>.json  one per machine the provider holds: the Machine fields, `state`
                           (running | preempted), `preempt_at`, `virtual`, `broken`
     held.json             machines held per "region/gpu": stock left is stock - held
+    changes               how many times an existing record was replaced or removed (8 bytes): the
+                          machines' guards look at their records again only when it moved
     billing.jsonl         one line per deleted machine (`Billing`), naming the account it bills
     sandboxes/<name>/     a real machine's root (mode 0700), as in the local cloud
     fail_deletes          while this file exists every delete raises `DeleteUnconfirmed`
@@ -177,7 +179,8 @@ class SimCloud:
         self._sizes: dict[str, int] = {}  # digest -> bytes, for virtual publishing
         # creates and deletes that come while one batch is in the store go together in the next
         self._creates = Batch(self._store.create_many)
-        self._deletes = Batch(self._store.delete_many)
+        # a delete is confirmed `delete_latency_s` after it was asked for: one timer per batch
+        self._deletes = Batch(self._store.delete_many, delay_s=settings.delete_latency_s)
         self._fetch_writes = Batch(write_files)  # what virtual machines' fetches write locally
         self._fresh: dict[str, tuple[SimRecord, StatKey]] = {}  # made by launch, not yet connected
 
@@ -282,8 +285,8 @@ class SimCloud:
 
     async def delete(self, name: str, machine_id: str = "") -> None:
         asked = time.time()  # the bill stops at the request; the latency is the wait for its confirmation
-        await trio.sleep(self.settings.delete_latency_s)
-        await self._deletes((name, asked))  # raises the DeleteUnconfirmed delete_many answered
+        # after delete_latency_s (the batch's delay); raises the DeleteUnconfirmed delete_many answered
+        await self._deletes((name, asked))
         self._virtual.pop(name, None)
         self._fresh.pop(name, None)
 

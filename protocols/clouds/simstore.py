@@ -62,38 +62,46 @@ _held_decoder = msgspec.json.Decoder(dict[str, int])
 _tmp_ids = itertools.count()  # with the pid, names a record being written (uuid4 is a system call)
 
 
-FOLDER_LOOK_S = 0.05  # guards share one look at the machines folder for this long
-FOLDER_RACY_NS = 50_000_000  # a folder stamp younger than this may hide a change made in its clock tick
+FOLDER_LOOK_S = 0.05  # guards share one look at the folder's change count for this long
 StatKey = tuple[int, int, int]  # (inode, mtime_ns, size) of a record file
+_COUNT = 8  # bytes of the `changes` file: a little-endian count
 
 
 class _FolderLook:
-    """One process's last look at a machines folder (SimStore.folder_stamp)."""
+    """One process's last look at a sim folder's count of changes to existing records
+    (SimStore.changes)."""
 
-    __slots__ = ("_stamp", "looked", "path")
+    __slots__ = ("_count", "looked", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.looked = -FOLDER_LOOK_S  # time.monotonic() of the last look
-        self._stamp: int | None = None
+        self._count = 0
 
-    def stamp(self) -> int | None:
+    def count(self) -> int:
         now = time.monotonic()
         if now - self.looked >= FOLDER_LOOK_S:
             self.looked = now
-            try:
-                mtime: int | None = os.stat(self.path).st_mtime_ns
-            except FileNotFoundError:
-                mtime = None
-            self._stamp = mtime if mtime is not None and time.time_ns() - mtime > FOLDER_RACY_NS else None
-        return self._stamp
+            self._count = _read_count(self.path)
+        return self._count
 
     def moved(self) -> None:
-        """This process changed the folder: the next stamp is a fresh look."""
+        """This process changed a record: the next count is a fresh look."""
         self.looked = -FOLDER_LOOK_S
 
 
-_LOOKS: dict[str, _FolderLook] = {}  # by machines folder: shared by the stores of this process
+def _read_count(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        return int.from_bytes(os.pread(fd, _COUNT, 0), "little")
+    finally:
+        os.close(fd)
+
+
+_LOOKS: dict[str, _FolderLook] = {}  # by `changes` file: shared by the stores of this process
 
 
 def place_key(region: str, gpu: str) -> str:
@@ -122,7 +130,8 @@ class SimStore:
         self.machines.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._mutex = threading.Lock()  # this process's threads queue here, not all on the flock
         self._lock_fd: int | None = None  # opened once: an open and a close per call cost more than the lock
-        self._look = _LOOKS.setdefault(os.fspath(self.machines), _FolderLook(os.fspath(self.machines)))
+        changes = os.fspath(root / "changes")
+        self._look = _LOOKS.setdefault(changes, _FolderLook(changes))
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -145,15 +154,26 @@ class SimStore:
     def path(self, name: str) -> Path:
         return self.machines / f"{name}.json"
 
-    def folder_stamp(self) -> int | None:
-        """The machines folder's modification time (ns), or None while it is too recent to vouch
-        for anything. Every create, replace (preempt) or delete of a record, by any process, renames
-        or removes an entry there and so moves it; a change within the same clock tick as the one
-        before may not (the kernel's coarse clock), so a stamp younger than `FOLDER_RACY_NS` is not
-        one (git's "racily clean" rule). One look at the folder serves every store of this process
-        for `FOLDER_LOOK_S`; a change made through any of them is seen at the next call, one made
-        by another process within `FOLDER_LOOK_S`. On the reactor thread."""
-        return self._look.stamp()
+    def changes(self) -> int:
+        """How many times a record that existed was replaced (a preemption) or removed (a delete),
+        by any process: the `changes` file, bumped under the lock by each such change. A create
+        adds a record and changes none, so a burst of launches leaves it as it is (the folder's
+        mtime, what guards compared before, moved with every create: in a start burst every guard
+        `stat`ed its record at every poll). One look serves every store of this process for
+        `FOLDER_LOOK_S`; a change made through any of them is seen at the next call, one made by
+        another process within `FOLDER_LOOK_S`. A count, not a time: no clock tick can hide a
+        change. On the reactor thread."""
+        return self._look.count()
+
+    def _bump(self) -> None:
+        """Under the lock: one more change to an existing record (`changes`)."""
+        fd = os.open(self.root / "changes", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            count = int.from_bytes(os.pread(fd, _COUNT, 0), "little")
+            os.pwrite(fd, (count + 1).to_bytes(_COUNT, "little"), 0)
+        finally:
+            os.close(fd)
+        self._look.moved()
 
     def read(self, name: str) -> SimRecord | None:
         if not SAFE_NAME.fullmatch(name):
@@ -162,6 +182,25 @@ class SimStore:
             return _record_decoder.decode(self.path(name).read_bytes())
         except FileNotFoundError:
             return None
+
+    def _read_raw(self, name: str) -> SimRecord | None:
+        """`read` in three system calls (open, read, close) where a file object takes five or six:
+        a thousand deletes in one batch, each call a moment the GIL is let go (a name already
+        checked against SAFE_NAME)."""
+        try:
+            fd = os.open(self.path(name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.read(fd, 1 << 16)
+            while len(data) % (1 << 16) == 0 and data:  # a record is a few hundred bytes; any size is read whole
+                more = os.read(fd, 1 << 16)
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
+        return _record_decoder.decode(data)
 
     def records(self) -> list[SimRecord]:
         out = []
@@ -246,7 +285,6 @@ class SimStore:
             for tmp in tmps:
                 if tmp not in placed:  # the others were renamed into place
                     tmp.unlink(missing_ok=True)
-            self._look.moved()
         return out
 
     def _admit(self, rec: SimRecord, stock: int, fate: Fate, held: dict[str, int],
@@ -269,13 +307,14 @@ class SimStore:
         if (self.root / "fail_deletes").exists():
             return [DeleteUnconfirmed("sim: the provider refused the delete (injected)") for _ in items]
         out: list[DeleteUnconfirmed | None] = []
-        with self.locked(), open(self.root / "billing.jsonl", "ab", buffering=0) as bills:
+        bills: list[bytes] = []
+        with self.locked():
             held, changed = self._held_locked(), False
             for name, now in items:
                 if not SAFE_NAME.fullmatch(name):
                     out.append(None)  # no machine can have this name
                     continue
-                rec = self.read(name)
+                rec = self._read_raw(name)
                 # a virtual machine has no sandbox: its record is all there is (a stat or three
                 # fewer per machine; each lets go of the GIL, and a thousand deletes come at once)
                 sandbox = None if rec is not None and rec.virtual else self.sandboxes / name
@@ -287,20 +326,22 @@ class SimStore:
                         continue
                 if rec is not None:
                     self.path(name).unlink()  # under the lock: gone once this returns
-                    self._look.moved()  # the machine's guards see it gone at their next call
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
                     changed = True
-                    bills.write(msgspec.json.encode(_bill(rec, now)) + b"\n")
+                    bills.append(msgspec.json.encode(_bill(rec, now)) + b"\n")
                 if sandbox is not None and sandbox.exists():
                     # after the record: a call that passed its guard before may still write here
                     with contextlib.suppress(OSError):  # then what it wrote is left: "still there", retried
                         remove_tree(sandbox)
                 left = sandbox is not None and sandbox.exists()
                 out.append(DeleteUnconfirmed(f"sim: {name} is still there") if left else None)
+            if bills:  # one write for the batch, before the lock is let go (a line per machine cost a system call each)
+                with open(self.root / "billing.jsonl", "ab", buffering=0) as f:
+                    f.write(b"".join(bills))
             if changed:
                 self._save_held(held)
-                self._look.moved()
+                self._bump()  # after the unlinks: a guard that looked before them looks again
         return out
 
     def preempt(self, name: str, now: float) -> None:
@@ -312,7 +353,7 @@ class SimStore:
                 at = now if rec.preempt_at is None else min(now, rec.preempt_at)
                 self._write(self.path(name), msgspec.json.encode(
                     msgspec.structs.replace(rec, state="preempted", preempt_at=at)))
-                self._look.moved()
+                self._bump()
         sandbox = self.sandboxes / name
         if sandbox.exists():
             stop_processes_under(sandbox)

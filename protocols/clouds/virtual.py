@@ -2,9 +2,9 @@
 
 Every call to a sim machine first awaits its `MachineGuard`, which raises `MachineGone` once the
 provider deleted or preempted the machine (a small read when the record changed; a preemption
-also stops the machine's processes). While the provider's folder of records has not changed (one
-`stat` of it shared by every guard, at most every `FOLDER_LOOK_S`), a guard takes its record as
-it was; otherwise it `stat`s its own record. A real sim machine is a sandbox whose
+also stops the machine's processes). While the provider's count of changes to existing records
+has not moved (one read of it shared by every guard, at most every `FOLDER_LOOK_S`; creates do not
+move it), a guard takes its record as it was; otherwise it `stat`s its own record. A real sim machine is a sandbox whose
 host is a `SimHost`: `LocalHost` behind the guard, under a `ShellWorkspace`.
 
 A virtual machine (`virtual = true`) only pretends to run, in memory: `VirtualWorkspace`. No
@@ -52,17 +52,18 @@ class Provider(Protocol):
     def path(self, name: str) -> Path: ...
     def read(self, name: str) -> Held | None: ...
     def preempt(self, name: str, now: float) -> None: ...
-    def folder_stamp(self) -> int | None: ...  # see SimStore.folder_stamp
+    def changes(self) -> int: ...  # see SimStore.changes
 
 
 class MachineGuard:
     """Raises `MachineGone` once the provider deleted or preempted the machine.
 
-    Awaited before every call to the machine. While the provider's folder of records keeps the
-    stamp it had when this guard last looked at its own record, nothing in it was made, replaced or
+    Awaited before every call to the machine. While the provider's count of changes to existing
+    records is what it was when this guard last looked at its own record, no record was replaced or
     removed since: no system call. Otherwise one `stat` of the record, and a read if it changed.
     (A `stat` per call cost 20,000 system calls a second at 10,000 jobs polled every 0.5 s, each
-    one a wait for the GIL when another thread computes: bench/RESULTS.md.)
+    one a wait for the GIL when another thread computes; and while the folder's mtime was the
+    sign, every create of a start burst moved it: bench/RESULTS.md.)
     """
 
     def __init__(self, provider: Provider, name: str, rec: Held, key: tuple[int, int, int] | None = None) -> None:
@@ -72,7 +73,7 @@ class MachineGuard:
         self._rec = rec
         self._path = os.fspath(provider.path(name))  # a str: pathlib per call cost more than the stat
         self._key = key if key is not None else self._stat_key()
-        self._stamp: int | None = None  # the folder's stamp when the record was last looked at
+        self._stamp: int | None = None  # the provider's change count when the record was last looked at
         self._gone = ""
         self._gone_at: float | None = None  # preempted: when the provider took it
 
@@ -87,8 +88,8 @@ class MachineGuard:
         if self._gone:
             raise MachineGone(self._gone, at=self._gone_at)
         name = self._name
-        stamp = self._provider.folder_stamp()  # before the record's stat: a change after it moves the stamp
-        if stamp is None or stamp != self._stamp:
+        stamp = self._provider.changes()  # before the record's stat: a change after it moves the count
+        if stamp != self._stamp:
             key = self._stat_key()
             if key != self._key:
                 rec = self._provider.read(name) if key is not None else None

@@ -14,7 +14,7 @@ import pykka
 import pytest
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, wait_actors_stopped, wait_until
 
-from actor_run.actors import AttemptActor, Context, HeartbeatActor, LeaseActor, TransferActor
+from actor_run.actors import AttemptActor, Context, CostMeterActor, HeartbeatActor, LeaseActor, TransferActor
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, billing, sim_machines
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
@@ -338,3 +338,34 @@ def test_a_sim_sandbox_attempt_succeeds_and_cleans_up(
     assert sim_machines(sim.dir) == []
     wait_until(lambda: processes_naming(sim.dir / "sandboxes") == [], what="no process left in the sandboxes")
 
+
+
+def test_a_cancelled_attempts_watchers_are_silent_while_its_delete_is_out_and_stop_after(
+    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox,
+) -> None:
+    """At the release the heartbeat's polls and the meter's figures stop at once (one flag), but
+    their actors stop only with `Released`: their stops (trio cancels on the reactor) come after
+    the delete, not ahead of it (ten thousand cancelled at once: bench/RESULTS.md, item 40)."""
+    ctx = make_context(sim=SimSettings(launch_latency_s=0.01, delete_latency_s=1.0, virtual=True,
+                                       virtual_job_s=60.0))
+    attempt = run_attempt(job("x"), offer=SIM, context=ctx)
+    emitted.wait_for(JobStarted)
+    emitted.wait_for(Metered)
+    watchers = [r for r in pykka.ActorRegistry.get_all() if r.actor_class in (HeartbeatActor, CostMeterActor)]
+    assert len(watchers) == 2
+    asked = time.monotonic()
+    cancelled_at = time.time()
+    attempt.tell(Cancel())
+    alive_during_delete = False
+    for _ in range(2000):  # bounded: until Released (the delete takes 1 s)
+        if emitted.of(Released):
+            break
+        if time.monotonic() - asked >= 0.3 and all(r.is_alive() for r in watchers):
+            alive_during_delete = True
+        time.sleep(0.01)
+    assert emitted.of(Released)
+    assert alive_during_delete  # still there 0.3 s into the 1 s delete
+    end = ended(probe, attempt)  # and stopped with the attempt
+    assert end.failure == Code.CANCELED
+    assert all(not r.is_alive() for r in watchers)
+    assert [m for m in emitted.of(Metered) if m.t > cancelled_at] == []

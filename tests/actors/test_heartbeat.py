@@ -16,6 +16,7 @@ import pytest
 from actor_kit import SIM, Machines, Mailbox, ProbeHandle, fast_sim, wait_until
 
 from actor_run.actors import Context, HeartbeatActor
+from actor_run.actors.flag import Flag
 from actor_run.protocols.clouds.sim import SimCloud, preempt_machine
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
@@ -38,10 +39,12 @@ def watch(ctx: Context, probe: ProbeHandle, log_path: Path) -> Iterator[Callable
 
     def make(machine: str, work: str, pid: int, *, context: Context | None = None,
              setup_grace_s: float = 30.0, stall_after_s: float = 30.0, timeout_s: float = 60.0,
-             launched_at: float | None = None, reattached: bool = False, poll_s: float = 0.1) -> pykka.ActorRef[Any]:
+             launched_at: float | None = None, reattached: bool = False, poll_s: float = 0.1,
+             polls_off: Flag | None = None) -> pykka.ActorRef[Any]:
         ref = HeartbeatActor.start(
             context or ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=poll_s, setup_grace_s=setup_grace_s,
             stall_after_s=stall_after_s, lost_after_s=5.0, timeout_s=timeout_s, log_path=log_path,
+            polls_off=polls_off,
         )
         started.append(ref)
         ref.tell(Watch(machine=machine, work=work, pid=pid, launched_at=launched_at or time.time(),
@@ -287,5 +290,30 @@ def test_a_stopped_heartbeat_polls_no_more_and_its_loop_ends(
         wait_until(lambda: ctx.reactor.statistics().tasks_running == before, 5)
         written = alive.stat().st_mtime_ns
         time.sleep(0.5)  # five poll periods
+        assert alive.stat().st_mtime_ns == written
+        assert not probe.box.of(Stalled)
+
+
+def test_the_attempts_switch_ends_the_poll_loop_before_the_heartbeat_is_stopped(
+    machines: Machines, probe: ProbeHandle, watch: Any, ctx: Context,
+) -> None:
+    """The attempt sets `polls_off` as its release begins: the loop ends at its next beat while the
+    actor still lives (its stop comes later: ten thousand of them after the deletes), so a cancel of
+    every job does not keep the reactor polling machines that are being deleted."""
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        before = ctx.reactor.statistics().tasks_running
+        off = Flag()
+        ref = watch(machine.name, work, pid, poll_s=0.1, polls_off=off)
+        alive = Path(work) / "alive"
+        wait_until(lambda: ctx.reactor.statistics().tasks_running == before + 2, 10)  # the loop, the exit hint
+        first = alive.stat().st_mtime_ns
+        wait_until(lambda: alive.stat().st_mtime_ns != first, 10, "a poll")
+        off.set()
+        wait_until(lambda: ctx.reactor.statistics().tasks_running == before + 1, 5, "the loop's end")
+        assert ref.is_alive()
+        written = alive.stat().st_mtime_ns
+        ref.stop()  # the exit hint's task is cancelled by the stop, as before
+        wait_until(lambda: ctx.reactor.statistics().tasks_running == before, 5)
         assert alive.stat().st_mtime_ns == written
         assert not probe.box.of(Stalled)

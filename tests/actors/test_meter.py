@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actor_run.actors import Context, CostMeterActor, usage_between
+from actor_run.actors.flag import Flag
 from actor_run.protocols.messages import ChildFailed, Machine, Metered, StartMeter, StopMeter, Usage
 
 T0 = 1_700_000_000.0
@@ -90,8 +91,8 @@ def test_usage_examples() -> None:
 # --- the actor -------------------------------------------------------------------------------------
 
 
-def start_meter(ctx: Context, probe: ProbeHandle, job: str = "t") -> pykka.ActorRef[Any]:
-    return CostMeterActor.start(ctx, probe.ref, job=job, seed=1, attempt=0)
+def start_meter(ctx: Context, probe: ProbeHandle, job: str = "t", ending: Flag | None = None) -> pykka.ActorRef[Any]:
+    return CostMeterActor.start(ctx, probe.ref, job=job, seed=1, attempt=0, ending=ending)
 
 
 def stop_meter(meter: pykka.ActorRef[Any], at: float, *, confirmed: bool) -> Usage:
@@ -173,6 +174,30 @@ def test_no_metered_after_stop_meter(ctx: Context, probe: ProbeHandle, emitted: 
         emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
         emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
         assert [m.t for m in emitted.of(Metered) if m.job == "stopped" and m.t >= stopped_at] == []
+    finally:
+        priced.stop()
+        sentinel.stop()
+
+
+def test_no_metered_once_the_attempt_is_ending_before_the_meter_is_stopped(
+    ctx: Context, probe: ProbeHandle, emitted: Mailbox,
+) -> None:
+    """The attempt sets its `ending` flag as its release begins (the Release is urgent and may reach
+    the lease before the meter's stop has its turn): from then on no live figure, though the meter
+    still runs."""
+    ending = Flag()
+    priced, sentinel = start_meter(ctx, probe, "ending", ending), start_meter(ctx, probe, "sentinel")
+    try:
+        at = time.time()
+        priced.tell(StartMeter(machine=machine(3600.0, at + 3600, "ending"), at=at))
+        emitted.wait_for(Metered, where=lambda m: m.job == "ending")
+        ending.set()
+        ended_at = time.time()
+        sentinel.tell(StartMeter(machine=machine(3600.0, at + 3600, "sentinel"), at=time.time()))
+        emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
+        emitted.wait_for(Metered, where=lambda m: m.job == "sentinel")
+        assert priced.is_alive()
+        assert [m.usd for m in emitted.of(Metered) if m.job == "ending" and m.t >= ended_at] == []
     finally:
         priced.stop()
         sentinel.stop()

@@ -1,5 +1,6 @@
 """The actor pool (actors/pool.py): a tell put off until idle goes out once no turn waits, and is
-never put off for more than LATER_EVERY turns."""
+never put off for more than LATER_EVERY turns; an urgent message's turn goes first; a reactor
+wake-up put off by a turn goes out before its worker blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 import pykka
 
 from actor_run.actors.flag import Flag
-from actor_run.actors.pool import LATER_EVERY, POOL, PooledActor
+from actor_run.actors.pool import LATER_EVERY, POOL, PooledActor, blocking
+from actor_run.actors.runtime import Reactor
+from actor_run.protocols.messages import Cancel
 
 
 class Player(PooledActor):
@@ -70,3 +73,83 @@ def test_a_tell_put_off_until_idle_goes_out_within_later_every_turns_under_load(
     at = log.index("later")
     assert at < len(log) - 1  # the rally was still on
     assert at <= LATER_EVERY + 2  # not put off for more than LATER_EVERY turns
+
+
+class Recorder(PooledActor):
+    """Notes each message it handles in a log shared with the others."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        super().__init__()
+        self.log, self.name = log, name
+
+    def on_receive(self, message: Any) -> Any:
+        self.log.append(f"{self.name}:{type(message).__name__}")
+        return None
+
+
+class Kicker(PooledActor):
+    """In one turn: a routine message to each of `routine`, then an urgent one to `urgent`."""
+
+    def __init__(self, routine: list[pykka.ActorRef[Any]], urgent: pykka.ActorRef[Any], done: Flag) -> None:
+        super().__init__()
+        self.routine, self.urgent, self.done = routine, urgent, done
+
+    def on_receive(self, message: Any) -> Any:
+        for ref in self.routine:
+            ref.tell("routine")
+        self.urgent.tell(Cancel())
+        self.done.set()
+        return None
+
+
+def test_an_urgent_message_is_handled_before_the_routine_turns_queued_before_it() -> None:
+    """A `Cancel` (or `Release`: `Message.urgent`) puts its actor's turn at the front of the pool's
+    queue: cancelling thousands of running jobs, each step on the way to a delete no longer waits
+    behind every poll report and stop queued before it."""
+    log: list[str] = []
+    routine = [Recorder.start(log, f"r{i}") for i in range(50)]
+    urgent = Recorder.start(log, "u")
+    done = Flag()
+    kicker = Kicker.start(routine, urgent, done)
+    try:
+        for ref in [*routine, urgent]:  # each has had its first turn (on_start): idle now
+            ref.ask("ready", timeout=10)
+        log.clear()
+        kicker.tell("go")
+        assert done.wait(10)
+        for _ in range(1000):  # bounded: until all 51 turns ran
+            if len(log) == 51:
+                break
+            done.wait(0.01)
+        assert len(log) == 51
+        assert log[0] == "u:Cancel"  # told last, handled first
+        assert sorted(log[1:]) == sorted(f"r{i}:str" for i in range(50))
+    finally:
+        for ref in [*routine, urgent, kicker]:
+            ref.stop()
+
+
+class Spawner(PooledActor):
+    """Spawns a reactor task and waits for it in the same turn (inside `blocking()`)."""
+
+    def __init__(self, reactor: Reactor) -> None:
+        super().__init__()
+        self.reactor = reactor
+
+    def on_receive(self, message: Any) -> Any:
+        async def quick() -> int:
+            return 7
+
+        task = self.reactor.spawn(quick)
+        with blocking():  # the reactor's wake-up, put off to the end of the worker's turns, goes out here
+            return task.wait_finished(10)
+
+
+def test_a_wake_up_put_off_by_a_turn_goes_out_before_the_worker_blocks() -> None:
+    reactor = Reactor().start()
+    spawner = Spawner.start(reactor)
+    try:
+        assert spawner.ask("go", timeout=20) is True
+    finally:
+        spawner.stop()
+        reactor.stop()

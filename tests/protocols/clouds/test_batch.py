@@ -1,8 +1,10 @@
 """Batch: concurrent calls share thread hops, each caller gets its own answer, and a cancelled
-caller's item still runs to the end before the cancel is raised."""
+caller's item still runs to the end before the cancel is raised (or, still waiting its delay, is
+taken back)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -81,3 +83,47 @@ def test_the_batch_failing_as_a_whole_reaches_every_caller() -> None:
 
     trio.run(main)
 
+
+
+def test_items_wait_their_delay_on_one_timer_and_go_together() -> None:
+    """`delay_s` (the sim's delete latency): each item goes into a batch that long after it was asked
+    for, never sooner, and items asked for together go together (a timer per batch, not a sleep per
+    caller)."""
+    rec = Recorder()
+    waited: list[float] = []
+
+    async def main() -> None:
+        batch = Batch(rec.run_many, delay_s=0.2)
+
+        async def call(i: int) -> None:
+            asked = trio.current_time()
+            with contextlib.suppress(ValueError):
+                await batch(i)
+            waited.append(trio.current_time() - asked)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(call, i)
+
+    trio.run(main)
+    assert sorted(rec.done) == list(range(100))
+    assert len(rec.batches) <= 3  # due within microseconds of each other: the first timer finds most due
+    assert min(waited) >= 0.2
+
+
+def test_a_caller_cancelled_while_its_item_waits_takes_it_back() -> None:
+    """Cancelled before its delay ran out, the item never goes (the provider was never asked); the
+    other items go as planned."""
+    rec = Recorder()
+
+    async def main() -> None:
+        batch = Batch(rec.run_many, delay_s=0.3)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(batch, 2)
+            with trio.move_on_after(0.05) as scope:
+                await batch(4)
+            assert scope.cancelled_caught
+        assert rec.done == [2]
+
+    trio.run(main)

@@ -30,6 +30,7 @@ from actor_run.protocols.clouds.sim import (
     set_fail_deletes,
     sim_machines,
 )
+from actor_run.protocols.clouds.simstore import FOLDER_LOOK_S
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -594,9 +595,9 @@ def test_machines_are_plain_machines(tmp_path: Path) -> None:
 
 
 def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While the machines folder is unchanged (and old enough to vouch for it), a poll makes no
-    system call on its machine's record: 10,000 jobs polled every 0.5 s made 20,000 `stat`s a
-    second. A change by anyone (here another store deletes the machine) is still seen."""
+    """While no record was replaced or removed, a poll makes no system call on its machine's record:
+    10,000 jobs polled every 0.5 s made 20,000 `stat`s a second. A change by anyone (here another
+    store deletes the machine) is still seen."""
     cloud = make(tmp_path, virtual=True, virtual_job_s=100.0)
     record_stats: list[str] = []
     real_stat = os.stat
@@ -609,8 +610,6 @@ def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatc
     async def main() -> None:
         m = await cloud.launch(place(), "m-1", 0)
         try:
-            old = time.time_ns() - 10**9  # the folder's last change a second ago: past the racy window
-            os.utime(cloud.dir / "machines", ns=(old, old))
             ws = await cloud.connect(m)  # its first call looks at the record against the folder's stamp
             work = ws.work_dir("j", 0, 0)
             pid = await ws.start(job(work))
@@ -626,9 +625,55 @@ def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatc
                     except MachineGone:
                         break
                     await trio.sleep(0.01)
-            assert record_stats  # the moved folder sent the guard back to its record
+            assert record_stats  # the moved count sent the guard back to its record
         finally:
             monkeypatch.undo()
             await cleanup(cloud, m.name)
+
+    run(main)
+
+
+def test_a_burst_of_creates_costs_the_guards_no_look_at_their_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Launches add records and change none: a machine polled while 50 others are made (a start
+    burst) makes no system call on its record (the folder's mtime, the old sign, moved with each
+    create, and every guard `stat`ed its record at every poll of the burst). A preemption by another
+    store, a change to an existing record, is seen."""
+    cloud = make(tmp_path, virtual=True, virtual_job_s=100.0,
+                 regions=[SimRegion(name="us-east", gpus={"A100": SimGpu(stock=60, hourly_usd=1.8)})])
+    record_stats: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        if str(path).endswith(".json"):
+            record_stats.append(str(path))
+        return real_stat(path, *args, **kw)
+
+    async def main() -> None:
+        m = await cloud.launch(place(), "m-0", 0)
+        others: list[str] = []
+        try:
+            ws = await cloud.connect(m)
+            work = ws.work_dir("j", 0, 0)
+            pid = await ws.start(job(work))
+            monkeypatch.setattr(os, "stat", counting_stat)
+            for i in range(1, 51):
+                others.append((await cloud.launch(place(), f"m-{i}", 0)).name)
+                assert (await ws.poll(work, pid, 0, 0)).state == "running"
+                await trio.sleep(FOLDER_LOOK_S / 5)  # the shared look is renewed now and then meanwhile
+            assert [p for p in record_stats if p.endswith("/m-0.json")] == []
+            preempt_machine(cloud.dir, m.name)  # another store: a change to an existing record
+            with trio.fail_after(5):  # seen once the look is renewed
+                while True:
+                    try:
+                        await ws.poll(work, pid, 0, 0)
+                    except MachineGone:
+                        break
+                    await trio.sleep(0.01)
+        finally:
+            monkeypatch.undo()
+            for name in [m.name, *others]:
+                await cleanup(cloud, name)
 
     run(main)
