@@ -49,14 +49,20 @@ def _document(path: Path) -> dict[str, Any]:
 
 
 @functools.cache
+def document(path: Path) -> dict[str, Any]:
+    """A vendor's document, as read (shared: never change it)."""
+    return _document(path)
+
+
 def _openapi(path: Path, base_path: str) -> OpenAPI:
     """The vendor's document as is, with our loopback address added to its servers (nothing else);
-    loaded once per process (a big document takes seconds to check)."""
+    loaded once per process. The document itself is not checked here (a big one takes seconds, in
+    every test process): test_rented.py checks each once."""
     doc = copy.deepcopy(_document(path))
     loopback = {"url": "http://127.0.0.1:{port}" + base_path, "variables": {"port": {"default": "80"}}}
     doc["servers"] = [loopback, *doc.get("servers", [])]
     # RFC 9457 problem documents are JSON too (openapi-core knows only application/json by name)
-    config = Config(extra_media_type_deserializers={"application/problem+json": json.loads})
+    config = Config(extra_media_type_deserializers={"application/problem+json": json.loads}, spec_validator_cls=None)
     return OpenAPI.from_dict(doc, config=config)
 
 

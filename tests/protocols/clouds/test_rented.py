@@ -11,12 +11,21 @@ from typing import Any
 
 import pytest
 from fakes.keys import client_key
+from fakes.openapi_server import OPENAPI, document
 from fakes.providers import FAKES
+from openapi_spec_validator import validate
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.failures import Code, LaunchAmbiguous, LaunchRefused, MachineGone, SpecError
 from actor_run.protocols.specs import CandidateSpec
+
+
+@pytest.mark.parametrize("path", sorted(p for p in OPENAPI.iterdir() if p.suffix in (".json", ".yaml")), ids=str)
+def test_each_vendors_document_is_valid_openapi(path: Path) -> None:
+    """The documents the fakes are held to (the fakes skip this check: seconds each, in every
+    test process)."""
+    validate(document(path))
 
 
 @pytest.fixture(params=sorted(FAKES))
