@@ -46,17 +46,24 @@ def _machines(state_dir: Path) -> list[str]:
 
 
 def _processes_under(path: Path) -> list[str]:
-    marker = str(path)
+    """The live processes whose command line names `path` (read from /proc directly: this runs after
+    every test, over every process of the machine, and psutil's objects cost several times more)."""
+    marker = str(path).encode()
     out = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if marker in cmd and proc.pid != os.getpid():
-                out.append(f"{proc.pid}: {cmd[:160]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
             continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            if marker not in cmd:
+                continue
+            if psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:  # a zombie's cmdline is empty anyway
+                continue
+        except (OSError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        line = cmd.replace(b"\0", b" ").decode(errors="replace")
+        out.append(f"{pid}: {line[:160]}")
     return out
 
 
