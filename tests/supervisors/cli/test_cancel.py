@@ -11,18 +11,17 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
+from waits import poll
 
 from actor_run.supervisors.ledger import LedgerReader
 
 CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
-T = TypeVar("T")
 
 # each seed holds until the test opens the gate (bounded: 120 s), then succeeds
 BATCH = """\
@@ -38,15 +37,6 @@ poll_s = 0.1
 max_attempts = 1
 """
 
-
-def poll(check: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll the ledger a subprocess writes, bounded."""
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def read(ledger: str | Path, what: str) -> list[Any]:

@@ -13,13 +13,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from process_kit import sleeping
+from waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
@@ -225,15 +225,6 @@ def under(path: Path) -> list[str]:
             continue
     return found
 
-
-def poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll an outside condition (the ledger a subprocess writes), bounded."""
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 class Lines:

@@ -10,10 +10,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waits import poll
 
 CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1"}
@@ -24,15 +24,6 @@ JOB = (r"""sh -c 'for i in $(seq 1 20); do echo line-$i; sleep 0.05; done; """
        r"""for i in $(seq 1 2400); do [ -e \"$GATE\" ] && break; sleep 0.05; done; """
        rf"""for i in $(seq 21 {LINES}); do echo line-$i; sleep 0.02; done'""")
 
-
-def wait_for(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    """Poll a file a subprocess writes, bounded."""
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def logged(out: Path) -> Path | None:
@@ -54,7 +45,7 @@ def test_resume_after_kill_9_writes_the_reattached_attempts_log_once(
     proc = subprocess.Popen([*CLI, "run", str(batch), "--json", *common], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
     try:
-        log = wait_for(lambda: logged(tmp_path / "out"), 60, "the first lines in log.txt")
+        log = poll(lambda: logged(tmp_path / "out"), 60, "the first lines in log.txt")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -62,7 +53,7 @@ def test_resume_after_kill_9_writes_the_reattached_attempts_log_once(
     resume = subprocess.Popen([*CLI, "resume", *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=ENV, cwd=tmp_path)
     try:
-        wait_for(lambda: "taken over by controller" in log.read_text(), 60, "the takeover line")
+        poll(lambda: "taken over by controller" in log.read_text(), 60, "the takeover line")
         gate.touch()
         out, err = resume.communicate(timeout=120)
     finally:
@@ -102,14 +93,14 @@ def test_a_resumer_killed_while_it_watches_is_resumed_again_onto_the_same_attemp
     procs = [subprocess.Popen([*CLI, "run", str(batch), "--json", *common], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)]
     try:
-        log = wait_for(lambda: logged(tmp_path / "out"), 60, "the first lines in log.txt")
+        log = poll(lambda: logged(tmp_path / "out"), 60, "the first lines in log.txt")
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(30)  # reaped: a zombie's pid still looks alive to the resume
         procs.append(subprocess.Popen([*CLI, "resume", *common], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path))
-        wait_for(lambda: "taken over by controller" in log.read_text(), 60, "the first takeover line")
+        poll(lambda: "taken over by controller" in log.read_text(), 60, "the first takeover line")
         gate.touch()
-        wait_for(lambda: "line-10\n" in log.read_text(), 60, "line 10 in log.txt")
+        poll(lambda: "line-10\n" in log.read_text(), 60, "line 10 in log.txt")
         procs[1].send_signal(signal.SIGKILL)  # the resumer dies too, while it watches
         procs[1].wait(30)
     finally:

@@ -10,31 +10,20 @@ import select
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from fakes.batch_kit import env as key_env
 from fakes.batch_kit import write_batch
 from fakes.runpod import FakeRunPod
 from sshd import Sshd
+from waits import poll
 
 CLI = [sys.executable, "-m", "actor_run"]
-T = TypeVar("T")
 # as a TOML basic string: the job writes out/here.txt in its attempt's folder, then holds until the
 # gate (bounded: 120 s)
 HOLD = (r"""sh -c 'echo started > \"$ACTOR_RUN_OUT/here.txt\"; """
         r"""for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done'""")
 
-
-def poll(check: Callable[[], T], timeout: float, what: str) -> T:
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def work_of(ledger: Path, seed: int) -> str:
