@@ -594,18 +594,25 @@ def test_machines_are_plain_machines(tmp_path: Path) -> None:
     run(main)
 
 
+def stats_of_records() -> tuple[list[str], Callable[..., os.stat_result]]:
+    """An `os.stat` to patch in that notes each look at a machine's record (a .json), and the list."""
+    seen: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        if str(path).endswith(".json"):
+            seen.append(str(path))
+        return real_stat(path, *args, **kw)
+
+    return seen, counting_stat
+
+
 def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While no record was replaced or removed, a poll makes no system call on its machine's record:
     10,000 jobs polled every 0.5 s made 20,000 `stat`s a second. A change by anyone (here another
     store deletes the machine) is still seen."""
     cloud = make(tmp_path, virtual=True, virtual_job_s=100.0)
-    record_stats: list[str] = []
-    real_stat = os.stat
-
-    def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
-        if str(path).endswith(".json"):
-            record_stats.append(str(path))
-        return real_stat(path, *args, **kw)
+    record_stats, counting_stat = stats_of_records()
 
     async def main() -> None:
         m = await cloud.launch(place(), "m-1", 0)
@@ -642,13 +649,7 @@ def test_a_burst_of_creates_costs_the_guards_no_look_at_their_records(
     store, a change to an existing record, is seen."""
     cloud = make(tmp_path, virtual=True, virtual_job_s=100.0,
                  regions=[SimRegion(name="us-east", gpus={"A100": SimGpu(stock=60, hourly_usd=1.8)})])
-    record_stats: list[str] = []
-    real_stat = os.stat
-
-    def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
-        if str(path).endswith(".json"):
-            record_stats.append(str(path))
-        return real_stat(path, *args, **kw)
+    record_stats, counting_stat = stats_of_records()
 
     async def main() -> None:
         m = await cloud.launch(place(), "m-0", 0)
