@@ -7,22 +7,26 @@ so that no worker claims it and no resume takes it over.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actor_run.supervisors.ledger.db import open_backend
+from actor_run.supervisors.ledger.db import Conn, open_backend
 
 ENDED = ("succeeded", "failed")
 
 
-def _write(location: str | Path, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+@contextlib.contextmanager
+def _transaction(location: str | Path) -> Iterator[Conn]:
+    """One transaction on the ledger at `location`, committed if the block ends without raising
+    (closed uncommitted otherwise: nothing of it is kept)."""
     backend = open_backend(location)
     conn = backend.connect()
     try:
         conn.execute(backend.begin_sql())
-        for sql, args in statements:
-            conn.execute(sql, args)
+        yield conn
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -32,8 +36,9 @@ def _write(location: str | Path, statements: list[tuple[str, tuple[Any, ...]]]) 
 def request_cancels(location: str | Path, jobs: list[tuple[str, str]], detail: str) -> None:
     """Ask whoever runs each job (run, key) to cancel it."""
     now = time.time()
-    _write(location, [("INSERT INTO cancels (t, run, job, detail) VALUES (?,?,?,?)", (now, run, key, detail))
-                      for run, key in jobs])
+    with _transaction(location) as conn:
+        for run, key in jobs:
+            conn.execute("INSERT INTO cancels (t, run, job, detail) VALUES (?,?,?,?)", (now, run, key, detail))
 
 
 def end_unowned(location: str | Path, jobs: list[tuple[str, str, str, int, str, str | None]],
@@ -44,10 +49,7 @@ def end_unowned(location: str | Path, jobs: list[tuple[str, str, str, int, str, 
     resume, so the sweep deletes them (their owner is dead). Answers the (run, key) ended here."""
     now = time.time()
     ended: set[tuple[str, str]] = set()
-    backend = open_backend(location)
-    conn = backend.connect()
-    try:
-        conn.execute(backend.begin_sql())
+    with _transaction(location) as conn:
         for run, key, name, seed, state, owner in jobs:
             same = "owner IS NULL" if owner is None else "owner=?"
             cur = conn.execute("UPDATE jobs SET state='failed', failure='canceled', detail=?, updated=?"
@@ -58,10 +60,6 @@ def end_unowned(location: str | Path, jobs: list[tuple[str, str, str, int, str, 
             ended.add((run, key))
             conn.execute("UPDATE machines SET resumable=0 WHERE run=? AND job=? AND seed=? AND state='alive'",
                          (run, name, seed))
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-        backend.close()
     return ended
 
 
