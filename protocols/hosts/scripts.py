@@ -66,6 +66,25 @@ def discard(path: str) -> str:
     return f"[ -e {q(path)} ] || exit 0; chmod -R u+w {q(path)} 2>/dev/null; rm -rf {q(path)}\n"
 
 
+# How a pid is known to be our job's: its command line holds the attempt's tag (`$w/tag`, ASCII:
+# ps may print a folder's newline or non-ASCII name as `?`), or, started before tags, the folder.
+# Where /proc is (Linux), `running` reads the pid's state and command line there with the shell's
+# own `read` (the NULs between arguments are dropped and a `sh -c` script's lines joined, so the
+# tag is found as a substring, as in ps's output); elsewhere (macOS) it asks `ps`, which costs
+# about 8 ms of CPU a call on Linux, and the poll, the stop and the watchdog each ask.
+ALIVE = 'date +%s > "$w/alive.tmp" 2>/dev/null && mv -f "$w/alive.tmp" "$w/alive" 2>/dev/null\n'
+
+TAG = 'tag=; { read -r tag < "$w/tag"; } 2>/dev/null; tag=${tag:-$w}\n'
+
+RUNNING = TAG + r"""running_ps() { _r_s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
+  case "$_r_s" in Z*|"") return 1;; *"$tag"*) return 0;; esac; return 1; }
+running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
+  _r_s=; { read -r _r_s < "/proc/$1/stat"; } 2>/dev/null || return 1
+  case "${_r_s##*) }" in Z*|X*|"") return 1;; esac
+  _r_s=; { while IFS= read -r _r_l || [ -n "$_r_l" ]; do _r_s="$_r_s$_r_l "; _r_l=; done < "/proc/$1/cmdline"; } 2>/dev/null
+  case "$_r_s" in *"$tag"*) return 0;; esac; return 1; }
+"""
+
 # The host's backstop for a job its controller lost: every `every` seconds while the attempt's folder
 # exists, if no controller wrote `alive` for `lost` seconds and the job still runs, stop its process
 # group and remove the folder (its outputs are partial). A finished job keeps its folder `keep`
@@ -73,17 +92,13 @@ def discard(path: str) -> str:
 # tombstone beside it, `a<n>.lost` ("<last alive stamp> <lost_after>"): a sweep still reads there
 # that the controller went silent (`beats`).
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
-tag=$(cat "$w/tag" 2>/dev/null); tag=${tag:-$w}
-running() { s=$(ps -ww -p "$pid" -o stat= -o command= 2>/dev/null) || return 1
-  case "$s" in Z*|"") return 1;; esac
-  case "$s" in *"$tag"*) return 0;; esac; return 1; }
-while [ -d "$w" ]; do
+""" + RUNNING + r"""while [ -d "$w" ]; do
   sleep "$every"
   [ -d "$w" ] || exit 0
-  last=$(cat "$w/alive" 2>/dev/null)
+  last=; { read -r last < "$w/alive"; } 2>/dev/null
   case "$last" in ''|*[!0-9]*) continue;; esac
   age=$(( $(date +%s) - last ))
-  if running; then
+  if running "$pid"; then
     [ "$age" -gt "$lost" ] || continue
     kill -s TERM -- "-$pid" 2>/dev/null; sleep 2; kill -s KILL -- "-$pid" 2>/dev/null
   elif [ "$age" -le "$keep" ]; then
@@ -109,17 +124,6 @@ cd "$2" || exit 1
 ( set -- "$w/env" "$w/command" "$(command -v sh)"; . "$1" && exec "$3" "$2" ) >> "$w/log.txt" 2>&1 < /dev/null
 rc=$?
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
-"""
-
-# How a pid is known to be our job's: its command line holds the attempt's tag (`$w/tag`, ASCII:
-# ps may print a folder's newline or non-ASCII name as `?`), or, started before tags, the folder.
-TAG = 'tag=$(cat "$w/tag" 2>/dev/null); tag=${tag:-$w}\n'
-
-ALIVE = 'date +%s > "$w/alive.tmp" 2>/dev/null && mv -f "$w/alive.tmp" "$w/alive" 2>/dev/null\n'
-
-RUNNING = TAG + r"""running() { s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
-  case "$s" in Z*|"") return 1;; esac
-  case "$s" in *"$tag"*) return 0;; esac; return 1; }
 """
 
 
@@ -178,6 +182,14 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
     )
 
 
+# A file's size and modification time (`0 0` if it is missing), in one exec where `stat` has GNU's
+# (`-c`) or BSD's (`-f`) options, else through `wc` and `date`: a poll asks this of two files each time.
+SIZE = r"""size() { [ -f "$1" ] || { echo 0 0; return 0; }
+  stat -L -c '%s %Y' -- "$1" 2>/dev/null || stat -L -f '%z %m' -- "$1" 2>/dev/null ||
+  echo "$(wc -c < "$1" 2>/dev/null || echo 0) $(date -r "$1" +%s 2>/dev/null || echo 0)"; }
+"""
+
+
 def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> str:
     """Write the heartbeat, then say: `running`, `exited <code>` or `lost`; the sizes of the
     progress file and log and their modification times; then the new bytes of each."""
@@ -188,12 +200,12 @@ def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> st
         f"if running {pid}; then echo running\n"
         'elif [ -f "$w/response.json" ]; then echo "exited $(sed -n \'s/.*"exit_code": *\\(-\\{0,1\\}[0-9]*\\).*/\\1/p\' "$w/response.json")"\n'
         "else echo lost; fi\n"
-        'p=$(wc -c < "$w/progress.jsonl" 2>/dev/null || echo 0); l=$(wc -c < "$w/log.txt" 2>/dev/null || echo 0)\n'
+        + SIZE +
+        'set -- $(size "$w/progress.jsonl") $(size "$w/log.txt"); p=$1 pm=$2 l=$3 lm=$4\n'
         f"[ $l -gt $(({log_at} + {max_log})) ] && l=$(({log_at} + {max_log}))\n"
-        'pm=$(date -r "$w/progress.jsonl" +%s 2>/dev/null || echo 0); lm=$(date -r "$w/log.txt" +%s 2>/dev/null || echo 0)\n'
         "echo $p $l $pm $lm\n"
-        f'tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at}))\n'
-        f'tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at}))\n'
+        f'if [ $p -gt {progress_at} ]; then tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at})); fi\n'
+        f'if [ $l -gt {log_at} ]; then tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at})); fi\n'
     )
 
 

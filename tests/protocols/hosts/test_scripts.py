@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 import trio
 import trio_asyncio
@@ -26,6 +28,7 @@ from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace
+from tests import waits
 from tests.sshd import Sshd
 
 T = TypeVar("T")
@@ -180,3 +183,36 @@ def test_a_nul_byte_is_refused_before_a_script_is_made() -> None:
         scripts.start("/w", "/w/out", "echo\0x", {}, [], 10, 1, 10, "")
     with pytest.raises(ValueError, match="NUL"):
         scripts.start("/w", "/w/out", "echo", {"A": "x\0y"}, [], 10, 1, 10, "")
+
+
+
+def _running(work: Path, pid: int, how: str) -> bool:
+    """`running <pid>` (or `running_ps <pid>`) of scripts.RUNNING, run by sh for the attempt folder `work`."""
+    script = f"w='{work}'\n" + scripts.RUNNING + f"{how} {pid}\n"
+    return subprocess.run(["sh", "-c", script], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the /proc way is Linux's")
+@pytest.mark.parametrize("how", ["running", "running_ps"])
+def test_running_knows_our_job_by_its_tag_and_no_other_process(tmp_path: Path, how: str) -> None:
+    """The poll, the stop and the watchdog ask `running`: it reads /proc where there is one (Linux,
+    no exec) and asks `ps` elsewhere (`running_ps`); both say the same: our job (its tag on a line
+    of a multi-line `sh -c` script's command line, as the wrapper's is) runs; a process without the
+    tag, a zombie with the tag and a pid that is gone do not."""
+    work = tmp_path / "a0"
+    work.mkdir()
+    (work / "tag").write_text("actor-run-0123456789abcdef\n")
+    ours = subprocess.Popen(["sh", "-c", "w=$1\nsleep 60\n: the wrapper's lines", "actor-run-job", str(work),
+                             "actor-run-0123456789abcdef"])
+    other = subprocess.Popen(["sleep", "60"])
+    zombie = subprocess.Popen(["sh", "-c", "exit 0", "actor-run-0123456789abcdef"])
+    try:
+        waits.poll(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, "a zombie")
+        assert _running(work, ours.pid, how)
+        assert not _running(work, other.pid, how)
+        assert not _running(work, zombie.pid, how)
+    finally:
+        for p in (ours, other, zombie):
+            p.kill()
+            p.wait()
+    assert not _running(work, ours.pid, how)
