@@ -225,14 +225,17 @@ def _in_process(args: list[str], cwd: str | Path | None, env: dict[str, str] | N
 
 
 def run_cli(args: Sequence[str | Path], *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
-            input: str | None = None, timeout: float | None = 120, process: bool = False
+            input: str | None = None, stdin: int | None = None, timeout: float | None = 120, process: bool = False
             ) -> subprocess.CompletedProcess[str]:
     """`actor-run ARGS` as `subprocess.run([python, -m, actor_run, *args], capture_output=True,
-    text=True, ...)` returns it; in this process unless `process` (then a real child)."""
+    text=True, ...)` returns it; in this process unless `process` (then a real child). `stdin`:
+    subprocess.DEVNULL or None; in this process stdin is never a terminal, and empty without `input`."""
     argv = [str(a) for a in args]
+    if stdin not in (None, subprocess.DEVNULL):
+        raise ValueError("run_cli: stdin is subprocess.DEVNULL or None (a terminal needs a real child: start_cli)")
     if process:
         return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
-                              input=input)
+                              input=input, stdin=stdin)
     return _in_process(argv, cwd, env, input, timeout)
 
 
