@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cli_inproc import run_cli, start_cli
+
 from fakes.keys import client_key
 
 JOB = r'''
