@@ -492,14 +492,17 @@ def _tar_args(where: list[str]) -> list[str]:
     return ["tar", "-cf", "-", *where]
 
 
-_TAR_ENV = {**os.environ, "COPYFILE_DISABLE": "1"}  # macOS: no ._ files for extended attributes
+def _tar_env() -> dict[str, str]:
+    """This process's environment as it is now (an embedder may change it between runs), and on
+    macOS no ._ files for extended attributes."""
+    return {**os.environ, "COPYFILE_DISABLE": "1"}
 
 
 async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
     """The bytes of a local `tar` as it makes them."""
     with tempfile.TemporaryFile() as err:
         proc = await trio.lowlevel.open_process(
-            _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_TAR_ENV,
+            _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_tar_env(),
         )
         assert proc.stdout is not None
         try:
@@ -524,7 +527,7 @@ async def _piped(commands: list[list[str]], err: Any) -> int:
     try:
         try:
             procs.append(await trio.lowlevel.open_process(
-                commands[0], stdout=write_end, stderr=err, env=_TAR_ENV,
+                commands[0], stdout=write_end, stderr=err, env=_tar_env(),
             ))
             procs.append(await trio.lowlevel.open_process(
                 commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,
