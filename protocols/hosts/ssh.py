@@ -60,7 +60,7 @@ WINDOW = 8 << 20  # receive window of our channels
 KEEPALIVE_S = 10.0  # a silent peer is declared lost after KEEPALIVE_S x KEEPALIVE_COUNT
 KEEPALIVE_COUNT = 3
 BULK_BYTES = 64 << 20  # from this size on, an upload goes through the OpenSSH client (when found)
-SSH_CLIENT = shutil.which("ssh")
+SSH_CLIENT = "ssh"  # found on PATH as a host is made (PATH may change between runs of one process)
 
 # what a broken, refused or vanished connection raises inside asyncssh and asyncio
 _LOST = (OSError, EOFError, asyncio.IncompleteReadError, asyncssh.Error)
@@ -200,7 +200,7 @@ class SSHHost:
         self._loop = loop
         self.bulk_bytes = bulk_bytes  # uploads from this size on go through `ssh_client` (None: never)
         # an encrypted key is unlocked by asyncssh alone: OpenSSH's client would ask for the passphrase
-        self.ssh_client = None if passphrase else ssh_client
+        self.ssh_client = None if passphrase or not ssh_client else shutil.which(ssh_client)
         self._passphrase = passphrase
         self._conn: asyncssh.SSHClientConnection | None = None
         self._conn_lock = trio.Lock()

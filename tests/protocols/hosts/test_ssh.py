@@ -280,6 +280,20 @@ def test_the_local_tar_runs_in_the_environment_of_now(sshd: Sshd, tmp_path: Path
     assert (tmp_path / "remote" / "tree" / "a.txt").read_text() == "A"
 
 
+def test_the_ssh_client_is_found_on_the_path_of_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OpenSSH client (bulk uploads, `actor-run ssh`) is looked for on PATH as a host is made,
+    not once at import: a process's later runs see its PATH as it is then (issue 24)."""
+    (tmp_path / "bin").mkdir()
+    mine = tmp_path / "bin" / "ssh"
+    mine.write_text("#!/bin/sh\nexit 255\n")
+    mine.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    h = SSHHost("test", "127.0.0.1", known_hosts=tmp_path / "known_hosts")
+    assert h.ssh_client == str(mine)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert SSHHost("test", "127.0.0.1", known_hosts=tmp_path / "known_hosts").ssh_client is None  # none: asyncssh
+
+
 def workspace(sshd: Sshd, tmp_path: Path, **kwargs: Any) -> ShellWorkspace:
     return ShellWorkspace(host(sshd, tmp_path, **kwargs), str(tmp_path / "root"))
 
