@@ -23,6 +23,14 @@ run here, through the same path `python -m actor_run` takes (`cli.entry()`: the 
 
 `undone()` names what the last in-process call left behind and the harness had to restore (the
 product should leave nothing but what a CLI process owns: the collector and loguru).
+
+What stays a child's (start_cli, or process=True): a command sent a signal, killed, or read while
+it runs (`--follow`, `logs -f`, two controllers); `actor-run ssh` that execs ssh; a closed stdout
+(exit 141); a terminal; anything about the process itself (imports, startup). Not captured here,
+as a child's pipes would: what a grandchild writes to the inherited fd 2 (the local cloud's shell
+keeps the controller's stderr; it writes nothing there), and what a test's own threads print to
+sys.stderr during the call would land in the call's stderr (the fakes log through `logging`,
+which pytest captures).
 """
 
 from __future__ import annotations
