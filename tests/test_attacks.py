@@ -12,7 +12,6 @@ import os
 import re
 import sqlite3
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -21,16 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli, start_cli
 from fakes.keys import client_key
 
-CLI = [sys.executable, "-m", "actor_run"]
 KEY = "rp_live_0123456789abcdef"  # what the echoing provider must never get us to print
 
 
 def actor_run(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or tmp,
-                          env={**os.environ, "NO_COLOR": "1", **(env or {})})
+    return run_cli(args, timeout=timeout, cwd=cwd or tmp, env={**os.environ, "NO_COLOR": "1", **(env or {})})
 
 
 def wait_until(check: Callable[[], list[Path]], timeout: float) -> list[Path]:
@@ -402,9 +400,8 @@ def test_attack_terminal_escapes_in_a_region_name(tmp_path: Path) -> None:
 def test_attack_a_bystander_naming_the_sandbox_survives_the_delete(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     path = batch(tmp_path, command=f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo ok')
-    proc = subprocess.Popen([*CLI, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
-                             str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NO_COLOR": "1"})
+    proc = start_cli(["run", str(path), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
+                     env={**os.environ, "NO_COLOR": "1"})  # a controller that runs on while the test acts
     bystander = None
     try:
         def started() -> list[Path]:  # the job's pid file is written: its machine is up

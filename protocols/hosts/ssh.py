@@ -60,7 +60,7 @@ WINDOW = 8 << 20  # receive window of our channels
 KEEPALIVE_S = 10.0  # a silent peer is declared lost after KEEPALIVE_S x KEEPALIVE_COUNT
 KEEPALIVE_COUNT = 3
 BULK_BYTES = 64 << 20  # from this size on, an upload goes through the OpenSSH client (when found)
-SSH_CLIENT = shutil.which("ssh")
+SSH_CLIENT = "ssh"  # found on PATH as a host is made (PATH may change between runs of one process)
 
 # what a broken, refused or vanished connection raises inside asyncssh and asyncio
 _LOST = (OSError, EOFError, asyncio.IncompleteReadError, asyncssh.Error)
@@ -200,7 +200,7 @@ class SSHHost:
         self._loop = loop
         self.bulk_bytes = bulk_bytes  # uploads from this size on go through `ssh_client` (None: never)
         # an encrypted key is unlocked by asyncssh alone: OpenSSH's client would ask for the passphrase
-        self.ssh_client = None if passphrase else ssh_client
+        self.ssh_client = None if passphrase or not ssh_client else shutil.which(ssh_client)
         self._passphrase = passphrase
         self._conn: asyncssh.SSHClientConnection | None = None
         self._conn_lock = trio.Lock()
@@ -492,14 +492,17 @@ def _tar_args(where: list[str]) -> list[str]:
     return ["tar", "-cf", "-", *where]
 
 
-_TAR_ENV = {**os.environ, "COPYFILE_DISABLE": "1"}  # macOS: no ._ files for extended attributes
+def _tar_env() -> dict[str, str]:
+    """This process's environment as it is now (an embedder may change it between runs), and on
+    macOS no ._ files for extended attributes."""
+    return {**os.environ, "COPYFILE_DISABLE": "1"}
 
 
 async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
     """The bytes of a local `tar` as it makes them."""
     with tempfile.TemporaryFile() as err:
         proc = await trio.lowlevel.open_process(
-            _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_TAR_ENV,
+            _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_tar_env(),
         )
         assert proc.stdout is not None
         try:
@@ -524,7 +527,7 @@ async def _piped(commands: list[list[str]], err: Any) -> int:
     try:
         try:
             procs.append(await trio.lowlevel.open_process(
-                commands[0], stdout=write_end, stderr=err, env=_TAR_ENV,
+                commands[0], stdout=write_end, stderr=err, env=_tar_env(),
             ))
             procs.append(await trio.lowlevel.open_process(
                 commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import enum
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -137,6 +139,19 @@ class Interrupts:
             self.runner.cancel(detail="interrupted")
         else:
             sys.stderr.write("actor-run: still deleting machines; the controller exits once they are gone\n")
+
+
+@contextlib.contextmanager
+def signals_restored() -> Iterator[None]:
+    """SIGINT and SIGTERM back to whoever had them once the block (a run and its cleanup) ends: a
+    command run in a process that goes on (an embedder's, a test's) leaves it its own Ctrl-C."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:  # None: set outside Python, not ours to put back
+                signal.signal(s, handler)
 
 
 def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, json_mode: bool,

@@ -10,7 +10,15 @@ import sys
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, open_reader, usage_error, watch
+from actor_run.supervisors.cli.console import (
+    LEDGER_HELP,
+    Exit,
+    Interrupts,
+    open_reader,
+    signals_restored,
+    usage_error,
+    watch,
+)
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
 HELP = "pick up the unfinished jobs of controllers that died"
@@ -51,7 +59,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     ended: list[JobEnded] = []
     logs: dict[str, int] = {}
     try:
-        with runner:
+        with signals_restored(), runner:  # the handlers stay ours until its machines are deleted
             runner.subscribe(events.append)
             runner.subscribe(event_logger(runner.run_of))
             signal.signal(signal.SIGINT, interrupts)

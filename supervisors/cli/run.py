@@ -13,7 +13,14 @@ from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli import plan as cmd_plan
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, Interrupts, watch, where_state_lives
+from actor_run.supervisors.cli.console import (
+    LEDGER_HELP,
+    Exit,
+    Interrupts,
+    signals_restored,
+    watch,
+    where_state_lives,
+)
 from actor_run.supervisors.ledger.db import describe
 from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
@@ -75,8 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                     config=args.config)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
+    log: int | None = None
     try:
-        with runner:
+        with signals_restored(), runner:  # the handlers stay ours until its machines are deleted
             for job in jobs:
                 runner.check(job)  # every job checked before any starts
             run = runner.start_run()
@@ -88,15 +96,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f" --ledger {describe(args.ledger)}" if args.ledger else ""),
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(events.append)
-            previous = signal.signal(signal.SIGINT, interrupts)
+            signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
                           unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
-        signal.signal(signal.SIGINT, previous)
-        logger.remove(log)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
+    finally:
+        if log is not None:
+            logger.remove(log)
     if interrupts.count:
         return Exit.INTERRUPTED
     if unconfirmed:

@@ -42,6 +42,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli.console import signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
@@ -241,7 +242,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except SpecError as exc:
             sys.stderr.write(f"actor-run: {exc}\n")
             return USAGE
-        with runner:
+        with signals_restored(), runner:
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
             kept = serve(runner, args, until=None, signals=signals)
         if kept:
@@ -269,7 +270,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
                     lease_s=args.lease, sweep_on_start=False, batch=oneline.label(args, batch),
                     config=args.config, outage_s=_wait_s(args))
     try:
-        with runner:
+        with signals_restored(), runner:
             for job in jobs:
                 runner.check(job)  # every job checked before any is queued
             run = runner.start_run()

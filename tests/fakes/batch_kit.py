@@ -1,4 +1,5 @@
-"""Whole batches through `actor-run` (a real controller process) against a fake provider."""
+"""Whole batches through `actor-run` against a fake provider: `cli` runs a command in this process
+(tests/cli_inproc.py), `start_run` a real controller process (to be killed, or read as it runs)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from fakes.keys import client_key
+from cli_inproc import run_cli, start_cli
 
-CLI = [sys.executable, "-m", "actor_run"]
+from fakes.keys import client_key
 
 JOB = r'''
 import json, os, time
@@ -83,16 +83,15 @@ def env(key_var: str, key: str = "test-key") -> dict[str, str]:
     return {**os.environ, key_var: key}
 
 
-def cli(tmp: Path, *args: str, key_var: str, key: str = "test-key", timeout: float = 120
+def cli(tmp: Path, *args: str, key_var: str, key: str = "test-key", timeout: float = 120, process: bool = False
         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp, env=env(key_var, key))
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=timeout, cwd=tmp, env=env(key_var, key),
+                   process=process)
 
 
 def start_run(tmp: Path, batch: Path, *, key_var: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, "run", str(batch), "--json", "--out", str(tmp / "out"), "--state-dir",
-                             str(tmp / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp, env=env(key_var))
+    return start_cli(["run", str(batch), "--json", "--out", str(tmp / "out"), "--state-dir", str(tmp / "state")],
+                     cwd=tmp, env=env(key_var))
 
 
 def read_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]:

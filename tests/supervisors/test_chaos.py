@@ -8,17 +8,15 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inproc import CLI, run_cli
 
 from actor_run.protocols.clouds.sim import billed_seconds, set_fail_deletes, sim_machines
 from actor_run.supervisors.ledger import LedgerReader
-
-CLI = [sys.executable, "-m", "actor_run"]
 
 # The job: holds an exclusive lock per seed while it runs (a second copy of the same seed running
 # at the same time would fail to take it and say OVERLAP), reports progress, writes its output.
@@ -97,8 +95,7 @@ state_dir = "{tmp / 'sim'}"
 
 
 def cli(*args: str, tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp)
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=timeout, cwd=tmp)
 
 
 def start_run(batch: Path, tmp: Path) -> subprocess.Popen[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 from sshd import Sshd
 
 from actor_run.protocols.failures import SpecError
@@ -18,12 +18,11 @@ from actor_run.supervisors.config import ENV_VAR, Shown, UserConfig, load_config
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.runner import Runner
 
-CLI = [sys.executable, "-m", "actor_run"]
 SECRET = "correct-horse-battery"
 
 
 def cli(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=tmp,
+    return run_cli([*args], timeout=120, cwd=tmp,
                           env={**os.environ, "NO_COLOR": "1", **(env or {})})
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import msgspec
 import psutil
 import pytest
+from cli_inproc import CLI, run_cli
 from fakes.runpod_serverless import FakeRunPodServerless, serving
 from fakes.runpod_serverless import settings as serverless
 
@@ -28,7 +28,6 @@ from actor_run.protocols.serverless import INLINE_LIMIT
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 
-CLI = [sys.executable, "-m", "actor_run"]
 FAST = PolicySpec(poll_s=0.1, backoff_s=0.01, backoff_max_s=0.05, setup_grace_s=30, stall_after_s=30,
                   lost_after_s=30, max_attempts=3, deadline_margin_s=60, last_grace_factor=1.0)
 TRAIN = ('echo "{\\"stage\\": \\"train\\", \\"seed\\": $ACTOR_RUN_SEED}" >> "$ACTOR_RUN_PROGRESS"; '
@@ -142,8 +141,7 @@ gpu = "A100-80G"
             break
     fake.wait_for(lambda: fake.submitted and fake.jobs[fake.submitted[0]].status == "IN_PROGRESS")
     # `actor-run ssh` (issue 29.4) on the running job: no machine of ours, so no shell, and it says why
-    shell = subprocess.run([*CLI, "ssh", "sls/3", *state, "--", "pwd"], capture_output=True, text=True, timeout=60,
-                           cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    shell = run_cli(["ssh", "sls/3", *state, "--", "pwd"], timeout=60, cwd=tmp_path, env=env)  # refused: no exec
     assert (shell.returncode, shell.stdout) == (2, "")
     assert shell.stderr == ("actor-run: ssh: runpod-serverless: a serverless job runs as a queued request in a "
                             "RunPod worker, not on a machine of ours: there is no shell to open (its log: actor-run "
@@ -160,8 +158,7 @@ gpu = "A100-80G"
         reader.close()
     assert len(fake.live_endpoints()) == 1  # the dead controller's endpoint is still there
     gate.touch()  # the job may end now, while nobody watches: resume must still fetch its output
-    resume = subprocess.run([*CLI, "resume", "--out", str(tmp_path / "out"), *state], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path, env=env)
+    resume = run_cli(["resume", "--out", str(tmp_path / "out"), *state], timeout=120, cwd=tmp_path, env=env)
     assert resume.returncode == 0, resume.stdout + resume.stderr
     assert "(reattached)" in resume.stdout
     assert (tmp_path / "out" / "latest" / "sls" / "seed-3" / "out" / "f.txt").read_text() == "fin\n"

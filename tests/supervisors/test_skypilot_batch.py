@@ -8,20 +8,19 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_inproc import CLI, run_cli
 from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
 from sshd import Sshd
 
 from actor_run.protocols.names import parse_name
 
-CLI = [sys.executable, "-m", "actor_run"]
 REGIONS = ["us-east-1", "us-west-2"]
 
 JOB = r'''
@@ -113,8 +112,8 @@ deadline_command = "echo {{minutes}} >> {tmp / 'shutdowns'}"
 
 
 def cli(tmp: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp, env={**os.environ, **aws_env()})
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=timeout, cwd=tmp,
+                   env={**os.environ, **aws_env()})
 
 
 def events(out: str) -> list[dict]:
@@ -169,8 +168,8 @@ def test_a_killed_controller_is_swept_to_zero_clusters_and_zero_instances(
         if '"type":"Progress"' in line:
             break
     # `actor-run ssh` (issue 29.4) on the running job: SkyPilot's cluster, SkyPilot's login; it says so
-    shell = subprocess.run([*CLI, "ssh", "sky-batch/1", "--state-dir", str(tmp_path / "state"), "--", "pwd"],
-                           capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    shell = run_cli(["ssh", "sky-batch/1", "--state-dir", str(tmp_path / "state"), "--", "pwd"],
+                           timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL,
                            env={**os.environ, **aws_env()})
     assert (shell.returncode, shell.stdout) == (2, "")
     [cluster] = fake.clusters()

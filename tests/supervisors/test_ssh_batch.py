@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
+from cli_inproc import CLI, run_cli
 from sshd import Sshd
-
-CLI = [sys.executable, "-m", "actor_run"]
 
 JOB = r'''
 import json, os, sys, time
@@ -57,8 +55,7 @@ lost_after_s = {lost_after_s}
 
 
 def cli(tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp)
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=timeout, cwd=tmp)
 
 
 def events(out: str) -> list[dict]:

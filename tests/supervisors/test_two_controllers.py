@@ -10,7 +10,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inproc import CLI, run_cli
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import Ledger
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 # reports progress until the test creates $RELEASE (bounded: 4 minutes), then writes its output
@@ -93,8 +92,8 @@ concurrency = {seeds}
             led = Ledger(path, uuid.uuid4().hex)
             led.record_cloud("sim", self.sim)
             led.close()
-        done = subprocess.run([*CLI, "sweep", "--json", "--ledger", str(path), "--state-dir", str(self.state), *extra],
-                              capture_output=True, text=True, timeout=120, env=ENV, cwd=self.tmp)
+        done = run_cli(["sweep", "--json", "--ledger", str(path), "--state-dir", str(self.state), *extra],
+                              timeout=120, env=ENV, cwd=self.tmp)
         assert done.returncode == 0, done.stdout + done.stderr
         return [json.loads(x) for x in done.stdout.splitlines()]
 

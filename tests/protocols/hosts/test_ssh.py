@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -248,6 +249,49 @@ def test_the_bulk_path_falls_back_when_the_ssh_client_fails(sshd: Sshd, tmp_path
 
     run(go)
     assert (tmp_path / "remote" / "data").read_bytes() == b"x" * 1000
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["asyncssh", "ssh-client"])
+def test_the_local_tar_runs_in_the_environment_of_now(sshd: Sshd, tmp_path: Path, bulk: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that runs one batch after another (an embedder, a test calling the CLI's main)
+    may change its environment in between: the local tar sees it as it is when it runs, not as it
+    was when this module was imported (issue 24)."""
+    real = shutil.which("tar")
+    assert real is not None
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    (wrappers / "tar").write_text(f'#!/bin/sh\necho "$TAR_MARK" >> "{tmp_path / "tar-ran"}"\nexec {real} "$@"\n')
+    (wrappers / "tar").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrappers}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TAR_MARK", "now")
+    src = tmp_path / "src"
+    make_tree(src)
+    h = host(sshd, tmp_path, bulk_bytes=0 if bulk else 1 << 62)
+
+    async def go() -> None:
+        try:
+            await h.put(src, str(tmp_path / "remote" / "tree"))
+        finally:
+            await h.aclose()
+
+    run(go)
+    assert (tmp_path / "tar-ran").read_text().split() == ["now"]
+    assert (tmp_path / "remote" / "tree" / "a.txt").read_text() == "A"
+
+
+def test_the_ssh_client_is_found_on_the_path_of_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OpenSSH client (bulk uploads, `actor-run ssh`) is looked for on PATH as a host is made,
+    not once at import: a process's later runs see its PATH as it is then (issue 24)."""
+    (tmp_path / "bin").mkdir()
+    mine = tmp_path / "bin" / "ssh"
+    mine.write_text("#!/bin/sh\nexit 255\n")
+    mine.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    h = SSHHost("test", "127.0.0.1", known_hosts=tmp_path / "known_hosts")
+    assert h.ssh_client == str(mine)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert SSHHost("test", "127.0.0.1", known_hosts=tmp_path / "known_hosts").ssh_client is None  # none: asyncssh
 
 
 def workspace(sshd: Sshd, tmp_path: Path, **kwargs: Any) -> ShellWorkspace:

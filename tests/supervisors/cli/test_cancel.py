@@ -10,17 +10,16 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from cli_inproc import CLI, run_cli
 from waits import poll
 
 from actor_run.supervisors.ledger import LedgerReader
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 # each seed holds until the test opens the gate (bounded: 120 s), then succeeds
@@ -87,8 +86,8 @@ def start(tmp: Path, ledger: str | Path) -> tuple[subprocess.Popen[str], Path]:
 
 
 def cancel(tmp: Path, ledger: str | Path, *target: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "cancel", *target, "--ledger", str(ledger), "--state-dir", str(tmp / "state")],
-                          capture_output=True, text=True, timeout=180, env=ENV)
+    return run_cli(["cancel", *target, "--ledger", str(ledger), "--state-dir", str(tmp / "state")],
+                          timeout=180, env=ENV)
 
 
 def test_cancel_one_seed_from_another_terminal(tmp_path: Path, ledger_location: str | Path) -> None:

@@ -1,4 +1,5 @@
-"""supervisors/cli/: `actor-run` as a real subprocess, its state, ledger and outputs under tmp_path.
+"""supervisors/cli/: `actor-run` (in the test's process, tests/cli_inproc.py; a real child where a
+signal is sent to it), its state, ledger and outputs under tmp_path.
 Exit codes: 0 all succeeded, 1 some job failed, 2 bad input or usage (nothing started), 130 after a
 Ctrl-C whose cleanup finished."""
 
@@ -9,7 +10,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
+from cli_inproc import CLI, run_cli
 from process_kit import sleeping
 from waits import poll
 
@@ -25,7 +26,6 @@ from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
 
 ROOT = Path(__file__).resolve().parents[3]
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 
@@ -52,9 +52,7 @@ class Paths:
             reader.close()
 
     def status(self) -> list[dict[str, Any]]:
-        done = subprocess.run(
-            [*CLI, "status", "--json", *self.common()], capture_output=True, text=True, timeout=60, env=ENV
-        )
+        done = run_cli(["status", "--json", *self.common()], timeout=60, env=ENV)
         assert done.returncode == 0, done.stderr
         return [d for d in map(json.loads, done.stdout.splitlines()) if d["kind"] == "machine"]
 
@@ -65,7 +63,9 @@ def paths(tmp_path: Path) -> Paths:
 
 
 def cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=ENV)
+    """`args` a whole command line (`[*CLI, ...]`, as a Popen takes it), run in this process."""
+    assert args[:len(CLI)] == CLI, args
+    return run_cli(args[len(CLI):], timeout=timeout, env=ENV)
 
 
 def batch(tmp_path: Path, body: str, name: str = "batch.toml") -> Path:

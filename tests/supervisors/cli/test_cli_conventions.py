@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 import actor_run
 from actor_run.supervisors.cli.completion import bash_script, tree, zsh_script
@@ -74,8 +75,7 @@ def _zsh(script: str, words: list[str], cwd: Path) -> list[str]:
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])
 def test_completion_follows_the_command_tree(shell: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "actor_run", "completion", shell], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    done = run_cli(["completion", shell], timeout=60, env={**os.environ, "NO_COLOR": "1"})
     assert done.returncode == 0, done.stderr
     script = done.stdout
     complete = _bash if shell == "bash" else _zsh

@@ -7,16 +7,15 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from cli_inproc import CLI, run_cli
 
 from actor_run.supervisors.cli.main import _parser
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 BATCH = """\
@@ -35,16 +34,15 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ledger with one finished run of three seeds."""
     tmp = tmp_path_factory.mktemp("ran")
     (tmp / "b.toml").write_text(textwrap.dedent(BATCH))
-    done = subprocess.run([*CLI, "run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--ledger",
-                           str(tmp / "l.sqlite"), "--out", str(tmp / "out")], capture_output=True, text=True,
-                          timeout=180, env=ENV)
+    done = run_cli(["run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--ledger",
+                           str(tmp / "l.sqlite"), "--out", str(tmp / "out")], timeout=180, env=ENV)
     assert done.returncode == 0, done.stderr
     return tmp / "l.sqlite"
 
 
 def cli(ledger: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--ledger", str(ledger), "--state-dir", str(ledger.parent / "state")],
-                          capture_output=True, text=True, timeout=60, env=ENV)
+    return run_cli([*args, "--ledger", str(ledger), "--state-dir", str(ledger.parent / "state")],
+                          timeout=60, env=ENV)
 
 
 @pytest.mark.parametrize("args", [["runs"], ["runs", "--json"], ["status", "--json"], ["cost"], ["cost", "--json"],
@@ -71,7 +69,7 @@ def test_logs_of_an_attempt_that_is_not_there_names_those_that_are(ledger: Path)
 
 @pytest.mark.parametrize("args", [[], ["clouds"], ["config"]])
 def test_no_command_prints_the_usage(args: list[str]) -> None:
-    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=ENV)
+    done = run_cli([*args], timeout=60, env=ENV)
     assert done.returncode == 2
     assert done.stderr.startswith(f"usage: actor-run{' ' + args[0] if args else ''}")
     assert "required" not in done.stderr
@@ -96,7 +94,7 @@ def test_every_argument_of_every_command_has_help() -> None:
 
 
 def test_run_help_says_where_the_ledger_and_state_live() -> None:
-    done = subprocess.run([*CLI, "run", "--help"], capture_output=True, text=True, timeout=60,
+    done = run_cli(["run", "--help"], timeout=60,
                           env={**ENV, "XDG_STATE_HOME": "/somewhere/state"})
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
@@ -127,11 +125,10 @@ def test_cost_shows_cents_fractions_and_groups_every_run_by_run(tmp_path: Path) 
     (tmp_path / "b.toml").write_text(SIM)
     common = ["--state-dir", str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite")]
     for _ in range(2):  # two runs of the same jobs
-        done = subprocess.run([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=180, env=ENV)
+        done = run_cli(["run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
+                              timeout=180, env=ENV)
         assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in subprocess.run([*CLI, "cost", *common], capture_output=True, text=True,
-                                                     timeout=60, env=ENV).stdout.splitlines()]
+    rows = [line.split() for line in run_cli(["cost", *common], timeout=60, env=ENV).stdout.splitlines()]
     header = rows[1]
     assert "reserved" not in header  # a finished run holds no money: no reservation columns
     assert "held" not in header
@@ -141,7 +138,7 @@ def test_cost_shows_cents_fractions_and_groups_every_run_by_run(tmp_path: Path) 
         assert value.startswith("$0.")
         assert len(value.split(".")[1]) == 4
         assert value != "$0.0000"
-    every = subprocess.run([*CLI, "cost", "--all", *common], capture_output=True, text=True, timeout=60,
+    every = run_cli(["cost", "--all", *common], timeout=60,
                            env=ENV).stdout.splitlines()
     assert sum(line.startswith("run ") for line in every) == 2
     assert sum(line.strip().startswith("c/seed-1 ") for line in every) == 2  # once per run, not merged
@@ -181,7 +178,7 @@ def test_status_shows_queued_and_running_with_place_stage_and_cost(tmp_path: Pat
         lines: list[str] = []
         end = time.monotonic() + 90
         while time.monotonic() < end:  # bounded poll of what another process writes
-            done = subprocess.run([*CLI, "status", *common], capture_output=True, text=True, timeout=60, env=ENV)
+            done = run_cli(["status", *common], timeout=60, env=ENV)
             lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("s/seed-")]
             if any("stage train" in line for line in lines):
                 break
@@ -216,8 +213,8 @@ def test_a_batch_run_again_keeps_each_runs_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
     runs = []
     for _ in range(2):
-        done = subprocess.run([*CLI, "run", str(tmp_path / "b.toml"), "--state-dir", str(tmp_path / "state"),
-                               "--out", str(out)], capture_output=True, text=True, timeout=180, env=ENV)
+        done = run_cli(["run", str(tmp_path / "b.toml"), "--state-dir", str(tmp_path / "state"),
+                               "--out", str(out)], timeout=180, env=ENV)
         assert done.returncode == 0, done.stderr
         runs.append(done.stdout.split()[1].rstrip(":"))  # "run <id>: 1 job(s), ..."
     first, second = (out / r / "again" / "seed-1" for r in runs)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import CLI, run_cli
 
 from actor_run.protocols.clouds.sim import billing, preempt_machine, sim_machines
-
-CLI = [sys.executable, "-m", "actor_run"]
 
 JOB = r'''
 import json, os, time
@@ -75,8 +73,7 @@ regions = [{{ name = "us-east", gpus = {{ A100 = {{ stock = 40, hourly_usd = 360
 
 
 def cli(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=180, cwd=tmp)
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=180, cwd=tmp)
 
 
 def test_the_cost_report_equals_the_providers_bill_to_the_cent(tmp_path: Path) -> None:

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from actor_run.protocols.specs import load_batch
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 
 def cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=cwd)
+    return run_cli([*args], timeout=timeout, env=ENV, cwd=cwd)
 
 
 def test_print_batch_makes_a_file_that_loads_to_the_same_batch(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ import os
 import pty
 import select
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "actor_run"]
+from cli_inproc import CLI, run_cli
+
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
@@ -50,8 +50,7 @@ def write(tmp: Path, body: str = SIM) -> Path:
 
 
 def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=120, env=ENV, cwd=tmp)
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=120, env=ENV, cwd=tmp)
 
 
 def test_plan_shows_offers_walk_and_worst_case_and_leases_nothing(tmp_path: Path) -> None:
@@ -67,8 +66,8 @@ def test_plan_shows_offers_walk_and_worst_case_and_leases_nothing(tmp_path: Path
     assert "worst case of the whole batch: $9.39" in out
     assert "passes budget_usd $5.00" in out
     assert not (tmp_path / "state" / "ledger.sqlite").exists()  # nothing recorded, nothing leased
-    dry = subprocess.run([*CLI, "run", str(write(tmp_path)), "--dry-run", "--state-dir", str(tmp_path / "state"),
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=ENV)
+    dry = run_cli(["run", str(write(tmp_path)), "--dry-run", "--state-dir", str(tmp_path / "state"),
+                          "--out", str(tmp_path / "out")], timeout=120, env=ENV)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout == out
     assert not (tmp_path / "out").exists()
@@ -135,9 +134,9 @@ def test_run_on_a_terminal_asks_above_the_users_threshold(tmp_path: Path) -> Non
 def test_run_without_a_terminal_never_asks(tmp_path: Path) -> None:
     user = tmp_path / "user.toml"
     user.write_text("confirm_above_usd = 0.01\n")
-    done = subprocess.run([*CLI, "run", str(write(tmp_path)), "--config", str(user), "--state-dir",
+    done = run_cli(["run", str(write(tmp_path)), "--config", str(user), "--state-dir",
                            str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite"), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=180, env=ENV,
+                           str(tmp_path / "out")], timeout=180, env=ENV,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     assert "[y/N]" not in done.stdout + done.stderr

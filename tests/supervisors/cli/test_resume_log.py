@@ -9,13 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import CLI, run_cli
 from waits import poll
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1"}
 LINES = 40
 # as a TOML basic string: lines 1-20 one each 0.05 s (the controller is killed among them), then,
@@ -108,7 +107,7 @@ def test_a_resumer_killed_while_it_watches_is_resumed_again_onto_the_same_attemp
             proc.kill()
             proc.wait(30)
     gate2.touch()
-    again = subprocess.run([*CLI, "resume", *common], capture_output=True, text=True, timeout=120, env=ENV,
+    again = run_cli(["resume", *common], timeout=120, env=ENV,
                            cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "lines/seed-1 (reattached)" in again.stdout

@@ -8,21 +8,20 @@ import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from cli_inproc import CLI, run_cli
 from test_chaos import kill_when, wait_no_processes, write_batch
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
 
 def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=ENV)
+    return run_cli([*args], timeout=timeout, cwd=cwd, env=ENV)
 
 
 def lines(text: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inproc import CLI, run_cli
 from test_chaos import release, trace_lines, wait_no_processes, write_batch
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import close_pools
 
-CLI = [sys.executable, "-m", "actor_run"]
 LEASE_S, POLL_S = 6.0, 0.5  # adoption bound: the lease plus one poll
 
 
@@ -76,8 +75,8 @@ class Controller:
 
 def cli(tmp: Path, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp, env={**os.environ, **(env or {})})
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=timeout, cwd=tmp,
+                   env={**os.environ, **(env or {})})
 
 
 def jobs(url: str) -> dict[str, dict[str, Any]]:
@@ -237,9 +236,9 @@ def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_ho
     batch.write_text(SECRET_JOB.replace("SIM", str(tmp_path / "sim")))
     queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
-    worker = subprocess.run(
-        [*CLI, "worker", "--ledger", url, "--until-idle", "--poll", "0.2", "--out", str(tmp_path / "out"),
-         "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    worker = run_cli(
+        ["worker", "--ledger", url, "--until-idle", "--poll", "0.2", "--out", str(tmp_path / "out"),
+         "--state-dir", str(tmp_path / "state")], timeout=120, cwd=tmp_path,
         env={**os.environ, "API_TOKEN": "from-the-worker"})
     assert worker.returncode == 0, worker.stderr
     assert (tmp_path / "out" / "latest" / "secret" / "seed-1" / "out" / "token.txt").read_text().strip() == (
@@ -263,5 +262,5 @@ def test_bad_shared_ledger_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1
         assert field in lines[0]
-    helped = subprocess.run([*CLI, "worker", "--help"], capture_output=True, text=True, timeout=60)
+    helped = run_cli(["worker", "--help"], timeout=60)
     assert "example: actor-run worker --ledger postgresql://" in helped.stdout

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inproc import CLI, run_cli
 from pg import Postgres
 from test_chaos import JOB, release, trace_lines, write_batch
-from test_shared_ledger import CLI, LEASE_S, POLL_S, Controller, check_every_job_ended_once, cli, jobs
+from test_shared_ledger import LEASE_S, POLL_S, Controller, check_every_job_ended_once, cli, jobs
 
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import close_pools
@@ -400,10 +401,10 @@ def test_a_secret_the_worker_lacks_ends_the_job_input_without_renting(
     batch.write_text(batch.read_text().replace("env = { STEPS", 'env = { API_TOKEN = "tok-4242", STEPS'))
     submit(tmp_path, url, batch)
     env = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
-    lacking = subprocess.run([*CLI, "worker", "--until-idle", "--ledger", url, "--concurrency", "2", "--json",
+    lacking = run_cli(["worker", "--until-idle", "--ledger", url, "--concurrency", "2", "--json",
                               "--poll", str(POLL_S), "--out", str(tmp_path / "out"), "--state-dir",
                               str(tmp_path / "state")],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+                             timeout=120, cwd=tmp_path, env=env)
     evs = [json.loads(x) for x in lacking.stdout.splitlines()]
     assert [e for e in evs if e["type"] == "LeaseRequested"] == []
     ended = [(e["seed"], e["failure"]) for e in evs if e["type"] == "JobEnded"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from cli_inproc import run_cli
 
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
 from actor_run.protocols.messages import Offer
@@ -26,7 +27,6 @@ from actor_run.supervisors.ledger.sweep import SweepAction
 from actor_run.supervisors.runner import Runner
 
 SIM = {"launch_latency_s": 0.0, "delete_latency_s": 0.0}
-CLI = [sys.executable, "-m", "actor_run"]
 
 
 def _dead_pid() -> int:
@@ -238,10 +238,8 @@ def test_a_failed_delete_stays_in_the_ledger(world: World) -> None:
 
 
 def _cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "sweep", "--state-dir", str(world.state), "--ledger", str(world.ledger_path), *args],
-        capture_output=True,
-        text=True,
+    return run_cli(
+        ["sweep", "--state-dir", str(world.state), "--ledger", str(world.ledger_path), *args],
         timeout=120,
         env={**os.environ, "NO_COLOR": "1"},
     )

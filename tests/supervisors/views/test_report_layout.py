@@ -10,12 +10,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+from cli_inproc import CLI, run_cli
 
 from actor_run.supervisors.ledger import LedgerReader
 
-CLI = [sys.executable, "-m", "actor_run"]
 ENV = {**os.environ, "NO_COLOR": "1"}
 
 BATCH = """\
@@ -57,15 +57,14 @@ def dom_of(page: Path, profile: Path) -> str:
 def test_failure_labels_side_by_side_never_overlap_and_ticks_are_round(tmp_path: Path) -> None:
     (tmp_path / "b.toml").write_text(BATCH)
     common = ["--state-dir", str(tmp_path / "state")]
-    done = subprocess.run([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out"), "--json"],
-                          capture_output=True, text=True, timeout=180, env=ENV)
+    done = run_cli(["run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out"), "--json"],
+                          timeout=180, env=ENV)
     assert done.returncode in (0, 1), done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     failed = [e for e in events if e["type"] == "AttemptEnded" and e["failure"]]
     assert len(failed) == 12, "every attempt of both seeds fails"
     page = tmp_path / "report.html"
-    made = subprocess.run([*CLI, "report", events[0]["run"], "--out", str(page), *common], capture_output=True,
-                          text=True, timeout=60, env=ENV)
+    made = run_cli(["report", events[0]["run"], "--out", str(page), *common], timeout=60, env=ENV)
     assert made.returncode == 0, made.stderr
     dom = dom_of(page, tmp_path / "chromium")
     assert 'data-ready="1"' in dom
@@ -140,8 +139,7 @@ regions = [{{ name = "r1", gpus = {{ A100 = {{ stock = 4, hourly_usd = 3.0 }} }}
     proc.stderr.close()
     assert uploaded == {1, 2}
     (tmp_path / "gate").touch()
-    resumed = subprocess.run([*CLI, "resume", "--out", str(tmp_path / "out"), *common], capture_output=True,
-                             text=True, timeout=180, env=ENV, cwd=tmp_path)
+    resumed = run_cli(["resume", "--out", str(tmp_path / "out"), *common], timeout=180, env=ENV, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
     reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
@@ -154,8 +152,7 @@ regions = [{{ name = "r1", gpus = {{ A100 = {{ stock = 4, hourly_usd = 3.0 }} }}
     assert reservations
 
     page = tmp_path / "report.html"
-    made = subprocess.run([*CLI, "report", run, "--out", str(page), *common], capture_output=True, text=True,
-                          timeout=60, env=ENV)
+    made = run_cli(["report", run, "--out", str(page), *common], timeout=60, env=ENV)
     assert made.returncode == 0, made.stderr
     dom = dom_of(page, tmp_path / "chromium")
     assert 'data-ready="1"' in dom
