@@ -383,7 +383,8 @@ def _pool(url: str) -> Any:
             pool = ConnectionPool(url, min_size=0, max_size=4, kwargs={"autocommit": True, "connect_timeout": 5},
                                   open=True, name="actor-run-ledger", timeout=READ_WAIT_S)
             _pools[url] = pool
-            if len(_pools) == 1:
+            if len(_pools) == 1:  # once per process however often the table empties and fills again
+                atexit.unregister(close_pools)
                 atexit.register(close_pools)
         return pool
 
