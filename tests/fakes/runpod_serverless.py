@@ -10,11 +10,12 @@ RunPod gives a worker (RUNPOD_WEBHOOK_GET_JOB, _POST_OUTPUT, _POST_STREAM, _PING
 RUNPOD_AI_API_KEY). Each is forked, with that environment, from a process of this test process's
 that has imported the SDK and the handler already (fakes/zygote.py: the imports that read the
 environment are done again in the worker), not started as a fresh interpreter (`warm` = False does
-that, as does a `worker_argv` of another command). The fake serves the platform's side of the SDK's
-calls: the job-take long poll (`{"id", "input"}`, or 204), the job-stop long poll (`{"jobsToStop":
-[...]}`: how a `/cancel` or a timeout reaches the worker), the stream posts (each chunk held to the
-1 MB limit) and the done post (`{"output": [...]}` or `{"error": ...}`), and pings. A deleted
-endpoint's workers get SIGTERM, then SIGKILL after a grace, as a stopped container does.
+that, as does a `worker_argv` that is neither this command nor a `python -c ...`). The fake serves
+the platform's side of the SDK's calls: the job-take long poll (`{"id", "input"}`, or 204), the
+job-stop long poll (`{"jobsToStop": [...]}`: how a `/cancel` or a timeout reaches the worker), the
+stream posts (each chunk held to the 1 MB limit) and the done post (`{"output": [...]}` or
+`{"error": ...}`), and pings. A deleted endpoint's workers get SIGTERM, then SIGKILL after a grace,
+as a stopped container does.
 
 Faults, set on the instance (under `fake.lock`):
     throttled = {pool}            workers of endpoints on these pools are THROTTLED: jobs stay queued

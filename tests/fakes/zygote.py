@@ -8,6 +8,8 @@ The worker stays the real thing: its own process, in a session of its own (setsi
 descriptor the fake hands over, no other descriptor open, in its own working folder, with exactly
 the environment the fake gives it, running `python -m actor_run.protocols.serverless [args]` as
 `__main__` (runpy.run_module): RunPod's `serverless.start`, its job-take loop, its ping process.
+(`python -c CODE [args]` too, CODE run in a fresh `__main__` as `-c` runs it: another image's
+handler under the same SDK, as some tests give the fake.)
 
 What the zygote's imports read from the environment, and how a worker gets its own:
 - every module of the `runpod` package and of `actor_run.protocols.serverless` is dropped from
@@ -49,6 +51,7 @@ import gc
 import importlib
 import json
 import os
+import runpy
 import select
 import shutil
 import signal
@@ -58,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Any
 
 MODULE = "actor_run.protocols.serverless"  # the image's command: python -m MODULE
@@ -222,12 +226,16 @@ class Zygote:
         return f"the zygote's imports read {differ} from an environment that differs" if differ else ""
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, out: int) -> ForkedProcess | None:
-        """Fork `argv` (`python -m actor_run.protocols.serverless ...`) from the zygote, its stdout and
-        stderr on `out`; None if it cannot be forked (another command, or an environment the zygote's
-        imports would not match: see `refused`)."""
-        if argv[:3] != [sys.executable, "-m", MODULE]:
+        """Fork `argv` (`python -m actor_run.protocols.serverless ...` or `python -c CODE ...`) from the
+        zygote, its stdout and stderr on `out`; None if it cannot be forked (another command, or an
+        environment the zygote's imports would not match: see `refused`)."""
+        if argv[:3] == [sys.executable, "-m", MODULE]:
+            run = {"module": MODULE, "args": argv[3:]}
+        elif argv[:2] == [sys.executable, "-c"] and len(argv) > 2:
+            run = {"code": argv[2], "args": argv[3:]}
+        else:
             return None
-        request = json.dumps({"module": MODULE, "args": argv[3:], "env": env, "cwd": str(cwd)}).encode()
+        request = json.dumps(run | {"env": env, "cwd": str(cwd)}).encode()
         with self._lock:
             for _ in range(2):  # a zygote found dead is started again, once
                 why = self._mismatch(self._ready(), env)
@@ -445,7 +453,7 @@ def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int] | None:
 
 def _become(request: dict[str, Any], out: int, err: int) -> None:
     """In the forked worker: what Popen(argv, stdin=DEVNULL, stdout=out, stderr=STDOUT, env=env,
-    cwd=cwd, start_new_session=True) does before exec, then `python -m MODULE args`."""
+    cwd=cwd, start_new_session=True) does before exec, then `python -m MODULE args` (or -c CODE)."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -455,12 +463,16 @@ def _become(request: dict[str, Any], out: int, err: int) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path.insert(0, os.getcwd())  # as `python -m` puts it
     for name in [m for m in sys.modules if purged(m)]:
         del sys.modules[name]
+    if "code" in request:  # python -c CODE args
+        sys.path.insert(0, "")
+        sys.argv = ["-c", *request["args"]]
+        main = sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+        return
+    sys.path.insert(0, os.getcwd())  # as `python -m` puts it
     sys.argv = [sys.executable, *request["args"]]  # run_module puts the module's file in argv[0]
-    import runpy
-
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 

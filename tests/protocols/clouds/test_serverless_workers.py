@@ -3,7 +3,7 @@ started as fresh interpreters: each reads its own environment (the SDK's module-
 included) and nothing only the zygote had; a kill -9 is seen as that worker's death, with its status;
 a dead zygote is started again; an environment the zygote's imports would not match is started
 fresh; closing the zygote leaves no worker running. (A fake told `warm = False`, or given another
-command, starts fresh interpreters: test_runpod_serverless.py's RAISING workers are such.)"""
+command than `python -m` or `-c`, starts fresh interpreters.)"""
 
 from __future__ import annotations
 
@@ -166,7 +166,26 @@ def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(own_zyg
     env = worker_env(closed_port()) | {"PYTHONHASHSEED": "1"}  # read as the interpreter starts
     assert own_zygote.spawn(ARGV, env, str(tmp_path), 2) is None
     assert "start-up" in own_zygote.refused[-1]
-    assert own_zygote.spawn([sys.executable, "-c", "pass"], env, str(tmp_path), 2) is None  # not the image's command
+    assert own_zygote.spawn(["/bin/sh", "-c", "true"], env, str(tmp_path), 2) is None  # not Python's
+
+
+SHOW = """
+import os, sys
+print(__name__, sys.argv, repr(sys.path[0]), os.getcwd(), os.environ.get("OWN"), os.environ.get("ZYGOTE_ONLY"))
+print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")), os.getsid(0) == os.getpid(), flush=True)
+sys.exit(3)
+"""
+
+
+def test_python_c_runs_forked_as_python_c_would_run_it(own_zygote: Zygote, tmp_path: Path) -> None:
+    env = worker_env(closed_port()) | {"OWN": "mine"}
+    with (tmp_path / "c.log").open("ab") as out:
+        proc = own_zygote.spawn([sys.executable, "-c", SHOW, "a", "b"], env, str(tmp_path), out.fileno())
+    assert isinstance(proc, ForkedProcess)
+    assert proc.wait(30) == 3
+    shown, fds = (tmp_path / "c.log").read_text().splitlines()
+    assert shown == f"__main__ ['-c', 'a', 'b'] '' {tmp_path} mine None"
+    assert fds == "[0, 1, 2, 3] True"  # 3: listdir's own; a session of its own
 
 
 def imports_run_at_import(tree: ast.Module) -> list[str]:
