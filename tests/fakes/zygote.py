@@ -35,8 +35,10 @@ Conversation, over AF_UNIX SOCK_SEQPACKET (one JSON message each):
     zygote -> client, once ready:  {"frozen": {key: value or null}, "startup": {key: value}}
                                    or {"error": why}: then nothing is forked
     client -> zygote:              {"module", "args", "env", "cwd"}, with fds [channel, stdout, stderr]
-    zygote -> that channel:        {"pid": n} with fd [pidfd], then {"status": wait status} once it
-                                   reaped the worker; then the channel is closed
+    zygote -> that channel:        {"pid": n} with fd [pidfd] once the worker is set up (as Popen
+                                   returns once its child has exec'd), or {"error": why not};
+                                   then {"status": wait status} once it reaped the worker, and the
+                                   channel is closed
 The client signals a worker through its pidfd (never a reused pid) and waits for it on its channel.
 The zygote is started once per test process (lazily; again if it died) and ends when the client's
 end of its socket closes (at exit, or when the test process dies however it dies), after killing
@@ -260,12 +262,14 @@ class Zygote:
             theirs.close()
         r, _, _ = select.select([mine], [], [], ANSWER_S)
         data, fds, _, _ = socket.recv_fds(mine, 4096, 1) if r else (b"", [], 0, None)
-        if not data or not fds:
-            for fd in fds:
-                os.close(fd)
+        answer = json.loads(data) if data else {}
+        if "error" in answer:  # as Popen raises what its child could not do before exec
+            mine.close()
+            raise OSError(f"the worker could not be set up: {answer['error']}")
+        if not fds:
             mine.close()
             return None
-        return ForkedProcess(int(json.loads(data)["pid"]), fds[0], mine)
+        return ForkedProcess(int(answer["pid"]), fds[0], mine)
 
     @property
     def pid(self) -> int | None:
@@ -369,8 +373,9 @@ def _warm() -> dict[str, str | None]:
     return frozen
 
 
-def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int] | None:
-    """The zygote's loop; returns only in a forked worker (its request and stdout/stderr fds)."""
+def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int, int] | None:
+    """The zygote's loop; returns only in a forked worker (its request, its stdout and stderr fds,
+    and the pipe to close once it is set up)."""
     try:
         frozen = _warm()
         threads = threading.active_count()
@@ -426,23 +431,31 @@ def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int] | None:
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        set_r, set_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker: drop what is the zygote's, and go
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for s in (control, channel, *channels.values()):
                 s.close()
-            os.close(wake_r)
-            os.close(wake_w)
-            return request, out, err
+            for fd in (wake_r, wake_w, set_r):
+                os.close(fd)
+            return request, out, err, set_w
         pidfd = os.pidfd_open(pid)  # before any reap: it is this worker's, whatever pid comes later
-        os.close(out)
-        os.close(err)
+        for fd in (out, err, set_w):
+            os.close(fd)
+        # as Popen returns only once its child is set up (its own session, its descriptors, its
+        # folder): wait until the worker closes its end, or writes why it could not be set up
+        with os.fdopen(set_r, "rb") as f:
+            failed = f.read()
+        answer = {"error": failed.decode(errors="replace")} if failed else {"pid": pid}
         with contextlib.suppress(OSError):
-            socket.send_fds(channel, [json.dumps({"pid": pid}).encode()], [pidfd])
+            socket.send_fds(channel, [json.dumps(answer).encode()], [] if failed else [pidfd])
         os.close(pidfd)
         channels[pid] = channel
-    for pid in channels:  # workers still running when the test process ended
+    for pid in channels:  # workers still running when the test process ended, and their groups
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     while channels:
@@ -451,18 +464,25 @@ def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int] | None:
     return None
 
 
-def _become(request: dict[str, Any], out: int, err: int) -> None:
+def _become(request: dict[str, Any], out: int, err: int, set_up: int) -> None:
     """In the forked worker: what Popen(argv, stdin=DEVNULL, stdout=out, stderr=STDOUT, env=env,
-    cwd=cwd, start_new_session=True) does before exec, then `python -m MODULE args` (or -c CODE)."""
-    os.setsid()
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # close_fds=True: none but 0, 1, 2
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    cwd=cwd, start_new_session=True) does before exec (then closes `set_up`, or writes there why it
+    failed), then `python -m MODULE args` (or -c CODE)."""
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.closerange(3, set_up)  # close_fds=True: none but 0, 1, 2
+        os.closerange(set_up + 1, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+    except BaseException as exc:
+        os.write(set_up, repr(exc).encode())
+        os._exit(127)
+    os.close(set_up)
     for name in [m for m in sys.modules if purged(m)]:
         del sys.modules[name]
     if "code" in request:  # python -c CODE args

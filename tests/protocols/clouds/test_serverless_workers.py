@@ -167,6 +167,8 @@ def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(own_zyg
     assert own_zygote.spawn(ARGV, env, str(tmp_path), 2) is None
     assert "start-up" in own_zygote.refused[-1]
     assert own_zygote.spawn(["/bin/sh", "-c", "true"], env, str(tmp_path), 2) is None  # not Python's
+    with pytest.raises(OSError, match="FileNotFoundError"):  # as Popen raises for a cwd that is not there
+        own_zygote.spawn(ARGV, worker_env(closed_port()), str(tmp_path / "nowhere"), 2)
 
 
 SHOW = """
