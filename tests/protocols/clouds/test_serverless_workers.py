@@ -8,6 +8,7 @@ command than `python -m` or `-c`, starts fresh interpreters.)"""
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import signal
 import socket
@@ -131,11 +132,33 @@ def test_a_worker_killed_with_sigkill_is_seen_dead_with_its_status(
         trio.run(main)
 
 
+def working_in(folder: Path) -> list[psutil.Process]:
+    """The live processes whose working folder is `folder` (a worker and what it started)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.cwd() == str(folder) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def in_group(pgid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
 def test_a_dead_zygote_is_started_again_and_closing_it_leaves_no_worker(tmp_path: Path) -> None:
     z = Zygote()
     env = worker_env(closed_port())
-    with (tmp_path / "w.log").open("ab") as out:
-        try:
+    first = second = None
+    try:
+        with (tmp_path / "w.log").open("ab") as out:
             first = z.spawn(ARGV, env, str(tmp_path), out.fileno())
             assert first is not None
             zygote_pid = z.pid
@@ -143,18 +166,25 @@ def test_a_dead_zygote_is_started_again_and_closing_it_leaves_no_worker(tmp_path
             os.kill(zygote_pid, signal.SIGKILL)
             assert psutil.wait_procs([psutil.Process(zygote_pid)], timeout=30)[1] == []
             second = z.spawn(ARGV, env, str(tmp_path), out.fileno())  # finds it dead, starts another
-            assert second is not None
-            assert z.starts == 2
-            assert z.pid != zygote_pid
-            assert first.poll() is None  # an orphan now, still running
-        finally:
-            z.close()
-    assert second.wait(30) == -signal.SIGKILL  # the zygote killed its worker before it ended
-    first.kill()  # through its pidfd, though its zygote is gone
-    assert first.wait(30) is None  # dead, its parent gone: how it ended is nobody's to tell us
-    assert gone(first.pid)
-    assert not psutil.pid_exists(second.pid)  # reaped by its zygote
-    assert gone(zygote_pid)
+        assert second is not None
+        assert z.starts == 2
+        assert z.pid != zygote_pid
+        assert first.poll() is None  # an orphan now, still running
+        z.close()
+        assert second.wait(30) == -signal.SIGKILL  # the zygote killed its worker before it ended
+        assert not psutil.pid_exists(second.pid)  # ... and reaped it
+        assert psutil.wait_procs(in_group(second.pid), timeout=30)[1] == []  # and its SDK's ping process
+        first.kill()  # through its pidfd, though its zygote is gone
+        assert first.wait(30) is None  # dead, its parent gone: how it ended is nobody's to tell us
+        assert gone(first.pid)
+        assert gone(zygote_pid)
+    finally:
+        z.close()
+        for proc in (first, second):  # what is left of their groups (the SDK's ping process)
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    assert psutil.wait_procs(working_in(tmp_path), timeout=30)[1] == []
     assert "Starting Serverless Worker" in (tmp_path / "w.log").read_text()  # the SDK's own start
 
 
