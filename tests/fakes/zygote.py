@@ -173,7 +173,8 @@ class ForkedProcess:
 class Zygote:
     """The client's end: starts the zygote (start), forks workers from it (spawn), ends it (close)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+        self.extra_env = dict(extra_env or {})  # set in the zygote's own environment (a test's marker)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -196,6 +197,7 @@ class Zygote:
         # the fake's base for a worker's environment; a HOME of its own, so that the SDK's import (for
         # runpod.api_key) reads no developer's ~/.runpod/config.toml into memory the workers inherit
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")} | {"HOME": self._dir}
+        env |= self.extra_env
         with open(os.path.join(self._dir, "zygote.log"), "ab") as log:
             self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, __file__, str(there.fileno())],
                                           pass_fds=[there.fileno()], stdin=subprocess.DEVNULL, stdout=log,

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import trio
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
-from fakes.zygote import KEPT, MODULE, PURGED, ForkedProcess, Zygote
+from fakes.zygote import KEPT, MODULE, PURGED, ForkedProcess, Zygote, zygote
 from test_runpod_serverless import gone_by, run_until_end, submitted, wait_for_pids, with_pids
 
 from actor_run.protocols.clouds import make_cloud
@@ -31,12 +31,9 @@ PING = "/v2/{endpoint}/ping/{id}"
 
 
 @pytest.fixture
-def own_zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[Zygote]:
-    """A zygote of this test's own, started with ZYGOTE_ONLY in its environment (and no more after)."""
-    z = Zygote()
-    monkeypatch.setenv("ZYGOTE_ONLY", "from-the-zygote")
-    z.start()  # the environment is copied now
-    monkeypatch.delenv("ZYGOTE_ONLY")
+def own_zygote() -> Iterator[Zygote]:
+    """A zygote of this test's own, with ZYGOTE_ONLY in its environment (and in no worker's)."""
+    z = Zygote(extra_env={"ZYGOTE_ONLY": "from-the-zygote"})
     try:
         yield z
     finally:
@@ -81,6 +78,9 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
     monkeypatch.setenv("WORKER_OWN", "from-the-fake")  # in what the fake gives its workers, not in the zygote's
     with serving(tmp_path / "fake") as fake:
         fake.zygote = own_zygote
+        own_zygote.start()
+        assert own_zygote.pid is not None
+        assert b"ZYGOTE_ONLY=from-the-zygote" in Path(f"/proc/{own_zygote.pid}/environ").read_bytes().split(b"\0")
         cloud = cloud_for(fake, tmp_path, monkeypatch)
 
         async def main() -> bytes:
@@ -188,35 +188,35 @@ def test_a_dead_zygote_is_started_again_and_closing_it_leaves_no_worker(tmp_path
     assert "Starting Serverless Worker" in (tmp_path / "w.log").read_text()  # the SDK's own start
 
 
-def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(own_zygote: Zygote, tmp_path: Path) -> None:
+def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(tmp_path: Path) -> None:
+    z = zygote()  # this test process's, as the fake uses it
     env = worker_env(closed_port()) | {"AIOHTTP_NO_EXTENSIONS": "1"}  # aiohttp reads it at import
-    assert own_zygote.spawn(ARGV, env, str(tmp_path), 2) is None
-    assert own_zygote.refused == ["the zygote's imports read ['AIOHTTP_NO_EXTENSIONS'] from an environment "
-                                  "that differs"]
+    assert z.spawn(ARGV, env, str(tmp_path), 2) is None
+    assert z.refused[-1] == "the zygote's imports read ['AIOHTTP_NO_EXTENSIONS'] from an environment that differs"
     env = worker_env(closed_port()) | {"PYTHONHASHSEED": "1"}  # read as the interpreter starts
-    assert own_zygote.spawn(ARGV, env, str(tmp_path), 2) is None
-    assert "start-up" in own_zygote.refused[-1]
-    assert own_zygote.spawn(["/bin/sh", "-c", "true"], env, str(tmp_path), 2) is None  # not Python's
+    assert z.spawn(ARGV, env, str(tmp_path), 2) is None
+    assert "start-up" in z.refused[-1]
+    assert z.spawn(["/bin/sh", "-c", "true"], env, str(tmp_path), 2) is None  # not Python's
     with pytest.raises(OSError, match="FileNotFoundError"):  # as Popen raises for a cwd that is not there
-        own_zygote.spawn(ARGV, worker_env(closed_port()), str(tmp_path / "nowhere"), 2)
+        z.spawn(ARGV, worker_env(closed_port()), str(tmp_path / "nowhere"), 2)
 
 
 SHOW = """
 import os, sys
-print(__name__, sys.argv, repr(sys.path[0]), os.getcwd(), os.environ.get("OWN"), os.environ.get("ZYGOTE_ONLY"))
+print(__name__, sys.argv, repr(sys.path[0]), os.getcwd(), os.environ.get("OWN"))
 print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")), os.getsid(0) == os.getpid(), flush=True)
 sys.exit(3)
 """
 
 
-def test_python_c_runs_forked_as_python_c_would_run_it(own_zygote: Zygote, tmp_path: Path) -> None:
+def test_python_c_runs_forked_as_python_c_would_run_it(tmp_path: Path) -> None:
     env = worker_env(closed_port()) | {"OWN": "mine"}
     with (tmp_path / "c.log").open("ab") as out:
-        proc = own_zygote.spawn([sys.executable, "-c", SHOW, "a", "b"], env, str(tmp_path), out.fileno())
+        proc = zygote().spawn([sys.executable, "-c", SHOW, "a", "b"], env, str(tmp_path), out.fileno())
     assert isinstance(proc, ForkedProcess)
     assert proc.wait(30) == 3
     shown, fds = (tmp_path / "c.log").read_text().splitlines()
-    assert shown == f"__main__ ['-c', 'a', 'b'] '' {tmp_path} mine None"
+    assert shown == f"__main__ ['-c', 'a', 'b'] '' {tmp_path} mine"
     assert fds == "[0, 1, 2, 3] True"  # 3: listdir's own; a session of its own
 
 
