@@ -1,7 +1,8 @@
 """Warm starts for the fake's serverless workers (issue 24): one process per test process, the zygote,
 imports RunPod's SDK and actor-run's handler once, and forks each worker from itself instead of the
-fake starting a fresh interpreter for it (a fresh one spent about 0.4 s of CPU on imports, and as
-much again on the subprocess py-cpuinfo starts when the SDK's rp_debugger asks it at import time).
+fake starting a fresh interpreter for it (a fresh one spent about 0.6 s of CPU on imports, and as
+much again on the Python subprocess py-cpuinfo runs when the SDK's rp_debugger asks it at import
+time; a forked one spends about 0.1 s in all, its job included).
 
 The worker stays the real thing: its own process, in a session of its own (setsid, as
 `Popen(start_new_session=True)` does), stdin from /dev/null, stdout and stderr on the file
@@ -21,12 +22,17 @@ What the zygote's imports read from the environment, and how a worker gets its o
   environment; its import is where py-cpuinfo's subprocess runs, and what it keeps (the processor's
   name, the OS and Python versions) is the machine's, the same for every worker;
 - every other module (aiohttp, requests, urllib3, the standard library, ...) stays as the zygote
-  imported it. The zygote records each environment read made while it imports, other than those
-  made by the modules above (`os.environ` accesses, whoever makes them: a read from inside a kept
-  module's function that a re-imported module's top level called counts as kept), and a worker whose
-  environment differs from the zygote's on any key so read, or on what the interpreter reads when
-  it starts (PYTHON*, LANG, LC_*), is not forked: `spawn` answers None and the fake starts a fresh
-  interpreter, as before.
+  imported it. While it imports, the zygote notes each `os.environ` access and whose it is: the
+  innermost frame outside os, posixpath and pathlib. A re-imported module's (up to its top-level
+  code) is read again by the worker; any other module's is frozen, and a worker whose environment
+  differs from the zygote's on a key so read, or on what the interpreter reads as it starts
+  (PYTHON*, LANG, LC_*), is not forked: `spawn` answers None and the fake starts a fresh
+  interpreter, as before. A module that goes through the whole environment is allowed only if
+  ITERATES says which keys it keeps (tqdm: TQDM_*; platform: PATH).
+The zygote's own environment is the test process's (less RUNPOD_*, with a HOME of its own, so the
+SDK's import reads no developer's ~/.runpod key into memory the workers inherit); it is also what
+/proc/<worker>/environ shows (the kernel's copy, made at exec), while os.environ and getenv, what
+the SDK, the handler and the command read, are the worker's own.
 The zygote runs one thread (fork is safe) and holds no descriptor but its own socket; after its
 imports it moves every object to the collector's permanent generation (gc.freeze), so a worker's
 collections do not walk what it inherited.
@@ -34,7 +40,8 @@ collections do not walk what it inherited.
 Conversation, over AF_UNIX SOCK_SEQPACKET (one JSON message each):
     zygote -> client, once ready:  {"frozen": {key: value or null}, "startup": {key: value}}
                                    or {"error": why}: then nothing is forked
-    client -> zygote:              {"module", "args", "env", "cwd"}, with fds [channel, stdout, stderr]
+    client -> zygote:              {"module" or "code", "args", "env", "cwd"},
+                                   with fds [channel, stdout, stderr]
     zygote -> that channel:        {"pid": n} with fd [pidfd] once the worker is set up (as Popen
                                    returns once its child has exec'd), or {"error": why not};
                                    then {"status": wait status} once it reaped the worker, and the
