@@ -323,7 +323,9 @@ class FakeRunPodServerless(FakeRunPod):
     def _start_worker(self, e: dict[str, Any]) -> None:
         wid = f"{e['id']}-w{next(self._wids)}"
         base, gpu = f"{self.queue_url}/v2/{e['id']}", e["gpu"]["pools"][0]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")}
+        # the test process's environment (its PATH, its Python) but no RUNPOD_* of its own, and not the
+        # account's key (a test holds it in the variable its settings name): RunPod gives a worker none
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD") and v != self.token}
         env.update({  # what RunPod sets in a serverless worker's container
             "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID?gpu={gpu}",
             "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID?gpu={gpu}",

@@ -84,7 +84,8 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
         cloud = cloud_for(fake, tmp_path, monkeypatch)
 
         async def main() -> bytes:
-            machine, ws, work = await submitted(cloud, 'echo "own=${WORKER_OWN-unset} zygote=${ZYGOTE_ONLY-unset}"')
+            machine, ws, work = await submitted(
+                cloud, 'echo "own=${WORKER_OWN-unset} zygote=${ZYGOTE_ONLY-unset} account=${RP_TEST_KEY-unset}"')
             res, _, log = await run_until_end(ws, work)
             assert res.exit_code == 0
             await ws.aclose()
@@ -94,7 +95,7 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
 
         log = trio.run(main)
         # the command's environment is the worker's own (the handler passes it on)
-        assert log == b"own=from-the-fake zygote=unset\n"
+        assert log == b"own=from-the-fake zygote=unset account=unset\n"  # nor the account's key
         # the SDK's module-level reads were the worker's: the zygote had no RUNPOD_* at all, yet the
         # job was taken and done under this worker's id (rp_job's JOB_GET_URL, worker_state's
         # WORKER_ID) and its pings came (rp_ping's Heartbeat, built when worker.py is imported)
