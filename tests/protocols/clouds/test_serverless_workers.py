@@ -78,9 +78,6 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
     monkeypatch.setenv("WORKER_OWN", "from-the-fake")  # in what the fake gives its workers, not in the zygote's
     with serving(tmp_path / "fake") as fake:
         fake.zygote = own_zygote
-        own_zygote.start()
-        assert own_zygote.pid is not None
-        assert b"ZYGOTE_ONLY=from-the-zygote" in Path(f"/proc/{own_zygote.pid}/environ").read_bytes().split(b"\0")
         cloud = cloud_for(fake, tmp_path, monkeypatch)
 
         async def main() -> bytes:
@@ -94,6 +91,8 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
             return log
 
         log = trio.run(main)
+        assert own_zygote.pid is not None  # the zygote that forked the worker had ZYGOTE_ONLY
+        assert b"ZYGOTE_ONLY=from-the-zygote" in Path(f"/proc/{own_zygote.pid}/environ").read_bytes().split(b"\0")
         # the command's environment is the worker's own (the handler passes it on)
         assert log == b"own=from-the-fake zygote=unset account=unset\n"  # nor the account's key
         # the SDK's module-level reads were the worker's: the zygote had no RUNPOD_* at all, yet the
