@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fakes.zygote_main import KEPT, MODULE, PURGED, seen_in, startup_keys
+from fakes.zygote_main import KEPT, MODULE, PURGED, WARM, seen_in, startup_keys
 
 __all__ = ["KEPT", "MODULE", "PURGED", "ForkedProcess", "Zygote", "zygote"]
 
@@ -151,8 +151,9 @@ class ForkedProcess:
 class Zygote:
     """The client's end: starts the zygote (start), forks workers from it (spawn), ends it (close)."""
 
-    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, extra_env: dict[str, str] | None = None, warm: tuple[str, ...] = WARM) -> None:
         self.extra_env = dict(extra_env or {})  # set in the zygote's own environment (a test's marker)
+        self.warm = warm  # what it imports before it forks (a test of its mechanics alone: none)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -177,8 +178,8 @@ class Zygote:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")} | {"HOME": self._dir}
         env |= self.extra_env
         with open(os.path.join(self._dir, "zygote.log"), "ab") as log:
-            self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, MAIN, str(there.fileno())],
-                                          pass_fds=[there.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+            argv = [sys.executable, "-c", _BOOT, MAIN, str(there.fileno()), json.dumps(self.warm)]
+            self._proc = subprocess.Popen(argv, pass_fds=[there.fileno()], stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, env=env, cwd=self._dir, start_new_session=True)
         there.close()
         self._sock, self._hello = here, None

@@ -24,7 +24,7 @@ from typing import Any
 MODULE = "actor_run.protocols.serverless"  # the image's command: python -m MODULE
 PURGED = ("runpod", MODULE)  # packages imported again in each worker, under its own environment
 KEPT = frozenset({"runpod.serverless.utils.rp_debugger"})  # ... but these (fakes/zygote.py says why)
-WARM = ("runpod", f"{MODULE}.handler")  # what the zygote imports
+WARM = ("runpod", f"{MODULE}.handler")  # what the zygote imports (unless told otherwise: a test's)
 # frames between an environment read and the module that made it: they keep nothing of what they read
 _ACCESS = frozenset({"os", "_collections_abc", "collections.abc", "posixpath", "genericpath", "pathlib", __name__})
 # modules outside PURGED that go through the whole environment while the zygote imports, and what of it
@@ -52,8 +52,8 @@ def purged(name: str) -> bool:
     return name not in KEPT and any(name == p or name.startswith(p + ".") for p in PURGED)
 
 
-def _warm() -> dict[str, str | None]:
-    """Import WARM; return the environment reads made meanwhile that stay frozen in a worker."""
+def _warm(modules: list[str]) -> dict[str, str | None]:
+    """Import `modules`; return the environment reads made meanwhile that stay frozen in a worker."""
     frozen: dict[str, str | None] = {}
     environ = os.environ
     plain = type(environ)
@@ -98,18 +98,18 @@ def _warm() -> dict[str, str | None]:
 
     environ.__class__ = Recording
     try:
-        for name in WARM:
+        for name in modules:
             importlib.import_module(name)
     finally:
         environ.__class__ = plain
     return frozen
 
 
-def _serve(control: socket.socket) -> tuple[dict[str, Any], int, int, int] | None:
+def _serve(control: socket.socket, warm: list[str]) -> tuple[dict[str, Any], int, int, int] | None:
     """The zygote's loop; returns only in a forked worker (its request, its stdout and stderr fds,
     and the pipe to close once it is set up)."""
     try:
-        frozen = _warm()
+        frozen = _warm(warm)
         threads = threading.active_count()
         fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
         extra = [fd for fd in fds if fd not in (0, 1, 2, control.fileno())]
@@ -229,6 +229,6 @@ def _become(request: dict[str, Any], out: int, err: int, set_up: int) -> None:
 
 
 if __name__ == "__main__":
-    _forked = _serve(socket.socket(fileno=int(sys.argv[2])))
+    _forked = _serve(socket.socket(fileno=int(sys.argv[2])), json.loads(sys.argv[3]))
     if _forked is not None:
         _become(*_forked)
