@@ -208,10 +208,11 @@ class Zygote:
         differ = sorted(k for k, v in hello["frozen"].items() if seen_in(env, k) != v)
         return f"the zygote's imports read {differ} from an environment that differs" if differ else ""
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, out: int) -> ForkedProcess | None:
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, out: int,
+              err: int | None = None) -> ForkedProcess | None:
         """Fork `argv` (`python -m actor_run.protocols.serverless ...` or `python -c CODE ...`) from the
-        zygote, its stdout and stderr on `out`; None if it cannot be forked (another command, or an
-        environment the zygote's imports would not match: see `refused`)."""
+        zygote, its stdout on `out` and its stderr on `err` (None: `out` too); None if it cannot be
+        forked (another command, or an environment the zygote's imports would not match: `refused`)."""
         if argv[:3] == [sys.executable, "-m", MODULE]:
             run = {"module": MODULE, "args": argv[3:]}
         elif argv[:2] == [sys.executable, "-c"] and len(argv) > 2:
@@ -225,17 +226,17 @@ class Zygote:
                 if why:
                     self.refused.append(why)
                     return None
-                proc = self._fork(request, out)
+                proc = self._fork(request, out, out if err is None else err)
                 if proc is not None:
                     return proc
                 self._reset()
             raise RuntimeError(f"the zygote died twice in a row: {self._log()}")
 
-    def _fork(self, request: bytes, out: int) -> ForkedProcess | None:
+    def _fork(self, request: bytes, out: int, err: int) -> ForkedProcess | None:
         assert self._sock is not None
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            socket.send_fds(self._sock, [request], [theirs.fileno(), out, out])
+            socket.send_fds(self._sock, [request], [theirs.fileno(), out, err])
         except OSError:  # the zygote is gone
             mine.close()
             return None
