@@ -52,9 +52,9 @@ def purged(name: str) -> bool:
     return name not in KEPT and any(name == p or name.startswith(p + ".") for p in PURGED)
 
 
-def _warm(modules: list[str]) -> dict[str, str | None]:
+def _warm(modules: list[str]) -> dict[str, Any]:
     """Import `modules`; return the environment reads made meanwhile that stay frozen in a worker."""
-    frozen: dict[str, str | None] = {}
+    frozen: dict[str, Any] = {}  # key -> the value the import saw (None: unset; "X_*": a dict)
     environ = os.environ
     plain = type(environ)
 
