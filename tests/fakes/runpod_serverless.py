@@ -7,11 +7,15 @@ Its workers are real, and run RunPod's own SDK: a queued job brings up a worker 
 endpoint (up to `workers.max`), running the image's command (`worker_argv`: actor-run's handler,
 `python -m actor_run.protocols.serverless`, under `runpod.serverless.start`) with the environment
 RunPod gives a worker (RUNPOD_WEBHOOK_GET_JOB, _POST_OUTPUT, _POST_STREAM, _PING, RUNPOD_POD_ID,
-RUNPOD_AI_API_KEY). The fake serves the platform's side of the SDK's calls: the job-take long poll
-(`{"id", "input"}`, or 204), the job-stop long poll (`{"jobsToStop": [...]}`: how a `/cancel` or a
-timeout reaches the worker), the stream posts (each chunk held to the 1 MB limit) and the done post
-(`{"output": [...]}` or `{"error": ...}`), and pings. A deleted endpoint's workers get SIGTERM, then
-SIGKILL after a grace, as a stopped container does.
+RUNPOD_AI_API_KEY). Each is forked, with that environment, from a process of this test process's
+that has imported the SDK and the handler already (fakes/zygote.py: the imports that read the
+environment are done again in the worker), not started as a fresh interpreter (`warm` = False does
+that, as does a `worker_argv` that is neither this command nor a `python -c ...`). The fake serves
+the platform's side of the SDK's calls: the job-take long poll (`{"id", "input"}`, or 204), the
+job-stop long poll (`{"jobsToStop": [...]}`: how a `/cancel` or a timeout reaches the worker), the
+stream posts (each chunk held to the 1 MB limit) and the done post (`{"output": [...]}` or
+`{"error": ...}`), and pings. A deleted endpoint's workers get SIGTERM, then SIGKILL after a grace,
+as a stopped container does.
 
 Faults, set on the instance (under `fake.lock`):
     throttled = {pool}            workers of endpoints on these pools are THROTTLED: jobs stay queued
@@ -48,6 +52,7 @@ from werkzeug.wrappers import Request, Response
 
 from fakes.openapi_server import json_response
 from fakes.runpod import FakeRunPod, problem
+from fakes.zygote import ForkedProcess, zygote
 
 POOLS = {  # GPU type id -> (pool, serverless USD per GPU-hour)
     "NVIDIA A100-SXM4-80GB": ("AMPERE_80", 2.72),
@@ -79,7 +84,7 @@ class Job:
 class Worker:
     """One serverless worker: a process running the worker image's command (RunPod's SDK loop)."""
 
-    def __init__(self, wid: str, endpoint: str, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, wid: str, endpoint: str, proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
         self.id, self.endpoint, self.proc = wid, endpoint, proc
         self.alive = True  # False once the platform stopped it
         self.polled = False  # it has asked for a job (past its start-up)
@@ -109,6 +114,8 @@ class FakeRunPodServerless(FakeRunPod):
         self.workers: dict[str, Worker] = {}
         self.worker_key = "worker-own-key"  # RUNPOD_AI_API_KEY in a worker: not the account's key
         self.worker_argv = [sys.executable, "-m", "actor_run.protocols.serverless"]  # the image's CMD
+        self.warm = True  # workers forked from the zygote where they can be (False: a fresh interpreter each)
+        self.zygote = zygote()  # this test process's
         self.take_wait_s = 2.0  # how long a job-take or job-stop long poll is held open
         self.stop_delivered: dict[str, float] = {}  # job id -> time.monotonic() its stop reached the worker
         self.chunk_sizes: list[int] = []  # bytes of each stream post
@@ -316,7 +323,9 @@ class FakeRunPodServerless(FakeRunPod):
     def _start_worker(self, e: dict[str, Any]) -> None:
         wid = f"{e['id']}-w{next(self._wids)}"
         base, gpu = f"{self.queue_url}/v2/{e['id']}", e["gpu"]["pools"][0]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")}
+        # the test process's environment (its PATH, its Python) but no RUNPOD_* of its own, and not the
+        # account's key (a test holds it in the variable its settings name): RunPod gives a worker none
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD") and v != self.token}
         env.update({  # what RunPod sets in a serverless worker's container
             "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID?gpu={gpu}",
             "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID?gpu={gpu}",
@@ -329,10 +338,15 @@ class FakeRunPodServerless(FakeRunPod):
             # the SDK prefers ~/.runpod/config.toml's key to RUNPOD_AI_API_KEY: a developer's own stays out
             "HOME": str(self.dir),
         })
-        out = open(self.dir / f"worker-{wid}.log", "ab")  # noqa: SIM115 - the worker's; closed when it is reaped
-        proc = subprocess.Popen(self.worker_argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True, cwd=self.dir)
-        out.close()
+        with open(self.dir / f"worker-{wid}.log", "ab") as out:
+            # forked from a process that has imported the SDK already (fakes/zygote.py), or, for another
+            # command or an environment that process's imports would not match, a fresh interpreter
+            proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+            if self.warm:
+                proc = self.zygote.spawn(self.worker_argv, env, str(self.dir), out.fileno())
+            if proc is None:
+                proc = subprocess.Popen(self.worker_argv, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.dir)
         self.workers[wid] = Worker(wid, e["id"], proc)
 
     def _worker_of(self, req: Request, eid: str, wid: str) -> Worker | None:
@@ -482,6 +496,8 @@ class FakeRunPodServerless(FakeRunPod):
     # --- servers -------------------------------------------------------------------------------------
 
     def start(self) -> FakeRunPodServerless:
+        if self.warm:
+            self.zygote.start()  # its imports run while the test sets up
         super().start()
         self._queue_server = make_server("127.0.0.1", 0, self._queue_app, threaded=True)
         self.queue_url = f"http://127.0.0.1:{self._queue_server.server_port}"

@@ -9,7 +9,6 @@ import io
 import json
 import os
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from fakes.zygote import zygote
 
 from actor_run.protocols.serverless import decode_blob, encode_blob, handle, pack, run, unpack
 
@@ -236,17 +236,22 @@ def free_port() -> int:
 def test_the_sdk_local_api_server_runs_a_job_to_its_aggregated_result(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")}
-    proc = subprocess.Popen([sys.executable, "-m", "actor_run.protocols.serverless", "--rp_serve_api",
-                             "--rp_api_host", "127.0.0.1", "--rp_api_port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    argv = [sys.executable, "-m", "actor_run.protocols.serverless", "--rp_serve_api", "--rp_api_host", "127.0.0.1",
+            "--rp_api_port", str(port)]
+    stderr_r, stderr_w = os.pipe()
+    with open(os.devnull, "wb") as null:  # forked from a process that has imported the SDK (fakes/zygote.py)
+        proc = zygote().spawn(argv, env, str(tmp_path), null.fileno(), stderr_w)
+    os.close(stderr_w)
+    assert proc is not None
+    stderr = os.fdopen(stderr_r)
     watchdog = threading.Timer(120, proc.kill)  # bounds the wait for its banner below
     watchdog.start()
+    drain = threading.Thread(target=stderr.read, daemon=True)  # keeps its pipe drained past the banner
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
+        for line in stderr:
             if "Uvicorn running on" in line:
                 break
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
+        drain.start()
         code = tmp_path / "code"
         code.mkdir()
         (code / "go.sh").write_text('echo \'{"stage": "train"}\' >> "$ACTOR_RUN_PROGRESS"; echo hi; '
@@ -267,3 +272,6 @@ def test_the_sdk_local_api_server_runs_a_job_to_its_aggregated_result(tmp_path: 
         watchdog.cancel()
         proc.terminate()
         proc.wait(30)
+        if drain.is_alive():
+            drain.join(30)  # its pipe ends with the worker
+        stderr.close()
