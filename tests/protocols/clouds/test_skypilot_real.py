@@ -216,7 +216,8 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     """skylet counts an SSH session as activity only when it has a terminal under sshd: actor-run's
     connection has none (so the cluster needs a job of its own); `ssh -tt` has one, `ssh -T` not.
     The fake's skylet model gives the same answer as SkyPilot's function each time."""
-    pid = int((sshd.dir / "sshd.pid").read_text())
+    assert sshd.proc is not None
+    pid = sshd.proc.pid  # the listener (`sshd -D`); its pid file may be half-written at this moment
     home = tmp_path / "home"
 
     def session_runs() -> bool:
@@ -228,11 +229,19 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
                 continue
         return False
 
-    def wait_session(what: str) -> None:
+    def wait_session(what: str, client: subprocess.Popen[str] | None = None) -> None:
+        """Until the session's command runs, or its client has exited (bounded)."""
         end = time.monotonic() + 30
-        while not session_runs() and time.monotonic() < end:  # until its command runs (bounded)
+        while not session_runs() and time.monotonic() < end:
+            if client is not None and client.poll() is not None:
+                break
             threading.Event().wait(0.1)
-        assert session_runs(), what
+        said = ""
+        if client is not None and not session_runs():
+            client.kill()
+            _, err = client.communicate(timeout=30)
+            said = f": ssh exited {client.returncode}, said {err!r}"
+        assert session_runs(), f"{what}: no `sleep` under sshd{said}; sshd's log: {sshd.log.read_text()[-2000:]!r}"
 
     def both() -> tuple[bool, bool]:
         return sky_own.ask("ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
@@ -255,9 +264,9 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     sshd.kill_sessions()  # its `sleep` must not stand for the next session's
     for flag, want in (("-T", (False, False)), ("-tt", (True, True))):
         ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            wait_session(flag)
+            wait_session(flag, ssh)
             assert both() == want, flag
         finally:
             ssh.kill()
