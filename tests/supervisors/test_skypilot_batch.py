@@ -59,6 +59,7 @@ def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
     yield fake
     fake.stop()  # its skylets and their jobs
     power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
+    assert processes_in(tmp_path / "root") == []  # not even a job started detached on a cluster
 
 
 def batch(tmp: Path, sshd: Sshd, fake: FakeSky, *, seeds: list[int], steps: int = 3, timeout_s: float = 300,

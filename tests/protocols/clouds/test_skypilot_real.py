@@ -220,28 +220,38 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     pid = sshd.proc.pid  # the listener (`sshd -D`); its pid file may be half-written at this moment
     home = tmp_path / "home"
 
-    def session_runs() -> bool:
+    def sleeps() -> set[int]:
+        """The live `sleep` processes under sshd (a zombie's session has ended)."""
+        found = set()
         for p in psutil.Process(pid).children(recursive=True):
             try:
-                if p.name() == "sleep":
-                    return True
+                if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE:
+                    found.add(p.pid)
             except psutil.NoSuchProcess:  # a session's short-lived process, gone meanwhile
                 continue
-        return False
+        return found
+
+    def no_sessions() -> None:
+        """Until every session before has ended: sshd has no process under it (bounded)."""
+        end = time.monotonic() + 30
+        while psutil.Process(pid).children(recursive=True) and time.monotonic() < end:
+            threading.Event().wait(0.05)
+        assert psutil.Process(pid).children(recursive=True) == []
 
     def wait_session(what: str, client: subprocess.Popen[str] | None = None) -> None:
-        """Until the session's command runs, or its client has exited (bounded)."""
+        """Until the session's own command runs (a `sleep` under sshd), or its client has exited
+        (bounded); the ssh client's exit code and words say why it did not."""
         end = time.monotonic() + 30
-        while not session_runs() and time.monotonic() < end:
-            if client is not None and client.poll() is not None:
-                break
+        running = sleeps()
+        while not running and time.monotonic() < end and (client is None or client.poll() is None):
             threading.Event().wait(0.1)
+            running = sleeps()
         said = ""
-        if client is not None and not session_runs():
+        if client is not None and not running:
             client.kill()
             _, err = client.communicate(timeout=30)
             said = f": ssh exited {client.returncode}, said {err!r}"
-        assert session_runs(), f"{what}: no `sleep` under sshd{said}; sshd's log: {sshd.log.read_text()[-2000:]!r}"
+        assert running, f"{what}: no `sleep` under sshd{said}; sshd's log: {sshd.log.read_text()[-2000:]!r}"
 
     def both() -> tuple[bool, bool]:
         return sky_own.ask("ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
@@ -263,6 +273,7 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     assert run(ours) == (False, False)
     sshd.kill_sessions()  # its `sleep` must not stand for the next session's
     for flag, want in (("-T", (False, False)), ("-tt", (True, True))):
+        no_sessions()  # what kill_sessions ended is gone, not only signalled: a `sleep` now is this one's
         ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
