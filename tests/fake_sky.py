@@ -1,9 +1,11 @@
-"""A fake `sky` (SkyPilot 0.14 CLI, client-server) for tests: the command grammar, request ids and
-output of SkyPilot 0.14.1 (written from its sources: sky/client/cli/command.py for what each command
-prints, sky/catalog/common.py for how GPUs are filtered, sky/skylet/events.py and autostop_lib.py
-for autostop), with clusters that are real logins on a test sshd and instances recorded in a moto
-EC2 server, tagged the way SkyPilot tags them. tests/skypilot_real/ checks its output against
-SkyPilot's own code.
+"""A fake SkyPilot 0.14 for tests, as SkyPilot 0.14 is made: a long-lived API server holding the
+clusters and requests, and a thin `sky` client that sends it each command line and prints its
+answer. The command grammar, request ids and output are SkyPilot 0.14.1's (written from its
+sources: sky/client/cli/command.py for what each command prints, sky/catalog/common.py for how GPUs
+are filtered, sky/skylet/events.py and autostop_lib.py for autostop), with clusters that are real
+logins on a test sshd and instances recorded in a moto EC2 server, tagged the way SkyPilot tags
+them. tests/protocols/clouds/test_skypilot_real.py checks its output against SkyPilot's own code
+(tests/sky_own.py).
 
 What 0.14 prints, kept here: `sky down --async` says `Submitted sky.Terminating request: <id>` (the
 CLI's label, not the request's name, which is `sky.down`), and `Cluster(s) not found (tip: see
@@ -13,18 +15,23 @@ on stderr) and `sky gpus list` print one table per GPU name the case-insensitive
 quantity 1 not found on AWS.` with exit 0; `sky status -o json` lists a cluster still being
 launched as INIT with null `cluster_name_on_cloud`, region and resources.
 
-A cluster that comes up gets a *skylet* (a process of this file, `--skylet <cluster>`): it runs the
-launch's run command as the cluster's job and autostops the cluster as SkyPilot's StopEvent does,
-on a scaled minute (`minute_s`): every minute it checks whether the cluster is idle (no job running
-and no SSH session with a terminal under the test's sshd: `has_active_ssh_sessions`), and once
-idle for `-i` minutes with `--down` it terminates the instances and drops the cluster (recorded in
-`autodowns`), powering off what ran on the cluster's root if the test named it.
+The server (`FakeSky`: one a test, started with it and ended by `stop`) listens on 127.0.0.1 and
+runs in the test's process, as moto's server does: threads, one a call, and a *skylet* thread for
+each cluster that comes up. `sky` (`FakeSky.command`, a wrapper around tests/fake_sky_client.py:
+standard library only) sends its argv as one JSON line and prints the answer's stdout, stderr and
+exit code, so every call the adapter makes costs one small process, as a real `sky` talking to its
+API server does. The server plays the API server lazily: a submitted request carries the moment it
+is due, and any later call (`sky api status`, `sky status`, ...) first moves every due request to
+its end (instances are made or terminated in moto then). Calls are answered one at a time.
 
-As a program (`FakeSky.install` writes an executable wrapper that runs this file) it keeps its
-state in one JSON file under $FAKE_SKY_STATE, locked per call. The API server is played lazily:
-a submitted request carries the moment it is due, and any later call (`sky api status`, `sky
-status`, ...) first moves every due request to its end (instances are made or terminated in moto
-then). Faults are read from `faults.json` beside the state, which a test may rewrite at any time:
+A cluster's skylet runs the launch's run command as the cluster's job and autostops the cluster as
+SkyPilot's StopEvent does, on a scaled minute (`minute_s`): every minute it checks whether the
+cluster is idle (no job running and no SSH session with a terminal under the test's sshd:
+`has_active_ssh_sessions`), and once idle for `-i` minutes with `--down` it terminates the
+instances and drops the cluster (recorded in `autodowns`). A cluster that goes (a down, an
+autodown) takes what ran on it: its own job, and what came in over SSH (`cluster_processes`).
+
+Faults (`set_faults`, at any time):
 
     unavailable: [region, ...]   a launch there FAILS with ResourcesUnavailableError, nothing made
     provision: "fail"            a launch makes its instance, then FAILS (the cluster stays, INIT)
@@ -32,22 +39,27 @@ then). Faults are read from `faults.json` beside the state, which a test may rew
     old_cli: true                `sky gpus` is not a command (a CLI before it; `sky show-gpus` only)
     down: "fail" | "hang"        a down request FAILS / the `sky down` command itself hangs
 
-As a library, `FakeSky` is the test's side: install, set faults, read clusters, forget a cluster
-(its record vanishes while its instance runs), count live instances.
+The test's side (`FakeSky`): the `sky` command, set faults, read clusters and requests, forget a
+cluster (its record vanishes while its instance runs), the calls made, stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import fnmatch
+import io
 import json
 import os
+import signal
+import socket
+import socketserver
+import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -70,103 +82,151 @@ CATALOG = [
 ]
 ACTIVE = ("PENDING", "WAITING", "RUNNING")
 LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
+HANG = -1  # a command's answer that never comes: the client waits until it is killed
+CLIENT = Path(__file__).resolve().with_name("fake_sky_client.py")
 
 
-# --- the state -------------------------------------------------------------------------------------
+# --- the API server's state ------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked(state: Path) -> Iterator[dict[str, Any]]:
-    state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        path = state / "db.json"
-        db = json.loads(path.read_text()) if path.exists() else {"requests": [], "clusters": {}}
-        yield db
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(db, indent=1))
-        tmp.replace(path)
-    finally:
-        os.close(fd)
+class Api:
+    """What the API server holds: requests, clusters, faults, the calls made, one EC2 client a
+    region, the skylets. Every call runs under `lock`."""
 
+    def __init__(self, cfg: dict[str, Any], log: Path) -> None:
+        self.cfg = cfg
+        self.log = log  # the skylets' and jobs' output
+        self.db: dict[str, Any] = {"requests": [], "clusters": {}, "autodowns": []}
+        self.faults: dict[str, Any] = {}
+        self.argvs: list[list[str]] = []
+        self.lock = threading.RLock()
+        self.stopping = threading.Event()
+        self.skylets: dict[str, list[Skylet]] = {}  # the live clusters'
+        self.every_skylet: list[Skylet] = []
+        self._ec2: dict[str, Any] = {}
+        self._ssh_port: int | None = None
 
-def _config(state: Path) -> dict[str, Any]:
-    return json.loads((state / "config.json").read_text())
+    def advance(self) -> dict[str, Any]:
+        """Move every due request to its end, as the API server would have by now; the state."""
+        now = time.time()
+        db = self.db
+        for r in db["requests"]:
+            if r["status"] not in ACTIVE:
+                continue
+            if r["status"] == "PENDING":
+                r["status"] = "RUNNING"
+                if r["name"] == "sky.launch" and r["params"]["region"] not in self.faults.get("unavailable", []):
+                    _init_cluster(db, r)
+            if now < r["due"]:
+                continue
+            if r["name"] == "sky.launch":
+                self._finish_launch(r)
+            elif r["name"] == "sky.down":
+                self._finish_down(r)
+            if r["status"] not in ACTIVE:
+                r["finished_at"] = now
+        return db
 
+    def ec2(self, region: str) -> Any:
+        if region not in self._ec2:
+            import boto3  # the test's process has it already (moto's server)
 
-def _faults(state: Path) -> dict[str, Any]:
-    path = state / "faults.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+            env = aws_env()
+            self._ec2[region] = boto3.client(
+                "ec2", region_name=region, endpoint_url=self.cfg["ec2_endpoint"],
+                aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                aws_session_token=env["AWS_SESSION_TOKEN"])
+        return self._ec2[region]
 
+    def _make_instance(self, cluster: dict[str, Any], token: str) -> None:
+        """Its instance, made once per request however often this is cut short (EC2's ClientToken)."""
+        on_cloud = cluster["cluster_name_on_cloud"]
+        tags = [{"Key": "skypilot-cluster-name", "Value": on_cloud}, {"Key": "ray-cluster-name", "Value": on_cloud},
+                {"Key": "ray-node-type", "Value": "head"}, {"Key": "Name", "Value": f"{on_cloud}-head"},
+                {"Key": "skypilot-user", "Value": "root"}]
+        got = self.ec2(cluster["region"]).run_instances(
+            ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType=cluster["instance_type"], ClientToken=token,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
+        cluster["instances"] = [i["InstanceId"] for i in got["Instances"]]
 
-def _ec2(state: Path, region: str) -> Any:
-    import boto3  # only when an instance is made or ended: it costs a fraction of a second
+    def _end_instances(self, cluster: dict[str, Any]) -> None:
+        if cluster.get("instances"):
+            self.ec2(cluster["region"]).terminate_instances(InstanceIds=cluster["instances"])
 
-    return boto3.client("ec2", region_name=region, endpoint_url=_config(state)["ec2_endpoint"])
+    def _finish_launch(self, r: dict[str, Any]) -> None:
+        faults = self.faults
+        if faults.get("launch") in ("never", "hang"):
+            return
+        p = r["params"]
+        if p["region"] in faults.get("unavailable", []):
+            self.db["clusters"].pop(r["cluster_name"], None)  # nothing was made: no record is left
+            r["status"] = "FAILED"
+            r["error"] = ("sky.exceptions.ResourcesUnavailableError: Failed to provision all possible launchable "
+                          f"resources. Relax the task's resource requirements: 1x AWS({p['instance_type']}) "
+                          f"in {p['region']}")
+            return
+        cluster = _init_cluster(self.db, r)
+        if not cluster["instances"]:
+            cluster["region"] = p["region"]
+            cluster["cluster_name_on_cloud"] = f"{r['cluster_name']}-{USER_HASH}"
+            self._make_instance(cluster, r["request_id"])
+        if faults.get("provision") == "fail":
+            r["status"] = "FAILED"
+            r["error"] = f"RuntimeError: Failed to set up {r['cluster_name']}: the setup command exited 1"
+            return
+        cluster["status"] = "UP"
+        r["status"] = "SUCCEEDED"
+        skylet = Skylet(self, dict(cluster))
+        self.skylets.setdefault(cluster["name"], []).append(skylet)
+        self.every_skylet.append(skylet)
 
+    def _finish_down(self, r: dict[str, Any]) -> None:
+        if self.faults.get("down") == "fail":
+            r["status"] = "FAILED"
+            r["error"] = "sky.exceptions.ClusterOwnerIdentityMismatchError: could not terminate the cluster"
+            return
+        cluster = self.db["clusters"].pop(r["cluster_name"], None)
+        if cluster is not None:
+            self._end_instances(cluster)
+            self.cluster_gone(cluster["name"])
+        r["status"] = "SUCCEEDED"
 
-def _make_instance(state: Path, cluster: dict[str, Any], token: str) -> None:
-    """Its instance, made once per request however often this is cut short (EC2's ClientToken)."""
-    on_cloud = cluster["cluster_name_on_cloud"]
-    tags = [{"Key": "skypilot-cluster-name", "Value": on_cloud}, {"Key": "ray-cluster-name", "Value": on_cloud},
-            {"Key": "ray-node-type", "Value": "head"}, {"Key": "Name", "Value": f"{on_cloud}-head"},
-            {"Key": "skypilot-user", "Value": "root"}]
-    got = _ec2(state, cluster["region"]).run_instances(
-        ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType=cluster["instance_type"], ClientToken=token,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
-    cluster["instances"] = [i["InstanceId"] for i in got["Instances"]]
+    def cluster_gone(self, name: str) -> None:
+        """Its instances are terminated: what ran on it ends (`cluster_processes`)."""
+        for skylet in self.skylets.pop(name, []):
+            skylet.end()
+        if not self.db["clusters"]:
+            end_processes(self.cluster_processes())
 
+    def cluster_processes(self) -> list[Any]:
+        """What runs on this fake's clusters besides their own jobs: every process that came in over
+        SSH to the test's sshd (its SSH_CONNECTION, which each login's processes inherit, detached
+        or not, names that sshd's port). Every cluster is a login on that one sshd, so whose login
+        started a process cannot be told apart: they end when the last cluster goes (and at `stop`)."""
+        import psutil
 
-def _end_instances(state: Path, cluster: dict[str, Any]) -> None:
-    if cluster.get("instances"):
-        _ec2(state, cluster["region"]).terminate_instances(InstanceIds=cluster["instances"])
+        port = self.ssh_port()
+        if port is None:
+            return []
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                conn = p.environ().get("SSH_CONNECTION", "").split()
+                if len(conn) == 4 and conn[3] == str(port) and p.pid != os.getpid():
+                    found.append(p)
+        return found
 
+    def ssh_port(self) -> int | None:
+        """The port the test's sshd listens on (from its pid file), once known."""
+        if self._ssh_port is None:
+            import psutil
 
-def _advance(state: Path, db: dict[str, Any]) -> None:
-    """Move every due request to its end, as the API server would have by now."""
-    now = time.time()
-    faults = _faults(state)
-    for r in db["requests"]:
-        if r["status"] not in ACTIVE:
-            continue
-        if r["status"] == "PENDING":
-            r["status"] = "RUNNING"
-            if r["name"] == "sky.launch" and r["params"]["region"] not in faults.get("unavailable", []):
-                _init_cluster(db, r)
-        if now < r["due"]:
-            continue
-        if r["name"] == "sky.launch":
-            _finish_launch(state, db, r, faults)
-        elif r["name"] == "sky.down":
-            _finish_down(state, db, r, faults)
-        if r["status"] not in ACTIVE:
-            r["finished_at"] = now
-
-
-def _finish_launch(state: Path, db: dict[str, Any], r: dict[str, Any], faults: dict[str, Any]) -> None:
-    if faults.get("launch") in ("never", "hang"):
-        return
-    p = r["params"]
-    if p["region"] in faults.get("unavailable", []):
-        db["clusters"].pop(r["cluster_name"], None)  # nothing was made: no record is left
-        r["status"] = "FAILED"
-        r["error"] = ("sky.exceptions.ResourcesUnavailableError: Failed to provision all possible launchable "
-                      f"resources. Relax the task's resource requirements: 1x AWS({p['instance_type']}) "
-                      f"in {p['region']}")
-        return
-    cluster = _init_cluster(db, r)
-    if not cluster["instances"]:
-        cluster["region"] = p["region"]
-        cluster["cluster_name_on_cloud"] = f"{r['cluster_name']}-{USER_HASH}"
-        _make_instance(state, cluster, r["request_id"])
-    if faults.get("provision") == "fail":
-        r["status"] = "FAILED"
-        r["error"] = f"RuntimeError: Failed to set up {r['cluster_name']}: the setup command exited 1"
-        return
-    cluster["status"] = "UP"
-    r["status"] = "SUCCEEDED"
-    _start_skylet(state, cluster["name"])
+            pid = _sshd_pid(self.cfg)
+            with contextlib.suppress(psutil.Error):
+                for c in psutil.Process(pid).net_connections(kind="tcp") if pid else []:
+                    if c.status == psutil.CONN_LISTEN:
+                        self._ssh_port = c.laddr.port
+        return self._ssh_port
 
 
 def _init_cluster(db: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
@@ -183,26 +243,6 @@ def _init_cluster(db: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
-def _start_skylet(state: Path, name: str) -> None:
-    import subprocess
-
-    with (state / f"skylet-{name}.log").open("ab") as log:
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--skylet", name, str(state)],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                         env={**os.environ, "FAKE_SKY_STATE": str(state)})
-
-
-def _finish_down(state: Path, db: dict[str, Any], r: dict[str, Any], faults: dict[str, Any]) -> None:
-    if faults.get("down") == "fail":
-        r["status"] = "FAILED"
-        r["error"] = "sky.exceptions.ClusterOwnerIdentityMismatchError: could not terminate the cluster"
-        return
-    cluster = db["clusters"].pop(r["cluster_name"], None)
-    if cluster is not None:
-        _end_instances(state, cluster)
-    r["status"] = "SUCCEEDED"
-
-
 def _submit(db: dict[str, Any], name: str, cluster: str, due_s: float, **params: Any) -> str:
     rid = str(uuid.uuid4())
     db["requests"].append({"request_id": rid, "name": name, "cluster_name": cluster, "status": "PENDING",
@@ -211,71 +251,69 @@ def _submit(db: dict[str, Any], name: str, cluster: str, due_s: float, **params:
     return rid
 
 
-def _submitted(label: str, rid: str) -> None:  # command.py _async_call_or_wait, colours left out
-    print(f"Submitted sky.{label} request: {rid}")
-    print(f"├── Check logs with: sky api logs {rid[:8]}")
-    print(f"└── To cancel the request, run: sky api cancel {rid[:8]}")
-    print()
+def _submitted(a: argparse.Namespace, label: str, rid: str) -> None:  # command.py _async_call_or_wait
+    print(f"Submitted sky.{label} request: {rid}", file=a.out)  # colours left out
+    print(f"├── Check logs with: sky api logs {rid[:8]}", file=a.out)
+    print(f"└── To cancel the request, run: sky api cancel {rid[:8]}", file=a.out)
+    print(file=a.out)
 
 
 # --- the commands ----------------------------------------------------------------------------------
 
 
-def launch(state: Path, a: argparse.Namespace) -> int:
-    cfg = _config(state)
+def launch(api: Api, a: argparse.Namespace) -> int:
+    cfg = api.cfg
     parts = (a.infra or "aws").split("/")
     region = parts[1] if len(parts) > 1 else REGIONS[0]
     if parts[0].lower() != "aws" or region not in REGIONS:
-        print(f"sky.exceptions.InvalidCloudConfigs: unknown infra {a.infra}", file=sys.stderr)
+        print(f"sky.exceptions.InvalidCloudConfigs: unknown infra {a.infra}", file=a.err)
         return 1
     if not a.async_:
-        print("fake sky: launch without --async is not faked", file=sys.stderr)
+        print("fake sky: launch without --async is not faked", file=a.err)
         return 2
     gpu = (a.gpus or "").split(":")[0]
-    with _locked(state) as db:
-        _advance(state, db)
-        kinds = [row[0] for row in CATALOG if row[1] == gpu and row[2] == 1]
-        idle = a.idle if a.idle is not None else (0 if a.down else -1)  # `--down` alone: down once idle
-        rid = _submit(db, "sky.launch", a.cluster, cfg.get("launch_s", 0.3), region=region,
-                      instance_type=(kinds or ["m6i.large"])[0], idle=idle, down=a.down, spot=a.spot, gpu=gpu,
-                      run=" ".join(a.entrypoint))
-    if _faults(state).get("launch") == "hang":  # submitted, then no answer: the client cannot know
-        time.sleep(3600)
-    print(f"Command to run: {' '.join(a.entrypoint)}")
-    print(f"Running on cluster: {a.cluster}")
-    _submitted("launch", rid)
+    db = api.advance()
+    kinds = [row[0] for row in CATALOG if row[1] == gpu and row[2] == 1]
+    idle = a.idle if a.idle is not None else (0 if a.down else -1)  # `--down` alone: down once idle
+    rid = _submit(db, "sky.launch", a.cluster, cfg.get("launch_s", 0.3), region=region,
+                  instance_type=(kinds or ["m6i.large"])[0], idle=idle, down=a.down, spot=a.spot, gpu=gpu,
+                  run=" ".join(a.entrypoint))
+    if api.faults.get("launch") == "hang":  # submitted, then no answer: the client cannot know
+        return HANG
+    print(f"Command to run: {' '.join(a.entrypoint)}", file=a.out)
+    print(f"Running on cluster: {a.cluster}", file=a.out)
+    _submitted(a, "launch", rid)
     return 0
 
 
-def down(state: Path, a: argparse.Namespace) -> int:
-    if _faults(state).get("down") == "hang":
-        time.sleep(3600)
-    cfg = _config(state)
-    with _locked(state) as db:
-        _advance(state, db)
-        names = [c for c in db["clusters"] if any(fnmatch.fnmatch(c, p) for p in a.clusters)]
-        rids = [_submit(db, "sky.down", n, cfg.get("down_s", 0.2), purge=a.purge) for n in names]
-        if a.purge:
-            for n in names:
-                db["clusters"].pop(n, None)
+def down(api: Api, a: argparse.Namespace) -> int:
+    if api.faults.get("down") == "hang":  # the command itself hangs: nothing is submitted
+        return HANG
+    cfg = api.cfg
+    db = api.advance()
+    names = [c for c in db["clusters"] if any(fnmatch.fnmatch(c, p) for p in a.clusters)]
+    rids = [_submit(db, "sky.down", n, cfg.get("down_s", 0.2), purge=a.purge) for n in names]
+    if a.purge:
+        for n in names:
+            db["clusters"].pop(n, None)
     if not names:  # command.py _down_or_stop_clusters: a name it does not know is dropped, exit 0
-        print("Cluster(s) not found (tip: see `sky status`).")
+        print("Cluster(s) not found (tip: see `sky status`).", file=a.out)
         return 0
-    print("\n")  # its blank line, and the progress bar's (rich, not a terminal)
+    print("\n", file=a.out)  # its blank line, and the progress bar's (rich, not a terminal)
     for n, rid in zip(names, rids, strict=True):
-        _submitted("Terminating", rid)  # the CLI's label for a down: `sky.` + 'Terminating'
-        print(f"\nTerminating cluster {n}...done.")
+        _submitted(a, "Terminating", rid)  # the CLI's label for a down: `sky.` + 'Terminating'
+        print(f"\nTerminating cluster {n}...done.", file=a.out)
     plural = "s" if len(names) > 1 else ""
-    print(f"Terminating {len(names)} cluster{plural} {'━' * 40} 100% 0:00:00")
+    print(f"Terminating {len(names)} cluster{plural} {'━' * 40} 100% 0:00:00", file=a.out)
     if a.async_:
-        print("Terminating requests are sent. Check the requests' status with `sky request get <request_id>`.")
+        print("Terminating requests are sent. Check the requests' status with `sky request get <request_id>`.",
+              file=a.out)
     return 0
 
 
-def api_status(state: Path, a: argparse.Namespace) -> int:
-    with _locked(state) as db:
-        _advance(state, db)
-        rows = [r for r in db["requests"] if a.all or r["status"] in ACTIVE]
+def api_status(api: Api, a: argparse.Namespace) -> int:
+    db = api.advance()
+    rows = [r for r in db["requests"] if a.all or r["status"] in ACTIVE]
     if a.cluster:
         rows = [r for r in rows if r["cluster_name"] == a.cluster]
     if a.ids:
@@ -291,59 +329,56 @@ def api_status(state: Path, a: argparse.Namespace) -> int:
         "finished_at": r["finished_at"], "file_mounts_blob_id": None,
     } for r in rows]
     if a.output != "json":
-        print("fake sky: only -o json is faked", file=sys.stderr)
+        print("fake sky: only -o json is faked", file=a.err)
         return 2
-    print(json.dumps(out))
+    print(json.dumps(out), file=a.out)
     return 0
 
 
-def api_cancel(state: Path, a: argparse.Namespace) -> int:
+def api_cancel(api: Api, a: argparse.Namespace) -> int:
     plural = "s" if len(a.ids) != 1 else ""
-    print(f"Cancelling {len(a.ids)} request{plural}: {', '.join(repr(i[:8]) for i in a.ids)}...")
+    print(f"Cancelling {len(a.ids)} request{plural}: {', '.join(repr(i[:8]) for i in a.ids)}...", file=a.out)
     done = []
-    with _locked(state) as db:
-        _advance(state, db)
-        for r in db["requests"]:
-            if r["status"] in ACTIVE and any(r["request_id"].startswith(i) for i in a.ids):
-                r["status"], r["finished_at"] = "CANCELLED", time.time()
-                done.append(r["request_id"])
+    db = api.advance()
+    for r in db["requests"]:
+        if r["status"] in ACTIVE and any(r["request_id"].startswith(i) for i in a.ids):
+            r["status"], r["finished_at"] = "CANCELLED", time.time()
+            done.append(r["request_id"])
     print(f"Cancelled {len(done)} request: {done[0]}" if len(done) == 1 else
-          f"Cancelled {len(done)} requests." if done else "No requests need to be cancelled.")
+          f"Cancelled {len(done)} requests." if done else "No requests need to be cancelled.", file=a.out)
     return 0
 
 
-def api_logs(state: Path, a: argparse.Namespace) -> int:
-    with _locked(state) as db:
-        _advance(state, db)
-        found = [r for r in db["requests"] if r["request_id"].startswith(a.id)]
+def api_logs(api: Api, a: argparse.Namespace) -> int:
+    db = api.advance()
+    found = [r for r in db["requests"] if r["request_id"].startswith(a.id)]
     if not found:
-        print(f"Request {a.id} not found", file=sys.stderr)
+        print(f"Request {a.id} not found", file=a.err)
         return 1
     r = found[0]
     if r["status"] == "FAILED":
-        print(r["error"])
+        print(r["error"], file=a.out)
         return 1
-    print(f"{r['name']} {r['status'].lower()}")
+    print(f"{r['name']} {r['status'].lower()}", file=a.out)
     return 0
 
 
-def status(state: Path, a: argparse.Namespace) -> int:
-    cfg = _config(state)
-    with _locked(state) as db:
-        _advance(state, db)
-        clusters = list(db["clusters"].values())
+def status(api: Api, a: argparse.Namespace) -> int:
+    cfg = api.cfg
+    db = api.advance()
+    clusters = list(db["clusters"].values())
     if a.clusters:
         clusters = [c for c in clusters if any(fnmatch.fnmatch(c["name"], p) for p in a.clusters)]
     if a.ip and a.output != "json":  # command.py _show_endpoint
         if len(a.clusters) != 1 or len(clusters) != 1:
             what = f"{a.clusters[0]!r} cluster not found" if a.clusters and not clusters else "No cluster specified"
             print(f"ValueError: {what}. Please specify a single cluster to show its IP address.\n"
-                  "Usage: `sky status --ip <cluster>`", file=sys.stderr)
+                  "Usage: `sky status --ip <cluster>`", file=a.err)
             return 1
         if clusters[0]["status"] != "UP":
-            print(f"RuntimeError: Cluster {clusters[0]['name']!r} is not in UP status.", file=sys.stderr)
+            print(f"RuntimeError: Cluster {clusters[0]['name']!r} is not in UP status.", file=a.err)
             return 1
-        print(cfg["address"])
+        print(cfg["address"], file=a.out)
         return 0
     out = [{
         "name": c["name"], "launched_at": c["launched_at"], "last_use": "sky launch", "status": c["status"],
@@ -355,9 +390,9 @@ def status(state: Path, a: argparse.Namespace) -> int:
         "cluster_name_on_cloud": c["cluster_name_on_cloud"],
     } for c in clusters]
     if a.output != "json":
-        print("fake sky: only -o json is faked", file=sys.stderr)
+        print("fake sky: only -o json is faked", file=a.err)
         return 2
-    print(json.dumps(out))
+    print(json.dumps(out), file=a.out)
     return 0
 
 
@@ -394,22 +429,23 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("".join(c.ljust(w + 2) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-def gpus(state: Path, a: argparse.Namespace) -> int:
+def gpus(api: Api, a: argparse.Namespace) -> int:
     """`sky gpus list NAME[:QTY] --infra aws/REGION` (and the deprecated `sky show-gpus`)."""
     if a.cmd == "show-gpus":  # deprecation_utils._with_deprecation_warning, on stderr
         print("WARNING: `sky show-gpus` has been renamed to `sky gpus list` and will be removed in a future "
-              "release. Please use the latter instead.\n", file=sys.stderr)
+              "release. Please use the latter instead.\n", file=a.err)
     name, _, qty = a.gpu.partition(":")
     quantity = int(qty) if qty else None
     infra = (a.infra or "aws").split("/")
     region = infra[1] if len(infra) > 1 else None
     found = _accelerators(name, region, quantity)
     if getattr(a, "output", "table") == "json":
-        print(json.dumps(found, indent=2))
+        print(json.dumps(found, indent=2), file=a.out)
         return 0
     if not found:
         qstr = f" with requested quantity {quantity}" if quantity else ""
-        print(f"Resources '{name}'{qstr} not found on AWS. To show available accelerators, run: sky gpus list --all")
+        print(f"Resources '{name}'{qstr} not found on AWS. To show available accelerators, run: sky gpus list --all",
+              file=a.out)
         return 0
     tables = []
     for gpu, items in found.items():
@@ -420,12 +456,37 @@ def gpus(state: Path, a: argparse.Namespace) -> int:
                          str(int(i["cpu_count"])), f"{i['memory']:.0f}GB", f"$ {i['price']:.3f}",
                          f"$ {i['spot_price']:.3f}", i["region"]])
         tables.append(_table(rows))
-    print("\n\n".join(tables))  # each table's lines padded to their width, as prettytable does
+    print("\n\n".join(tables), file=a.out)  # each table's lines padded to their width, as prettytable does
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sky")
+class _Parser(argparse.ArgumentParser):
+    """argparse writing to the call's stderr and raising its exit (the server is the test's process)."""
+
+    err: io.StringIO
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            self.err.write(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            self.err.write(message)
+        raise _Exit(status)
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def parser(err: io.StringIO) -> argparse.ArgumentParser:
+    class P(_Parser):
+        pass
+
+    P.err = err
+    p = P(prog="sky")
     sub = p.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("launch")
     lp.add_argument("entrypoint", nargs="*")
@@ -485,7 +546,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# --- the skylet -------------------------------------------------------------------------------------
+# --- the skylet ------------------------------------------------------------------------------------
 
 
 def has_active_ssh_sessions(sshd_pid: int | None) -> bool:
@@ -514,79 +575,158 @@ def has_active_ssh_sessions(sshd_pid: int | None) -> bool:
 
 
 def _sshd_pid(cfg: dict[str, Any]) -> int | None:
-    path = Path(cfg.get("sshd_pidfile", "/nonexistent"))
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    """The test's sshd, from its pid file (read each time: a test may restart it); while sshd is
+    rewriting the file, the pid last read."""
+    path = Path(cfg.get("sshd_pidfile") or "/nonexistent")
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        cfg["sshd_pid"] = int(path.read_text().split()[0])
+    pid: int | None = cfg.get("sshd_pid")
+    return pid
 
 
-def skylet(state: Path, name: str) -> int:
-    """The cluster's skylet: runs its job, autostops it as sky/skylet/events.py StopEvent does (each
+class Skylet:
+    """A cluster's skylet: runs its job, autostops it as sky/skylet/events.py StopEvent does (each
     minute: not idle resets the timer; idle for `autostop` whole minutes tears it down), and ends
-    with the cluster (a `sky down`, a power off) or after `skylet_max_s`."""
-    import signal
-    import subprocess
+    with the cluster (a `sky down`, a forget, the server's stop) or after `skylet_max_s`."""
 
-    cfg = _config(state)
-    minute = float(cfg.get("minute_s", 60.0))
-    with _locked(state) as db:
-        cluster = db["clusters"][name]
-    instances = cluster["instances"]
-    job = subprocess.Popen(["bash", "-c", cluster["run"] or "true"], stdin=subprocess.DEVNULL, start_new_session=True)
-    last_active = time.time()
-    end = time.time() + float(cfg.get("skylet_max_s", 900))
-    try:
-        while time.time() < end:
-            time.sleep(minute)  # StopEvent.EVENT_INTERVAL_SECONDS: one (scaled) minute
-            with _locked(state) as db:
-                now = db["clusters"].get(name)
-                if now is None or now["instances"] != instances:
-                    return 0  # torn down by someone else
+    def __init__(self, api: Api, cluster: dict[str, Any]) -> None:
+        self.api, self.cluster = api, cluster
+        self.ended = threading.Event()
+        with api.log.open("ab") as log:
+            self.job = subprocess.Popen(["bash", "-c", cluster["run"] or "true"], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=log, start_new_session=True)
+        self.thread = threading.Thread(target=self._run, name=f"fake-sky-skylet-{cluster['name']}", daemon=True)
+        self.thread.start()
+
+    def end(self) -> None:
+        """The cluster went: its job ends (its whole session), and the timer with it (its thread
+        ends at its next look: `stop` joins it)."""
+        self.ended.set()
+        if self.job.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.job.pid, signal.SIGKILL)
+        self.job.wait()
+
+    def _run(self) -> None:
+        api, cluster, name = self.api, self.cluster, self.cluster["name"]
+        minute = float(api.cfg.get("minute_s", 60.0))
+        last_active = time.time()
+        end = time.time() + float(api.cfg.get("skylet_max_s", 900))
+        while time.time() < end and not self.ended.wait(minute):  # StopEvent.EVENT_INTERVAL_SECONDS
+            with api.lock:
+                now = api.db["clusters"].get(name)
+                if now is None or now["instances"] != cluster["instances"]:
+                    break  # torn down by someone else, or forgotten
             if cluster["autostop"] < 0:
                 continue
-            idle = job.poll() is not None and not has_active_ssh_sessions(_sshd_pid(cfg))
+            idle = self.job.poll() is not None and not has_active_ssh_sessions(_sshd_pid(api.cfg))
             if not idle:
                 last_active = time.time()
                 continue
             if (time.time() - last_active) // minute >= cluster["autostop"] and cluster["to_down"]:
-                with _locked(state) as db:
-                    if db["clusters"].get(name, {}).get("instances") != instances:
-                        return 0
-                    db["clusters"].pop(name)
-                    db.setdefault("autodowns", []).append({"name": name, "at": time.time()})
-                    _end_instances(state, cluster)
-                if cfg.get("root"):
-                    power_off(Path(cfg["root"]))
-                return 0
-        return 0
-    finally:
-        if job.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+                with api.lock:
+                    if api.db["clusters"].get(name, {}).get("instances") != cluster["instances"]:
+                        break
+                    api.db["clusters"].pop(name)
+                    api.db["autodowns"].append({"name": name, "at": time.time()})
+                    api._end_instances(cluster)
+                    with contextlib.suppress(ValueError):
+                        api.skylets.get(name, []).remove(self)
+                    api.cluster_gone(name)
+                if api.cfg.get("root"):
+                    power_off(Path(api.cfg["root"]))
+                break
+        self.end()
 
 
-def main() -> int:
-    if sys.argv[1:2] == ["--skylet"]:
-        return skylet(Path(sys.argv[3]), sys.argv[2])
-    state = Path(os.environ["FAKE_SKY_STATE"])
-    if sys.argv[1:2] == ["gpus"] and _faults(state).get("old_cli"):  # a CLI before `sky gpus` (click's error)
-        print("Usage: sky [OPTIONS] COMMAND [ARGS]...\nTry 'sky -h' for help.\n\nError: No such command 'gpus'.",
-              file=sys.stderr)
-        return 2
-    args = parser().parse_args()
-    with (state / "calls.log").open("a") as log:
-        log.write(json.dumps(sys.argv[1:]) + "\n")
-    code: int = args.fn(state, args)
-    return code
+# --- the server ------------------------------------------------------------------------------------
+
+
+def answer(api: Api, argv: list[str]) -> tuple[int, str, str]:
+    """One `sky` command line: its exit code, stdout and stderr (or HANG)."""
+    out, err = io.StringIO(), io.StringIO()
+    with api.lock:
+        if argv[:1] == ["gpus"] and api.faults.get("old_cli"):  # a CLI before `sky gpus` (click's error)
+            return 2, "", ("Usage: sky [OPTIONS] COMMAND [ARGS]...\nTry 'sky -h' for help.\n\n"
+                           "Error: No such command 'gpus'.\n")
+        try:
+            args = parser(err).parse_args(argv)
+        except _Exit as exc:
+            return exc.code, out.getvalue(), err.getvalue()
+        api.argvs.append(list(argv))
+        args.out, args.err = out, err
+        code: int = args.fn(api, args)
+    return code, out.getvalue(), err.getvalue()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One connection: a JSON line in (`{"argv"}` from `sky`, or `{"op"}` from the test's side),
+    one JSON answer out."""
+
+    server: _Server
+
+    def handle(self) -> None:
+        api = self.server.api
+        msg = json.loads(self.rfile.readline() or b"{}")
+        if "argv" in msg:
+            try:
+                code, out, err = answer(api, msg["argv"])
+            except Exception:  # a fault of the fake's own: the caller sees it
+                import traceback
+
+                code, out, err = 1, "", f"fake sky: the API server failed:\n{traceback.format_exc()}"
+            if code == HANG:
+                self.server.hanging.add(self.connection)
+                self.rfile.read()  # until the client is killed, or the server stops
+                return
+            reply = json.dumps({"code": code, "out": out, "err": err})
+        else:
+            reply = self.server.op(msg)
+        with contextlib.suppress(OSError):  # the client was killed meanwhile (its timeout)
+            self.wfile.write(reply.encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = False
+    block_on_close = True  # server_close joins every call's thread
+
+    def __init__(self, api: Api) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.api = api
+        self.hanging: set[socket.socket] = set()
+
+    def op(self, msg: dict[str, Any]) -> str:
+        """The test's side: its answer as JSON, read under the lock (skylets change the state)."""
+        api = self.api
+        with api.lock:
+            if msg["op"] == "db":
+                return json.dumps(api.db)
+            if msg["op"] == "faults":
+                api.faults = msg["faults"]
+                return "null"
+            if msg["op"] == "forget":
+                return json.dumps(api.db["clusters"].pop(msg["name"]))
+            if msg["op"] == "argvs":
+                return json.dumps(api.argvs)
+        raise ValueError(f"unknown op {msg['op']!r}")
+
+
+def end_processes(procs: list[Any]) -> None:
+    """KILL each and wait for it (a terminated instance: nothing runs on to clean up)."""
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 # --- the test's side -------------------------------------------------------------------------------
 
 
 class FakeSky:
-    """The fake's state folder and the wrapper that runs it as `sky`."""
+    """The fake's API server (threads of the test's process, on 127.0.0.1) and the `sky` that talks
+    to it. `stop` ends the server, every skylet and job, and what came in over SSH."""
 
     def __init__(self, dir: Path, *, address: str, ec2_endpoint: str, launch_s: float = 0.3,
                  down_s: float = 0.2, minute_s: float = 60.0, root: Path | None = None,
@@ -596,57 +736,75 @@ class FakeSky:
         self.state = Path(dir)
         self.state.mkdir(parents=True, exist_ok=True)
         self.ec2_endpoint = ec2_endpoint
-        (self.state / "config.json").write_text(json.dumps(
-            {"address": address, "ec2_endpoint": ec2_endpoint, "launch_s": launch_s, "down_s": down_s,
-             "minute_s": minute_s, "root": str(root) if root else "",
-             "sshd_pidfile": str(sshd_pidfile) if sshd_pidfile else ""}))
+        cfg = {"address": address, "ec2_endpoint": ec2_endpoint, "launch_s": launch_s, "down_s": down_s,
+               "minute_s": minute_s, "root": str(root) if root else "",
+               "sshd_pidfile": str(sshd_pidfile) if sshd_pidfile else ""}
+        self.api = Api(cfg, self.state / "skylets.log")
+        self.server = _Server(self.api)
+        self.port: int = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="fake-sky-api", daemon=True)
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self.api, self.server, self._thread)
         self.command = self.state / "sky"
-        env = {"FAKE_SKY_STATE": str(self.state), **aws_env()}
-        exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
-        self.command.write_text(f"#!/bin/sh\n{exports}exec '{sys.executable}' '{Path(__file__).resolve()}' \"$@\"\n")
+        self.command.write_text(f"#!/bin/sh\nexport FAKE_SKY_API=127.0.0.1:{self.port}\n"
+                                f"exec '{sys.executable}' -I -S '{CLIENT}' \"$@\"\n")
         self.command.chmod(0o755)
 
+    def _ask(self, msg: dict[str, Any]) -> Any:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=60) as conn:
+            conn.sendall(json.dumps(msg).encode() + b"\n")
+            with conn.makefile("rb") as f:
+                return json.loads(f.readline())
+
     def set_faults(self, **faults: Any) -> None:
-        (self.state / "faults.json").write_text(json.dumps(faults))
+        self._ask({"op": "faults", "faults": faults})
 
     def db(self) -> dict[str, Any]:
-        with _locked(self.state) as db:
-            return db
+        db: dict[str, Any] = self._ask({"op": "db"})
+        return db
 
     def clusters(self) -> dict[str, Any]:
         return dict(self.db()["clusters"])
 
     def forget(self, name: str) -> dict[str, Any]:
         """The cluster's record vanishes (as after `sky down --purge`); its instance runs on."""
-        with _locked(self.state) as db:
-            cluster: dict[str, Any] = db["clusters"].pop(name)
-            return cluster
+        cluster: dict[str, Any] = self._ask({"op": "forget", "name": name})
+        return cluster
 
     def argvs(self) -> list[list[str]]:
         """Every command line `sky` was called with, as its argv (after `sky`)."""
-        path = self.state / "calls.log"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        argvs: list[list[str]] = self._ask({"op": "argvs"})
+        return argvs
 
     def calls(self) -> list[str]:
         return [" ".join(argv) for argv in self.argvs()]
 
     def autodowns(self) -> list[dict[str, Any]]:
         """The clusters skylet tore down by itself (autostop with --down), with when."""
-        return list(self.db().get("autodowns", []))
+        return list(self.db()["autodowns"])
 
     def stop(self) -> None:
-        """End every skylet and cluster job of this fake (what runs with its state in its env)."""
-        import psutil
+        """End the server, every skylet and cluster job, and what came in over SSH (every cluster
+        is terminated with it); waits for all of them."""
+        self._finalizer()
 
-        procs = []
-        for p in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error):
-                if p.pid != os.getpid() and p.environ().get("FAKE_SKY_STATE") == str(self.state):
-                    procs.append(p)
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(procs, timeout=10)
+
+def _stop(api: Api, server: _Server, thread: threading.Thread) -> None:
+    api.stopping.set()
+    server.shutdown()
+    thread.join(timeout=30)
+    with api.lock:
+        for sock in server.hanging:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        api.skylets.clear()
+        skylets = list(api.every_skylet)
+    for s in skylets:
+        s.end()
+        s.thread.join(timeout=30)
+    end_processes(api.cluster_processes())
+    server.server_close()  # joins the calls' threads
 
 
 def power_off(root: Path) -> None:
@@ -659,10 +817,7 @@ def power_off(root: Path) -> None:
         with contextlib.suppress(psutil.Error):
             if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []):
                 procs.append(p)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=10)
+    end_processes(procs)
 
 
 def aws_env() -> dict[str, str]:
@@ -670,7 +825,3 @@ def aws_env() -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
             "AWS_CONFIG_FILE": "/nonexistent/aws-config", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-creds"}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from cli_inproc import CLI, run_cli
 from fake_sky import FakeSky, aws_env, power_off
@@ -57,6 +58,7 @@ def fake(tmp_path: Path, sshd: Sshd, ec2: MotoEc2) -> Iterator[FakeSky]:
     yield fake
     fake.stop()  # its skylets and their jobs
     power_off(tmp_path / "root")  # its instances are terminated: nothing runs on them any more
+    assert processes_in(tmp_path / "root") == []  # not even a job started detached on a cluster
 
 
 def batch(tmp: Path, sshd: Sshd, fake: FakeSky, *, seeds: list[int], steps: int = 3, timeout_s: float = 300,
@@ -253,3 +255,16 @@ def test_a_cluster_whose_controller_was_killed_deletes_itself_by_its_deadline_pl
     assert down["name"] == name
     assert deadline <= down["at"] <= latest  # not before the lease's end, and soon after it
     assert live_instances(ec2) == []
+    # and what ran on it went with it, as a terminated VM's processes do: the job (`python3 job.py`,
+    # 2000 steps, started detached in its code folder under the root) does not run on
+    assert processes_in(tmp_path / "root") == []
+
+
+def processes_in(folder: Path) -> list[str]:
+    """The live processes working in `folder` (their cwd under it), as `pid: command line`."""
+    found = []
+    for p in psutil.process_iter(["cwd", "cmdline"]):
+        cwd = p.info["cwd"] or ""
+        if cwd == str(folder) or cwd.startswith(f"{folder}/"):
+            found.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])}")
+    return found

@@ -216,23 +216,42 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     """skylet counts an SSH session as activity only when it has a terminal under sshd: actor-run's
     connection has none (so the cluster needs a job of its own); `ssh -tt` has one, `ssh -T` not.
     The fake's skylet model gives the same answer as SkyPilot's function each time."""
-    pid = int((sshd.dir / "sshd.pid").read_text())
+    assert sshd.proc is not None
+    pid = sshd.proc.pid  # the listener (`sshd -D`); its pid file may be half-written at this moment
     home = tmp_path / "home"
 
-    def session_runs() -> bool:
+    def sleeps() -> set[int]:
+        """The live `sleep` processes under sshd (a zombie's session has ended)."""
+        found = set()
         for p in psutil.Process(pid).children(recursive=True):
             try:
-                if p.name() == "sleep":
-                    return True
+                if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE:
+                    found.add(p.pid)
             except psutil.NoSuchProcess:  # a session's short-lived process, gone meanwhile
                 continue
-        return False
+        return found
 
-    def wait_session(what: str) -> None:
+    def no_sessions() -> None:
+        """Until every session before has ended: sshd has no process under it (bounded)."""
         end = time.monotonic() + 30
-        while not session_runs() and time.monotonic() < end:  # until its command runs (bounded)
+        while psutil.Process(pid).children(recursive=True) and time.monotonic() < end:
+            threading.Event().wait(0.05)
+        assert psutil.Process(pid).children(recursive=True) == []
+
+    def wait_session(what: str, client: subprocess.Popen[str] | None = None) -> None:
+        """Until the session's own command runs (a `sleep` under sshd), or its client has exited
+        (bounded); the ssh client's exit code and words say why it did not."""
+        end = time.monotonic() + 30
+        running = sleeps()
+        while not running and time.monotonic() < end and (client is None or client.poll() is None):
             threading.Event().wait(0.1)
-        assert session_runs(), what
+            running = sleeps()
+        said = ""
+        if client is not None and not running:
+            client.kill()
+            _, err = client.communicate(timeout=30)
+            said = f": ssh exited {client.returncode}, said {err!r}"
+        assert running, f"{what}: no `sleep` under sshd{said}; sshd's log: {sshd.log.read_text()[-2000:]!r}"
 
     def both() -> tuple[bool, bool]:
         return sky_own.ask("ssh", {"sshd_pid": pid}, home), has_active_ssh_sessions(pid)
@@ -254,10 +273,11 @@ def test_our_ssh_session_does_not_keep_a_cluster_busy_for_skypilots_autostop(
     assert run(ours) == (False, False)
     sshd.kill_sessions()  # its `sleep` must not stand for the next session's
     for flag, want in (("-T", (False, False)), ("-tt", (True, True))):
+        no_sessions()  # what kill_sessions ended is gone, not only signalled: a `sleep` now is this one's
         ssh = subprocess.Popen(["ssh", flag, *sshd.ssh_options(), f"{sshd.user}@{sshd.address}", "sleep 60"],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            wait_session(flag)
+            wait_session(flag, ssh)
             assert both() == want, flag
         finally:
             ssh.kill()
