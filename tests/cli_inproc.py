@@ -76,8 +76,10 @@ def undone() -> list[str]:
 
 
 def _is_idle_pool(t: threading.Thread) -> bool:
-    # as conftest's no_leaks: trio keeps idle to_thread workers for 10 s; the actor pool's workers hold nothing
-    return t.name.startswith(("Trio thread", "Trio worker", "actor-run-pool-"))
+    # as conftest's no_leaks: trio keeps idle to_thread workers for 10 s; the actor pool's workers hold nothing.
+    # The test's fakes live in this process too and start threads of their own when asked (a cluster's
+    # skylet, a machine's porch, a scale-down): named `fake-*` / `porch-*`, they are the fake's, not the command's
+    return t.name.startswith(("Trio thread", "Trio worker", "actor-run-pool-", "fake-", "porch-"))
 
 
 def _pipe(data: bytes = b"", *, errors: str = "strict") -> io.TextIOWrapper:
