@@ -44,16 +44,18 @@ Handler = Callable[..., Response]
 @functools.cache
 def _document(path: Path) -> dict[str, Any]:
     text = path.read_text()
-    doc: dict[str, Any] = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    # libyaml's loader where PyYAML has it (Hyperstack's 650 KB document: 0.5 s against 3 s), the same result
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    doc: dict[str, Any] = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=loader)
     return doc
 
 
-@functools.cache
 def document(path: Path) -> dict[str, Any]:
     """A vendor's document, as read (shared: never change it)."""
     return _document(path)
 
 
+@functools.cache
 def _openapi(path: Path, base_path: str) -> OpenAPI:
     """The vendor's document as is, with our loopback address added to its servers (nothing else);
     loaded once per process. The document itself is not checked here (a big one takes seconds, in
@@ -186,6 +188,7 @@ class OpenAPIFake:
             self.violations.append(text)
 
     def start(self) -> OpenAPIFake:
+        _openapi(self.document, self.base_path)  # read before the first request, not inside it
         self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=_Handler)
         self.url = f"http://127.0.0.1:{self._server.server_port}{self.base_path}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-api", daemon=True)
