@@ -118,6 +118,19 @@ def test_only_version_reads_the_installed_metadata(ran: tuple[Path, dict[str, st
     assert "asyncio" not in status.modules
 
 
+def test_status_follow_of_an_ended_run_loads_no_loguru(ran: tuple[Path, dict[str, str], str]) -> None:
+    """`status --follow` warns only when the ledger cannot be read: loguru (asyncio with it, about
+    0.1 s of CPU) loads then, not in every follow."""
+    tmp, env, _ = ran
+    done = actor_run("status", "--follow", cwd=tmp, env=env)
+    assert (done.code, done.stderr) == (0, ""), done.stderr
+    assert "hello/seed-2" in done.stdout
+    assert "succeeded" in done.stdout
+    assert "loguru" not in done.modules
+    assert "asyncio" not in done.modules
+    assert done.heavy() == []
+
+
 def test_logging_is_set_up_by_whoever_first_imports_loguru(tmp_path: Path) -> None:
     """configure_logging before loguru is loaded: the first module to import it gets the command's
     sink (WARNING and above, one line each, a secret redacted), not loguru's default (DEBUG)."""
