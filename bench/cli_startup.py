@@ -1,6 +1,8 @@
 """What one `actor-run` process costs in CPU (user + sys, its children included), per command:
-`--version`, `status` and `runs` on a small ledger, and the README's first run
-(`run examples/seeds.toml`, three seeds on the local cloud, which makes that ledger).
+`--version`, `status` and `runs` on a small ledger, the README's first run (`run examples/seeds.toml`,
+three seeds on the local cloud, which makes that ledger; its output to a pipe, as in scripts and
+tests), the same with `--json`, and a `sweep` of that ledger (the reactor and the clouds, nothing
+to delete).
 
 Each command runs `--samples` times in a fresh state folder; the figure is the median. Prints a
 table, then as its last line one JSON object: {"<command>": median CPU seconds, ...}.
@@ -47,16 +49,19 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         commands = {
             "run examples/seeds.toml": [a.exe, "run", "examples/seeds.toml", "--out", str(Path(tmp) / "out")],
+            "run examples/seeds.toml --json": [a.exe, "run", "examples/seeds.toml", "--json", "--out",
+                                               str(Path(tmp) / "out")],
             "--version": [a.exe, "--version"],
             "status": [a.exe, "status"],
             "runs": [a.exe, "runs"],
+            "sweep": [a.exe, "sweep"],
         }
         for name, cmd in commands.items():  # the run first: it makes the ledger the others read
             figures[name] = [cpu_s(cmd, env) for _ in range(a.samples)]
     medians = {name: round(statistics.median(v), 3) for name, v in figures.items()}
-    print(f"{'command':<28}{'median CPU s':>14}{'min':>8}{'max':>8}   ({a.samples} runs each)", file=sys.stderr)
+    print(f"{'command':<34}{'median CPU s':>14}{'min':>8}{'max':>8}   ({a.samples} runs each)", file=sys.stderr)
     for name, v in figures.items():
-        print(f"{name:<28}{medians[name]:>14.3f}{min(v):>8.3f}{max(v):>8.3f}", file=sys.stderr)
+        print(f"{name:<34}{medians[name]:>14.3f}{min(v):>8.3f}{max(v):>8.3f}", file=sys.stderr)
     print(json.dumps(medians))
 
 

@@ -8,6 +8,7 @@ failed step carries its failure code as the plain string field `failure` (`"job_
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, ClassVar, TypedDict
 
@@ -367,7 +368,13 @@ EVENTS = (
 )
 
 _encoder = msgspec.json.Encoder()
-_event_decoder = msgspec.json.Decoder(EVENTS)
+
+
+@functools.cache
+def _event_decoder() -> msgspec.json.Decoder[Event]:
+    """The one decoder of events, built at its first use (about 5 ms of CPU: msgspec reads every
+    event's fields): only the report reads events back, and every process imports this module."""
+    return msgspec.json.Decoder(EVENTS)
 
 
 def encode(msg: Message) -> bytes:
@@ -377,5 +384,5 @@ def encode(msg: Message) -> bytes:
 
 def decode_event(data: bytes | str) -> Event:
     """An event back from its JSON (a line of `--json` output); msgspec.ValidationError if it is not one."""
-    result: Event = _event_decoder.decode(data)
+    result: Event = _event_decoder().decode(data)
     return result

@@ -27,11 +27,15 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   }
 fi
-# installed once per pyproject.toml: a stamp in .venv says which one (pip's own cache keeps the downloads)
-stamp=$(cat pyproject.toml | cksum)
+# installed once per pyproject.toml and install mode: a stamp in .venv says which (pip's own cache keeps the
+# downloads). Editable in compat mode: a .pth file puts the repository on sys.path (actor_run/ links to the
+# packages), where setuptools' default mode installs an import finder that every Python process of the venv
+# loads at start-up (pathlib, re, urllib, importlib.util: about 25 ms of CPU each, hundreds of processes
+# a suite); the tests put the repository on sys.path themselves (tests/conftest.py)
+stamp="$(cat pyproject.toml | cksum) editable_mode=compat"
 if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat
   echo "$stamp" > .venv/.installed
 fi
 # SkyPilot itself, for the tests that run its own parser and outputs (tests/sky_own.py): pinned, in a venv of

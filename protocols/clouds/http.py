@@ -9,6 +9,10 @@ into what it proves.
 A call that gets no answer in time raises `NoAnswer` (the request may have reached the provider);
 one whose connection could not even be opened raises `NotSent` (it did not). The headers (the key)
 never reach an exception, a log line or `statistics()`.
+
+httpx is imported by the first call (about 0.2 s of CPU, rich with it): a process that builds a
+rented cloud to read its settings, check a key or list nothing (`offers`, `clouds check`, a sweep
+of clouds without a key) never loads it.
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ import email.utils
 import functools
 import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 import trio
 from loguru import logger
 
 from actor_run.protocols.failures import ActorRunError
 from actor_run.protocols.redact import MIN_LENGTH, REDACTED, add_secret, redact
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_RATE_LIMITED = 8  # 429s in a row one call waits out before it gives up
 MAX_RETRY_AFTER_S = 60.0  # the longest single wait a Retry-After may ask for
@@ -101,6 +107,8 @@ def short(resp: httpx.Response, limit: int = 300) -> str:
 def _tls() -> ssl.SSLContext:
     """One TLS context for every client of this process: making one loads the CA bundle (about
     20 ms of CPU), and a client is made per account and per event loop."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 
@@ -127,6 +135,8 @@ class ProviderAPI:
     def _open(self) -> httpx.AsyncClient:
         # made at the first call, on the reactor: httpx binds its pool to the running event loop
         if self._client is None:
+            import httpx
+
             self._client = httpx.AsyncClient(
                 base_url=self.base_url, headers=self._headers, timeout=httpx.Timeout(self.timeout_s),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
@@ -137,6 +147,8 @@ class ProviderAPI:
     async def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None
                    ) -> httpx.Response:
         """Send one request; a 429 is waited out (Retry-After) and the same request sent again."""
+        import httpx
+
         client = self._open()
         fallback = DEFAULT_RETRY_AFTER_S
         for _ in range(self.max_rate_limited + 1):

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
 import trio
 
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
@@ -45,6 +44,9 @@ from actor_run.protocols.clouds.rented import (
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused, SpecError
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
+
+if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.py): none made, none loaded
+    import httpx
 
 VENDOR = "lambda"
 NAME_LIMIT = 64  # lambda-v1.json InstanceLaunchRequest.name maxLength

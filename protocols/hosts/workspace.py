@@ -15,11 +15,10 @@ removes its incoming folder. The sim cloud's virtual machines implement the same
 from __future__ import annotations
 
 import contextlib
-import tarfile
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import trio
@@ -28,6 +27,9 @@ from actor_run.protocols.failures import Code, Refused, Unreachable
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.messages import InputRef
+
+if TYPE_CHECKING:  # tarfile (and gzip, bz2, lzma) loads with the first fetch: a sweep or a check never fetches
+    import tarfile
 
 KEEP_S = 24 * 3600
 RESUME_LINE = "progress.json"  # in a checkpoint folder: the progress line that named it
@@ -275,6 +277,8 @@ class ShellWorkspace:
 def _extract(tar_path: Path, dest: Path, names: list[str]) -> None:
     """Only what was asked for: the fetch lands in the seed's own folder, beside the controller's
     log.txt and response.json, which a tar from the machine must not be able to replace."""
+    import tarfile
+
     asked = [n.rstrip("/") for n in names]
     with tarfile.open(tar_path) as tar:
         members = [m for m in _safe_members(tar)

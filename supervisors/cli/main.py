@@ -170,8 +170,9 @@ def entry() -> None:
     """The `actor-run` console script: this process is ours, so the collector is set for batches
     of thousands of attempts (gc_tuning.py) before the command runs. A reader that stops reading
     (`actor-run runs | head -1`) ends it quietly, as Unix tools end: exit 141 (128 + SIGPIPE), no
-    traceback (a run's `with Runner` still deletes its machines on the way out)."""
-    tune_gc()
+    traceback (a run's `with Runner` still deletes its machines on the way out). The collector is
+    not run first: at this point only imports have run and they leave no garbage (gc_tuning.py)."""
+    tune_gc(collect=False)
     try:
         code = main()
         sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe

@@ -302,8 +302,6 @@ def cmd_follow(args: argparse.Namespace) -> int:
     """`actor-run status [--run ID] --follow`: one line per job of the run (default: the latest)
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
-    from loguru import logger  # for a database away meanwhile (configure_logging sets it up as it loads)
-
     reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
     seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:
@@ -322,6 +320,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
                 jobs = reader.jobs(run)
                 views = {v.key: v for v in job_views(reader, run, jobs, time.time())}
             except read_failures(reader.backend) as exc:  # the database restarting: look again
+                # loguru (asyncio with it: about 0.1 s of CPU) only then; configure_logging sets it up as it loads
+                from loguru import logger
+
                 logger.warning("the ledger could not be read ({}); trying again", str(exc).strip()[:200])
                 time.sleep(args.poll)
                 continue

@@ -20,8 +20,9 @@ stderr's) are not written between frames (each left a stale header behind): they
 one line of the frame (how many, of how many kinds, the latest with its job), and after the batch
 each kind is printed once with its count and jobs (`warnings_summary`); the run's log has each.
 
-Not on a terminal: one plain line per job whose state changed. With `--json`: every event as one
-JSON line (nothing else).
+Not on a terminal: one plain line per job whose state changed, and the summary drawn without
+rich (plain.py: the same characters rich draws there). With `--json`: every event as one JSON
+line (nothing else). Neither loads rich: only a terminal's view does.
 
 Cost (bench/load.py --view measures it: about 4 % of the controller's CPU at a thousand jobs):
 events come through a deque the Runner's subscriber appends to, and `follow` takes them every
@@ -44,12 +45,9 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
-from rich.console import Console
-from rich.style import Style
-from rich.table import Table
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
@@ -67,6 +65,7 @@ from actor_run.protocols.messages import (
 )
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.budget import BudgetStatistics
+from actor_run.supervisors.views.plain import summary_text
 from actor_run.supervisors.views.rows import (
     _END_STATES,
     _STATES,
@@ -93,11 +92,16 @@ from actor_run.supervisors.views.rows import (
 )
 from actor_run.supervisors.views.text import printable
 
+if TYPE_CHECKING:  # rich loads on a terminal (and for a summary plain.py cannot draw as rich does)
+    from rich.console import Console
+
 # a row's columns that may go, in the order they go when the terminal is narrow, with their widths
 # (job 24, state 12, time in attempt 10 and cost 9 always stay: 58 with their spaces)
 COLUMNS = ("reported", "progress", "stage", "place", "att")
 _WIDTHS = {"reported": 30, "progress": BAR + 9, "stage": 11, "place": 23, "att": 4}
 _KEPT = 24 + 1 + 12 + 1 + 10 + 1 + 9 + 1
+SUMMARY_WIDTH = 140  # the summary's width off a terminal
+SUMMARY_COLUMNS = ("job", "state", "attempts", "place", "failure", "elapsed", "cost")
 
 
 def columns_for(width: int | None) -> frozenset[str]:
@@ -136,7 +140,7 @@ class View:
         self.lines = {k: JobLine(key=k) for k in keys}
         self.heads = {_head(k): line for k, line in self.lines.items()}  # (job, seed): no string built per event
         self.pending: list[JobLine] = []  # lines with a progress line not read yet
-        self.console = Console(file=self.out, highlight=False, width=None if self.tty else 140)
+        self._console: Console | None = None
         self.live: _Screen | None = None
         self.budget_usd = budget_usd
         self.budget = budget
@@ -158,6 +162,15 @@ class View:
         self.warnings: dict[str, list[Any]] = {}  # kind -> [count, latest job, latest text, jobs]
         self.warning_count = 0
         self.latest_warning = ""
+
+    @property
+    def console(self) -> Console:
+        """rich's console on `out`, made at first use (a terminal's view, or a summary for rich)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.out, highlight=False, width=None if self.tty else SUMMARY_WIDTH)
+        return self._console
 
     def __enter__(self) -> View:
         if not self.json_mode and self.tty and not self.console.is_dumb_terminal:  # TERM=dumb: plain lines
@@ -398,10 +411,10 @@ class View:
                 break
         return text
 
-    def _screen(self, now: float, height: int, width: int | None = None) -> list[list[tuple[str, Style | None]]]:
+    def _screen(self, now: float, height: int, width: int | None = None) -> list[list[tuple[str, str | None]]]:
         height = max(8, height - 1)
         self._fold_warnings()
-        out: list[list[tuple[str, Style | None]]] = [[(self.header(now, width), BOLD)]]
+        out: list[list[tuple[str, str | None]]] = [[(self.header(now, width), BOLD)]]
         if self.warning_count:
             kinds = len(self.warnings)
             out.append([(f"warnings: {self.warning_count} ({kinds} kind{'s' if kinds > 1 else ''}); latest: "
@@ -434,11 +447,11 @@ class View:
         return out
 
     def _row(self, line: JobLine, now: float, cols: frozenset[str] = frozenset(COLUMNS)
-             ) -> list[tuple[str, Style | None]]:
+             ) -> list[tuple[str, str | None]]:
         state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
         state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
                  else line.state)
-        pieces: list[tuple[str, Style | None]] = [
+        pieces: list[tuple[str, str | None]] = [
             (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]
         middle = "".join(text for c, text in (("att", f" {line.attempt:>3}"), ("place", f" {line.place[:22]:<22}"),
                                               ("stage", f" {line.stage[:10]:<10}")) if c in cols)
@@ -479,18 +492,28 @@ class View:
         if self.json_mode:
             return
         self._take_pending()
-        t = Table(title="summary", expand=False)
-        for col in ("job", "state", "attempts", "place", "failure", "elapsed", "cost"):
-            t.add_column(col)
         lines = list(self.lines.values())
         if len(lines) > 100:
             lines = [line for line in lines if line.state != "succeeded"]
-        for line in lines:
-            failure = f"{line.failure}: {line.detail}"[:60] if line.failure else ""
-            t.add_row(line.key, line.state, str(line.attempt + 1 if line.started else 0), line.place, failure,
-                      self._elapsed(line), f"${line.usd:.4f}")
-        self.console.print(self.header(time.time()), markup=False)
-        if lines:
+        rows = [(line.key, line.state, str(line.attempt + 1 if line.started else 0), line.place,
+                 f"{line.failure}: {line.detail}"[:60] if line.failure else "", self._elapsed(line), f"${line.usd:.4f}")
+                for line in lines]
+        header = self.header(time.time())
+        text = None if self.tty else summary_text(header, SUMMARY_COLUMNS, rows, width=SUMMARY_WIDTH,
+                                                  environ=os.environ, encoding=getattr(self.out, "encoding", None))
+        if text is not None:
+            self.out.write(text)
+            self.out.flush()
+            return
+        from rich.table import Table
+
+        t = Table(title="summary", expand=False)
+        for col in SUMMARY_COLUMNS:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row)
+        self.console.print(header, markup=False)
+        if rows:
             self.console.print(t)
 
     # --- the loop ------------------------------------------------------------------------------

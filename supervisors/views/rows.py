@@ -1,13 +1,12 @@
 """The live view's parts (live.py): one job's row (`JobLine`) and what it shows (its category,
-progress, clock), the styles, the redraw limits, and `_Screen`, which writes pre-cut lines."""
+progress, clock), the styles, the redraw limits, and `_Screen`, which writes pre-cut lines.
+rich is loaded by `_Screen` alone (a terminal): a view off a terminal never loads it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.console import Console
-from rich.style import Style
 
 from actor_run.actors.meter import usage_between
 from actor_run.protocols.messages import (
@@ -25,6 +24,9 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MAX_REDRAWS_PER_S = 4
 FRAME_S = 1.0 / MAX_REDRAWS_PER_S  # how often the loop takes the events that came and maybe redraws
@@ -101,9 +103,10 @@ _STATES: dict[type, str] = {
 }
 _END_STATES = ("succeeded", "failed")
 
-DIM, BOLD = Style(dim=True), Style(bold=True)
-GREEN, RED, YELLOW, CYAN = Style(color="green"), Style(color="red"), Style(color="yellow"), Style(color="cyan")
-BAR_DONE, BAR_LEFT = Style(color="green"), Style(color="bright_black")
+# styles as rich's style definitions: parsed by `_Screen` (rich) when a frame first uses one
+DIM, BOLD = "dim", "bold"
+GREEN, RED, YELLOW, CYAN = "green", "red", "yellow", "cyan"
+BAR_DONE, BAR_LEFT = "green", "bright_black"
 
 
 class ViewStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,21 +132,24 @@ class _Screen:
         self.console = console
         self.out = console.file
         self.height = 0  # lines of the frame on screen
-        self.codes: dict[Style | None, tuple[str, str]] = {None: ("", "")}
+        self.codes: dict[str | None, tuple[str, str]] = {None: ("", "")}
 
-    def _code(self, style: Style | None) -> tuple[str, str]:
+    def _code(self, style: str | None) -> tuple[str, str]:
         code = self.codes.get(style)
         if code is None:
+            from rich.style import Style
+
             start = ""
             system = self.console._color_system  # what rich found this terminal can show (None: no styles)
             if system is not None and style is not None:
-                shown = style.without_color if self.console.no_color else style
+                parsed = Style.parse(style)
+                shown = parsed.without_color if self.console.no_color else parsed
                 rendered = shown.render("x", color_system=system)
                 start = rendered[:rendered.index("x")] if rendered != "x" else ""
             code = self.codes[style] = (start, "\x1b[0m" if start else "")
         return code
 
-    def draw(self, lines: list[list[tuple[str, Style | None]]], width: int) -> None:
+    def draw(self, lines: list[list[tuple[str, str | None]]], width: int) -> None:
         parts = ["\r" + (f"\x1b[{self.height}A" if self.height else "") + "\x1b[?25l"]
         for pieces in lines:
             parts.append("\x1b[2K")

@@ -3,16 +3,23 @@ importing the whole package). The commands that read the ledger or print what th
 (status, runs, cost, logs, report, cancel of an ended run, config show, completion, --version)
 run here on a real ledger, made by a real `actor-run run`, in a process that prints at its exit
 which modules it loaded: the supervision tree, the actors, trio, pykka and the network libraries
-are not among them. What each still prints is checked too, so a command cut short cannot pass."""
+are not among them. What each still prints is checked too, so a command cut short cannot pass.
+
+The commands that run a batch load the tree, but not what a local batch leaves unused: rich (no
+view is drawn off a terminal or under --json), asyncssh and httpx (the rented clouds the user's
+config names, without keys here, are built for the sweep and load them only to be used)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from waits import poll
 
 from actor_run.protocols.redact import REDACTED
 
@@ -111,6 +118,19 @@ def test_only_version_reads_the_installed_metadata(ran: tuple[Path, dict[str, st
     assert "asyncio" not in status.modules
 
 
+def test_status_follow_of_an_ended_run_loads_no_loguru(ran: tuple[Path, dict[str, str], str]) -> None:
+    """`status --follow` warns only when the ledger cannot be read: loguru (asyncio with it, about
+    0.1 s of CPU) loads then, not in every follow."""
+    tmp, env, _ = ran
+    done = actor_run("status", "--follow", cwd=tmp, env=env)
+    assert (done.code, done.stderr) == (0, ""), done.stderr
+    assert "hello/seed-2" in done.stdout
+    assert "succeeded" in done.stdout
+    assert "loguru" not in done.modules
+    assert "asyncio" not in done.modules
+    assert done.heavy() == []
+
+
 def test_logging_is_set_up_by_whoever_first_imports_loguru(tmp_path: Path) -> None:
     """configure_logging before loguru is loaded: the first module to import it gets the command's
     sink (WARNING and above, one line each, a secret redacted), not loguru's default (DEBUG)."""
@@ -129,3 +149,89 @@ def test_logging_is_set_up_by_whoever_first_imports_loguru(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     shown = [line.split(" ", 1)[1] for line in done.stderr.splitlines()]  # after the time of day
     assert shown == [f"WARNING j/seed-1: key {REDACTED}", "WARNING once"], done.stderr
+
+
+# what a local batch leaves unused: the terminal's view and the rented clouds' network libraries
+NOT_FOR_A_LOCAL_BATCH = ("rich", "asyncssh", "httpx", "cryptography")
+HELD = ('[job]\nname = "held"\ncommand = "sh -c \'while [ ! -e {go} ]; do sleep 0.05; done; echo held {seed}\'"\n'
+        "seeds = [1, 2]\n\n[policy]\npoll_s = 0.1\n")
+
+
+def unused(done: Ran) -> list[str]:
+    return sorted(m for m in done.modules if any(m == h or m.startswith(h + ".") for h in NOT_FOR_A_LOCAL_BATCH))
+
+
+@pytest.fixture(scope="module")
+def cloudy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A folder with a local batch, and an environment whose user config names three rented clouds
+    whose keys are not set: every sweep builds them and is told why they cannot be used."""
+    tmp = tmp_path_factory.mktemp("cloudy")
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160", "XDG_STATE_HOME": str(tmp / "xdg-state"),
+           "XDG_CONFIG_HOME": str(tmp / "xdg-config")}
+    for name in ("ACTOR_RUN_LEDGER", "ACTOR_RUN_CONFIG", "RUNPOD_API_KEY", "LAMBDA_API_KEY", "HYPERSTACK_API_KEY",
+                 "FORCE_COLOR", "TTY_COMPATIBLE"):
+        env.pop(name, None)
+    (tmp / "xdg-config" / "actor-run").mkdir(parents=True)
+    (tmp / "xdg-config" / "actor-run" / "config.toml").write_text(
+        '[clouds.runpod]\ncloud = "SECURE"\n\n[clouds.lambda]\n\n[clouds.hyperstack]\n')
+    (tmp / "batch.toml").write_text(
+        '[job]\nname = "hello"\ncommand = "sh -c \'echo hello {seed}\'"\nseeds = [1, 2]\n\n[policy]\npoll_s = 0.1\n')
+    return tmp, env
+
+
+def test_a_local_run_loads_no_rich_and_no_network_library(cloudy: tuple[Path, dict[str, str]]) -> None:
+    """`run --json` and `run` with its output to a pipe (every test's, every script's) draw no live
+    view: rich is not loaded, nor asyncssh and httpx for the rented clouds the sweep only names."""
+    tmp, env = cloudy
+    done = actor_run("run", "batch.toml", "--json", "--out", "out", cwd=tmp, env=env)
+    assert done.code == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["outcome"] for e in events if e["type"] == "JobEnded"] == ["succeeded", "succeeded"]
+    assert "RUNPOD_API_KEY" in done.stderr  # the sweep built runpod from the config, and said why it cannot
+    assert {"trio", "pykka", "actor_run.supervisors.runner"} <= done.modules
+    assert unused(done) == []
+
+    done = actor_run("run", "batch.toml", "--out", "out", cwd=tmp, env=env)
+    assert done.code == 0, done.stderr
+    assert "┃ job" in done.stdout
+    assert "│ hello/seed-2 │ succeeded │" in done.stdout
+    assert unused(done) == []
+
+
+def test_sweep_and_resume_of_a_local_run_load_no_network_library(cloudy: tuple[Path, dict[str, str]]) -> None:
+    """A controller killed (SIGKILL) mid-run; `sweep` lists its machines and `resume` takes its jobs
+    over to their end, neither loading asyncssh, httpx or rich."""
+    tmp, env = cloudy
+    go = tmp / "go"
+    (tmp / "held.toml").write_text(HELD.replace("{go}", str(go)))
+    out = tmp / "held.jsonl"
+    with out.open("w") as sink:
+        run = subprocess.Popen([sys.executable, "-m", "actor_run", "run", "held.toml", "--json", "--out", "out"],
+                               cwd=tmp, env=env, stdout=sink, stderr=subprocess.DEVNULL)
+        try:
+            poll(lambda: out.read_text().count('"type":"JobStarted"') == 2, 120, "both jobs started")
+        finally:
+            run.send_signal(signal.SIGKILL)
+            run.wait(30)
+
+    done = actor_run("sweep", "--dry-run", cwd=tmp, env=env)
+    assert done.code == 0, done.stderr
+    assert done.stdout.count("would delete  its owner is gone") == 2, done.stdout
+    assert unused(done) == []
+
+    go.touch()
+    done = actor_run("resume", cwd=tmp, env=env)
+    assert done.code == 0, done.stderr
+    assert "resuming 2 job(s)" in done.stdout
+    assert "(reattached)" in done.stdout
+    assert unused(done) == []
+
+
+@pytest.mark.parametrize(("args", "shows"), [(["offers"], "sim"), (["clouds", "check"], "cannot check")])
+def test_offers_and_clouds_check_load_no_network_library_for_clouds_without_a_key(
+        cloudy: tuple[Path, dict[str, str]], args: list[str], shows: str) -> None:
+    tmp, env = cloudy
+    done = actor_run(*args, cwd=tmp, env=env)
+    assert shows in done.stdout
+    assert "RUNPOD_API_KEY" in done.stdout + done.stderr
+    assert unused(done) == []
