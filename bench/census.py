@@ -6,7 +6,7 @@ the `sim` cloud with virtual machines (bench/load.py's harness and settings).
 1. a Runner is opened, `gc.collect()`, and every tracked object is counted by type (the baseline);
 2. N jobs of 600 s are submitted; once every one said `JobStarted` and a few policy polls went by
    (the steady state), `gc.collect()` and the count again: (steady - baseline) / N is what each
-   running job holds, by type;
+   running job holds, by type; and how long a full collection takes then (median of 3);
 3. the collector is switched off, `runner.cancel()`, and once every job ended the count again
    without a collection: (after - steady) / N is what the cancel left for the collector per job
    (objects freed by their reference count are not in it: only what is still alive or waits for a
@@ -61,6 +61,11 @@ def run(n: int, scale: float, settle_s: float) -> dict[str, Any]:
                 raise SystemExit("not every job started")
             time.sleep(settle_s)  # a few polls: the steady state's objects, not the start's
             gc.collect()
+            full_s = []
+            for _ in range(3):  # what one full collection costs now (every thread stopped meanwhile)
+                t = time.perf_counter()
+                gc.collect()
+                full_s.append(time.perf_counter() - t)
             steady = census()
             gc.disable()
             count0 = sum(gc.get_count())
@@ -81,6 +86,7 @@ def run(n: int, scale: float, settle_s: float) -> dict[str, Any]:
         "cancel_left_per_job": (sum(after.values()) - sum(steady.values())) / n,
         "cancel_by_type": dict(sorted(cancel.items(), key=lambda kv: -kv[1])),
         "cancel_allocated_net_per_job": allocated / n, "cancel_s": cancel_s,
+        "tracked_total": sum(steady.values()), "full_collection_s": sorted(full_s)[1],
     }
 
 
@@ -96,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     settle = args.settle if args.settle is not None else 3 * PRODUCTION_POLICY["poll_s"] / args.scale
     r = run(args.attempts, args.scale, settle)
     if not args.json:
-        print(f"tracked objects per running job: {r['tracked_per_job']:.1f}")
+        print(f"tracked objects per running job: {r['tracked_per_job']:.1f} ({r['tracked_total']} in all; "
+              f"a full collection {r['full_collection_s'] * 1000:.0f} ms)")
         for k, v in list(r["by_type"].items())[: args.top]:
             print(f"  {v:7.2f}  {k}")
         print(f"left by the cancel per job (collector off): {r['cancel_left_per_job']:.1f} "
