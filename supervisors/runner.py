@@ -73,6 +73,23 @@ OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
 
 
+class _Waiter:
+    """A thread in `Runner.wait`: the handles it waits for; `all_ended` once none is left."""
+
+    __slots__ = ("all_ended", "left", "lock")
+
+    def __init__(self, left: set[JobHandle]) -> None:
+        self.left = left
+        self.lock = threading.Lock()
+        self.all_ended = threading.Event()
+
+    def ended(self, handle: JobHandle) -> None:
+        with self.lock:
+            self.left.discard(handle)
+            if not self.left:
+                self.all_ended.set()
+
+
 class Runner(Takeover):
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
@@ -123,6 +140,7 @@ class Runner(Takeover):
         self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
+        self._waiters: list[_Waiter] = []  # threads in wait(), each with the handles it waits for
         self._reported: dict[str, dict[int, float]] = {}
         self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
@@ -248,12 +266,30 @@ class Runner(Takeover):
         """Wait until every submitted job has ended."""
         handles = list(self.handles.values())
         # one wake-up when the last has ended (a result() per handle woke this thread once per job
-        # that ended while it waited: 8 % of the GIL's time in the end burst of a thousand jobs)
-        with blocking():
-            _, unfinished = concurrent.futures.wait([h._future for h in handles], timeout)
+        # that ended while it waited: 8 % of the GIL's time in the end burst of a thousand jobs), and
+        # no Future per handle (supervisors/handle.py: the collector walks eleven objects per Future)
+        waiter = _Waiter({h for h in handles if not h.done()})
+        if waiter.left:
+            with self._lock:
+                self._waiters.append(waiter)
+            try:
+                for h in list(waiter.left):  # those that ended before the waiter was seen
+                    if h.done():
+                        waiter.ended(h)
+                with blocking():
+                    waiter.all_ended.wait(timeout)
+            finally:
+                with self._lock:
+                    self._waiters.remove(waiter)
+        unfinished = sum(1 for h in handles if not h.done())
         if unfinished:
-            raise concurrent.futures.TimeoutError(f"{len(unfinished)} of {len(handles)} jobs still running")
+            raise concurrent.futures.TimeoutError(f"{unfinished} of {len(handles)} jobs still running")
         return [h.result(0) for h in handles]
+
+    def _one_ended(self, handle: JobHandle) -> None:
+        """A handle has its end (on the ledger's writer thread): tell whoever waits in `wait`."""
+        for waiter in tuple(self._waiters):
+            waiter.ended(handle)
 
     def close(self) -> None:
         """Cancel what is unfinished, wait until every machine is deleted, stop everything."""
