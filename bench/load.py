@@ -59,6 +59,9 @@ What is reported (a table, then as the LAST line one JSON object):
   terminal, drawing into a pseudo-terminal of 50 x 200: `view_cpu_s` is the CPU time of the view's
   thread (every event it took, every redraw), `view_cpu_share` that over the process's CPU in
   phase 1, `view_redraws` and `view_redraws_per_s` how often it drew (at most 4 a second).
+- `gc_full`, `gc_full_s`, `gc_all_s` (and `cancel_gc_*` for the cancel's window, from the cancel until
+  every job ended): the collector's full collections in phase 1, the seconds they took, and the
+  seconds of all its passes (every thread stopped meanwhile).
 - `gc`: `default` (Python's collector settings: the Runner embedded in a process that leaves them)
   or `cli` (`--gc cli`: as the actor-run CLI sets its process, supervisors/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
@@ -145,6 +148,12 @@ def render(r: dict[str, Any]) -> str:
             ("view: CPU / share of the process's", f"{r['view_cpu_s']:.3f} s / {r['view_cpu_share'] * 100:.2f} %"),
             ("view: redraws (per second)", f"{r['view_redraws']} ({r['view_redraws_per_s']:.2f}/s)"),
         ]
+    def passes(prefix: str) -> str:
+        return f"{r[prefix + 'full']} ({r[prefix + 'full_s']:.2f} s) / {r[prefix + 'all_s']:.2f} s"
+
+    rows.append(("collector: full passes (s) / all passes", passes("gc_")))
+    if "cancel_gc_full" in r:
+        rows.append(("  while cancelling", passes("cancel_gc_")))
     rows.append(("leaks (machines, actors, threads, busy pool)", f"{r['leaks']} {r['leaked_counts']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
