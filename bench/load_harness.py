@@ -80,10 +80,13 @@ def make_jobs(n: int, scale: float, clouds: dict[str, Any]) -> list[Job]:
     ]
 
 
+RUNNER_TUNES_GC = [False]  # load.py's --gc runner|cli: the Runner raises the collector's thresholds
+
+
 def open_runner(root: Path, n: int, scale: float) -> Runner:
     root.mkdir(parents=True, exist_ok=True)
     runner = Runner(out_dir=root / "out", state_dir=root, concurrency=n, sweep_on_start=False,
-                    meter_period_s=PRODUCTION_METER_PERIOD_S / scale)
+                    meter_period_s=PRODUCTION_METER_PERIOD_S / scale, tune_gc=RUNNER_TUNES_GC[0])
     runner.open()
     return runner
 

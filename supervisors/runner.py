@@ -57,6 +57,7 @@ from actor_run.protocols.specs import (
     unredacted,
     without_secrets,
 )
+from actor_run.supervisors import gc_tuning
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
@@ -105,15 +106,25 @@ class Runner(Takeover):
     its id in the ledger (`batch` names it for `actor-run runs`). `config` is the user settings file
     (a path, a `UserConfig`, or None for `$ACTOR_RUN_CONFIG` / the default file): its `[clouds.*]`
     tables are merged under each job's own. State (the ledger, known hosts, the local and sim clouds' folders)
-    goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`."""
+    goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`.
+
+    The cyclic garbage collector: while a Runner is open, the process's collector thresholds are
+    raised from Python's (700, 10, 10) to (10000, 20, 20) (supervisors/gc_tuning.py `hold`), since
+    at thousands of attempts at once Python's cost the controller a third of its CPU and stopped
+    every thread for seconds (bench/RESULTS.md item 46); cycles are still collected, less often.
+    Thresholds the host set itself, or a disabled collector, are left as they are; Python's come back
+    when the last open Runner closes. `tune_gc=False` leaves the collector alone."""
 
     def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
                  sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
                  config: str | Path | UserConfig | None = None, outage_s: float | None = None,
-                 register: bool = True, fault: Callable[[str, str], None] | None = None) -> None:
+                 register: bool = True, fault: Callable[[str, str], None] | None = None,
+                 tune_gc: bool = True) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        self.tune_gc = tune_gc  # raise the collector's thresholds while open (gc_tuning.hold)
+        self._gc_held = False
         self._fault = fault  # fault injection (tests, drills): actors.Context.at says where it is called
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
@@ -177,6 +188,9 @@ class Runner(Takeover):
             raise
 
     def _open_parts(self) -> None:
+        if self.tune_gc and not self._gc_held:
+            gc_tuning.hold()
+            self._gc_held = True
         self.reactor.start()
         self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s, outage_s=self.outage_s)
         self.ledger.on_stale = self._lost
@@ -323,6 +337,9 @@ class Runner(Takeover):
                     self.ledger.end_run(run)
                 self.ledger.close_owner()
                 self.ledger.close()
+            if self._gc_held:
+                self._gc_held = False
+                gc_tuning.let_go()
 
     # --- jobs --------------------------------------------------------------------------------------
 
