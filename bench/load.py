@@ -62,9 +62,10 @@ What is reported (a table, then as the LAST line one JSON object):
 - `gc_full`, `gc_full_s`, `gc_all_s` (and `cancel_gc_*` for the cancel's window, from the cancel until
   every job ended): the collector's full collections in phase 1, the seconds they took, and the
   seconds of all its passes (every thread stopped meanwhile).
-- `gc`: `default` (Python's collector settings: `Runner(tune_gc=False)`, what every run before
-  item 46 of bench/RESULTS.md measured), `runner` (the Runner's default: thresholds raised while it
-  is open) or `cli` (`--gc cli`: as the actor-run CLI sets its process, supervisors/gc_tuning.py).
+- `gc`: `runner` (the default since item 46 of bench/RESULTS.md: what a Runner does by itself,
+  thresholds raised while it is open), `default` (Python's collector settings:
+  `Runner(tune_gc=False)`, what every run before item 46 measured) or `cli` (`--gc cli`: as the
+  actor-run CLI sets its process, supervisors/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
   fixed Python loop takes, both measured before phase 1: the two things outside the controller
   that move its figures most (the disk, and the shared host's speed at the time).
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--view", action="store_true",
                     help="phase 1 with the live view drawing into a pseudo-terminal (50 x 200); reports the "
                          "view's share of the process's CPU")
-    ap.add_argument("--gc", choices=tuple(GC_MODES), default="default",
+    ap.add_argument("--gc", choices=tuple(GC_MODES), default="runner",
                     help="the garbage collector: Python's defaults (Runner(tune_gc=False)), the Runner's "
                          "raised thresholds while open (its default), or as the actor-run CLI sets it "
                          "(supervisors/gc_tuning.py)")
