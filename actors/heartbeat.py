@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -86,7 +87,9 @@ class _Watch:
     it is urgent (or, every `idle_every` quiet polls, that the job still runs, so it can judge its
     stall window); `step_on_exit` polls at once when the workspace says the job ended. Two reactor
     tasks (not a nursery: cancelling one of those cost three times a task's cancel), on the reactor
-    thread only. After the job exited, only the heartbeat goes on."""
+    thread only; one where the workspace knows the moment of the end in advance (`exit_at`: the
+    loop wakes then) or cannot tell it at all (the polls see it). After the job exited, only the
+    heartbeat goes on."""
 
     def __init__(self, ws: Workspace, work: str, pid: int, idle_every: int, tell: Callable[[Message], None],
                  report_s: float, off: Flag | None = None) -> None:
@@ -102,6 +105,7 @@ class _Watch:
         self.busy = False  # a step is in flight (the loop's, or the exit hint's)
         self.again = False  # the exit hint came during a step: take another at once
         self.stopped = False  # the actor stopped: the loop ends at its next beat, taking no step
+        self.exit_at: float | None = None  # trio's clock: the job's end, known in advance (the loop wakes then)
 
     async def step(self) -> None:
         """One poll (or, after the exit, one beat); tell the actor what is new if it is due."""
@@ -147,7 +151,7 @@ class _Watch:
             await self.ws.wait_exit(self.work, self.pid)
         except (HostError, OSError):
             return  # the ticks' polls find out what is wrong
-        if self.off is not None and self.off.is_set():
+        if self.stopped or (self.off is not None and self.off.is_set()):
             return
         if self.busy:
             self.again = True
@@ -165,7 +169,12 @@ class _Watch:
                     self.again = False
                     if self.state == "running":
                         await self.step()
-            await tick(poll_s)  # one shared clock per period, not a sleep per job
+            at = self.exit_at
+            if at is not None and self.state == "running" and at < trio.current_time() + poll_s:
+                self.exit_at = None  # once: the step at the end decides what happened
+                await trio.sleep_until(at)  # the end comes before the next beat: a step then
+            else:
+                await tick(poll_s)  # one shared clock per period, not a sleep per job
 
 
 class HeartbeatActor(Actor):
@@ -217,8 +226,14 @@ class HeartbeatActor(Actor):
 
                     watch = self._watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S, self.polls_off)
                     watch.log_at = self.log_from
+                    # the exit hint: a task waiting for it only where nothing else can tell (about 25
+                    # objects the collector walks per job: issue 30's census)
+                    exit_at = ws.exit_at(w.work, w.pid)
+                    if exit_at is not None and exit_at < math.inf:
+                        watch.exit_at = exit_at
                     self._loop = self.spawn(watch.run, self.poll_s, reply=_only_a_failure)
-                    self.spawn(watch.step_on_exit, reply=_only_a_failure)
+                    if exit_at is None:
+                        self.spawn(watch.step_on_exit, reply=_only_a_failure)
             case _Polled() as polled:
                 if not self.stalled:
                     self._polled(polled)

@@ -251,6 +251,13 @@ class _PoolFuture(pykka.ThreadingFuture[Any]):
             return super().get(timeout=timeout)
 
 
+# the inboxes' locks, shared by stripes: a lock is one more object the collector walks per actor
+# (six actors per running job), and an inbox holds its lock for a few list operations only, never
+# while taking another's, so two inboxes on one stripe wait for each other at most that long
+_INBOX_LOCKS = tuple(threading.Lock() for _ in range(64))
+_inbox_ids = itertools.count()
+
+
 class _Inbox:
     """The actor's queue; putting into an idle, started actor schedules its turn."""
 
@@ -259,7 +266,7 @@ class _Inbox:
     def __init__(self, actor: PooledActor) -> None:
         self._actor = actor
         self._q: collections.deque[Envelope[Any]] = collections.deque()
-        self._lock = threading.Lock()
+        self._lock = _INBOX_LOCKS[next(_inbox_ids) % len(_INBOX_LOCKS)]
         self.scheduled = False
         self.started = False
 

@@ -19,7 +19,9 @@ import collections
 import concurrent.futures
 import contextlib
 import contextvars
+import heapq
 import itertools
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -74,6 +76,29 @@ class Task(Flag):
             self._scope.cancel()
 
 
+class _Timer(Task):
+    """A `call_later`: an entry in the reactor's one heap of timers, not a trio task. A thousand
+    meters' budget guards were a thousand sleeping tasks, each about 25 objects the collector walks
+    (a task, its context, cancel scope and status, the coroutines of a sleep); an entry is one."""
+
+    __slots__ = ("callback", "due", "seq")
+
+    def __init__(self, reactor: Reactor, name: str, callback: Callable[[], None], seq: int) -> None:
+        super().__init__(reactor, name)
+        self.callback: Callable[[], None] | None = callback
+        self.due = 0.0
+        self.seq = seq
+
+    def __lt__(self, other: _Timer) -> bool:
+        return (self.due, self.seq) < (other.due, other.seq)
+
+    def _cancel_here(self) -> None:  # on the reactor thread
+        if not self.done:
+            self.callback = None
+            self._set_done()
+            self._reactor._timer_cancelled()
+
+
 class Reactor:
     def __init__(self, name: str = "actor-run-reactor") -> None:
         self._name = name
@@ -91,6 +116,9 @@ class Reactor:
         self._error: BaseException | None = None
         self._pending: collections.deque[Callable[[], Any]] = collections.deque()
         self._draining = False
+        self._heap: list[_Timer] = []  # pending timers (and cancelled ones not yet dropped)
+        self._heap_dead = 0  # cancelled timers still in the heap
+        self._heap_scope: trio.CancelScope | None = None  # the timers' task's wait, until the first is due
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -120,6 +148,7 @@ class Reactor:
             self._context = contextvars.copy_context()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._run_timers, name="actor-run timers")
                 self._ready.set()
                 await self._stopping.wait()
                 nursery.cancel_scope.cancel()
@@ -242,17 +271,64 @@ class Reactor:
             on_done(result)
 
     def call_later(self, delay: float, callback: Callable[[], None], name: str = "timer") -> Task:
-        """Run `callback()` on the reactor thread after `delay` seconds, unless cancelled first."""
+        """Run `callback()` on the reactor thread after `delay` seconds, unless cancelled first. The
+        returned Task is done once the callback ran or the timer was cancelled (or the reactor
+        stopped first). Every timer waits in one heap, on one reactor task: a pending timer is no
+        task of its own."""
         self._timers += 1
+        timer = _Timer(self, name, callback, self._timers)
 
-        async def sleep() -> None:
-            await trio.sleep(max(0.0, delay))
+        def begin() -> None:
+            if self._nursery is None or timer._cancelled:
+                timer.callback = None
+                timer._set_done()
+                return
+            timer.due = trio.current_time() + max(0.0, delay)
+            heapq.heappush(self._heap, timer)
+            scope = self._heap_scope
+            if scope is not None and timer.due < scope.deadline:
+                scope.deadline = timer.due
 
-        def fire(result: Result[None]) -> None:
-            if isinstance(result, outcome.Value):
-                callback()
+        self.soon(begin)
+        return timer
 
-        return self.spawn(sleep, on_done=fire, name=name)
+    async def _run_timers(self) -> None:
+        """The one task every timer waits on: asleep until the earliest is due, then runs each due."""
+        heap = self._heap
+        try:
+            while True:
+                with trio.CancelScope(deadline=heap[0].due if heap else math.inf) as scope:
+                    self._heap_scope = scope
+                    await trio.sleep_forever()
+                self._heap_scope = None
+                now = trio.current_time()
+                while heap and heap[0].due <= now:
+                    timer = heapq.heappop(heap)
+                    callback, timer.callback = timer.callback, None
+                    if timer.done:  # cancelled
+                        self._heap_dead -= 1
+                        continue
+                    timer._set_done()
+                    if timer._cancelled:  # cancelled from another thread; its _cancel_here finds it done
+                        continue
+                    assert callback is not None
+                    callback()
+        finally:  # the reactor stops: what never fired is done, its callback not called
+            self._heap_scope = None
+            for timer in heap:
+                timer.callback = None
+                timer._set_done()
+            heap.clear()
+            self._heap_dead = 0
+
+    def _timer_cancelled(self) -> None:
+        """A timer in the heap was cancelled: drop the cancelled once they are half of it (a
+        week-long budget guard cancelled at its job's end must not wait in memory for a week)."""
+        self._heap_dead += 1
+        if self._heap_dead > 64 and self._heap_dead * 2 > len(self._heap):
+            self._heap[:] = [t for t in self._heap if not t.done]
+            heapq.heapify(self._heap)
+            self._heap_dead = 0
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
         """Block this (non-reactor) thread until `fn(*args)` finishes on the reactor; its result or

@@ -12,7 +12,7 @@ Growth between N1 and N2 (N2 > N1) of a figure going from f1 to f2, two ways:
 - exponent = log(f2 / f1) / log(N2 / N1): 0 flat, 1 linear, 2 quadratic, whatever the N step.
 
     python bench/curve.py [--ns 100,300,1000,2000] [--job-seconds S] [--scale F] [--failure-rates ...]
-                          [--dir D] [--gc default|cli]
+                          [--dir D] [--gc default|runner|cli]
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=None)
     ap.add_argument("--failure-rates", default="")
     ap.add_argument("--dir", default=None, help="load.py's --dir: where each run's folders go")
-    ap.add_argument("--gc", default=None, choices=("default", "cli"), help="load.py's --gc")
+    ap.add_argument("--gc", default=None, choices=("default", "runner", "cli"), help="load.py's --gc")
     ap.add_argument("--timeout", type=float, default=3600.0, help="per N, seconds")
     ap.add_argument("--out", default=str(BENCH / "out"))
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Load test: N jobs at once through the real Runner (its actors and its reactor) in one process,
 on the `sim` cloud with virtual machines (no process, no folder per machine).
 
-    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json] [--gc default|cli] [--view]
+    python bench/load.py --attempts N [--job-seconds S] [--scale F] [--json] [--gc default|runner|cli] [--view]
                          [--failure-rates no_capacity=0.1,launch_failed=0.05,preempt=0.02]
 
 Production intervals are divided by `--scale` (default 10), so a run is short but keeps the
@@ -59,8 +59,13 @@ What is reported (a table, then as the LAST line one JSON object):
   terminal, drawing into a pseudo-terminal of 50 x 200: `view_cpu_s` is the CPU time of the view's
   thread (every event it took, every redraw), `view_cpu_share` that over the process's CPU in
   phase 1, `view_redraws` and `view_redraws_per_s` how often it drew (at most 4 a second).
-- `gc`: `default` (Python's collector settings: the Runner embedded in a process that leaves them)
-  or `cli` (`--gc cli`: as the actor-run CLI sets its process, supervisors/gc_tuning.py).
+- `gc_full`, `gc_full_s`, `gc_all_s` (and `cancel_gc_*` for the cancel's window, from the cancel until
+  every job ended): the collector's full collections in phase 1, the seconds they took, and the
+  seconds of all its passes (every thread stopped meanwhile).
+- `gc`: `runner` (the default since item 46 of bench/RESULTS.md: what a Runner does by itself,
+  thresholds raised while it is open), `default` (Python's collector settings:
+  `Runner(tune_gc=False)`, what every run before item 46 measured) or `cli` (`--gc cli`: as the
+  actor-run CLI sets its process, supervisors/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
   fixed Python loop takes, both measured before phase 1: the two things outside the controller
   that move its figures most (the disk, and the shared host's speed at the time).
@@ -87,6 +92,7 @@ from load_harness import (
     PRODUCTION_LAUNCH_LATENCY_S,
     PRODUCTION_METER_PERIOD_S,
     PRODUCTION_POLICY,
+    RUNNER_TUNES_GC,
     empty_runner_rss,
     parse_rates,
     phase_cancel,
@@ -95,6 +101,12 @@ from load_harness import (
 from loguru import logger
 
 from actor_run.supervisors.gc_tuning import tune_gc
+
+GC_MODES = {
+    "default": "Python defaults (Runner(tune_gc=False))",
+    "runner": "the Runner's (thresholds raised while it is open)",
+    "cli": "as the actor-run CLI sets it (frozen, thresholds raised)",
+}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -107,7 +119,7 @@ def render(r: dict[str, Any]) -> str:
         ("job seconds", f"{r['job_s']:g}"),
         ("folder / a file create there", f"{r['dir']} / {r['file_create_us']:.0f} us"),
         ("reference Python loop (machine speed)", f"{r['python_probe_ms']:.1f} ms"),
-        ("garbage collector", "as the actor-run CLI sets it" if r["gc"] == "cli" else "Python defaults"),
+        ("garbage collector", GC_MODES[r["gc"]]),
         ("attempts run (with retries)", f"{r['attempts_run']}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))),
         ("wall / ideal", f"{r['wall_s']:.2f} s / {r['ideal_s']:.2f} s = {r['wall_over_ideal']:.3f}"),
@@ -145,6 +157,12 @@ def render(r: dict[str, Any]) -> str:
             ("view: CPU / share of the process's", f"{r['view_cpu_s']:.3f} s / {r['view_cpu_share'] * 100:.2f} %"),
             ("view: redraws (per second)", f"{r['view_redraws']} ({r['view_redraws_per_s']:.2f}/s)"),
         ]
+    def passes(prefix: str) -> str:
+        return f"{r[prefix + 'full']} ({r[prefix + 'full_s']:.2f} s) / {r[prefix + 'all_s']:.2f} s"
+
+    rows.append(("collector: full passes (s) / all passes", passes("gc_")))
+    if "cancel_gc_full" in r:
+        rows.append(("  while cancelling", passes("cancel_gc_")))
     rows.append(("leaks (machines, actors, threads, busy pool)", f"{r['leaks']} {r['leaked_counts']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -164,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--view", action="store_true",
                     help="phase 1 with the live view drawing into a pseudo-terminal (50 x 200); reports the "
                          "view's share of the process's CPU")
-    ap.add_argument("--gc", choices=("default", "cli"), default="default",
-                    help="the garbage collector: Python's defaults (the Runner embedded in a process that "
-                         "leaves them), or as the actor-run CLI sets it (supervisors/gc_tuning.py)")
+    ap.add_argument("--gc", choices=tuple(GC_MODES), default="runner",
+                    help="the garbage collector: Python's defaults (Runner(tune_gc=False)), the Runner's "
+                         "raised thresholds while open (its default), or as the actor-run CLI sets it "
+                         "(supervisors/gc_tuning.py)")
     ap.add_argument("--dir", default=None,
                     help="where the run's folders go (out, ledger, sim): a new temporary folder in it "
                          "(default: the system's temporary folder)")
@@ -195,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         result["empty_runner_rss_mib"] = empty_runner_rss(root / "empty", args.scale)
         if args.gc == "cli":
             tune_gc()
+        RUNNER_TUNES_GC[0] = args.gc != "default"
         result["gc"] = args.gc
-        say(f"garbage collector: {'as the actor-run CLI sets it' if args.gc == 'cli' else 'Python defaults'}"
+        say(f"garbage collector: {GC_MODES[args.gc]}"
             f" (thresholds {gc.get_threshold()}, {gc.get_freeze_count()} objects frozen)")
         say(f"phase 1: {args.attempts} jobs of {args.job_seconds:g} s at once")
         result.update(phase_load(root / "load", args.attempts, args.job_seconds, args.scale, rates, view=args.view))

@@ -3,6 +3,7 @@ the tally of events, the ideal wall time, message counts, leaks). load.py says w
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -111,6 +112,34 @@ class Sampler:
         self._stop.set()
         self._thread.join(5)
         self.sample()
+
+
+class Collections:
+    """While entered, the cyclic collector's passes (`gc.callbacks`): how many full (generation 2)
+    ones and the seconds they and all passes took (every thread of the process stopped meanwhile)."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.full_s = 0.0
+        self.all_s = 0.0
+        self._t = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        dt = time.perf_counter() - self._t
+        self.all_s += dt
+        if info["generation"] == 2:
+            self.full += 1
+            self.full_s += dt
+
+    def __enter__(self) -> Collections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 class Tally:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 import psutil
-from load_figures import MIB, Sampler, Tally, _bill_decoder, ideal_per_job, message_count, percentile
+from load_figures import MIB, Collections, Sampler, Tally, _bill_decoder, ideal_per_job, message_count, percentile
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.messages import Event, JobEnded
@@ -80,10 +80,13 @@ def make_jobs(n: int, scale: float, clouds: dict[str, Any]) -> list[Job]:
     ]
 
 
+RUNNER_TUNES_GC = [False]  # load.py's --gc runner|cli: the Runner raises the collector's thresholds
+
+
 def open_runner(root: Path, n: int, scale: float) -> Runner:
     root.mkdir(parents=True, exist_ok=True)
     runner = Runner(out_dir=root / "out", state_dir=root, concurrency=n, sweep_on_start=False,
-                    meter_period_s=PRODUCTION_METER_PERIOD_S / scale)
+                    meter_period_s=PRODUCTION_METER_PERIOD_S / scale, tune_gc=RUNNER_TUNES_GC[0])
     runner.open()
     return runner
 
@@ -180,7 +183,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
     timeout = 300 + 20 * (launch_s + job_s + delete_s) + 0.1 * n
     timed_out = False
     try:
-        with Sampler() as sampler:
+        with Sampler() as sampler, Collections() as passes:
             tasks0 = runner.reactor.statistics().tasks_started
             msgs0 = message_count(runner)
             submitted: dict[tuple[str, int], float] = {}
@@ -243,6 +246,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         "peak_rss_mib": sampler.peak_rss / MIB, "peak_threads": sampler.peak_threads,
         "overhead_p50_s": percentile(overheads, 50), "overhead_p99_s": percentile(overheads, 99),
         "overhead_max_s": max(overheads, default=0.0), "events_by_kind": kinds,
+        "gc_full": passes.full, "gc_full_s": passes.full_s, "gc_all_s": passes.all_s,
         "steps_p50_p99_s": steps, **bursts,
         "timeline_s": {k: [round(a - wall0, 3), round(b - wall0, 3)] for k, (a, b) in marks.items()},
         **shown,
@@ -313,7 +317,7 @@ def phase_cancel(root: Path, n: int, job_s: float, scale: float) -> dict[str, An
         to_running_s = time.perf_counter() - t0
         with tally.lock:
             running = len(tally.started_jobs)
-        with Sampler() as sampler:
+        with Sampler() as sampler, Collections() as passes:
             watcher.arm()
             runner.cancel()
             try:
@@ -332,4 +336,5 @@ def phase_cancel(root: Path, n: int, job_s: float, scale: float) -> dict[str, An
         "cancel_p50_s": percentile(times, 50), "cancel_p99_s": percentile(times, 99),
         "cancel_max_s": max(times, default=0.0), "cancel_empty_s": watcher.empty_s,
         "cancel_ended_s": ended_s, "cancel_close_s": close_s, "cancel_peak_threads": sampler.peak_threads,
+        "cancel_gc_full": passes.full, "cancel_gc_full_s": passes.full_s, "cancel_gc_all_s": passes.all_s,
     }

@@ -6,16 +6,26 @@ in the start and end bursts, where every millisecond lands on some job's way; fi
 collected 163 objects in all. Nearly everything the collector walks lives as long as its attempt
 (actors, reactor tasks, their closures) or as long as the process (modules, classes).
 
-A library must not change a process-wide setting under its embedder, so the Runner leaves the
-collector alone. The `actor-run` CLI calls `tune_gc()` once it has imported what it needs; an
-embedder that runs batches of thousands may call it too.
+The `actor-run` CLI calls `tune_gc()` once it has imported what it needs; an embedder that runs
+batches of thousands may call it too. The Runner itself only raises the thresholds while it is
+open (`hold`/`let_go`; `Runner(tune_gc=False)` opts out): at 3,000 attempts at once Python's
+thresholds cost the controller a third of its CPU in collector passes, 15-18 full collections of
+every tracked object with every thread stopped (bench/RESULTS.md item 46). It never freezes (the
+host's objects are the host's) and leaves thresholds the host set itself, and Python's come back
+when the last open Runner closes.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 
 THRESHOLDS = (10_000, 20, 20)  # Python's own: (700, 10, 10)
+PYTHONS = (700, 10, 10)
+
+_lock = threading.Lock()
+_held = 0  # open Runners that asked
+_raised = False  # this module set THRESHOLDS (the host's own were Python's)
 
 
 def tune_gc(*, collect: bool = True) -> None:
@@ -30,3 +40,26 @@ def tune_gc(*, collect: bool = True) -> None:
         gc.collect()
     gc.freeze()
     gc.set_threshold(*THRESHOLDS)
+
+
+def hold() -> None:
+    """An open Runner's: raise the thresholds to THRESHOLDS if they are Python's (a host that set
+    its own, or turned the collector off, keeps its choice). Undone by the last `let_go`."""
+    global _held, _raised
+    with _lock:
+        _held += 1
+        if _held == 1 and gc.get_threshold() == PYTHONS:
+            gc.set_threshold(*THRESHOLDS)
+            _raised = True
+
+
+def let_go() -> None:
+    """A Runner closed: when no open Runner holds them, Python's thresholds come back (unless the
+    host changed them meanwhile: then they are its)."""
+    global _held, _raised
+    with _lock:
+        _held = max(0, _held - 1)
+        if _held == 0 and _raised:
+            if gc.get_threshold() == THRESHOLDS:
+                gc.set_threshold(*PYTHONS)
+            _raised = False

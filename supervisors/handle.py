@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import threading
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,6 +20,8 @@ from actor_run.supervisors.batch import _CancelJob
 
 if TYPE_CHECKING:
     from actor_run.supervisors.runner import Runner
+
+_ENDS = threading.Lock()  # a handle's end against the making of its first waiter's future (brief)
 
 
 class RunnerStatistics(msgspec.Struct, frozen=True):
@@ -45,13 +48,33 @@ class JobHandle:
         self.reattached = False
         self.run = runner.run
         self._runner = runner
-        self._future: concurrent.futures.Future[JobEnded] = concurrent.futures.Future()
+        self._ended: JobEnded | None = None
+        # made for the first thread that waits: a Future is eleven objects the collector walks (its
+        # Condition, RLock, their bound methods, lists), and a running job's handle needs none
+        # until someone waits on it (issue 30's census: ten thousand running jobs)
+        self._waiter: concurrent.futures.Future[JobEnded] | None = None
+
+    @property
+    def _future(self) -> concurrent.futures.Future[JobEnded]:
+        """The future a waiter waits on, resolved with the job's end (made on first use)."""
+        future = self._waiter
+        if future is None:
+            with _ENDS:
+                future = self._waiter
+                if future is None:
+                    future = self._waiter = concurrent.futures.Future()
+                ended = self._ended
+            if ended is not None:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # its _resolve set it
+                    future.set_result(ended)
+        return future
 
     def result(self, timeout: float | None = None) -> JobEnded:
-        return self._future.result(timeout)
+        ended = self._ended
+        return ended if ended is not None else self._future.result(timeout)
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._ended is not None
 
     async def wait_async(self) -> JobEnded:
         """Wait for the job's `JobEnded` inside an asyncio or trio event loop, without blocking it:
@@ -85,8 +108,15 @@ class JobHandle:
         return self._future.result(0)
 
     def _resolve(self, e: JobEnded) -> None:
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # the first end stands
-            self._future.set_result(e)
+        with _ENDS:
+            if self._ended is not None:
+                return  # the first end stands
+            self._ended = e
+            future = self._waiter
+        if future is not None:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # made meanwhile: set there too
+                future.set_result(e)
+        self._runner._one_ended(self)
 
     def cancel(self) -> None:
         self._runner._batch_tell(_CancelJob(key=self.key))

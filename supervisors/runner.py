@@ -57,6 +57,7 @@ from actor_run.protocols.specs import (
     unredacted,
     without_secrets,
 )
+from actor_run.supervisors import gc_tuning
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
@@ -71,6 +72,23 @@ from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
+
+
+class _Waiter:
+    """A thread in `Runner.wait`: the handles it waits for; `all_ended` once none is left."""
+
+    __slots__ = ("all_ended", "left", "lock")
+
+    def __init__(self, left: set[JobHandle]) -> None:
+        self.left = left
+        self.lock = threading.Lock()
+        self.all_ended = threading.Event()
+
+    def ended(self, handle: JobHandle) -> None:
+        with self.lock:
+            self.left.discard(handle)
+            if not self.left:
+                self.all_ended.set()
 
 
 class Runner(Takeover):
@@ -88,15 +106,25 @@ class Runner(Takeover):
     its id in the ledger (`batch` names it for `actor-run runs`). `config` is the user settings file
     (a path, a `UserConfig`, or None for `$ACTOR_RUN_CONFIG` / the default file): its `[clouds.*]`
     tables are merged under each job's own. State (the ledger, known hosts, the local and sim clouds' folders)
-    goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`."""
+    goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`.
+
+    The cyclic garbage collector: while a Runner is open, the process's collector thresholds are
+    raised from Python's (700, 10, 10) to (10000, 20, 20) (supervisors/gc_tuning.py `hold`), since
+    at thousands of attempts at once Python's cost the controller a third of its CPU and stopped
+    every thread for seconds (bench/RESULTS.md item 46); cycles are still collected, less often.
+    Thresholds the host set itself, or a disabled collector, are left as they are; Python's come back
+    when the last open Runner closes. `tune_gc=False` leaves the collector alone."""
 
     def __init__(self, *, out_dir: str | Path = "actor-run-out", ledger: str | Path | None = None,
                  state_dir: str | Path | None = None, concurrency: int = 4, budget_usd: float | None = None,
                  sweep_on_start: bool = True, delete_timeout_s: float = 120.0, meter_period_s: float = 5.0,
                  sweep_grace_s: float = 600.0, run: str | None = None, batch: str = "", lease_s: float = 60.0,
                  config: str | Path | UserConfig | None = None, outage_s: float | None = None,
-                 register: bool = True, fault: Callable[[str, str], None] | None = None) -> None:
+                 register: bool = True, fault: Callable[[str, str], None] | None = None,
+                 tune_gc: bool = True) -> None:
         self.state_dir = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        self.tune_gc = tune_gc  # raise the collector's thresholds while open (gc_tuning.hold)
+        self._gc_held = False
         self._fault = fault  # fault injection (tests, drills): actors.Context.at says where it is called
         self.ledger_path = resolve_ledger(ledger, self.state_dir)  # a file, or a postgresql:// URL
         self.lease_s = lease_s
@@ -123,6 +151,7 @@ class Runner(Takeover):
         self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
+        self._waiters: list[_Waiter] = []  # threads in wait(), each with the handles it waits for
         self._reported: dict[str, dict[int, float]] = {}
         self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
@@ -159,6 +188,9 @@ class Runner(Takeover):
             raise
 
     def _open_parts(self) -> None:
+        if self.tune_gc and not self._gc_held:
+            gc_tuning.hold()
+            self._gc_held = True
         self.reactor.start()
         self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s, outage_s=self.outage_s)
         self.ledger.on_stale = self._lost
@@ -248,12 +280,30 @@ class Runner(Takeover):
         """Wait until every submitted job has ended."""
         handles = list(self.handles.values())
         # one wake-up when the last has ended (a result() per handle woke this thread once per job
-        # that ended while it waited: 8 % of the GIL's time in the end burst of a thousand jobs)
-        with blocking():
-            _, unfinished = concurrent.futures.wait([h._future for h in handles], timeout)
+        # that ended while it waited: 8 % of the GIL's time in the end burst of a thousand jobs), and
+        # no Future per handle (supervisors/handle.py: the collector walks eleven objects per Future)
+        waiter = _Waiter({h for h in handles if not h.done()})
+        if waiter.left:
+            with self._lock:
+                self._waiters.append(waiter)
+            try:
+                for h in list(waiter.left):  # those that ended before the waiter was seen
+                    if h.done():
+                        waiter.ended(h)
+                with blocking():
+                    waiter.all_ended.wait(timeout)
+            finally:
+                with self._lock:
+                    self._waiters.remove(waiter)
+        unfinished = sum(1 for h in handles if not h.done())
         if unfinished:
-            raise concurrent.futures.TimeoutError(f"{len(unfinished)} of {len(handles)} jobs still running")
+            raise concurrent.futures.TimeoutError(f"{unfinished} of {len(handles)} jobs still running")
         return [h.result(0) for h in handles]
+
+    def _one_ended(self, handle: JobHandle) -> None:
+        """A handle has its end (on the ledger's writer thread): tell whoever waits in `wait`."""
+        for waiter in tuple(self._waiters):
+            waiter.ended(handle)
 
     def close(self) -> None:
         """Cancel what is unfinished, wait until every machine is deleted, stop everything."""
@@ -287,6 +337,9 @@ class Runner(Takeover):
                     self.ledger.end_run(run)
                 self.ledger.close_owner()
                 self.ledger.close()
+            if self._gc_held:
+                self._gc_held = False
+                gc_tuning.let_go()
 
     # --- jobs --------------------------------------------------------------------------------------
 

@@ -296,6 +296,9 @@ class ServerlessWorkspace:
     async def wait_exit(self, work: str, pid: int) -> None:
         await trio.sleep_forever()  # the polls see the end
 
+    def exit_at(self, work: str, pid: int) -> float | None:
+        return math.inf  # no hint: nothing need wait for one
+
     async def stop(self, work: str) -> None:
         job = self.jobs.get(work)
         if job is not None and job.status not in TERMINAL:

@@ -22,6 +22,7 @@ restarts finds its jobs `gone`.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -258,6 +259,14 @@ class VirtualWorkspace:
         if job is None or job.pid != pid or job.exit_code is not None:
             return
         await trio.sleep_until(job.started + self._job_s)
+
+    def exit_at(self, work: str, pid: int) -> float | None:
+        """The job's time is up then (known at its start): the heartbeat's loop wakes for it, and
+        no task per job waits in `wait_exit` (-inf: ended already, or not the job named)."""
+        job = self._machine.jobs.get(work)
+        if job is None or job.pid != pid or job.exit_code is not None:
+            return -math.inf
+        return job.started + self._job_s
 
     async def stop(self, work: str) -> None:
         await self._guard()

@@ -15,6 +15,7 @@ removes its incoming folder. The sim cloud's virtual machines implement the same
 from __future__ import annotations
 
 import contextlib
+import math
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -115,6 +116,13 @@ class Workspace(Protocol):
     async def wait_exit(self, work: str, pid: int) -> None:
         """Return once the job may have ended (a hint: the next poll says what happened); a
         workspace that cannot tell waits until cancelled, and the job is seen at a poll."""
+        ...
+
+    def exit_at(self, work: str, pid: int) -> float | None:
+        """What the heartbeat needs to know before it waits for an exit hint (any thread, no I/O):
+        the moment on trio's clock the job will have ended, when the workspace knows it in advance
+        (a virtual job); `math.inf` when it cannot tell at all (`wait_exit` would wait forever: the
+        polls see the end, and nothing need wait); None when `wait_exit` is the way to know."""
         ...
 
     async def stop(self, work: str) -> None: ...
@@ -248,6 +256,11 @@ class ShellWorkspace:
             await wait(pid)
         else:
             await trio.sleep_forever()
+
+    def exit_at(self, work: str, pid: int) -> float | None:
+        """None where the host can wait for a process (this computer's); else `math.inf` (an SSH
+        host: the polls see the end, and no task need wait for a hint that never comes)."""
+        return None if hasattr(self.host, "wait_exit") else math.inf
 
     async def stop(self, work: str) -> None:
         await self._sh(scripts.stop(work), timeout=30)

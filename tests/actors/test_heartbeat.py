@@ -231,6 +231,25 @@ def test_a_preempted_sim_machine_is_stalled_preempted(
                    what="the preempted job's process ended")
 
 
+def test_a_virtual_job_is_watched_by_one_task_and_its_exit_seen_at_its_moment(
+    make_context: Callable[..., Context], probe: ProbeHandle, watch: Any,
+) -> None:
+    """A workspace that knows when its job ends (a virtual one: `exit_at`) needs no task waiting
+    for an exit hint (about 25 objects the collector walks per job, issue 30): the poll loop wakes
+    at that moment instead of at its next beat, 30 s later."""
+    ctx = make_context(sim=fast_sim(virtual=True, virtual_job_s=0.5))
+    with Machines(ctx).open(SIM) as (machine, ws):
+        before = ctx.reactor.statistics().tasks_running
+        work, pid = Machines(ctx).start_job(ws, "train")
+        started = time.monotonic()
+        watch(machine.name, work, pid, context=ctx, poll_s=30.0)
+        wait_until(lambda: ctx.reactor.statistics().tasks_running >= before + 1, 10, "the poll loop")
+        assert ctx.reactor.statistics().tasks_running == before + 1  # the loop; no exit-hint task
+        exited = probe.wait_for(Exited, timeout=20)
+        assert exited.exit_code == 0
+        assert time.monotonic() - started < 20, "the exit waited for the next beat (30 s)"
+
+
 def test_a_progress_line_naming_a_checkpoint_is_told_to_the_parent(
     machines: Machines, probe: ProbeHandle, watch: Any, emitted: Mailbox,
 ) -> None:

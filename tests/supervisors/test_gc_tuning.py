@@ -1,5 +1,5 @@
-"""supervisors/gc_tuning.py, in a process of its own (the setting is process-wide, and this test
-process must keep Python's)."""
+"""supervisors/gc_tuning.py: `tune_gc` in a process of its own (it freezes, which this test process
+must not); the Runner's `hold`/`let_go` here, each test putting Python's thresholds back."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from actor_run.supervisors.gc_tuning import PYTHONS, THRESHOLDS
+from actor_run.supervisors.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +73,33 @@ def test_tune_gc_without_collect_freezes_garbage_that_exists_then() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
                          cwd=ROOT)
     assert json.loads(out.stdout) == 0
+
+
+def _runner(tmp_path: Path, name: str, **kw: object) -> Runner:
+    return Runner(out_dir=tmp_path / name / "out", state_dir=tmp_path / name, sweep_on_start=False, **kw)  # type: ignore[arg-type]
+
+
+def test_an_open_runner_raises_the_thresholds_and_the_last_to_close_puts_pythons_back(tmp_path: Path) -> None:
+    assert gc.get_threshold() == PYTHONS
+    try:
+        with _runner(tmp_path, "a"):
+            assert gc.get_threshold() == THRESHOLDS
+            with _runner(tmp_path, "b"):
+                assert gc.get_threshold() == THRESHOLDS
+            assert gc.get_threshold() == THRESHOLDS  # "a" is still open
+        assert gc.get_threshold() == PYTHONS
+        assert gc.get_freeze_count() == 0  # the Runner never freezes the host's objects
+    finally:
+        gc.set_threshold(*PYTHONS)
+
+
+def test_tune_gc_false_and_a_hosts_own_thresholds_are_left_alone(tmp_path: Path) -> None:
+    try:
+        with _runner(tmp_path, "a", tune_gc=False):
+            assert gc.get_threshold() == PYTHONS
+        gc.set_threshold(2000, 10, 10)  # the host's choice
+        with _runner(tmp_path, "b"):
+            assert gc.get_threshold() == (2000, 10, 10)
+        assert gc.get_threshold() == (2000, 10, 10)
+    finally:
+        gc.set_threshold(*PYTHONS)
