@@ -4,6 +4,7 @@ they are on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -16,7 +17,7 @@ from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger.core import LedgerCore
 from actor_run.supervisors.ledger.db import Conn
 from actor_run.supervisors.ledger.owners import process_start_time
-from actor_run.supervisors.ledger.queue import Waiter
+from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
 
 
 class MachineRecords(LedgerCore):
@@ -50,7 +51,8 @@ class MachineRecords(LedgerCore):
         if self.lease_lost:
             return  # dead for everyone already, and it writes nothing more
         owner = self.owner
-        self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
+        with contextlib.suppress(StaleClaim):  # its lease ran out meanwhile (a starved process): as dead as closed
+            self._submit(("UPDATE owners SET closed=1 WHERE id=?", (owner,)), wait=True)
 
     def record_intent(self, *, name: str, cloud: str, job: str, seed: int, attempt: int, deadline: float,
                       offer: Offer | None = None) -> None:
