@@ -74,7 +74,7 @@ def discard(path: str) -> str:
 # about 8 ms of CPU a call on Linux, and the poll, the stop and the watchdog each ask.
 ALIVE = 'date +%s > "$w/alive.tmp" 2>/dev/null && mv -f "$w/alive.tmp" "$w/alive" 2>/dev/null\n'
 
-TAG = 'tag=; { read -r tag < "$w/tag"; } 2>/dev/null; tag=${tag:-$w}\n'
+TAG = 'tag=; { read -r tag < "$w/tag"; } 2>/dev/null || :; tag=${tag:-$w}\n'
 
 RUNNING = TAG + r"""running_ps() { _r_s=$(ps -ww -p "$1" -o stat= -o command= 2>/dev/null) || return 1
   case "$_r_s" in Z*|"") return 1;; *"$tag"*) return 0;; esac; return 1; }
@@ -176,6 +176,10 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
         f'nohup "$@" sh -c {q(WRAPPER)} actor-run-job "$w" {q(cwd)} "$tag" > /dev/null 2>&1 < /dev/null &\n'
         "pid=$!\n"
         'echo "$pid" > "$w/pid"\n'
+        # until the job's session leader has its own command line (a forked child that has not yet
+        # exec'd shows this shell's, without the tag: a poll then would call the job lost), bounded
+        + RUNNING +
+        'n=0; while [ $n -lt 50 ] && ! running "$pid" && [ ! -f "$w/response.json" ]; do sleep 0.1; n=$((n + 1)); done\n'
         f'nohup "$@" sh -c {q(WATCHDOG)} actor-run-watchdog "$w" "$pid" {lost} {every} {keep} > /dev/null 2>&1 < /dev/null &\n'
         'echo $! > "$w/watchdog.pid"\n'
         'echo "$pid"\n'
