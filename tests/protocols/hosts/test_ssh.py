@@ -36,10 +36,13 @@ T = TypeVar("T")
 @pytest.fixture(autouse=True)
 def no_child_left() -> Iterator[None]:
     """No local `ssh` or `tar` of ours outlives a test (tests/conftest.py checks the remote side:
-    processes naming tmp_path, which is where detached jobs and watchdogs run)."""
+    processes naming tmp_path, which is where detached jobs and watchdogs run). Only what the test
+    started: a session-long helper of this test process (the fake RunPod's zygote) is not its."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     # one that is just exiting (its parent reaps it a moment later) is not left behind
-    _, left = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=2)
+    _, left = psutil.wait_procs([p for p in psutil.Process().children(recursive=True) if p.pid not in before],
+                                timeout=2)
     for p in left:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

@@ -180,7 +180,9 @@ def test_status_shows_queued_and_running_with_place_stage_and_cost(tmp_path: Pat
         while time.monotonic() < end:  # bounded poll of what another process writes
             done = run_cli(["status", *common], timeout=60, env=ENV)
             lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("s/seed-")]
-            if any("stage train" in line for line in lines):
+            # until it runs and has cost something (an in-process status can read it within a
+            # tenth of a second of the lease, before a cent's hundredth has accrued)
+            if any("stage train" in line and line.split()[4] != "$0.0000" for line in lines):
                 break
             time.sleep(0.1)
         first, second = sorted(lines)
