@@ -44,7 +44,8 @@ class Controller:
         self.proc = subprocess.Popen(
             [*CLI, *command, "--ledger", url, "--concurrency", str(concurrency), "--json",
              "--lease", str(lease), "--poll", str(POLL_S), "--out", str(tmp / "out"), "--state-dir",
-             str(tmp / "state"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+             str(tmp / "state"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # a controller that hangs past `finish` says where
         self.events: list[dict[str, Any]] = []
         self.changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -63,7 +64,15 @@ class Controller:
         assert ok, f"{self.name}: no {count} {kind} within {timeout} s"
 
     def finish(self, timeout: float = 120) -> int:
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # every thread's stack on stderr (faulthandler), then the failure says where it hung
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(30)
+            assert self.proc.stderr is not None
+            stacks = self.proc.stderr.read()[-20000:]
+            raise AssertionError(f"{self.name} did not end within {timeout} s:\n{stacks}") from None
         self._reader.join(10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
