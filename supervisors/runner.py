@@ -61,7 +61,7 @@ from actor_run.supervisors import gc_tuning
 from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
-from actor_run.supervisors.handle import JobHandle, RunnerStatistics
+from actor_run.supervisors.handle import JobHandle, RunnerStatistics, Waiters
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
 from actor_run.supervisors.ledger.db import Backend, open_backend
@@ -72,23 +72,6 @@ from actor_run.supervisors.takeover import Takeover
 
 OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
-
-
-class _Waiter:
-    """A thread in `Runner.wait`: the handles it waits for; `all_ended` once none is left."""
-
-    __slots__ = ("all_ended", "left", "lock")
-
-    def __init__(self, left: set[JobHandle]) -> None:
-        self.left = left
-        self.lock = threading.Lock()
-        self.all_ended = threading.Event()
-
-    def ended(self, handle: JobHandle) -> None:
-        with self.lock:
-            self.left.discard(handle)
-            if not self.left:
-                self.all_ended.set()
 
 
 class Runner(Takeover):
@@ -151,7 +134,7 @@ class Runner(Takeover):
         self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
-        self._waiters: list[_Waiter] = []  # threads in wait(), each with the handles it waits for
+        self._waiters = Waiters()  # threads in wait(), each with the handles it waits for
         self._reported: dict[str, dict[int, float]] = {}
         self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
@@ -279,22 +262,7 @@ class Runner(Takeover):
     def wait(self, timeout: float | None = None) -> list[JobEnded]:
         """Wait until every submitted job has ended."""
         handles = list(self.handles.values())
-        # one wake-up when the last has ended (a result() per handle woke this thread once per job
-        # that ended while it waited: 8 % of the GIL's time in the end burst of a thousand jobs), and
-        # no Future per handle (supervisors/handle.py: the collector walks eleven objects per Future)
-        waiter = _Waiter({h for h in handles if not h.done()})
-        if waiter.left:
-            with self._lock:
-                self._waiters.append(waiter)
-            try:
-                for h in list(waiter.left):  # those that ended before the waiter was seen
-                    if h.done():
-                        waiter.ended(h)
-                with blocking():
-                    waiter.all_ended.wait(timeout)
-            finally:
-                with self._lock:
-                    self._waiters.remove(waiter)
+        self._waiters.wait(handles, timeout)
         unfinished = sum(1 for h in handles if not h.done())
         if unfinished:
             raise concurrent.futures.TimeoutError(f"{unfinished} of {len(handles)} jobs still running")
@@ -302,8 +270,7 @@ class Runner(Takeover):
 
     def _one_ended(self, handle: JobHandle) -> None:
         """A handle has its end (on the ledger's writer thread): tell whoever waits in `wait`."""
-        for waiter in tuple(self._waiters):
-            waiter.ended(handle)
+        self._waiters.ended(handle)
 
     def close(self) -> None:
         """Cancel what is unfinished, wait until every machine is deleted, stop everything."""
