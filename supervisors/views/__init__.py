@@ -1,5 +1,6 @@
-"""What a person looks at: the live view of a run (live.py, its rows in rows.py, its summary off a
-terminal in plain.py), the run's page (report.py), and the controller's log file of a run (runlog.py).
+"""What a person looks at: the live view of a run (live.py, its rows in rows.py, what fits the
+terminal in fit.py, its summary off a terminal in plain.py), the run's page (report.py), and the
+controller's log file of a run (runlog.py).
 
 What it may import: protocols, actors, and the supervision tree's plain data (budget statistics,
 the Runner's events). Never a ledger backend (supervisors.ledger.db, batch, schema) nor the

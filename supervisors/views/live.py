@@ -8,12 +8,10 @@ dollars so far), then the failed jobs with their codes. When more jobs run than 
 rows, the rows that changed most recently are shown and the rest counted. Finished jobs fold into
 the header's counts.
 
-Fitting the terminal: its width as it reports it, else `$COLUMNS`, else 80 (a terminal that says 0
-columns: `script`, `docker run -t`); its height likewise (else `$LINES`, else 24). The header is cut
-to the width in this order, never losing the money, the budget, elapsed and the time left: (1) the
-long words shortened, (2) "reserved" left out, (3) counts of 0 left out, (4) the queued and
-waiting counts, (5) the other counts but "done". A job's row drops its columns in this order:
-reported, progress, stage, place, attempt; job, state, time in attempt and cost stay.
+Fitting the terminal (fit.py): the header is cut to the width in this order, never losing the
+money, the budget, elapsed and the time left: (1) the long words shortened, (2) "reserved" left
+out, (3) counts of 0 left out, (4) the queued and waiting counts, (5) the other counts but "done";
+a job's row drops its columns as fit.py says.
 
 Log lines at WARNING while the view is on the screen (`warn`, the sink `watch` puts in place of
 stderr's) are not written between frames (each left a stale header behind): they are folded into
@@ -65,6 +63,7 @@ from actor_run.protocols.messages import (
 )
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.budget import BudgetStatistics
+from actor_run.supervisors.views.fit import COLUMNS, columns_for, terminal_size
 from actor_run.supervisors.views.plain import summary_text
 from actor_run.supervisors.views.rows import (
     _END_STATES,
@@ -95,38 +94,8 @@ from actor_run.supervisors.views.text import printable
 if TYPE_CHECKING:  # rich loads on a terminal (and for a summary plain.py cannot draw as rich does)
     from rich.console import Console
 
-# a row's columns that may go, in the order they go when the terminal is narrow, with their widths
-# (job 24, state 12, time in attempt 10 and cost 9 always stay: 58 with their spaces)
-COLUMNS = ("reported", "progress", "stage", "place", "att")
-_WIDTHS = {"reported": 30, "progress": BAR + 9, "stage": 11, "place": 23, "att": 4}
-_KEPT = 24 + 1 + 12 + 1 + 10 + 1 + 9 + 1
 SUMMARY_WIDTH = 140  # the summary's width off a terminal
 SUMMARY_COLUMNS = ("job", "state", "attempts", "place", "failure", "elapsed", "cost")
-
-
-def columns_for(width: int | None) -> frozenset[str]:
-    """The row columns that fit `width` (None: all), dropped in COLUMNS' order."""
-    cols = list(COLUMNS)
-    if width is not None:
-        while cols and _KEPT + sum(_WIDTHS[c] for c in cols) > width - 1:
-            cols.pop(0)
-    return frozenset(cols)
-
-
-def terminal_size(out: TextIO) -> tuple[int, int]:
-    """(columns, lines) of the terminal `out` is: as it reports them, else $COLUMNS / $LINES, else 80 x 24
-    (some terminals report 0 x 0: `script`, `docker run -t`)."""
-    try:
-        size = os.get_terminal_size(out.fileno())
-        width, height = size.columns, size.lines
-    except (OSError, ValueError):
-        width, height = 0, 0
-
-    def env(name: str) -> int:
-        value = os.environ.get(name, "")
-        return int(value) if value.isdigit() else 0
-
-    return width or env("COLUMNS") or 80, height or env("LINES") or 24
 
 
 class View:
