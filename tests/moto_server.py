@@ -10,6 +10,7 @@ every test of S3, started its own."""
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from typing import Any, Self
 
@@ -20,6 +21,11 @@ class MotoServer:
     """The process's server: `endpoint`, `reset()`, `stop()`."""
 
     def __init__(self) -> None:
+        # each reset drops every backend, and EC2's is built again per region at its next call: by default
+        # with every public AMI of that region read from moto's JSON (py-spy: `_load_amis` and the dates it
+        # parses were 3-4 % of a test worker's samples). Nothing here looks an AMI up: the fake `sky` runs
+        # its instances from a made-up one, which moto does not check (MOTO_ENABLE_AMI_VALIDATION unset)
+        os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
         from moto.server import ThreadedMotoServer  # moto and boto3: 0.85 s of import, for the tests that use it
 
         self.port = free_port()
