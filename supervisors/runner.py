@@ -136,7 +136,7 @@ class Runner(Takeover):
         self._subscribers: list[Callable[[Event], None]] = []
         self._waiters = Waiters()  # threads in wait(), each with the handles it waits for
         self._reported: dict[str, dict[int, float]] = {}
-        self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
+        self._stages: dict[tuple[str, int, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
@@ -509,7 +509,7 @@ class Runner(Takeover):
         # figure for the view and the budget: what an attempt cost is in its attempts row
         if isinstance(event, Progress):
             # and each new stage, so `actor-run status` from another process says where a job is
-            stage_key = (job_key(event.job, event.seed), event.attempt)
+            stage_key = (event.job, event.seed, event.attempt)  # a tuple: no string formatted per progress line
             if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
                 self._stages[stage_key] = event.stage
                 self.ledger.record_event(event)
