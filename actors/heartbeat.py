@@ -41,7 +41,7 @@ import trio
 from actor_run.actors.base import Actor, Context
 from actor_run.actors.flag import Flag
 from actor_run.actors.runtime import Result, Task
-from actor_run.actors.ticks import tick
+from actor_run.actors.ticks import Ticker
 from actor_run.protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
 from actor_run.protocols.hosts.workspace import PollResult, Workspace
 from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
@@ -169,6 +169,7 @@ class _Watch:
         """Poll every `poll_s` (which writes `alive`) on the shared clock of that period, until cancelled
         or `stopped`."""
         off = self.off
+        ticker = Ticker(poll_s)  # a wait on the shared clock that makes nothing but trio's trap
         while not self.stopped and not (off is not None and off.is_set()):
             if not self.busy:  # busy: the exit hint's step is in flight, and counts as this tick's
                 await self.step()
@@ -181,7 +182,7 @@ class _Watch:
                 self.exit_at = None  # once: the step at the end decides what happened
                 await trio.sleep_until(at)  # the end comes before the next beat: a step then
             else:
-                await tick(poll_s)  # one shared clock per period, not a sleep per job
+                await ticker.wait()  # one shared clock per period, not a sleep per job
 
 
 class HeartbeatActor(Actor):
