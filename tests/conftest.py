@@ -31,10 +31,19 @@ os.environ.pop("ACTOR_RUN_CONFIG", None)
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="actor-run-test-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
+import schedule  # noqa: E402  (tests/ is on the path only from here)
 from pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
 from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
 
 from actor_run.actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the order of what runs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist every worker collects the same list and reorders it the same way
+    (tests/schedule.py): the long tests first in each worker's share."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    items[:] = schedule.order(items, [i.nodeid for i in items], schedule.load(), workers)
 
 
 def _machines(state_dir: Path) -> list[str]:

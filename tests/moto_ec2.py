@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 from fake_sky import LIVE, aws_env
 from moto_server import MotoServer
 
@@ -22,6 +21,8 @@ class MotoEc2(MotoServer):
         self.instances()  # its EC2 backend is built on first use: not inside a test's time limit
 
     def client(self, region: str = "us-east-1") -> Any:
+        import boto3  # loaded with the server
+
         env = aws_env()
         return boto3.client("ec2", region_name=region, endpoint_url=self.endpoint,
                             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],

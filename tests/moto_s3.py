@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 from moto_server import MotoServer
 
 ACCESS, SECRET = "AKIAMOTOTESTKEY00001", "moto-test-secret-do-not-ship-0123456789"
@@ -23,6 +22,8 @@ class MotoS3(MotoServer):
         self.client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
 
     def client(self) -> Any:
+        import boto3  # loaded with the server
+
         return boto3.client("s3", region_name="us-east-1", endpoint_url=self.endpoint,
                             aws_access_key_id=ACCESS, aws_secret_access_key=SECRET)
 

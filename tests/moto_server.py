@@ -6,7 +6,6 @@ from __future__ import annotations
 import urllib.request
 from typing import Self
 
-from moto.server import ThreadedMotoServer
 from sshd import free_port
 
 
@@ -14,6 +13,8 @@ class MotoServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        from moto.server import ThreadedMotoServer  # moto and boto3: 0.85 s of import, for the tests that start one
+
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
         self.reset()  # moto's backends are one per process, shared by every server in it

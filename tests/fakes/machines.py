@@ -15,6 +15,7 @@ is; Hyperstack's own integrators note it, and every vendor's document tells to r
     boxes.firewall("vm-1", closed=True)   # the port is filtered: TCP accepted, not a byte said
     boxes.boot("vm-1", after_s=5.0, before="refuse")   # the API said ready; sshd opens 5 s later
     boxes.firewall("vm-1", closed=False)  # the ingress rule landed
+    boxes.open_now()                      # every guest's sshd opens now, its timer or not
 
 `before` is what the port does between ready and sshd: "refuse" (nothing listens), "drop" (TCP
 accepted and closed at once: sshd restarting after its host keys were made), "silent" (TCP
@@ -181,6 +182,15 @@ class Boxes:
         if after_s > 0:
             self._settle(machine_id)
         else:
+            self._due(machine_id)
+
+    def open_now(self) -> None:
+        """Every guest booted so far opens its sshd now, its timer or not (a test that needs a
+        machine to wait for SSH as long as the test looks at it, and no longer)."""
+        with self._lock:
+            waiting = {m: g.timer for m, g in self.guests.items() if g.timer is not None and not g.due}
+        for machine_id, timer in waiting.items():
+            timer.cancel()
             self._due(machine_id)
 
     def firewall(self, machine_id: str, *, closed: bool) -> None:

@@ -58,7 +58,7 @@ def test_a_2_seed_batch_waits_for_sshd_that_opens_5_s_after_ready(tmp_path: Path
 
 def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> None:
     with runpod.lock:
-        runpod.ssh_after_s = 20.0
+        runpod.ssh_after_s = 600.0  # its sshd opens when this test has seen the stage (open_now below)
     batch = write_batch(tmp_path, "runpod", runpod.url, gpus=["A100-80G"], seeds=[1], settings=runpod.settings())
     proc = start_run(tmp_path, batch, key_var=runpod.KEY_VAR)
     try:
@@ -73,6 +73,7 @@ def test_status_shows_a_machine_waiting_for_ssh(tmp_path: Path, runpod: Any) -> 
                 break
         assert "rented/seed-1" in shown
         assert "stage waiting for ssh" in shown, shown
+        runpod.boxes.open_now()
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
     finally:

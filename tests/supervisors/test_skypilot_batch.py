@@ -234,7 +234,7 @@ def test_a_cluster_whose_controller_was_killed_deletes_itself_by_its_deadline_pl
     keeps skylet from autostopping it), then SkyPilot's autodown deletes it `idle_minutes` after
     the deadline (the fake's skylet, one minute = MINUTE_S)."""
     idle = 2
-    path = batch(tmp_path, sshd, fake, seeds=[1], steps=2000, timeout_s=20, setup_grace_s=10,
+    path = batch(tmp_path, sshd, fake, seeds=[1], steps=2000, timeout_s=6, setup_grace_s=10,
                  policy="deadline_margin_s = 0", sky=f"idle_minutes = {idle}")
     proc = subprocess.Popen([*CLI, "run", str(path), "--json", "--out", str(tmp_path / "out"), "--state-dir",
                              str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -192,9 +192,9 @@ def test_two_controllers_finish_and_a_third_ledger_lists_their_machines_as_forei
 
 def test_killed_controllers_machines_stay_until_their_deadline_then_any_ledger_deletes_them(tmp_path: Path) -> None:
     world = World(tmp_path, "local")
-    # test-sized deadlines: launch + timeout_s + setup_grace_s + margin, about 25 s away
-    a = Controller(world, world.batch("alpha", timeout_s=20, setup_grace_s=4, margin_s=1), "a")
-    b = Controller(world, world.batch("beta", timeout_s=20, setup_grace_s=4, margin_s=1), "b")
+    # test-sized deadlines: launch + timeout_s + setup_grace_s + margin, about 15 s away
+    a = Controller(world, world.batch("alpha", timeout_s=10, setup_grace_s=4, margin_s=1), "a")
+    b = Controller(world, world.batch("beta", timeout_s=10, setup_grace_s=4, margin_s=1), "b")
     try:
         a.wait_for("JobStarted", 2)
         b.wait_for("JobStarted", 2)
@@ -208,7 +208,7 @@ def test_killed_controllers_machines_stay_until_their_deadline_then_any_ledger_d
         (m, "keep", "foreign owner") for m in machines}
     assert world.machines() == machines
     deadline = max(d["deadline"] for d in kept)
-    while time.time() <= deadline + 1:  # the clock itself is the condition (bounded: about 25 s)
+    while time.time() <= deadline + 1:  # the clock itself is the condition (bounded: about 15 s)
         time.sleep(0.2)
     swept = world.sweep("c", "--grace", "0")
     assert {(d["machine"], d["action"], d["reason"]) for d in swept} == {

@@ -1,0 +1,43 @@
+"""The suite's own order under xdist (tests/schedule.py): every test runs once, each worker's share
+starts with its part of the long tests, and the long work is spread evenly."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from schedule import LONG_S, order, share_sizes
+
+
+def test_shares_are_cut_as_worksteal_cuts_them() -> None:
+    assert share_sizes(853, 6) == [142, 142, 142, 142, 142, 143]
+    assert share_sizes(5, 2) == [2, 3]
+
+
+@given(st.lists(st.floats(0, 60), min_size=0, max_size=80), st.integers(1, 8))
+def test_every_test_runs_once_and_each_share_starts_with_its_long_tests(times: list[float], workers: int) -> None:
+    names = [f"t{i}" for i in range(len(times))]
+    durations = dict(zip(names, times, strict=True))
+    out = order(names, names, durations, workers)
+    assert sorted(out) == sorted(names)
+    if workers < 2 or len(names) < workers:
+        assert out == names
+        return
+    start = 0
+    for size in share_sizes(len(names), workers):
+        share = out[start:start + size]
+        start += size
+        long = [n for n in share if durations[n] >= LONG_S]
+        assert share[:len(long)] == long  # the long ones first
+        assert [durations[n] for n in long] == sorted((durations[n] for n in long), reverse=True)
+    short = [n for n in out if durations[n] < LONG_S]
+    assert short == [n for n in names if durations[n] < LONG_S]  # the rest keep their order
+
+
+def test_the_long_work_is_spread_evenly() -> None:
+    names = [f"t{i}" for i in range(60)]
+    durations = {n: 0.1 for n in names} | {"t3": 40.0, "t4": 30.0, "t50": 25.0, "t51": 24.0, "t59": 10.0}
+    out = order(names, names, durations, 3)
+    heads = [out[0:20], out[20:40], out[40:60]]
+    loads = sorted(sum(durations[n] for n in h if durations[n] >= LONG_S) for h in heads)
+    # longest first, each to the least loaded share: 40 | 30 | 25, then 24 joins 25 and 10 joins 30
+    assert loads == [40.0, 40.0, 49.0]
