@@ -92,7 +92,7 @@ class Runner(Takeover):
     goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`.
 
     The cyclic garbage collector: while a Runner is open, the process's collector thresholds are
-    raised from Python's (700, 10, 10) to (10000, 20, 20) (supervisors/gc_tuning.py `hold`), since
+    raised from Python's (700, 10, 10) to (50000, 20, 20) (supervisors/gc_tuning.py `hold`), since
     at thousands of attempts at once Python's cost the controller a third of its CPU and stopped
     every thread for seconds (bench/RESULTS.md item 46); cycles are still collected, less often.
     Thresholds the host set itself, or a disabled collector, are left as they are; Python's come back
