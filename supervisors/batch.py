@@ -80,6 +80,9 @@ class BatchSupervisor(PooledActor):
         self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
         self.running: dict[str, pykka.ActorRef[Any]] = {}
         self.order: list[str] = []
+        # the jobs let go (another controller holds them now), each stopping: their leases announce
+        # `Released` as they leave the machine; `on_stop` waits for those stops too
+        self.leaving: list[pykka.Future[Any]] = []
         self.live_usd: dict[str, float] = {}
         self.done_usd = 0.0
         self.stopped: Cancel | None = None
@@ -182,7 +185,8 @@ class BatchSupervisor(PooledActor):
             if ref is None:
                 continue
             self.live_usd.pop(key, None)
-            ref.stop(block=False)
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.leaving.append(ref.stop(block=False))
             name, _, seed = key.rpartition("/seed-")
             e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.CANCELED,
                          detail="taken over by another controller (this controller's lease expired)")
@@ -237,3 +241,8 @@ class BatchSupervisor(PooledActor):
                     ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
                 except pykka.Timeout:
                     logger.error("job {} did not stop in time", key)
+        for stopping in self.leaving:  # the jobs let go: none outlives the batch (a Runner closing next)
+            try:
+                stopping.get(timeout=self.ctx.delete_timeout_s + 120)
+            except pykka.Timeout:
+                logger.error("a job let go to another controller did not stop in time")

@@ -537,7 +537,11 @@ class Runner(Takeover):
         durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
                                              failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
         h = self.handles.get(key)
-        if h is not None and not h.done():
+        if h is None or h.done():
+            return
+        if not self.ledger.may_write(key):
+            h._resolve(e)  # handed back or taken over: the ledger refuses this end, nothing to wait for
+        else:
             # the handle resolves once the ledger has the end (on the ledger's thread: a future with no
             # done-callbacks, so nothing runs there but the wake-up of whoever waits on it); the batch
             # does not wait for the commit meanwhile

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pykka
@@ -105,6 +106,19 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
 def postgres() -> Iterator[Postgres]:
     """A real PostgreSQL server (tests/pg.py), one for the session, stopped and removed afterwards."""
     server = Postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Any]:
+    """moto's server on loopback (tests/moto_server.py), one for the session, started when a test
+    first asks for it; each test's MotoEc2 or MotoS3 resets it."""
+    from moto_server import MotoServer
+
+    server = MotoServer()
     try:
         yield server
     finally:

@@ -1,6 +1,6 @@
-"""A moto EC2 server on loopback for tests (ThreadedMotoServer), and what a test asks of it.
+"""moto's EC2 on loopback for tests (the session's server, tests/moto_server.py), and what a test asks of it.
 
-    with MotoEc2() as ec2:          # started on 127.0.0.1:<free port>; ec2.endpoint for boto3
+    with MotoEc2(moto) as ec2:      # the session's moto server (fixture `moto`); ec2.endpoint for boto3
         ec2.live("ar-")             # instances tagged by SkyPilot with a cluster name starting so
         ec2.shutdown_behavior(id)   # as describe-instance-attribute reads it
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from fake_sky import LIVE, aws_env
-from moto_server import MotoServer
+from moto_server import MotoServer, MotoView
 
 
-class MotoEc2(MotoServer):
-    def __init__(self) -> None:
-        super().__init__()
+class MotoEc2(MotoView):
+    def __init__(self, server: MotoServer) -> None:
+        super().__init__(server)
         self.instances()  # its EC2 backend is built on first use: not inside a test's time limit
 
     def client(self, region: str = "us-east-1") -> Any:

@@ -1,7 +1,7 @@
-"""A moto S3 server on loopback for tests (ThreadedMotoServer), with a versioned bucket, so a test
+"""moto's S3 on loopback for tests (the session's server, tests/moto_server.py), with a versioned bucket, so a test
 can count how many times an object was put.
 
-    with MotoS3("jobs") as s3:    # s3.endpoint for the settings; s3.client() for the test's own looks
+    with MotoS3(moto, "jobs") as s3:  # s3.endpoint for the settings; s3.client() for the test's own looks
         s3.versions(key)          # every put of key, oldest last
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from moto_server import MotoServer
+from moto_server import MotoServer, MotoView
 
 ACCESS, SECRET = "AKIAMOTOTESTKEY00001", "moto-test-secret-do-not-ship-0123456789"
 
 
-class MotoS3(MotoServer):
-    def __init__(self, bucket: str) -> None:
-        super().__init__()
+class MotoS3(MotoView):
+    def __init__(self, server: MotoServer, bucket: str) -> None:
+        super().__init__(server)
         self.bucket = bucket
         self.client().create_bucket(Bucket=bucket)
         self.client().put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})

@@ -1,23 +1,38 @@
-"""A moto server on loopback for tests (ThreadedMotoServer on 127.0.0.1:<free port>): started,
-reset between uses, stopped. moto_ec2.MotoEc2 and moto_s3.MotoS3 add what their tests ask of it."""
+"""moto's server on loopback for tests (ThreadedMotoServer on 127.0.0.1:<free port>): one per test
+process, started by the session fixture `moto` (tests/conftest.py) the first time a test asks for
+it, stopped when the session ends. moto_ec2.MotoEc2 and moto_s3.MotoS3 are a test's view of it: each
+resets it when it starts and when it stops, so a test sees only what it made.
+
+One server, not one per test module: moto's backends are one per process anyway (shared by every
+server in it), and each new server builds its Flask app per service again, reading botocore's model
+of the service (EC2's is megabytes of JSON): a tenth of a test worker's CPU when every module, and
+every test of S3, started its own."""
 
 from __future__ import annotations
 
+import os
 import urllib.request
-from typing import Self
+from typing import Any, Self
 
 from sshd import free_port
 
 
 class MotoServer:
+    """The process's server: `endpoint`, `reset()`, `stop()`."""
+
     def __init__(self) -> None:
+        # each reset drops every backend, and EC2's is built again per region at its next call: by default
+        # with every public AMI of that region read from moto's JSON (py-spy: `_load_amis` and the dates it
+        # parses were 3-4 % of a test worker's samples). Nothing here looks an AMI up: the fake `sky` runs
+        # its instances from a made-up one, which moto does not check (MOTO_ENABLE_AMI_VALIDATION unset)
+        os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
+        from moto.server import ThreadedMotoServer  # moto and boto3: 0.85 s of import, for the tests that use it
+
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        from moto.server import ThreadedMotoServer  # moto and boto3: 0.85 s of import, for the tests that start one
-
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
-        self.reset()  # moto's backends are one per process, shared by every server in it
+        self.reset()
 
     def reset(self) -> None:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
@@ -29,8 +44,23 @@ class MotoServer:
         finally:
             self.server.stop()
 
+
+class MotoView:
+    """A test's use of the process's server: reset at the start and at the end."""
+
+    def __init__(self, server: MotoServer) -> None:
+        self.shared = server
+        self.endpoint = server.endpoint
+        server.reset()
+
+    def reset(self) -> None:
+        self.shared.reset()
+
+    def stop(self) -> None:
+        self.shared.reset()
+
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.stop()

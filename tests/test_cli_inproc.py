@@ -18,7 +18,8 @@ import pytest
 from cli_inproc import run_cli, undone
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
-IDS = re.compile(r"\b[0-9a-f]{8}\b|\b\d{2}:\d{2}:\d{2}\b|pid \d+|\d+\.\d+ ?s\b|\b20\d\d-\d\d-\d\d[T ][\d:.+Z-]*")
+IDS = re.compile(r"\b[0-9a-f]{8}\b|\b\d{2}:\d{2}:\d{2}\b|pid \d+|\d+\.\d+ ?s\b|\b20\d\d-\d\d-\d\d[T ][\d:.+Z-]*"
+                 r"|(?<=elapsed )\d+:\d\d|(?<=left ~)\d+:\d\d")  # a loaded machine's second more or less
 
 
 def batch(tmp: Path, body: str = "", *, name: str = "b.toml") -> Path:

@@ -123,7 +123,10 @@ class _PinningClient(asyncssh.SSHClient):
         self.seen: asyncssh.SSHKey | None = None  # the key to pin when the login succeeds
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        if self.keys.trusted(self.address, self.port):
+        pinned = self.keys.trusted(self.address, self.port)
+        if key in pinned:
+            return True  # pinned by another connection since this one began (several logins to a new host at once)
+        if pinned:
             self.changed_to = key.get_fingerprint()
             return False
         self.seen = key

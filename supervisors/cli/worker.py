@@ -31,7 +31,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -131,31 +130,55 @@ def _has_orphans(runner: Runner) -> bool:
 class _Signals:
     """What SIGTERM and Ctrl-C do to a worker (see the module's docstring): `hand back` (the default)
     or, with --drain, stop taking work and finish what is held here, handing it back on a second
-    signal; for `actor-run run` on a shared ledger, today's Ctrl-C: cancel and delete."""
+    signal; for `actor-run run` on a shared ledger, today's Ctrl-C: cancel and delete.
+
+    The handler only counts: it runs between two bytecodes of the main thread, wherever that thread
+    is, so it takes no lock (an Event's, held by the `wait` it interrupted, is the same lock: a
+    deadlock) and writes nothing (a write to stderr cut by the signal and entered again raises).
+    The poll loop looks at the count every WAKE_S and says what the signals mean (`news`)."""
+
+    WAKE_S = 0.05
 
     def __init__(self, *, mode: str) -> None:
         self.mode = mode  # "hand back" | "drain" | "cancel"
-        self.stop = threading.Event()  # take no more work
-        self.wake = threading.Event()  # a signal came: the poll loop looks at once
-        self.hand_back = False
-        self.count = 0
+        self.count = 0  # signals received (only the handler writes it)
+        self.told = 0  # of them, those the loop has said something about
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        if self.mode == "cancel":
-            if self.count == 1:
-                sys.stderr.write("\nactor-run: stopping; deleting this worker's machines before exiting\n")
-        elif self.mode == "drain" and self.count == 1:
-            sys.stderr.write("\nactor-run: draining: no new jobs; finishing the ones held here (signal again to hand "
-                             "them to the other workers)\n")
-        elif not self.hand_back:
-            self.hand_back = True
-            sys.stderr.write("\nactor-run: handing this worker's jobs back to the other workers (their machines "
-                             "keep running)\n")
-        else:
-            sys.stderr.write("actor-run: already handing back; it deletes nothing and ends in a moment\n")
-        self.stop.set()
-        self.wake.set()
+
+    @property
+    def stop(self) -> bool:
+        """Take no more work."""
+        return self.count > 0
+
+    @property
+    def hand_back(self) -> bool:
+        """Let go of the jobs held here: the first signal's meaning, or the second's with --drain."""
+        return self.count >= {"hand back": 1, "drain": 2}.get(self.mode, 1 << 30)
+
+    def news(self) -> None:
+        """Say once, on stderr, what each signal received since the last call does."""
+        while self.told < self.count:
+            self.told += 1
+            n = self.told
+            if self.mode == "cancel":
+                if n == 1:
+                    sys.stderr.write("\nactor-run: stopping; deleting this worker's machines before exiting\n")
+            elif self.mode == "drain" and n == 1:
+                sys.stderr.write("\nactor-run: draining: no new jobs; finishing the ones held here (signal again "
+                                 "to hand them to the other workers)\n")
+            elif n == (1 if self.mode == "hand back" else 2):
+                sys.stderr.write("\nactor-run: handing this worker's jobs back to the other workers (their "
+                                 "machines keep running)\n")
+            else:
+                sys.stderr.write("actor-run: already handing back; it deletes nothing and ends in a moment\n")
+
+    def wait(self, timeout: float) -> None:
+        """Until a signal comes or `timeout` passes."""
+        seen, end = self.count, time.monotonic() + timeout
+        while self.count == seen and (left := end - time.monotonic()) > 0:
+            time.sleep(min(self.WAKE_S, left))
 
 
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
@@ -174,20 +197,22 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
     signal.signal(signal.SIGTERM, signals)
     handles: list[JobHandle] = []
     while True:
+        signals.news()
         if runner.ledger.lease_lost:
             sys.stderr.write("actor-run: this worker's lease in the ledger expired (it was frozen or cut off); its "
                              "jobs went to other workers; exiting without touching them\n")
             return False
         handles = [h for h in handles if not h.done()]
         if signals.hand_back:
+            began = time.monotonic()
             keys = runner.hand_back()
-            sys.stderr.write(f"actor-run: handed back {len(keys)} job(s); the other workers adopt them at their "
-                             "next poll\n")
+            sys.stderr.write(f"actor-run: handed back {len(keys)} job(s) in {time.monotonic() - began:.1f} s; the "
+                             "other workers adopt them at their next poll\n")
             return True
-        if signals.stop.is_set() and (mode == "cancel" or not handles):
+        if signals.stop and (mode == "cancel" or not handles):
             break
         try:
-            if not signals.stop.is_set() and runner.ledger.outage_since is None:
+            if not signals.stop and runner.ledger.outage_since is None:
                 free = args.concurrency - len(handles)
                 if _has_orphans(runner):
                     handles += runner.resume(sweep_after=False, take_runs=False, most_new=max(0, free))
@@ -201,9 +226,9 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
                 break
         except read_failures(runner.ledger.backend) as exc:  # the database is away: the writer rides it out
             logger.warning("the ledger could not be read this poll ({}); the jobs go on", str(exc).strip()[:200])
-        signals.wake.wait(args.poll)
-        signals.wake.clear()
-    if signals.stop.is_set() and mode == "cancel":
+        signals.wait(args.poll)
+    signals.news()
+    if signals.stop and mode == "cancel":
         runner.cancel(detail="interrupted")
     return True
 
@@ -247,7 +272,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             kept = serve(runner, args, until=None, signals=signals)
         if kept:
             return OK
-        if signals.stop.is_set():
+        if signals.stop:
             return FAILED
         sys.stderr.write("actor-run: joining again as a new worker (it adopts what is orphaned now)\n")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -66,7 +67,8 @@ class RunRecords(LedgerCore):
         if self.lease_lost:
             return
         row = (time.time(), run, self.owner)
-        self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
+        with contextlib.suppress(StaleClaim):  # its lease ran out meanwhile (a starved process): it writes nothing
+            self._submit(("UPDATE runs SET ended=?, state='ended' WHERE id=? AND owner=?", row), wait=True)
 
     def claim_job(self, key: str, from_owner: str, run: str | None = None) -> bool:
         """Take a dead owner's unfinished job of `run` (compare-and-set: one resumer wins), with a

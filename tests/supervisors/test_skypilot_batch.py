@@ -18,6 +18,7 @@ import pytest
 from cli_inproc import CLI, run_cli
 from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
+from moto_server import MotoServer
 from sshd import Sshd
 
 from actor_run.protocols.names import parse_name
@@ -37,8 +38,8 @@ open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(os.envi
 
 
 @pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoEc2]:
-    with MotoEc2() as server:
+def moto_server(moto: MotoServer) -> Iterator[MotoEc2]:
+    with MotoEc2(moto) as server:
         yield server
 
 

@@ -1,5 +1,5 @@
 """The fixtures the skypilot cloud's tests (test_skypilot.py, test_skypilot_real.py) share: moto's
-EC2 on loopback (one server a module, reset for each test, dummy AWS credentials) and a fake `sky`
+EC2 on loopback (the session's server, reset for each test, dummy AWS credentials) and a fake `sky`
 whose clusters are real sshd logins. A module that defines its own `fake` uses its own."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from fake_sky import FakeSky, aws_env, power_off
 from moto_ec2 import MotoEc2
+from moto_server import MotoServer
 from sshd import Sshd
 
 
 @pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoEc2]:
-    with MotoEc2() as server:
+def moto_server(moto: MotoServer) -> Iterator[MotoEc2]:
+    with MotoEc2(moto) as server:
         yield server
 
 

@@ -16,6 +16,7 @@ import pytest
 import trio
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
 from moto_s3 import ACCESS, SECRET, MotoS3
+from moto_server import MotoServer
 from test_runpod_serverless import offer_and_launch, poll_until_raises, run_until_end
 
 from actor_run.protocols.clouds import make_cloud
@@ -34,8 +35,8 @@ def fake(tmp_path: Path) -> Iterator[FakeRunPodServerless]:
 
 
 @pytest.fixture
-def s3() -> Iterator[MotoS3]:
-    with MotoS3("jobs") as store:
+def s3(moto: MotoServer) -> Iterator[MotoS3]:
+    with MotoS3(moto, "jobs") as store:
         yield store
 
 

@@ -1,0 +1,48 @@
+"""`Runner.hand_back` on a shared ledger (a worker's SIGTERM), in-process: every job held is let go,
+each of its machines announced `Released` (not deleted, "left to the controller that took over its
+job") before `close()` returns, and another Runner on the ledger adopts the jobs and finishes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actor_run.protocols.messages import JobStarted, Released
+from actor_run.supervisors.ledger.db import close_pools
+from actor_run.supervisors.runner import Runner
+
+
+@pytest.fixture
+def url(postgres: Any) -> Iterator[str]:
+    yield postgres.create_database()
+    close_pools()
+
+
+def test_a_hand_back_lets_every_machine_go_before_close_returns_and_another_runner_finishes_them(
+        tmp_path: Path, url: str, events: Any, local_job: Any) -> None:
+    jobs = [local_job("hb", "sleep 4; echo done > $ACTOR_RUN_OUT/done.txt", seed=seed) for seed in (1, 2)]
+    common: dict[str, Any] = {"out_dir": tmp_path / "out", "ledger": url, "state_dir": tmp_path / "state",
+                              "concurrency": 2, "lease_s": 30.0, "sweep_on_start": False}
+    with Runner(**common) as leaving:
+        leaving.subscribe(events)
+        for job in jobs:
+            leaving.enqueue(job)
+        leaving.ledger.flush()
+        assert len(leaving.claim(2)) == 2
+        for seed in (1, 2):
+            events.wait_for(lambda e, s=seed: isinstance(e, JobStarted) and e.seed == s)
+        assert leaving.hand_back() == {job.key for job in jobs}
+    # close() has returned: each lease has said what it did with its machine
+    let_go = [e for e in events.drain() if isinstance(e, Released)]
+    assert sorted(e.seed for e in let_go) == [1, 2], let_go
+    assert all(not e.confirmed and "left to the controller that took over its job" in e.detail for e in let_go)
+    with Runner(**common) as adopter:
+        handles = adopter.resume(sweep_after=False, take_runs=False, most_new=2)
+        assert sorted(h.key for h in handles) == sorted(job.key for job in jobs)
+        ended = [h.result(120) for h in handles]
+    assert [e.outcome for e in ended] == ["succeeded", "succeeded"]
+    for seed in (1, 2):  # run once: the adopter watched the same job to its end, nothing started again
+        assert list((tmp_path / "out").glob(f"*/hb/seed-{seed}/out/done.txt")) != []
