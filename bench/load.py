@@ -61,7 +61,8 @@ What is reported (a table, then as the LAST line one JSON object):
   phase 1, `view_redraws` and `view_redraws_per_s` how often it drew (at most 4 a second).
 - `gc_full`, `gc_full_s`, `gc_all_s` (and `cancel_gc_*` for the cancel's window, from the cancel until
   every job ended): the collector's full collections in phase 1, the seconds they took, and the
-  seconds of all its passes (every thread stopped meanwhile).
+  seconds of all its passes (every thread stopped meanwhile); `gc_by_generation`: per generation
+  (young, middle, full), [passes, seconds, objects collected].
 - `gc`: `runner` (the default since item 46 of bench/RESULTS.md: what a Runner does by itself,
   thresholds raised while it is open), `default` (Python's collector settings:
   `Runner(tune_gc=False)`, what every run before item 46 measured) or `cli` (`--gc cli`: as the

@@ -21,7 +21,7 @@ import psutil
 import pykka
 
 from actor_run.protocols.clouds.sim import Billing, billing, sim_machines
-from actor_run.protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Retrying
+from actor_run.protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Progress, Retrying
 from actor_run.supervisors.runner import Runner
 
 _bill_decoder = msgspec.json.Decoder(Billing)
@@ -116,12 +116,14 @@ class Sampler:
 
 class Collections:
     """While entered, the cyclic collector's passes (`gc.callbacks`): how many full (generation 2)
-    ones and the seconds they and all passes took (every thread of the process stopped meanwhile)."""
+    ones and the seconds they and all passes took (every thread of the process stopped meanwhile),
+    and per generation the passes, their seconds and the objects they collected."""
 
     def __init__(self) -> None:
         self.full = 0
         self.full_s = 0.0
         self.all_s = 0.0
+        self.by_generation = [[0, 0.0, 0] for _ in range(3)]  # per generation: passes, seconds, objects collected
         self._t = 0.0
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
@@ -130,6 +132,10 @@ class Collections:
             return
         dt = time.perf_counter() - self._t
         self.all_s += dt
+        gen = self.by_generation[info["generation"]]
+        gen[0] += 1
+        gen[1] += dt
+        gen[2] += info["collected"]
         if info["generation"] == 2:
             self.full += 1
             self.full_s += dt
@@ -163,6 +169,11 @@ class Tally:
         self._last: dict[tuple[str, int, int], tuple[str, float]] = {}
 
     def __call__(self, e: Event) -> None:
+        if type(e) is Progress:  # one per poll per job: counted, nothing more (the bench's own cost)
+            with self.lock:
+                self.events += 1
+                self.kinds["Progress"] += 1
+            return
         with self.lock:
             self.events += 1
             kind = type(e).__name__

@@ -92,7 +92,7 @@ class Runner(Takeover):
     goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`.
 
     The cyclic garbage collector: while a Runner is open, the process's collector thresholds are
-    raised from Python's (700, 10, 10) to (10000, 20, 20) (supervisors/gc_tuning.py `hold`), since
+    raised from Python's (700, 10, 10) to (50000, 20, 20) (supervisors/gc_tuning.py `hold`), since
     at thousands of attempts at once Python's cost the controller a third of its CPU and stopped
     every thread for seconds (bench/RESULTS.md item 46); cycles are still collected, less often.
     Thresholds the host set itself, or a disabled collector, are left as they are; Python's come back
@@ -136,7 +136,7 @@ class Runner(Takeover):
         self._subscribers: list[Callable[[Event], None]] = []
         self._waiters = Waiters()  # threads in wait(), each with the handles it waits for
         self._reported: dict[str, dict[int, float]] = {}
-        self._stages: dict[tuple[str, int], str] = {}  # the stage last recorded of each attempt
+        self._stages: dict[tuple[str, int, int], str] = {}  # the stage last recorded of each attempt
         self._lock = threading.Lock()
         self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
@@ -509,7 +509,7 @@ class Runner(Takeover):
         # figure for the view and the budget: what an attempt cost is in its attempts row
         if isinstance(event, Progress):
             # and each new stage, so `actor-run status` from another process says where a job is
-            stage_key = (job_key(event.job, event.seed), event.attempt)
+            stage_key = (event.job, event.seed, event.attempt)  # a tuple: no string formatted per progress line
             if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
                 self._stages[stage_key] = event.stage
                 self.ledger.record_event(event)

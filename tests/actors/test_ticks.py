@@ -6,10 +6,14 @@ busy machine cannot stretch a sleep past a beat.
 
 from __future__ import annotations
 
+import gc
+import itertools
+
+import pytest
 import trio
 import trio.testing
 
-from actor_run.actors.ticks import _CLOCKS, Subscription, subscribe, tick
+from actor_run.actors.ticks import _CLOCKS, Subscription, Ticker, subscribe, tick
 
 
 def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:
@@ -59,7 +63,7 @@ async def _cancelled_wait() -> None:
         with trio.move_on_after(0.01):
             await tick(10.0)
         clock = _CLOCKS.get()[10.0]
-        assert len(clock.lot) == 0
+        assert len(clock.parked) == 0
 
 
 def test_subscribers_beat_on_the_clock_until_cancelled_or_they_decline() -> None:
@@ -94,3 +98,64 @@ async def _subscribers() -> None:
         assert _CLOCKS.get() == {}
         subscribe(0.05, cancelled)  # cancelled before it was subscribed: never added, no clock started
         assert _CLOCKS.get() == {}
+
+
+def test_a_ticker_waits_on_the_shared_beat_and_a_cancel_leaves_the_clock() -> None:
+    trio.run(_ticker_beats, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _ticker_beats() -> None:
+    woke: list[float] = []
+
+    async def loop() -> None:
+        ticker = Ticker(0.05)
+        for _ in range(3):
+            await ticker.wait()
+            woke.append(trio.current_time())
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop)
+            await tick(0.05)  # a tick() and a Ticker of one period share the clock
+            assert list(_CLOCKS.get()) == [0.05]
+        assert len(woke) == 3
+        assert [b - a for a, b in itertools.pairwise(woke)] == pytest.approx([0.05, 0.05])  # one wake-up per beat
+        with trio.move_on_after(0.01):
+            await Ticker(10.0).wait()
+        assert len(_CLOCKS.get()[10.0].parked) == 0
+
+
+def test_a_ticker_wait_makes_fewer_tracked_objects_than_a_tick() -> None:
+    """What a wait makes lives until the beat, and at 10,000 watched jobs the collector's young passes
+    walked it all (bench/RESULTS.md item 49): a Ticker's wait is trio's trap alone."""
+    trio.run(_objects_per_wait)
+
+
+async def _objects_per_wait() -> None:
+    n = 500
+
+    async def parked(wait_in: str, ready: trio.Event) -> None:
+        ticker = Ticker(1000.0)
+        if len(ready_count) == n - 1:
+            ready.set()
+        ready_count.append(1)
+        if wait_in == "tick":
+            await tick(1000.0)
+        else:
+            await ticker.wait()
+
+    counts = {}
+    for wait_in in ("tick", "ticker"):
+        ready_count: list[int] = []
+        ready = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(parked, wait_in, ready)
+            await ready.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            counts[wait_in] = len(gc.get_objects())
+            nursery.cancel_scope.cancel()
+    # a tick's wait: its coroutine, a ParkingLot's, the lot's abort closure, its cell and tuple... about
+    # five more than a Ticker's
+    assert counts["tick"] - counts["ticker"] >= 4 * n
