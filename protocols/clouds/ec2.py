@@ -57,6 +57,25 @@ class Ec2Instance:
         return f"Ec2Instance({self.id}, {self.state}, {self.cluster}, {self.region})"
 
 
+_LOADER: Any = None  # botocore's reader of service models, shared by every Ec2 of the process
+
+
+def _botocore_session() -> Any:
+    """A botocore session of its own (its own credentials, read from the environment at first use)
+    whose service models come from one loader per process: EC2's model is megabytes of JSON, and a
+    fresh session read it again for each client, once per region (py-spy: most of a SkyPilot
+    test's own CPU)."""
+    global _LOADER
+    import botocore.loaders
+    import botocore.session
+
+    if _LOADER is None:
+        _LOADER = botocore.loaders.create_loader()
+    session = botocore.session.get_session()
+    session.register_component("data_loader", _LOADER)
+    return session
+
+
 class Ec2:
     """The EC2 calls of one account, one client per region (boto3 clients are thread-safe)."""
 
@@ -67,7 +86,7 @@ class Ec2:
         except ImportError as exc:
             raise SpecError("clouds.skypilot", "needs boto3 for its EC2 fallback: "
                                                "pip install 'actor-run[skypilot]'") from exc
-        self._boto3 = boto3
+        self._session = boto3.session.Session(botocore_session=_botocore_session())
         self._config = Config(connect_timeout=min(10.0, call_timeout_s), read_timeout=call_timeout_s,
                               retries={"max_attempts": 3, "mode": "standard"})
         self.endpoint_url = endpoint_url
@@ -79,7 +98,7 @@ class Ec2:
             kw: dict[str, Any] = {"region_name": region, "config": self._config}
             if self.endpoint_url:
                 kw["endpoint_url"] = self.endpoint_url
-            self._clients[region] = self._boto3.session.Session().client("ec2", **kw)
+            self._clients[region] = self._session.client("ec2", **kw)
         return self._clients[region]
 
     async def _call(self, what: str, fn: Callable[[], T]) -> T:
