@@ -108,7 +108,17 @@ class _Snapshot:
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.gc_thresholds = gc.get_threshold()
-        self.gc_frozen = gc.get_freeze_count()
+        # whether the command froze the heap (the CLI's tune_gc) is recorded as it calls gc.freeze: the
+        # frozen count is a walk of the whole frozen generation (every object of this test worker once a
+        # command froze it; py-spy: that one line was 7 % of the workers' samples, at each call's restore)
+        self.froze = False
+        self._freeze = gc.freeze
+
+        def freeze() -> None:
+            self.froze = True
+            self._freeze()
+
+        gc.freeze = freeze
         self.signals = {s: signal.getsignal(s) for s in _SIGNALS}
         core = loguru.logger._core  # type: ignore[attr-defined]  # loguru 0.7: handlers by id under one lock
         self.log_handlers = dict(core.handlers)
@@ -144,9 +154,10 @@ class _Snapshot:
         if gc.get_threshold() != self.gc_thresholds:
             changed.append("gc thresholds")
             gc.set_threshold(*self.gc_thresholds)
-        if gc.get_freeze_count() != self.gc_frozen:
+        gc.freeze = self._freeze
+        if self.froze:
             changed.append("gc freeze")
-            gc.unfreeze()
+            gc.unfreeze()  # a constant-time splice back into the oldest generation
         umask = os.umask(self.umask)
         if umask != self.umask:
             changed.append(f"umask {umask:o}")
