@@ -127,6 +127,18 @@ class ActorPool:
             with self._cond:
                 self._idle += 1
                 while not self._runnable:
+                    if _local.deferred:
+                        # about to wait: the wake-ups this worker put off go out first (outside the lock: a
+                        # wake may run what it woke for). After a turn another actor was runnable, so they
+                        # were kept for the next turn; another worker took that actor: a reactor left
+                        # unwoken, its `soon` calls queued behind a wake-up nobody sent (a Runner's close
+                        # waited 30 s per cloud on a call the reactor never saw)
+                        self._cond.release()
+                        try:
+                            _flush_deferred()
+                        finally:
+                            self._cond.acquire()
+                        continue
                     if self._later:
                         later = self._later.popleft()
                         break
