@@ -45,22 +45,22 @@ from actor_run.protocols.clouds import (
     make_cloud,
 )
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import Cancel, Event, JobEnded, Message, Metered, Progress
+from actor_run.protocols.messages import Cancel, Event, JobEnded, Message
 from actor_run.protocols.specs import (
     CandidateSpec,
     Job,
     check_candidate_names,
     check_job,
     check_policy,
-    job_key,
     redacted,
     unredacted,
     without_secrets,
 )
 from actor_run.supervisors import gc_tuning
-from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Spent, _Submit
+from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Submit
 from actor_run.supervisors.budget import Budget, BudgetStatistics
 from actor_run.supervisors.config import UserConfig, resolve_config, settings_digest
+from actor_run.supervisors.event_bus import EventBus
 from actor_run.supervisors.handle import JobHandle, RunnerStatistics, Waiters
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
@@ -74,7 +74,7 @@ OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
 
 
-class Runner(Takeover):
+class Runner(Takeover, EventBus):
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
     Promises: every machine is in the ledger before its create call and is deleted (confirmed by
@@ -496,56 +496,6 @@ class Runner(Takeover):
         assert self._batch is not None
         value = self._batch.ask("spent", block=True, timeout=10)
         return float(value)
-
-    # --- events ------------------------------------------------------------------------------------
-
-    def subscribe(self, fn: Callable[[Event], None]) -> None:
-        self._subscribers.append(fn)
-
-    def _emit(self, event: Event) -> None:
-        """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
-        # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
-        # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
-        # figure for the view and the budget: what an attempt cost is in its attempts row
-        if isinstance(event, Progress):
-            # and each new stage, so `actor-run status` from another process says where a job is
-            stage_key = (event.job, event.seed, event.attempt)  # a tuple: no string formatted per progress line
-            if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
-                self._stages[stage_key] = event.stage
-                self.ledger.record_event(event)
-        elif not isinstance(event, Metered):
-            self.ledger.record_event(event)
-        if isinstance(event, Metered) and self.budget_usd is not None:
-            self._meter(event)
-        for fn in self._subscribers:
-            fn(event)
-
-    def _meter(self, m: Metered) -> None:
-        """Tell the batch a job's live cost only when it moved by a step that matters (1 % of the budget)."""
-        assert self.budget_usd is not None
-        key = job_key(m.job, m.seed)
-        with self._lock:
-            attempts = self._reported.setdefault(key, {})
-            if m.usd - attempts.get(m.attempt, 0.0) < self.budget_usd / 100:
-                return
-            attempts[m.attempt] = m.usd
-            total = sum(attempts.values())
-        self._batch_tell(_Spent(key=key, usd=total))
-
-    def _job_ended(self, e: JobEnded) -> None:
-        key = job_key(e.job, e.seed)
-        durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
-                                             failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
-        h = self.handles.get(key)
-        if h is None or h.done():
-            return
-        if not self.ledger.may_write(key):
-            h._resolve(e)  # handed back or taken over: the ledger refuses this end, nothing to wait for
-        else:
-            # the handle resolves once the ledger has the end (on the ledger's thread: a future with no
-            # done-callbacks, so nothing runs there but the wake-up of whoever waits on it); the batch
-            # does not wait for the commit meanwhile
-            durable.when_done(lambda _error: h._resolve(e))
 
     def _handle(self, job: Job) -> JobHandle:
         return JobHandle(self, job)

@@ -25,7 +25,6 @@ were not accepted).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import shlex
 import shutil
@@ -45,6 +44,7 @@ from loguru import logger
 from actor_run.protocols.failures import Code, Refused, Unreachable
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.content import tree_size
+from actor_run.protocols.hosts.host_keys import HostKeys, PinningClient
 from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
 
 T = TypeVar("T")
@@ -64,73 +64,6 @@ SSH_CLIENT = "ssh"  # found on PATH as a host is made (PATH may change between r
 
 # what a broken, refused or vanished connection raises inside asyncssh and asyncio
 _LOST = (OSError, EOFError, asyncio.IncompleteReadError, asyncssh.Error)
-
-
-def known_hosts_pattern(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-class HostKeys:
-    """Our own known-hosts file: first sight pins, a pinned address keeps its key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _read(self, pattern: str) -> list[asyncssh.SSHKey]:
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return []
-        keys = []
-        for line in text.splitlines():
-            fields = line.split()
-            if len(fields) < 3 or fields[0].startswith("#") or pattern not in fields[0].split(","):
-                continue
-            try:
-                keys.append(asyncssh.import_public_key(f"{fields[1]} {fields[2]}"))
-            except asyncssh.KeyImportError:
-                continue
-        return keys
-
-    def trusted(self, address: str, port: int) -> list[asyncssh.SSHKey]:
-        return self._read(known_hosts_pattern(address, port))
-
-    def pin(self, address: str, port: int, key: asyncssh.SSHKey) -> bool:
-        """Pin `key` if the address has no key yet; False if it has another one (changed)."""
-        pattern = known_hosts_pattern(address, port)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # two controllers pinning at once write one line
-            pinned = self._read(pattern)
-            if pinned:
-                return key in pinned
-            algorithm, data = key.export_public_key("openssh").decode().split()[:2]
-            os.write(fd, f"{pattern} {algorithm} {data}\n".encode())
-            return True
-        finally:
-            os.close(fd)
-
-
-class _PinningClient(asyncssh.SSHClient):
-    """Called by asyncssh for a host key that is not among the pinned ones: with none pinned for
-    the address yet it is taken for this connection and pinned once the login succeeds (`seen`);
-    with another one pinned it is refused (`changed_to`)."""
-
-    def __init__(self, keys: HostKeys, address: str, port: int) -> None:
-        self.keys, self.address, self.port = keys, address, port
-        self.changed_to = ""  # the fingerprint of the key that replaced a pinned one
-        self.seen: asyncssh.SSHKey | None = None  # the key to pin when the login succeeds
-
-    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        pinned = self.keys.trusted(self.address, self.port)
-        if key in pinned:
-            return True  # pinned by another connection since this one began (several logins to a new host at once)
-        if pinned:
-            self.changed_to = key.get_fingerprint()
-            return False
-        self.seen = key
-        return True
 
 
 class _NotSent(Unreachable):
@@ -238,7 +171,7 @@ class SSHHost:
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
             await self._forget()
-            client = _PinningClient(self.keys, self.address, self.port)
+            client = PinningClient(self.keys, self.address, self.port)
             options: dict[str, Any] = dict(
                 known_hosts=lambda host, addr, port: (self.keys.trusted(self.address, self.port), [], []),
                 client_factory=lambda: client,

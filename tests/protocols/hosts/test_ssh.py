@@ -136,17 +136,17 @@ def test_a_key_pinned_by_another_login_meanwhile_is_the_same_key_not_a_changed_o
     of them as "host key changed"). Another key is still refused."""
     import asyncssh
 
-    from actor_run.protocols.hosts.ssh import HostKeys, _PinningClient
+    from actor_run.protocols.hosts.host_keys import HostKeys, PinningClient
 
     keys = HostKeys(tmp_path / "known_hosts")
     host_key = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
-    late = _PinningClient(keys, "10.0.0.7", 22)  # its handshake began before anything was pinned
+    late = PinningClient(keys, "10.0.0.7", 22)  # its handshake began before anything was pinned
     assert keys.pin("10.0.0.7", 22, host_key)  # another connection's login pinned it meanwhile
     assert late.validate_host_public_key("10.0.0.7", "10.0.0.7", 22, host_key)
     assert late.changed_to == ""
     assert late.seen is None  # nothing more to pin
     other = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
-    assert not _PinningClient(keys, "10.0.0.7", 22).validate_host_public_key("10.0.0.7", "10.0.0.7", 22, other)
+    assert not PinningClient(keys, "10.0.0.7", 22).validate_host_public_key("10.0.0.7", "10.0.0.7", 22, other)
 
 
 def test_a_host_key_is_pinned_at_the_first_login_not_before(sshd: Sshd, tmp_path: Path) -> None:

@@ -1,0 +1,80 @@
+"""The Runner's event bus (a part of Runner, as takeover.py is): every event an attempt emits goes to
+the ledger (progress only at a checkpoint or a new stage), the budget's live cost, then each
+subscriber, on the emitting thread; a job's end resolves its handle once the ledger has it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from actor_run.protocols.messages import Event, JobEnded, Message, Metered, Progress
+from actor_run.protocols.specs import job_key
+from actor_run.supervisors.batch import _Spent
+from actor_run.supervisors.ledger import Ledger
+
+if TYPE_CHECKING:
+    from actor_run.supervisors.handle import JobHandle
+
+
+class EventBus:
+    """Runner's `subscribe` and what it does with each event; the attributes below are the Runner's own."""
+
+    ledger: Ledger
+    budget_usd: float | None
+    handles: dict[str, JobHandle]
+    _subscribers: list[Callable[[Event], None]]
+    _reported: dict[str, dict[int, float]]
+    _stages: dict[tuple[str, int, int], str]  # the stage last recorded of each attempt
+    _lock: threading.Lock
+
+    def _batch_tell(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        self._subscribers.append(fn)
+
+    def _emit(self, event: Event) -> None:
+        """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
+        # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
+        # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
+        # figure for the view and the budget: what an attempt cost is in its attempts row
+        if isinstance(event, Progress):
+            # and each new stage, so `actor-run status` from another process says where a job is
+            stage_key = (event.job, event.seed, event.attempt)  # a tuple: no string formatted per progress line
+            if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
+                self._stages[stage_key] = event.stage
+                self.ledger.record_event(event)
+        elif not isinstance(event, Metered):
+            self.ledger.record_event(event)
+        if isinstance(event, Metered) and self.budget_usd is not None:
+            self._meter(event)
+        for fn in self._subscribers:
+            fn(event)
+
+    def _meter(self, m: Metered) -> None:
+        """Tell the batch a job's live cost only when it moved by a step that matters (1 % of the budget)."""
+        assert self.budget_usd is not None
+        key = job_key(m.job, m.seed)
+        with self._lock:
+            attempts = self._reported.setdefault(key, {})
+            if m.usd - attempts.get(m.attempt, 0.0) < self.budget_usd / 100:
+                return
+            attempts[m.attempt] = m.usd
+            total = sum(attempts.values())
+        self._batch_tell(_Spent(key=key, usd=total))
+
+    def _job_ended(self, e: JobEnded) -> None:
+        key = job_key(e.job, e.seed)
+        durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
+                                             failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
+        h = self.handles.get(key)
+        if h is None or h.done():
+            return
+        if not self.ledger.may_write(key):
+            h._resolve(e)  # handed back or taken over: the ledger refuses this end, nothing to wait for
+        else:
+            # the handle resolves once the ledger has the end (on the ledger's thread: a future with no
+            # done-callbacks, so nothing runs there but the wake-up of whoever waits on it); the batch
+            # does not wait for the commit meanwhile
+            durable.when_done(lambda _error: h._resolve(e))
