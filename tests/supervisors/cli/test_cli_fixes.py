@@ -105,7 +105,7 @@ def test_run_help_says_where_the_ledger_and_state_live() -> None:
 SIM = """\
 [job]
 name = "c"
-command = "true"
+command = "sleep 0.5"
 seeds = [1, 2]
 
 [policy]
