@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,18 @@ async def cleanup(cloud: SimCloud, *names: str) -> None:
     with trio.CancelScope(shield=True):
         for name in names:
             await cloud.delete(name)
+
+
+@asynccontextmanager
+async def job_on_a_machine(cloud: SimCloud) -> AsyncIterator[tuple[Machine, Workspace, str, int]]:
+    """Machine "m-1", connected, with a job started in its work folder; deleted afterwards."""
+    m = await cloud.launch(place(), "m-1", 0)
+    try:
+        ws = await cloud.connect(m)
+        work = ws.work_dir("j", 0, 0)
+        yield m, ws, work, await ws.start(job(work))
+    finally:
+        await cleanup(cloud, m.name)
 
 
 def place(region: str = "us-east", gpu: str = "A100") -> Offer:
@@ -521,11 +534,7 @@ def test_a_virtual_job_holds_only_what_was_not_read(tmp_path: Path) -> None:
     clock = trio.testing.MockClock()
 
     async def main() -> None:
-        m = await cloud.launch(place(), "m-1", 0)
-        try:
-            ws = await cloud.connect(m)
-            work = ws.work_dir("j", 0, 0)
-            pid = await ws.start(job(work))
+        async with job_on_a_machine(cloud) as (_, ws, work, pid):
             p_at = l_at = 0
             for _ in range(200):
                 clock.jump(1.0)
@@ -542,8 +551,6 @@ def test_a_virtual_job_holds_only_what_was_not_read(tmp_path: Path) -> None:
             r = await ws.poll(work, pid, 0, l_at)  # the log's exit line follows what was read
             assert (r.state, r.exit_code, r.log) == ("exited", 143, b"virtual train step 201\nvirtual job exited 143\n")
             assert len(r.progress) == r.progress_size
-        finally:
-            await cleanup(cloud, m.name)
 
     run(main, clock=clock)
 
@@ -553,11 +560,7 @@ def test_a_virtual_job_says_when_it_may_have_exited(tmp_path: Path) -> None:
     clock = trio.testing.MockClock(autojump_threshold=0)  # time jumps whenever every task waits
 
     async def main() -> None:
-        m = await cloud.launch(place(), "m-1", 0)
-        try:
-            ws = await cloud.connect(m)
-            work = ws.work_dir("j", 0, 0)
-            pid = await ws.start(job(work))
+        async with job_on_a_machine(cloud) as (_, ws, work, pid):
             began = trio.current_time()
             with trio.move_on_after(9.5):
                 await ws.wait_exit(work, pid)
@@ -569,8 +572,6 @@ def test_a_virtual_job_says_when_it_may_have_exited(tmp_path: Path) -> None:
             await ws.wait_exit(work, pid)  # ended already: at once
             await ws.wait_exit(work, pid + 1)  # not the job named: at once (the poll says lost)
             assert trio.current_time() - began == pytest.approx(10.0)
-        finally:
-            await cleanup(cloud, m.name)
 
     run(main, clock=clock)
 
@@ -579,18 +580,12 @@ def test_a_stopped_virtual_job_exits_143(tmp_path: Path) -> None:
     cloud = make(tmp_path, virtual=True, virtual_job_s=100.0, virtual_exit_code=3)
 
     async def main() -> None:
-        m = await cloud.launch(place(), "m-1", 0)
-        try:
-            ws = await cloud.connect(m)
-            work = ws.work_dir("j", 0, 0)
-            pid = await ws.start(job(work))
+        async with job_on_a_machine(cloud) as (_, ws, work, pid):
             await ws.beat(work)
             await ws.stop(work)
             r = await ws.poll(work, pid, 0, 0)
             assert (r.state, r.exit_code) == ("exited", 143)
             assert (await ws.poll(work, pid + 1, 0, 0)).state == "lost"
-        finally:
-            await cleanup(cloud, m.name)
 
     run(main)
 
@@ -599,16 +594,10 @@ def test_a_preempted_virtual_machine_is_gone(tmp_path: Path) -> None:
     cloud = make(tmp_path, virtual=True)
 
     async def main() -> None:
-        m = await cloud.launch(place(), "m-1", 0)
-        try:
-            ws = await cloud.connect(m)
-            work = ws.work_dir("j", 0, 0)
-            pid = await ws.start(job(work))
+        async with job_on_a_machine(cloud) as (m, ws, work, pid):
             preempt_machine(cloud.dir, m.name)
             with pytest.raises(MachineGone, match="sim: m-1 was preempted"):
                 await ws.poll(work, pid, 0, 0)
-        finally:
-            await cleanup(cloud, m.name)
 
     run(main)
 
