@@ -220,6 +220,13 @@ with ActorRegistry._actor_refs_lock:
         ActorRegistry._actor_refs = _RegistryRefs(ActorRegistry._actor_refs)  # type: ignore[assignment]
 
 
+def _unregister(ref: pykka.ActorRef[Any]) -> None:
+    """`ActorRegistry.unregister` without its debug line (formatted for every actor that stops)."""
+    with ActorRegistry._actor_refs_lock:
+        if ref in ActorRegistry._actor_refs:
+            ActorRegistry._actor_refs.remove(ref)
+
+
 def defer(wake: Callable[[], None]) -> bool:
     """On a pool worker: call `wake` (once, however often it is deferred) after this worker's run of
     turns: when its queue is empty, before it blocks, or after DEFER_TURNS turns. False off the
@@ -333,6 +340,27 @@ class PooledActor(pykka.Actor):
         self.actor_stopped = Flag()  # type: ignore[assignment]  # pykka only sets and reads it
         self._actor_ref = pykka.ActorRef(self)
 
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
+        """pykka's `start` (make, register, start the loop) without its two debug lines, which
+        format the actor's name (`Starting ...`, `Registered ...`) whether or not anything logs at
+        debug: six actors per attempt, 10,000 attempts starting at once (bench/RESULTS.md, item 53)."""
+        obj = cls(*args, **kwargs)
+        ref = obj.actor_ref
+        with ActorRegistry._actor_refs_lock:
+            ActorRegistry._actor_refs.append(ref)
+        obj._start_actor_loop()
+        return ref
+
+    def _stop(self) -> None:
+        """pykka's `_stop` (unregister, mark stopped, `on_stop`) without its debug lines (as `start`)."""
+        _unregister(self.actor_ref)
+        self.actor_stopped.set()
+        try:
+            self.on_stop()
+        except Exception:
+            self._handle_failure(*sys.exc_info())
+
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
         return _Inbox(self)
 
@@ -382,7 +410,7 @@ class PooledActor(pykka.Actor):
     def _handle_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         """Unregister and stop. Not logged here: `on_failure` logs it where the run's log goes
         (pykka's line goes to the stdlib logger, whose last resort prints a traceback on the terminal)."""
-        ActorRegistry.unregister(self.actor_ref)
+        _unregister(self.actor_ref)
         self.actor_stopped.set()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:

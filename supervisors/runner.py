@@ -432,9 +432,10 @@ class Runner(Takeover, EventBus):
             raise SpecError("job", f"{job.key} is already running in this Runner")
         handle = JobHandle(self, job)
         self.handles[job.key] = handle
+        seed_dir = str(self.seed_dir(job))
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="running", out_dir=str(self.seed_dir(job)), run=self.run)
-        self._batch_tell(_Submit(job=job, seed_dir=str(self.seed_dir(job))))
+                               state="running", out_dir=seed_dir, run=self.run)
+        self._batch_tell(_Submit(job=job, seed_dir=seed_dir))
         return handle
 
     def enqueue(self, job: Job) -> None:

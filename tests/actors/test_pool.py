@@ -153,3 +153,26 @@ def test_a_wake_up_put_off_by_a_turn_goes_out_before_the_worker_blocks() -> None
     finally:
         spawner.stop()
         reactor.stop()
+
+
+def test_starting_and_stopping_an_actor_formats_no_debug_line(caplog: Any) -> None:
+    """pykka's `start`, `register`, `unregister` and `_stop` each format a debug line naming the actor
+    whether or not anything shows it: four per actor, six actors per attempt (bench/RESULTS.md,
+    item 53). A pooled actor starts, registers, stops and unregisters without them, and is in the
+    registry exactly while it lives."""
+    formatted: list[str] = []
+
+    class Counted(Player):
+        def __str__(self) -> str:
+            formatted.append("actor")
+            return super().__str__()
+
+    caplog.set_level("DEBUG", logger="pykka")
+    refs = [Counted.start([], Flag(), 1) for _ in range(20)]
+    assert all(ref in pykka.ActorRegistry.get_all() for ref in refs)
+    for ref in refs:
+        ref.stop()
+    assert not any(ref in pykka.ActorRegistry.get_all() for ref in refs)
+    assert not any(ref.is_alive() for ref in refs)
+    assert formatted == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pykka")] == []
