@@ -155,23 +155,28 @@ class _Reply:
     """A reactor task's on_done for `Actor.spawn`: tell the actor what `reply` makes of the end
     (one object where a closure, its cells and a holder list were five for the collector to walk)."""
 
-    __slots__ = ("actor", "reply", "task")
+    __slots__ = ("actor", "reply", "task", "to")
 
-    def __init__(self, actor: Actor, reply: Callable[[Result[Any]], Message | None]) -> None:
+    def __init__(self, actor: Actor, reply: Callable[[Result[Any]], Message | None],
+                 to: pykka.ActorRef[Any] | None = None) -> None:
         self.actor = actor
         self.reply = reply
         self.task: Task | None = None
+        self.to = to  # told instead of the actor (its parent), while the actor lives
 
     def __call__(self, result: Result[Any]) -> None:  # on the reactor thread
         actor = self.actor
         if self.task is not None:
             actor._tasks.discard(self.task)
+        to = self.to
+        if to is not None and actor.actor_stopped.is_set():
+            return  # stopped meanwhile: its answer would have gone nowhere, so none goes on
         message = self.reply(result)
         if message is None:
             return
         # dead: stopped meanwhile; its on_stop cancelled or outlived this task
         with contextlib.suppress(pykka.ActorDeadError):
-            actor.actor_ref.tell(message)
+            (to if to is not None else actor.actor_ref).tell(message)
 
 
 class _Tell:
@@ -211,10 +216,12 @@ class Actor(PooledActor):
         return self._log
 
     def spawn(self, fn: Callable[..., Any], *args: Any,
-              reply: Callable[[Result[Any]], Message | None]) -> Task:
+              reply: Callable[[Result[Any]], Message | None], to: pykka.ActorRef[Any] | None = None) -> Task:
         """Run `fn(*args)` on the reactor; `reply(outcome)` is told to this actor when it ends
-        (unless it is None: nothing to hear)."""
-        done = _Reply(self, reply)
+        (unless it is None: nothing to hear). With `to` (the parent), what `reply` makes of the end
+        is told there straight from the reactor, while this actor lives: an answer this actor would
+        only pass on costs no turn of its own."""
+        done = _Reply(self, reply, to)
         task = self.ctx.reactor.spawn(fn, *args, on_done=done, name=f"{self.label}:{getattr(fn, '__name__', 'task')}")
         return self._track(task, done)
 

@@ -124,7 +124,7 @@ class TransferActor(Actor):
         match message:
             case Upload(machine=machine, resume_dir=resume_dir):
                 ws, started = self.ctx.workspaces[machine], time.time()
-                self.spawn(self._upload, ws, resume_dir, reply=functools.partial(_done, "upload", started))
+                self._spawn_for_parent(self._upload, ws, resume_dir, kind="upload", started=started)
             case FetchCheckpoint(machine=machine, work=work, path=path, line=line, into=into):
                 held, started = self.ctx.workspaces.get(machine), time.time()
                 if held is not None:
@@ -132,11 +132,9 @@ class TransferActor(Actor):
                                reply=functools.partial(_done, "checkpoint", started, path=path, line=line))
             case Fetch(machine=machine, work=work, into=into, replace=replace):
                 ws, started = self.ctx.workspaces[machine], time.time()
-                self.spawn(self._fetch, ws, work, Path(into), replace, reply=functools.partial(_done, "fetch", started))
+                self._spawn_for_parent(self._fetch, ws, work, Path(into), replace, kind="fetch", started=started)
             case _Done(kind="checkpoint", result=result, path=path, line=line):
                 self._checkpoint_done(result, path, line)
-            case _Done(kind=kind, result=result, started=started):
-                self._done(kind, result, started)
             case _:
                 raise TypeError(f"TransferActor cannot handle {message!r}")
 
@@ -206,17 +204,27 @@ class TransferActor(Actor):
         else:
             self.log.warning("checkpoint {} not fetched: {}", path, result.error)
 
-    def _done(self, kind: str, result: Result[Any], started: float) -> None:
+    def _spawn_for_parent(self, fn: Any, *args: Any, kind: str, started: float) -> None:
+        """An upload or a fetch on the reactor, whose answer (`Uploaded`, `Fetched` or `TransferFailed`)
+        goes from the reactor straight to the parent while this actor lives: it is this actor's to
+        say, but needs nothing of its state, so no turn of this actor passes it on (one per attempt
+        at each end of a burst)."""
+        parent = self.parent
+        if parent is None:
+            self.spawn(fn, *args, reply=_no_answer)
+            return
+        self.spawn(fn, *args, reply=functools.partial(self._answer, kind, started), to=parent)
+
+    def _answer(self, kind: str, started: float, result: Result[Any]) -> Message:
+        """What the parent hears of an upload's or a fetch's end (on the reactor thread: it reads only
+        what never changes here, the job and the attempt)."""
         seconds = time.time() - started
         head: AttemptHead = {"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}
         if isinstance(result, outcome.Value):
             if kind == "upload":
                 sent, code, refs, resume = result.value
-                self.tell_parent(Uploaded(**head, bytes_sent=sent, seconds=seconds, code=code, inputs=refs,
-                                          resume=resume))
-            else:
-                self.tell_parent(Fetched(**head, bytes_received=result.value, seconds=seconds))
-            return
+                return Uploaded(**head, bytes_sent=sent, seconds=seconds, code=code, inputs=refs, resume=resume)
+            return Fetched(**head, bytes_received=result.value, seconds=seconds)
         exc = result.error
         taken_at = None
         match exc:
@@ -230,4 +238,8 @@ class TransferActor(Actor):
                 failure, detail = Code.INTERNAL, f"{kind}: {exc}"
             case _:
                 failure, detail = Code.INTERNAL, f"{kind}: {type(exc).__name__}: {exc}"
-        self.tell_parent(TransferFailed(**head, failure=failure, detail=detail, taken_at=taken_at))
+        return TransferFailed(**head, failure=failure, detail=detail, taken_at=taken_at)
+
+
+def _no_answer(_result: Result[Any]) -> None:
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,69 @@ def test_an_input_changed_behind_the_hash_cache_is_refused_on_arrival(
         assert "changed since it was read" in failed.detail
         objects = Path(second.root) / "objects"
         assert [p.name for p in objects.iterdir()] == []  # no object, no .incoming left
+
+
+def wait_until(ready: Any, timeout: float = 10.0) -> bool:
+    """Poll `ready()` every 10 ms, at most `timeout` seconds."""
+    gate = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if ready():
+            return True
+        gate.wait(0.01)
+    return bool(ready())
+
+
+class CountingTransfer(TransferActor):
+    """A TransferActor that notes every message it handles."""
+
+    handled: list[str]
+
+    def on_receive(self, message: Any) -> Any:
+        self.handled.append(type(message).__name__)
+        return super().on_receive(message)
+
+
+def test_an_upload_and_a_fetch_answer_the_parent_without_a_turn_of_the_transfer_for_each_end(
+    ctx: Context, machines: Machines, probe: ProbeHandle, inputs: dict[str, str], tmp_path: Path,
+) -> None:
+    """The reactor's answer to an upload or a fetch goes to the parent straight (bench/RESULTS.md,
+    item 54): the transfer handles the two asks and nothing else, one turn fewer at each end of an
+    attempt (main: four, a `_Done` after each)."""
+    handled: list[str] = []
+    CountingTransfer.handled = handled
+    job = Job(name="t", command="echo ok > ok.txt", seed=1, inputs={"data": inputs["data"]}, policy=POLICY)
+    transfer = CountingTransfer.start(ctx, probe.ref, job=job, attempt=0)
+    try:
+        with machines.open() as (machine, ws):
+            transfer.tell(Upload(machine=machine.name))
+            up = probe.wait_for(Uploaded)
+            assert [i.name for i in up.inputs] == ["data"]
+            work, pid = machines.start_job(ws, "echo ok > ok.txt")
+            assert machines.wait_exited(ws, work, pid).state == "exited"
+            into = tmp_path / "fetched"
+            transfer.tell(Fetch(machine=machine.name, work=work, into=str(into)))
+            assert probe.wait_for(Fetched).bytes_received > 0
+            assert (into / "out" / "ok.txt").read_text() == "ok\n"
+            assert transfer.is_alive()
+    finally:
+        transfer.stop()
+    assert handled == ["Upload", "Fetch"]
+
+
+def test_a_transfer_stopped_while_its_upload_is_out_tells_the_parent_nothing(
+    ctx: Context, machines: Machines, probe: ProbeHandle, tmp_path: Path,
+) -> None:
+    """Stopped mid-upload (the attempt's release): the cancelled upload's end reaches nobody, as when
+    it was the transfer's own message to a stopped actor."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(1 << 20) * 64)  # hashed in a thread for long enough to stop meanwhile
+    job = Job(name="t", command="true", seed=1, inputs={"big": str(big)}, policy=POLICY)
+    transfer = TransferActor.start(ctx, probe.ref, job=job, attempt=0)
+    with machines.open() as (machine, _ws):
+        transfer.tell(Upload(machine=machine.name))
+        assert wait_until(lambda: ctx.reactor.statistics().tasks_running > 0)  # the upload is out
+        transfer.stop()
+        # the cancelled upload ends once its hashing thread returns; its end is what would be told
+        assert wait_until(lambda: ctx.reactor.statistics().tasks_running == 0, timeout=60)
+    assert not probe.box.of(Uploaded)
+    assert not probe.box.of(TransferFailed)
