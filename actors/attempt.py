@@ -1,7 +1,10 @@
 """AttemptActor: conducts one attempt: lease -> upload -> start -> watch -> fetch -> release.
 
-Children, started in this order and stopped in the reverse: LeaseActor, then (once the pool is
-idle while the create is out, or on `Leased`) CostMeterActor, TransferActor, HeartbeatActor.
+Children, started in this order and stopped in the reverse: LeaseActor; on `Leased`,
+CostMeterActor and TransferActor, each told its first message (`StartMeter`, `Upload`) as it starts,
+so both are handled in the child's first turn; once the job started, HeartbeatActor, told `Watch`
+the same way (it opens log.txt with the attempt's header). Each is started when its first message
+is known: a child started earlier waited a turn of its own for it (bench/RESULTS.md, item 55).
 Every step is a message; nothing here waits on the network.
 
 The end (`_finish`) is the same for every outcome: silence the heartbeat's polls and the meter's
@@ -15,6 +18,7 @@ tells the parent, with `internal`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import time
@@ -74,10 +78,6 @@ class _Started(Message, frozen=True, kw_only=True):
     result: Any  # Result[int]
 
 
-class _StartWatchers(Message, frozen=True, kw_only=True):
-    pass
-
-
 class Reattach(msgspec.Struct, frozen=True, kw_only=True):
     """A machine whose job an earlier controller started and that still runs it (resume)."""
 
@@ -119,7 +119,7 @@ class AttemptActor(Actor):
             ctx.at("names", job.key)
             self.name = encode_name(job.name, job.seed, attempt, ctx.owner, self.deadline)
         self.children: list[pykka.ActorRef[Any]] = []
-        self.meter: pykka.ActorRef[Any] | None = None  # these three start on Leased
+        self.meter: pykka.ActorRef[Any] | None = None  # these two start on Leased, the heartbeat with the job
         self.transfer: pykka.ActorRef[Any] | None = None
         self.heartbeat: pykka.ActorRef[Any] | None = None
         self.machine: Machine | None = None
@@ -145,9 +145,8 @@ class AttemptActor(Actor):
 
     def on_start(self) -> None:
         """Actor thread, before the first message: start the lease, ask for a machine. The other
-        children start when the pool has nothing else to do, or on `Leased` (`_start_watchers`): a
-        thousand attempts starting at once get their create calls out first, and start their
-        watchers while the creates are out."""
+        children start when their first message is known (`_start_meter_and_transfer` on `Leased`,
+        `_start_heartbeat` once the job started)."""
         if not self.seed_dir_clean:
             self.seed_dir.mkdir(parents=True, exist_ok=True)
         self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
@@ -157,7 +156,6 @@ class AttemptActor(Actor):
             self.lease.tell(Adopt(machine=self.reattach.machine))
         else:
             self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
-        self.when_idle(_StartWatchers())  # while the create is out, when no other turn waits
 
     def _header(self) -> str:
         """The line that opens this attempt's part of log.txt: its run and number, place and start."""
@@ -166,16 +164,21 @@ class AttemptActor(Actor):
                 f"{self.offer.gpu}".rstrip()
                 + f" ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.began))}) ---\n")
 
-    def _start_watchers(self) -> tuple[pykka.ActorRef[Any], pykka.ActorRef[Any], pykka.ActorRef[Any]]:
-        """The meter, the transfer and the heartbeat (which opens log.txt with the header), once: when
-        the pool is idle while the create is out, else on `Leased`."""
-        if self.meter is not None and self.transfer is not None and self.heartbeat is not None:
-            return self.meter, self.transfer, self.heartbeat
-        p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
+    def _start_meter_and_transfer(self, start: StartMeter) -> pykka.ActorRef[Any]:
+        """On `Leased`: the meter, told `start` at once (its first turn handles both), and the transfer
+        (returned: the caller tells it its first ask, which its first turn handles too)."""
+        ctx, parent = self.ctx, self.actor_ref
         self.meter = CostMeterActor.start(ctx, parent, **self.head, ending=self._ending)
         self.children.append(self.meter)
+        self.meter.tell(start)
         self.transfer = TransferActor.start(ctx, parent, job=self.job, attempt=self.attempt)
         self.children.append(self.transfer)
+        return self.transfer
+
+    def _start_heartbeat(self, watch: Watch) -> None:
+        """Once the job runs (or, adopted, on `Leased`): the heartbeat, which opens log.txt with the
+        header as it starts, then watches the job (`watch`, handled in the same first turn)."""
+        p, ctx, parent = self.job.policy, self.ctx, self.actor_ref
         header, log_from = self._header(), 0
         if self.reattach is not None:  # an adopted attempt goes on in its part of log.txt, if this one has it
             header, log_from = taken_over(self.seed_dir / "log.txt", self.attempt, self.ctx.owner, header)
@@ -185,7 +188,7 @@ class AttemptActor(Actor):
             log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._ending,
         )
         self.children.append(self.heartbeat)
-        return self.meter, self.transfer, self.heartbeat
+        self.heartbeat.tell(watch)
 
     def _phase(self, name: str) -> None:
         now = time.time()
@@ -198,17 +201,16 @@ class AttemptActor(Actor):
         if self._ended:  # AttemptEnded is told; its stop comes when the pool is idle
             return None
         match message:
-            case _StartWatchers():
-                if self.finishing is None and self.meter is None:
-                    self._start_watchers()
             case Leased(machine=machine) as event:
                 self.machine, self.leased = machine, True
-                meter, transfer, heartbeat = self._start_watchers()
                 self._phase("lease")
                 self.ctx.emit(event)
                 # the provider bills from the machine's creation, not from when it answered
                 self.metered_from = _billed_from(machine)
-                meter.tell(StartMeter(machine=machine, at=self.metered_from, reserved_usd=self.reserved_usd))
+                if self.finishing is not None:  # ended while the create was out: the release deletes it
+                    return None
+                transfer = self._start_meter_and_transfer(
+                    StartMeter(machine=machine, at=self.metered_from, reserved_usd=self.reserved_usd))
                 if self.reattach is not None:
                     # the job runs already: watch it, anchored at its launch
                     r = self.reattach
@@ -216,12 +218,11 @@ class AttemptActor(Actor):
                     self._mark = min(self._mark, r.launched_at)  # its run phase: the whole run, not the adopter's
                     if r.handle:
                         self.ctx.workspaces[machine.name].attach(r.work, r.handle)
-                    heartbeat.tell(Watch(machine=machine.name, work=r.work, pid=r.pid, launched_at=r.launched_at,
-                                         reattached=True))
+                    self._start_heartbeat(Watch(machine=machine.name, work=r.work, pid=r.pid,
+                                                launched_at=r.launched_at, reattached=True))
                     return None
-                if self.finishing is None:
-                    resume = str(self.resume_dir) if self.resume_dir is not None else None
-                    transfer.tell(Upload(machine=machine.name, resume_dir=resume))
+                resume = str(self.resume_dir) if self.resume_dir is not None else None
+                transfer.tell(Upload(machine=machine.name, resume_dir=resume))
             case LeaseFailed(failure=failure, detail=detail, machine=made, taken_at=taken_at) as event:
                 if made is not None:  # it was made and never answered: it bills until the release deletes it
                     self.machine, self.metered_from = made, _billed_from(made)
@@ -249,7 +250,7 @@ class AttemptActor(Actor):
                 self.billed_s = billed_s
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
-                    assert self.transfer is not None  # started on Leased, before any job could exit
+                    assert self.transfer is not None  # started on Leased, before any job could start
                     self.transfer.tell(Fetch(machine=self.machine.name, work=self.work, into=str(self.seed_dir),
                                              replace=not self.seed_dir_clean))
             case Fetched() as event:
@@ -327,9 +328,8 @@ class AttemptActor(Actor):
         self.ctx.emit(JobStarted(**self.head, pid=self.pid))
         assert self.machine is not None
         assert self.work is not None
-        assert self.heartbeat is not None  # started on Leased
         self.ctx.ledger.record_started(self.machine.name, self.work, self.pid, launched_at)
-        self.heartbeat.tell(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
+        self._start_heartbeat(Watch(machine=self.machine.name, work=self.work, pid=self.pid, launched_at=launched_at))
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -378,11 +378,11 @@ class AttemptActor(Actor):
         for child in (self.heartbeat, self.meter):  # silenced since the release began (`_ending`)
             if child is not None:
                 self.stop_soon(child)
-        if not self.leased:  # never had a machine: the log says so (the heartbeat, if it
-            # started, wrote the header when it did, long before this: the lease's answer came since)
-            header = "" if self.heartbeat is not None else self._header()
-            with open(self.seed_dir / "log.txt", "a", opener=private_opener) as f:
-                f.write(f"{header}no machine: {failure or outcome_}: {detail}\n")
+        if self.heartbeat is None:  # the job never started: the attempt's part of log.txt is its header
+            # and, without a machine, why (a started job's heartbeat wrote the header as it started)
+            line = "" if self.leased else f"no machine: {failure or outcome_}: {detail}\n"
+            self.ctx.ledger.write_file(self.job.key, functools.partial(_append_text, self.seed_dir / "log.txt",
+                                                                       self._header() + line))
         if not event.confirmed:
             unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
             detail = (detail + "; " if detail else "") + unconfirmed
@@ -427,6 +427,11 @@ class AttemptActor(Actor):
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
                 except pykka.Timeout:
                     self.log.error("{} did not stop in time", child)
+
+
+def _append_text(path: Path, text: str) -> None:
+    with open(path, "a", opener=private_opener) as f:
+        f.write(text)
 
 
 _TAKEN_OVER = re.compile(

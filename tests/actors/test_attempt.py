@@ -293,17 +293,42 @@ def test_a_launch_failure_ends_the_attempt_launch_failed_with_no_machine(
     assert_logged_no_machine(seed_dir, Code.LAUNCH_FAILED)
 
 
-def test_a_refused_create_with_the_watchers_started_logs_one_header(
-    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, seed_dir: Path,
+def test_a_refused_create_starts_no_watcher_and_logs_one_header(
+    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, emitted: Mailbox, seed_dir: Path,
 ) -> None:
-    """The watchers start while the create is out (the pool is idle): the heartbeat writes the
-    header then, and the attempt adds only the line saying there was no machine."""
+    """The meter and the transfer start on `Leased`, the heartbeat once the job runs, each with its
+    first message (bench/RESULTS.md, item 55): while the create is out only the lease lives, and a
+    refused create ends with the attempt's header and the line saying there was no machine (main
+    started the three watchers while the create was out, the pool being idle)."""
+    watchers = (HeartbeatActor, CostMeterActor, TransferActor)
     ctx = make_context(sim=SimSettings(launch_latency_s=0.5, delete_latency_s=0.0, no_capacity_rate=1.0))
     attempt = run_attempt(job("true"), offer=SIM, context=ctx)
-    wait_until(lambda: (seed_dir / "log.txt").exists(), 5, "the heartbeat's header")  # before the answer
+    emitted.wait_for(LeaseRequested)
+    seen: set[str] = set()
+    for _ in range(1000):  # bounded: until the refusal (0.5 s)
+        seen |= {r.actor_class.__name__ for r in pykka.ActorRegistry.get_all() if r.actor_class in watchers}
+        if emitted.of(LeaseFailed):
+            break
+        time.sleep(0.01)
+    assert emitted.of(LeaseFailed)
+    assert seen == set()
     end = ended(probe, attempt)
     assert (end.outcome, end.failure) == ("failed", Code.NO_CAPACITY)
     assert_logged_no_machine(seed_dir, Code.NO_CAPACITY)
+
+
+def test_an_attempt_whose_job_never_started_logs_its_header(
+    make_context: Callable[..., Context], run_attempt: Any, probe: ProbeHandle, seed_dir: Path, tmp_path: Path,
+) -> None:
+    """Leased, then the upload refused (an input that does not exist): no heartbeat ever started, and
+    the attempt's part of log.txt is its header, as when the heartbeat wrote it on `Leased`."""
+    ctx = make_context(sim=fast_sim())
+    attempt = run_attempt(job("true", inputs={"weights": str(tmp_path / "nowhere.bin")}), offer=SIM, context=ctx)
+    end = ended(probe, attempt)
+    assert (end.outcome, end.failure) == ("failed", Code.INPUT)
+    lines = (seed_dir / "log.txt").read_text().splitlines()
+    assert len(lines) == 1, lines
+    assert re.match(r"--- (run [0-9a-f]+ )?attempt 0 on sim .*---$", lines[0]), lines[0]
 
 
 def test_a_priced_attempt_is_metered_and_billed(
