@@ -3,7 +3,9 @@ sandboxes whose processes a delete or a preemption stops, and virtual machines."
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -196,6 +198,41 @@ def test_concurrent_launches_never_exceed_stock(tmp_path: Path) -> None:
             await cleanup(cloud, *won)
 
     run(main)
+
+
+def test_launches_wait_their_latency_on_one_timer(tmp_path: Path) -> None:
+    """Fifty launches at once: each machine is made `launch_latency_s` after it was asked for, never
+    sooner, while the launches wait on the create batch's one timer: one deadline in trio's heap, not
+    a sleep (a cancel scope, a deadline and its expiry) per launch (bench/RESULTS.md, item 56)."""
+    cloud = make(tmp_path, virtual=True, launch_latency_s=0.3,
+                 regions=[SimRegion(name="r", gpus={"A100": SimGpu(stock=50, hourly_usd=1.0)})])
+    made: list[Machine] = []
+    waited: list[float] = []
+    timed: list[int] = []
+
+    async def one(i: int) -> None:
+        asked, asked_at = trio.current_time(), time.time()
+        m = await cloud.launch(place("r"), f"m-{i:02d}", 0)
+        waited.append(trio.current_time() - asked)
+        assert m.created_at >= asked_at + 0.3
+        made.append(m)
+
+    async def main() -> None:
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for i in range(50):
+                        nursery.start_soon(one, i)
+                    await trio.testing.wait_all_tasks_blocked()  # every launch waits its latency now
+                    timed.append(sum(1 for o in gc.get_objects()
+                                     if isinstance(o, trio.CancelScope) and o.deadline < math.inf))
+        finally:
+            await cleanup(cloud, *(m.name for m in made))
+
+    run(main)
+    assert len(made) == 50
+    assert min(waited) >= 0.3
+    assert timed == [2]  # this test's fail_after and the batch's timer (main: 51, a sleep per launch)
 
 
 # --- injected launch failures ----------------------------------------------------------------------
