@@ -132,6 +132,9 @@ class Runner(Takeover, EventBus):
         self._digests: dict[str, bytes] = {}  # cloud key -> the digest of the settings its object was built from
         self._swept: set[tuple[str, bytes]] = set()  # (cloud key, settings digest) a sweep of this Runner listed
         self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
+        # the policy, candidates and cloud settings (encoded) of the last job whose check passed: the
+        # seeds of a batch share them, and checking them again was most of a submit (item 57)
+        self._checked_shape: tuple[Any, ...] | None = None
         self.handles: dict[str, JobHandle] = {}
         self._subscribers: list[Callable[[Event], None]] = []
         self._waiters = Waiters()  # threads in wait(), each with the handles it waits for
@@ -313,6 +316,9 @@ class Runner(Takeover, EventBus):
     def check(self, job: Job) -> None:
         """Raise SpecError (naming the field) for a job that cannot run; nothing is started."""
         check_job(job, Path("/"))
+        shape = _shape(job)
+        if shape is not None and shape == self._checked_shape:
+            return  # the same policy, places and cloud settings as the job checked before: they pass
         check_policy(job.policy)
         check_cloud_names(job.candidates, job.clouds)
         for i, c in enumerate(job.candidates):
@@ -332,6 +338,7 @@ class Runner(Takeover, EventBus):
                         raise  # one this job walks: it cannot run without it
                     logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
         self._check_names(job)
+        self._checked_shape = shape
 
     def _check_names(self, job: Job) -> None:
         """GPU and region names each candidate's cloud knows, and each cloud's own check (a Lambda
@@ -500,3 +507,14 @@ class Runner(Takeover, EventBus):
 
     def _handle(self, job: Job) -> JobHandle:
         return JobHandle(self, job)
+
+
+def _shape(job: Job) -> tuple[Any, ...] | None:
+    """What of `job` the Runner's check reads besides the job's own fields: its policy, its candidate
+    places and its cloud settings (encoded, so a table changed in place is a new shape). None when the
+    settings do not encode: checked every time."""
+    try:
+        clouds = msgspec.json.encode(job.clouds)
+    except (TypeError, msgspec.EncodeError):
+        return None
+    return job.policy, tuple(job.candidates), clouds

@@ -13,7 +13,7 @@ import pytest
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Released
-from actor_run.protocols.specs import CandidateSpec, Job
+from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import LedgerError, LedgerReader
 from actor_run.supervisors.runner import Runner
 
@@ -225,6 +225,32 @@ def test_a_bad_job_is_refused_before_anything_starts(
             r.submit(Job(name="x", command="true", seed=1, code=str(tmp_path / "nowhere")))
         assert r.handles == {}
     assert ledger_machines() == []
+
+
+def test_the_seeds_of_a_batch_are_checked_again_when_what_they_share_changes(
+    open_runner: Callable[..., Any],
+) -> None:
+    """The check remembers the policy, places and cloud settings of the last job that passed (a
+    batch's seeds share them: item 57 of bench/RESULTS.md); a job whose settings differ, even a table
+    changed in place since, or whose places or policy differ, is checked whole."""
+    clouds: dict[str, Any] = {"sim": {"no_capacity_rate": 0.5}}
+    sim = [CandidateSpec(cloud="sim")]
+    with open_runner() as r:
+        for seed in range(3):
+            r.check(Job(name="x", command="true", seed=seed, candidates=sim, clouds=clouds))
+        clouds["sim"]["no_capacity_rate"] = 2.0  # the same dict, changed in place
+        with pytest.raises(SpecError, match=r"^clouds\.sim: "):  # not the settings its sim was built with
+            r.check(Job(name="x", command="true", seed=3, candidates=sim, clouds=clouds))
+        clouds["sim"]["no_capacity_rate"] = 0.5
+        r.check(Job(name="x", command="true", seed=4, candidates=sim, clouds=clouds))
+        with pytest.raises(SpecError, match=r"^candidates\[0\]\.gpu: "):
+            r.check(Job(name="x", command="true", seed=5, candidates=[CandidateSpec(cloud="sim", gpu="Z999")],
+                        clouds=clouds))
+        with pytest.raises(SpecError, match=r"^policy\.poll_s: "):
+            r.check(Job(name="x", command="true", seed=6, candidates=sim, clouds=clouds,
+                        policy=PolicySpec(poll_s=-1.0)))
+        with pytest.raises(SpecError, match=r"^job\.name: "):  # the job's own fields, every time
+            r.check(Job(name="Bad Name", command="true", seed=7, candidates=sim, clouds=clouds))
 
 
 def test_a_job_key_runs_once_at_a_time(open_runner: Callable[..., Any], events: Any, local_job: Any) -> None:
