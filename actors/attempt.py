@@ -299,7 +299,9 @@ class AttemptActor(Actor):
         launch = Launch(
             work=self.work, command=self.job.command.replace("{seed}", str(self.job.seed)), code=up.code,
             inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s, resume=up.resume,
-            request=json.dumps({"job": self.job.name, "seed": self.job.seed, "attempt": self.attempt}).encode(),
+            # json.dumps of the dict, written out: only the name needs quoting
+            request=(f'{{"job": {json.dumps(self.job.name)}, "seed": {self.job.seed}, '
+                     f'"attempt": {self.attempt}}}').encode(),
         )
         ledger, name, work, soon = self.ctx.ledger, self.machine.name, self.work, self.ctx.reactor.soon
 

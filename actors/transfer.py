@@ -118,12 +118,21 @@ class TransferActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int) -> None:
         super().__init__(ctx, parent, f"transfer:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt = job, attempt
-        self.tag = f"{job.name}-{job.seed}-a{attempt}-{os.getpid()}-{ctx.owner[:8]}"
+
+    @functools.cached_property
+    def tag(self) -> str:
+        """What names this transfer's staging on the host (made when something is published: a
+        `getpid` is a system call, and most attempts of a batch publish nothing new)."""
+        return f"{self.job.name}-{self.job.seed}-a{self.attempt}-{os.getpid()}-{self.ctx.owner[:8]}"
 
     def handle(self, message: Any) -> Any:
         match message:
             case Upload(machine=machine, resume_dir=resume_dir):
                 ws, started = self.ctx.workspaces[machine], time.time()
+                if self.job.code is None and not self.job.inputs and resume_dir is None:
+                    # nothing to send: the answer is known here, without a reactor task (item 58)
+                    self.tell_parent(self._answer("upload", started, outcome.Value((0, None, [], None))))
+                    return None
                 self._spawn_for_parent(self._upload, ws, resume_dir, kind="upload", started=started)
             case FetchCheckpoint(machine=machine, work=work, path=path, line=line, into=into):
                 held, started = self.ctx.workspaces.get(machine), time.time()

@@ -295,3 +295,18 @@ def test_a_transfer_stopped_while_its_upload_is_out_tells_the_parent_nothing(
         assert wait_until(lambda: ctx.reactor.statistics().tasks_running == 0, timeout=60)
     assert not probe.box.of(Uploaded)
     assert not probe.box.of(TransferFailed)
+
+
+def test_an_upload_with_nothing_to_send_answers_without_a_reactor_task(
+    ctx: Context, machines: Machines, probe: ProbeHandle, transfer_of: Any,
+) -> None:
+    """A job with no code, no inputs and nothing to resume from sends nothing: `Uploaded` (0 bytes)
+    comes from the transfer's turn, with no task on the reactor (item 58: one per attempt of a start
+    burst; main spawned one that returned at once)."""
+    job = Job(name="t", command="true", seed=1, policy=POLICY)
+    with machines.open() as (machine, _ws):
+        before = ctx.reactor.statistics().tasks_started
+        transfer_of(job).tell(Upload(machine=machine.name))
+        up = probe.wait_for(Uploaded)
+        assert (up.bytes_sent, up.code, up.inputs, up.resume) == (0, None, [], None)
+        assert ctx.reactor.statistics().tasks_started == before
