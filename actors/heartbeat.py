@@ -206,7 +206,9 @@ class HeartbeatActor(Actor):
         self._log_fd: int | None = None  # log.txt, append-only, open for the attempt
         self._log_lock = threading.Lock()  # the ledger's writer thread may write too (a shared ledger's fence)
         self._log_closed = False
-        self._log_header = log_header.encode()  # written first, by on_start
+        # written first: with the first poll's log bytes, in one write (a write of its own at the start
+        # was a system call per attempt in a start burst: item 59), or alone at the stop
+        self._log_header = log_header.encode()
         self.log_from = log_from  # bytes of the job's log already in log.txt (an adopted attempt goes on there)
         self.key = job_key(job, seed)
         # the attempt's switch: once set, the poll loop takes no more steps (its beat ends it), before
@@ -306,14 +308,12 @@ class HeartbeatActor(Actor):
             what = "progress" if self.setup_done else "a stage past setup"
             self._stall(Code.STALLED, f"no {what} for {now - anchor:.0f} s (window {window:.0f} s)")
 
-    def on_start(self) -> None:
-        """The attempt's header opens its part of log.txt (the file stays open for the attempt)."""
-        if self._log_header:
-            self._write_log(self._log_header)
-
     def _take_log(self, log: bytes, seen: float) -> None:
+        """The job's new log bytes to log.txt; the first report writes the attempt's header with them
+        (or alone: a quiet job's log still opens with it once the first poll is in)."""
         if log:
             self.last_life = max(self.last_life, seen)
+        if log or self._log_header:
             self._write_log(log)
 
     def _write_log(self, data: bytes) -> None:
@@ -322,8 +322,13 @@ class HeartbeatActor(Actor):
         self.ctx.ledger.write_file(self.key, functools.partial(self._append, data))
 
     def _append(self, data: bytes) -> None:
-        """On this actor's thread, or on the ledger's writer thread (a shared ledger's fence)."""
+        """On this actor's thread, or on the ledger's writer thread (a shared ledger's fence). The
+        header not yet written goes first, in the same write."""
         with self._log_lock:
+            if self._log_header:
+                data, self._log_header = self._log_header + data, b""
+            if not data:
+                return
             if self._log_closed:  # written after the attempt's stop: one open for it
                 fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 try:
@@ -339,6 +344,8 @@ class HeartbeatActor(Actor):
                 data = data[os.write(self._log_fd, data):]
 
     def _close_log(self) -> None:
+        if self._log_header:  # no poll was ever reported: the header alone
+            self._write_log(b"")
         with self._log_lock:
             fd, self._log_fd = self._log_fd, None
             self._log_closed = True

@@ -3,8 +3,10 @@ real job on a real machine (`local`, or a `sim` sandbox for preemption)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -336,3 +338,53 @@ def test_the_attempts_switch_ends_the_poll_loop_before_the_heartbeat_is_stopped(
         wait_until(lambda: ctx.reactor.statistics().tasks_running == before, 5)
         assert alive.stat().st_mtime_ns == written
         assert not probe.box.of(Stalled)
+
+
+def test_the_header_goes_to_log_txt_with_the_first_log_bytes_in_one_write(
+    ctx: Context, machines: Machines, probe: ProbeHandle, log_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attempt's header opens its part of log.txt in the same write as the job's first log bytes
+    (item 59: a write of its own at the start, a system call per attempt in a start burst); a job that
+    never prints still gets its header once polled, and it is written once."""
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def spy(fd: int, data: Any) -> int:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == str(log_path):
+                writes.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", spy)
+    header = "--- attempt 0 on local this-computer (now) ---\n"
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "echo line one; sleep 0.3; echo line two")
+        ref = HeartbeatActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=30.0,
+                                   stall_after_s=30.0, lost_after_s=5.0, timeout_s=60.0, log_path=log_path,
+                                   log_header=header)
+        try:
+            ref.tell(Watch(machine=machine.name, work=work, pid=pid, launched_at=time.time()))
+            probe.wait_for(Exited)
+        finally:
+            ref.stop()
+    assert log_path.read_text() == header + "line one\nline two\n"
+    assert writes[0].startswith(header.encode())
+    assert writes[0] != header.encode()  # not alone: the first log bytes came with it
+    assert sum(w.count(header.encode()) for w in writes) == 1
+
+
+def test_a_quiet_job_s_log_still_opens_with_the_header(
+    ctx: Context, machines: Machines, probe: ProbeHandle, log_path: Path,
+) -> None:
+    header = "--- attempt 0 on local this-computer (now) ---\n"
+    with machines.open() as (machine, ws):
+        work, pid = machines.start_job(ws, "sleep 30")
+        ref = HeartbeatActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=30.0,
+                                   stall_after_s=30.0, lost_after_s=5.0, timeout_s=60.0, log_path=log_path,
+                                   log_header=header)
+        try:
+            ref.tell(Watch(machine=machine.name, work=work, pid=pid, launched_at=time.time()))
+            wait_until(lambda: log_path.exists() and log_path.read_text() == header, 10, "the header, once polled")
+        finally:
+            ref.stop()
+    assert log_path.read_text() == header
