@@ -423,7 +423,8 @@ class AttemptActor(Actor):
         self.cancel_tasks()
         for child in reversed(self.children):
             if self._ended:
-                self.stop_soon(child)
+                if child.is_alive():  # most stopped already (their stops came with the release)
+                    self.stop_soon(child)
             elif child.is_alive():
                 try:
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)

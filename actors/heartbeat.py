@@ -180,7 +180,7 @@ class _Watch:
             at = self.exit_at
             if at is not None and self.state == "running" and at < trio.current_time() + poll_s:
                 self.exit_at = None  # once: the step at the end decides what happened
-                await trio.sleep_until(at)  # the end comes before the next beat: a step then
+                await ticker.wait_until(at)  # the end comes before the next beat: a step then
             else:
                 await ticker.wait()  # one shared clock per period, not a sleep per job
 

@@ -8,6 +8,11 @@ per period and a cheap wake-up each. A loop's first wait is shorter than `period
 beat); after that it runs once per period. A clock whose beat finds nobody waiting stops, so an
 idle reactor has no ticking task.
 
+`Ticker.wait_until(at)` is a loop's one wait for a moment of its own (a virtual job's known end): an
+entry in one heap per trio run, served by one task that sleeps until the earliest is due, not a trio
+sleep per loop (its cancel scope, deadline and `Cancelled` each: ten thousand jobs ending in a burst
+paid them each; the entries due by the time the task wakes are woken together).
+
 `subscribe(period, beat)` is the same clock for what needs no task of its own: `beat()` is called on
 the reactor thread at every beat (a meter's tell), until it returns False or the subscription is
 cancelled (from any thread). A thousand meters cost no thousand tasks to start, wake and cancel.
@@ -15,6 +20,8 @@ cancelled (from any thread). A thousand meters cost no thousand tasks to start, 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -22,6 +29,8 @@ import trio
 from loguru import logger
 
 _CLOCKS: trio.lowlevel.RunVar[dict[float, _Clock]] = trio.lowlevel.RunVar("actor_run_clocks")
+_ALARMS: trio.lowlevel.RunVar[_Alarms] = trio.lowlevel.RunVar("actor_run_alarms")
+_seq = itertools.count()
 
 
 class Subscription:
@@ -74,6 +83,55 @@ class _Clock:
         return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (the caller awaits it at once: a coroutine less per wait)
 
 
+class _Alarms:
+    """The moments loops wait for, in one heap; one task sleeps until the earliest is due."""
+
+    __slots__ = ("heap", "running", "scope")
+
+    def __init__(self) -> None:
+        # (due on trio's clock, order, [the waiting task, or None once it left])
+        self.heap: list[tuple[float, int, list[trio.lowlevel.Task | None]]] = []
+        self.scope: trio.CancelScope | None = None  # the task's sleep, until the earliest is due
+        self.running = False
+
+    def add(self, at: float, task: trio.lowlevel.Task) -> list[trio.lowlevel.Task | None]:
+        entry: list[trio.lowlevel.Task | None] = [task]
+        heapq.heappush(self.heap, (at, next(_seq), entry))
+        if not self.running:
+            self.running = True
+            trio.lowlevel.spawn_system_task(self.run, name="actor-run alarms")
+        elif self.scope is not None and at < self.scope.deadline:
+            self.scope.deadline = at
+        return entry
+
+    async def run(self) -> None:
+        heap = self.heap
+        try:
+            while heap:
+                with trio.CancelScope(deadline=heap[0][0]) as scope:
+                    self.scope = scope
+                    await trio.sleep_forever()
+                self.scope = None
+                now = trio.current_time()
+                while heap and heap[0][0] <= now:
+                    entry = heapq.heappop(heap)[2]
+                    task, entry[0] = entry[0], None
+                    if task is not None:
+                        trio.lowlevel.reschedule(task)
+        finally:
+            self.running = False
+            self.scope = None
+
+
+def _alarms() -> _Alarms:
+    try:
+        return _ALARMS.get()
+    except LookupError:
+        alarms = _Alarms()
+        _ALARMS.set(alarms)
+        return alarms
+
+
 def _clock(period: float) -> _Clock:
     try:
         clocks = _CLOCKS.get()
@@ -108,12 +166,13 @@ class Ticker:
     (bench/RESULTS.md item 49). A wait here makes trio's own trap and nothing else. On the reactor
     thread only; one wait at a time."""
 
-    __slots__ = ("_abort", "_clock", "_task", "period")
+    __slots__ = ("_abort", "_alarm", "_clock", "_task", "period")
 
     def __init__(self, period: float) -> None:
         self.period = period
         self._clock: _Clock | None = None
         self._task: trio.lowlevel.Task | None = None
+        self._alarm: list[trio.lowlevel.Task | None] | None = None  # the entry of a `wait_until` in progress
         self._abort = self._aborted  # one bound method for every wait, not one per wait
 
     def wait(self) -> Coroutine[Any, Any, Any]:
@@ -121,9 +180,21 @@ class Ticker:
         clock from this call on; cancellable)."""
         clock = self._clock = _clock(self.period)
         self._task = trio.lowlevel.current_task()
+        self._alarm = None
         return clock.park(self._abort)
 
+    def wait_until(self, at: float) -> Coroutine[Any, Any, Any]:
+        """The current task waits until `at` (trio's clock), on the run's one heap of alarms:
+        `await ticker.wait_until(at)`, at once (cancellable). Due already: at the alarms' next turn."""
+        task = self._task = trio.lowlevel.current_task()
+        self._clock = None
+        self._alarm = _alarms().add(at, task)
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (awaited at once by the caller)
+
     def _aborted(self, _: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        if self._alarm is not None:  # a wait_until: its entry wakes nobody now
+            self._alarm[0] = None
+            self._alarm = None
         if self._clock is not None and self._task is not None:
             self._clock.parked.pop(self._task, None)
         return trio.lowlevel.Abort.SUCCEEDED

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 
 import pytest
 import trio
@@ -159,3 +160,38 @@ async def _objects_per_wait() -> None:
     # a tick's wait: its coroutine, a ParkingLot's, the lot's abort closure, its cell and tuple... about
     # five more than a Ticker's
     assert counts["tick"] - counts["ticker"] >= 4 * n
+
+
+def test_waits_until_a_moment_share_one_timer_and_each_wakes_at_its_moment() -> None:
+    """`Ticker.wait_until` (a virtual job's known end, item 60): 200 loops each waiting for a moment of
+    its own wake at that moment, never sooner, on one heap served by one task: one deadline in trio's
+    heap while they wait, not a sleep (a cancel scope and its deadline) each; a cancelled wait wakes
+    nobody later; a ticker goes back to the shared beat after."""
+    trio.run(_alarms, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _alarms() -> None:
+    woke: dict[int, float] = {}
+    deadlines: list[int] = []
+
+    async def loop(i: int, at: float) -> None:
+        ticker = Ticker(0.5)
+        await ticker.wait_until(at)
+        woke[i] = trio.current_time()
+        await ticker.wait()  # and the shared beat after
+        woke[-1 - i] = trio.current_time()
+
+    start = trio.current_time()
+    ats = {i: start + 1.0 + (i % 50) * 0.01 for i in range(200)}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for i, at in ats.items():
+                nursery.start_soon(loop, i, at)
+            await trio.testing.wait_all_tasks_blocked()
+            deadlines.append(sum(1 for o in gc.get_objects() if isinstance(o, trio.CancelScope) and o.deadline < math.inf))
+            with trio.move_on_after(0.5):  # a wait cancelled before its moment
+                await Ticker(0.5).wait_until(start + 1.2)
+    assert deadlines == [2]  # this test's fail_after and the alarms' one sleep (a sleep_until each: 201)
+    assert all(woke[i] == pytest.approx(at) for i, at in ats.items())
+    assert all(woke[-1 - i] > woke[i] for i in ats)
+    assert len(woke) == 400
