@@ -188,7 +188,8 @@ async def _alarms() -> None:
             for i, at in ats.items():
                 nursery.start_soon(loop, i, at)
             await trio.testing.wait_all_tasks_blocked()
-            deadlines.append(sum(1 for o in gc.get_objects() if isinstance(o, trio.CancelScope) and o.deadline < math.inf))
+            deadlines.append(sum(1 for o in gc.get_objects()
+                                 if isinstance(o, trio.CancelScope) and o.deadline < math.inf))
             with trio.move_on_after(0.5):  # a wait cancelled before its moment
                 await Ticker(0.5).wait_until(start + 1.2)
     assert deadlines == [2]  # this test's fail_after and the alarms' one sleep (a sleep_until each: 201)
