@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under xdist every worker collects the same list and reorders it the same way
     (tests/schedule.py): the long tests first in each worker's share."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    items[:] = schedule.order(items, [i.nodeid for i in items], schedule.load(), workers)
+    groups = {i: name for i, item in enumerate(items)
+              for name in schedule.GROUPED if name in getattr(item, "fixturenames", ())}
+    items[:] = schedule.order(items, [i.nodeid for i in items], schedule.load(), workers, groups)
 
 
 def _machines(state_dir: Path) -> list[str]:
