@@ -61,7 +61,8 @@ def test_the_tests_of_a_group_run_in_one_share_and_every_test_once(
         if members & set(share):
             holding.append(share)
     if len(members) <= min(share_sizes(len(names), workers)):  # (a larger group goes as single tests)
-        assert len(holding) <= 1 and members <= set(holding[0] if holding else [])
+        assert len(holding) <= 1
+        assert members <= set(holding[0] if holding else [])
 
 
 def test_a_group_larger_than_a_share_is_dealt_as_single_tests() -> None:
