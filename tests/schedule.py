@@ -11,9 +11,10 @@ longest to the share with the least long work so far, and each share starts with
 other test keeps its place relative to the rest. A test missing from the file counts as short, a
 name in the file no test has is ignored: the file only moves tests, it never picks or drops one.
 
-Tests that share a costly per-process fixture (`GROUPED`: SkyPilot's own interpreter imports for
-about 4 s of CPU in each worker that asks for it) are dealt as one unit, all to one share, so one
-worker pays that start instead of each worker that happens to get one of them.
+Tests that share a costly per-process session fixture are dealt as units, so that a few workers pay
+its start instead of each one that happens to get one of its tests (`GROUPS`: moto's server imports
+EC2's models for about 3 s of CPU; its 25 tests, three minutes, go to two shares; `TOGETHER`:
+SkyPilot's own interpreter, about 4 s, for five of them, which go into one of those two).
 
 Refresh the file from a run: `sh scripts/test.sh --durations=0 | python tests/schedule.py`.
 """
@@ -28,7 +29,8 @@ from typing import TypeVar
 
 DURATIONS = Path(__file__).with_name("durations.json")
 LONG_S = 4.0
-GROUPED = ("sky_own",)  # session fixtures whose tests go to one worker
+GROUPS = {"moto": 2}  # a session fixture -> how many shares its tests are dealt to
+TOGETHER = {"sky_own": "moto"}  # a session fixture whose tests all go into one part of a group
 
 T = TypeVar("T")
 
@@ -41,6 +43,21 @@ def share_sizes(count: int, workers: int) -> list[int]:
         sizes.append(size)
         left -= size
     return sizes
+
+
+def groups(fixtures: list[set[str]], names: list[str], durations: dict[str, float]) -> dict[int, str]:
+    """Each test's group (index -> `fixture/part`) by the fixtures it asks for: a GROUPS fixture's
+    tests split into that many parts of about even length, the TOGETHER ones all in its first part."""
+    out: dict[int, str] = {}
+    for fixture, parts in GROUPS.items():
+        members = [i for i, f in enumerate(fixtures) if fixture in f and i not in out]
+        load = [0.0] * parts
+        together = {t for t, g in TOGETHER.items() if g == fixture}
+        for i in sorted(members, key=lambda i: (not together & fixtures[i], -durations.get(names[i], 0.0), i)):
+            p = 0 if together & fixtures[i] else min(range(parts), key=lambda p: (load[p], p))
+            out[i] = f"{fixture}/{p}"
+            load[p] += durations.get(names[i], 0.0)
+    return out
 
 
 def order(items: list[T], names: list[str], durations: dict[str, float], workers: int,

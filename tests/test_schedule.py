@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from schedule import LONG_S, order, share_sizes
+from schedule import LONG_S, groups, order, share_sizes
 
 
 def test_shares_are_cut_as_worksteal_cuts_them() -> None:
@@ -70,3 +70,16 @@ def test_a_group_larger_than_a_share_is_dealt_as_single_tests() -> None:
     durations = {n: 5.0 for n in names}
     out = order(names, names, durations, 3, {i: "own" for i in range(6)})  # shares of 4
     assert sorted(out) == sorted(names)
+
+
+def test_moto_tests_go_to_two_parts_of_even_length_and_skypilots_own_into_one() -> None:
+    names = [f"t{i}" for i in range(10)]
+    durations = {"t0": 20.0, "t1": 18.0, "t2": 10.0, "t3": 9.0, "t4": 1.0, "t5": 30.0}
+    fixtures = [{"moto", "sky_own"}, {"moto"}, {"moto"}, {"moto", "sky_own"}, {"moto"}, set(), {"sshd"},
+                {"moto"}, set(), set()]
+    got = groups(fixtures, names, durations)
+    assert set(got) == {0, 1, 2, 3, 4, 7}  # the moto tests, and only they
+    assert got[0] == got[3]  # SkyPilot's own tests together
+    parts = {p: sum(durations.get(names[i], 0.0) for i in got if got[i] == p) for p in set(got.values())}
+    assert len(parts) == 2
+    assert sorted(parts.values()) == [29.0, 29.0]  # 20 + 9 (+ t7: no time known) | 18 + 10 + 1
