@@ -42,9 +42,12 @@ from actor_run.actors import Reactor  # noqa: E402  (the project's root is on th
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the order of what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist every worker collects the same list and reorders it the same way
-    (tests/schedule.py): the long tests first in each worker's share."""
+    (tests/schedule.py): the long tests first in each worker's share, the tests of a costly session
+    fixture (moto, SkyPilot's own interpreter) in a few shares."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    items[:] = schedule.order(items, [i.nodeid for i in items], schedule.load(), workers)
+    names, durations = [i.nodeid for i in items], schedule.load()
+    groups = schedule.groups([set(getattr(i, "fixturenames", ())) for i in items], names, durations)
+    items[:] = schedule.order(items, names, durations, workers, groups)
 
 
 def _machines(state_dir: Path) -> list[str]:

@@ -11,6 +11,11 @@ longest to the share with the least long work so far, and each share starts with
 other test keeps its place relative to the rest. A test missing from the file counts as short, a
 name in the file no test has is ignored: the file only moves tests, it never picks or drops one.
 
+Tests that share a costly per-process session fixture are dealt as units, so that a few workers pay
+its start instead of each one that happens to get one of its tests (`GROUPS`: moto's server imports
+EC2's models for about 3 s of CPU; its 25 tests, three minutes, go to two shares; `TOGETHER`:
+SkyPilot's own interpreter, about 4 s, for five of them, which go into one of those two).
+
 Refresh the file from a run: `sh scripts/test.sh --durations=0 | python tests/schedule.py`.
 """
 
@@ -24,6 +29,8 @@ from typing import TypeVar
 
 DURATIONS = Path(__file__).with_name("durations.json")
 LONG_S = 4.0
+GROUPS = {"moto": 2}  # a session fixture -> how many shares its tests are dealt to
+TOGETHER = {"sky_own": "moto"}  # a session fixture whose tests all go into one part of a group
 
 T = TypeVar("T")
 
@@ -38,22 +45,51 @@ def share_sizes(count: int, workers: int) -> list[int]:
     return sizes
 
 
-def order(items: list[T], names: list[str], durations: dict[str, float], workers: int) -> list[T]:
+def groups(fixtures: list[set[str]], names: list[str], durations: dict[str, float]) -> dict[int, str]:
+    """Each test's group (index -> `fixture/part`) by the fixtures it asks for: a GROUPS fixture's
+    tests split into that many parts of about even length, the TOGETHER ones all in its first part."""
+    out: dict[int, str] = {}
+    for fixture, parts in GROUPS.items():
+        members = [i for i, f in enumerate(fixtures) if fixture in f and i not in out]
+        load = [0.0] * parts
+        together = {t for t, g in TOGETHER.items() if g == fixture}
+        for i in sorted(members, key=lambda i: (not together & fixtures[i], -durations.get(names[i], 0.0), i)):
+            p = 0 if together & fixtures[i] else min(range(parts), key=lambda p: (load[p], p))
+            out[i] = f"{fixture}/{p}"
+            load[p] += durations.get(names[i], 0.0)
+    return out
+
+
+def order(items: list[T], names: list[str], durations: dict[str, float], workers: int,
+          groups: dict[int, str] | None = None) -> list[T]:
     """`items` (named by `names`, in order) rearranged so that each worker's share starts with an
-    even part of the long tests, longest first."""
+    even part of the long tests, longest first; the items of one group (`groups`: index -> its
+    group) are dealt together, into one share."""
     if workers < 2 or len(items) < workers:
         return items
-    long = sorted((i for i, n in enumerate(names) if durations.get(n, 0.0) >= LONG_S),
-                  key=lambda i: (-durations[names[i]], i))
+    time = [durations.get(n, 0.0) for n in names]
+    by_group: dict[str, list[int]] = {}
+    for i, g in sorted((groups or {}).items()):
+        by_group.setdefault(g, []).append(i)
+    # the groups first (each has a share's room then), then the long tests, longest first
+    units = [sorted(members, key=lambda i: (-time[i], i)) for members in by_group.values()]
+    units += sorted(([i] for i, t in enumerate(time) if t >= LONG_S and i not in (groups or {})),
+                    key=lambda u: (-time[u[0]], u[0]))
     sizes = share_sizes(len(items), workers)
     loads = [0.0] * workers
     heads: list[list[int]] = [[] for _ in range(workers)]
-    for i in long:
-        # the share with the least long work that still has room for one more
-        w = min((w for w in range(workers) if len(heads[w]) < sizes[w]), key=lambda w: (loads[w], w))
-        heads[w].append(i)
-        loads[w] += durations[names[i]]
-    taken = set(long)
+    while units:
+        unit = units.pop(0)
+        # the share with the least long work that still has room for the whole unit (a group larger
+        # than any share's room is dealt as single tests)
+        room = [w for w in range(workers) if len(heads[w]) + len(unit) <= sizes[w]]
+        if not room:
+            units[:0] = [[i] for i in unit]
+            continue
+        w = min(room, key=lambda w: (loads[w], w))
+        heads[w] += unit
+        loads[w] += sum(time[i] for i in unit)
+    taken = {i for head in heads for i in head}
     rest = iter(i for i in range(len(items)) if i not in taken)
     out: list[T] = []
     for w in range(workers):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from schedule import LONG_S, order, share_sizes
+from schedule import LONG_S, groups, order, share_sizes
 
 
 def test_shares_are_cut_as_worksteal_cuts_them() -> None:
@@ -41,3 +41,45 @@ def test_the_long_work_is_spread_evenly() -> None:
     loads = sorted(sum(durations[n] for n in h if durations[n] >= LONG_S) for h in heads)
     # longest first, each to the least loaded share: 40 | 30 | 25, then 24 joins 25 and 10 joins 30
     assert loads == [40.0, 40.0, 49.0]
+
+
+@given(st.lists(st.floats(0, 60), min_size=0, max_size=80), st.integers(2, 8), st.data())
+def test_the_tests_of_a_group_run_in_one_share_and_every_test_once(
+        times: list[float], workers: int, data: st.DataObject) -> None:
+    names = [f"t{i}" for i in range(len(times))]
+    durations = dict(zip(names, times, strict=True))
+    grouped = data.draw(st.sets(st.integers(0, max(0, len(names) - 1)), max_size=6)) if names else set()
+    out = order(names, names, durations, workers, {i: "own" for i in grouped})
+    assert sorted(out) == sorted(names)
+    if len(names) < workers:
+        return
+    members = {names[i] for i in grouped}
+    start, holding = 0, []
+    for size in share_sizes(len(names), workers):
+        share = out[start:start + size]
+        start += size
+        if members & set(share):
+            holding.append(share)
+    if len(members) <= min(share_sizes(len(names), workers)):  # (a larger group goes as single tests)
+        assert len(holding) <= 1
+        assert members <= set(holding[0] if holding else [])
+
+
+def test_a_group_larger_than_a_share_is_dealt_as_single_tests() -> None:
+    names = [f"t{i}" for i in range(12)]
+    durations = {n: 5.0 for n in names}
+    out = order(names, names, durations, 3, {i: "own" for i in range(6)})  # shares of 4
+    assert sorted(out) == sorted(names)
+
+
+def test_moto_tests_go_to_two_parts_of_even_length_and_skypilots_own_into_one() -> None:
+    names = [f"t{i}" for i in range(10)]
+    durations = {"t0": 20.0, "t1": 18.0, "t2": 10.0, "t3": 9.0, "t4": 1.0, "t5": 30.0}
+    fixtures = [{"moto", "sky_own"}, {"moto"}, {"moto"}, {"moto", "sky_own"}, {"moto"}, set(), {"sshd"},
+                {"moto"}, set(), set()]
+    got = groups(fixtures, names, durations)
+    assert set(got) == {0, 1, 2, 3, 4, 7}  # the moto tests, and only they
+    assert got[0] == got[3]  # SkyPilot's own tests together
+    parts = {p: sum(durations.get(names[i], 0.0) for i in got if got[i] == p) for p in set(got.values())}
+    assert len(parts) == 2
+    assert sorted(parts.values()) == [29.0, 29.0]  # 20 + 9 (+ t7: no time known) | 18 + 10 + 1

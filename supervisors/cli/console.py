@@ -179,7 +179,7 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
     with View(keys, json_mode=json_mode, run_of=runner.run_of, budget_usd=budget_usd,
               budget=runner.budget.statistics) as view:
         lent = view.live is not None and bool(_stderr_sink)
-        if lent:  # WARNING lines fold into the frame while it is on the screen (views/live.py)
+        if lent:  # WARNING lines fold into the frame while it is on the screen (views/log_warnings.py)
             logger.remove(_stderr_sink.pop())
             sink = logger.add(view.warn, level="WARNING", format=_view_format, filter=_shown, backtrace=False,
                               diagnose=False)
@@ -191,7 +191,7 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
                 _stderr_sink.append(logger.add(sys.stderr, level="WARNING", format=_line_format, filter=_shown,
                                                backtrace=False, diagnose=False))
     view.summary()
-    for line in view.warnings_summary():
+    for line in view.warnings.summary():
         sys.stderr.write(line + "\n")
     for r in unconfirmed:
         sys.stderr.write(

@@ -1,5 +1,5 @@
 """`actor-run report [RUN] [--out FILE.html]`: a run's report as one self-contained HTML page
-(supervisors/views/report.py), from what the ledger recorded."""
+(supervisors/views/report_page.py), from the figures the ledger recorded (views/report.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from actor_run.supervisors.views.report import build, render  # the page's makings: only for this command
+    from actor_run.supervisors.views.report import build  # the page's makings: only for this command
+    from actor_run.supervisors.views.report_page import render
 
     reader = open_reader(args)
     try:

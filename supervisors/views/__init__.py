@@ -1,5 +1,7 @@
 """What a person looks at: the live view of a run (live.py, its rows in rows.py, what fits the
-terminal in fit.py, its summary off a terminal in plain.py), the run's page (report.py), and the
+terminal in fit.py, the log's warnings folded into it in log_warnings.py, the summary after the
+batch in summary.py, drawn off a terminal without rich by plain.py), the run's page (its figures
+gathered from the ledger's rows in report.py, the HTML page in report_page.py), and the
 controller's log file of a run (runlog.py).
 
 What it may import: protocols, actors, and the supervision tree's plain data (budget statistics,

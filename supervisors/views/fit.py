@@ -1,14 +1,18 @@
-"""How much of the live view fits the terminal: its size, and the row columns that fit its width.
+"""How much of the live view fits the terminal: its size, the header cut to its width, and the row
+columns that fit it.
 
 The terminal's width as it reports it, else `$COLUMNS`, else 80 (a terminal that says 0 columns:
-`script`, `docker run -t`); its height likewise (else `$LINES`, else 24). A job's row drops its
-columns in COLUMNS' order: reported, progress, stage, place, attempt; job, state, time in attempt
-and cost stay.
+`script`, `docker run -t`); its height likewise (else `$LINES`, else 24). The header is cut to the
+width in this order, never losing the money, the budget, elapsed and the time left: (1) the long
+words shortened, (2) "reserved" left out, (3) counts of 0 left out, (4) the queued and waiting
+counts, (5) the other counts but "done". A job's row drops its columns in COLUMNS' order:
+reported, progress, stage, place, attempt; job, state, time in attempt and cost stay.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TextIO
 
 from actor_run.supervisors.views.rows import BAR
@@ -18,6 +22,32 @@ from actor_run.supervisors.views.rows import BAR
 COLUMNS = ("reported", "progress", "stage", "place", "att")
 _WIDTHS = {"reported": 30, "progress": BAR + 9, "stage": 11, "place": 23, "att": 4}
 _KEPT = 24 + 1 + 12 + 1 + 10 + 1 + 9 + 1
+
+
+def header_line(counts: Mapping[str, int], n: int, *, spent_usd: float, reserved_usd: float | None,
+                limit_usd: float | None, elapsed: str, eta: str, width: int | None) -> str:
+    """The batch's header: `counts` of its `n` jobs by category, its money (`reserved_usd` None:
+    no budget's reservations to show), `elapsed` and the time left `eta`; cut to `width` (None: whole)
+    in the order the module docstring states."""
+    c = counts
+    done = c["succeeded"] + c["failed"]
+    text = ""
+    for level in range(6):
+        long = level == 0
+        named = [("succeeded" if long else "ok", c["succeeded"], 5), ("failed", c["failed"], 5),
+                 ("running", c["running"], 5), ("waiting for capacity" if long else "waiting", c["waiting"], 4),
+                 ("queued", c["queued"], 4)]
+        shown = [f"{v} {name}" for name, v, drop_at in named if level < drop_at and (level < 3 or v)]
+        money = f"${spent_usd:.4f} spent"
+        if reserved_usd is not None and level < 2:
+            money += f", ${reserved_usd:.4f} reserved"
+        if limit_usd is not None:
+            money += f", budget ${limit_usd:.2f}"
+        text = (f"{done}/{n} done" + (": " + ", ".join(shown) if shown else "")
+                + f" | {money} | elapsed {elapsed}, left ~{eta}")
+        if width is None or len(text) <= width - 1:
+            break
+    return text
 
 
 def columns_for(width: int | None) -> frozenset[str]:

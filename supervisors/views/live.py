@@ -1,4 +1,5 @@
-"""What `actor-run run` shows while a batch runs, and the summary at its end.
+"""What `actor-run run` shows while a batch runs: the live view (`View`), which takes the events
+and draws the frames (its summary at the end: summary.py).
 
 On a terminal: a header for the batch (succeeded / failed / running / waiting for capacity
 / queued, dollars spent and reserved against the budget, elapsed, an estimate of the time left),
@@ -8,19 +9,15 @@ dollars so far), then the failed jobs with their codes. When more jobs run than 
 rows, the rows that changed most recently are shown and the rest counted. Finished jobs fold into
 the header's counts.
 
-Fitting the terminal (fit.py): the header is cut to the width in this order, never losing the
-money, the budget, elapsed and the time left: (1) the long words shortened, (2) "reserved" left
-out, (3) counts of 0 left out, (4) the queued and waiting counts, (5) the other counts but "done";
-a job's row drops its columns as fit.py says.
+Fitting the terminal (fit.py): the header is cut to the width, never losing the money, the
+budget, elapsed and the time left; a job's row drops its columns.
 
 Log lines at WARNING while the view is on the screen (`warn`, the sink `watch` puts in place of
-stderr's) are not written between frames (each left a stale header behind): they are folded into
-one line of the frame (how many, of how many kinds, the latest with its job), and after the batch
-each kind is printed once with its count and jobs (`warnings_summary`); the run's log has each.
+stderr's) fold into one line of the frame, and are told once each after the batch (log_warnings.py).
 
-Not on a terminal: one plain line per job whose state changed, and the summary drawn without
-rich (plain.py: the same characters rich draws there). With `--json`: every event as one JSON
-line (nothing else). Neither loads rich: only a terminal's view does.
+Not on a terminal: one plain line per job whose state changed (rows.py `_plain`), and the summary
+drawn without rich (summary.py, plain.py: the same characters rich draws there). With `--json`:
+every event as one JSON line (nothing else). Neither loads rich: only a terminal's view does.
 
 Cost (bench/load.py --view measures it: about 4 % of the controller's CPU at a thousand jobs):
 events come through a deque the Runner's subscriber appends to, and `follow` takes them every
@@ -38,8 +35,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -63,21 +58,17 @@ from actor_run.protocols.messages import (
 )
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.budget import BudgetStatistics
-from actor_run.supervisors.views.fit import COLUMNS, columns_for, terminal_size
-from actor_run.supervisors.views.plain import summary_text
+from actor_run.supervisors.views.fit import columns_for, header_line, terminal_size
+from actor_run.supervisors.views.log_warnings import Warnings
 from actor_run.supervisors.views.rows import (
     _END_STATES,
     _STATES,
     BAR,
-    BAR_DONE,
-    BAR_LEFT,
     BOLD,
     CLOCK_REDRAW_S,
-    CYAN,
     DIM,
     FRAME_S,
     MAX_REDRAWS_PER_S,
-    NOT_FIELDS,
     RED,
     YELLOW,
     JobLine,
@@ -87,15 +78,15 @@ from actor_run.supervisors.views.rows import (
     _fraction,
     _head,
     _number,
+    _plain,
+    _row,
     _Screen,
 )
+from actor_run.supervisors.views.summary import SUMMARY_WIDTH, summary_rows, write_summary
 from actor_run.supervisors.views.text import printable
 
 if TYPE_CHECKING:  # rich loads on a terminal (and for a summary plain.py cannot draw as rich does)
     from rich.console import Console
-
-SUMMARY_WIDTH = 140  # the summary's width off a terminal
-SUMMARY_COLUMNS = ("job", "state", "attempts", "place", "failure", "elapsed", "cost")
 
 
 class View:
@@ -127,10 +118,7 @@ class View:
         self.events = 0
         self.redraws = 0
         self.cpu_s = 0.0
-        self.warned: collections.deque[tuple[str, str]] = collections.deque()  # (job, text), from any thread
-        self.warnings: dict[str, list[Any]] = {}  # kind -> [count, latest job, latest text, jobs]
-        self.warning_count = 0
-        self.latest_warning = ""
+        self.warnings = Warnings()  # the log's WARNING lines while the frame is on the screen
 
     @property
     def console(self) -> Console:
@@ -191,7 +179,7 @@ class View:
             self.recent.pop(line.key, None)
         self.dirty = True
         if self.live is None and line.state != before:
-            self.out.write(self._plain(line) + "\n")  # flushed by follow() after each batch of events
+            self.out.write(_plain(line) + "\n")  # flushed by follow() after each batch of events
 
     def _take(self, line: JobLine, e: Event) -> None:
         match e:
@@ -291,32 +279,8 @@ class View:
 
     def warn(self, message: Any) -> None:
         """A loguru sink (any thread): a WARNING line, kept for the frame instead of the terminal."""
-        record = getattr(message, "record", None)
-        job = str(record["extra"].get("job", "")) if record is not None else ""
-        text = str(record["message"]) if record is not None else str(message).strip()
-        self.warned.append(("" if job == "-" else job, text))
+        self.warnings.add(message)
         self.dirty = True
-
-    def _fold_warnings(self) -> None:
-        while self.warned:
-            job, text = self.warned.popleft()
-            kind = re.sub(r"\d+(\.\d+)?", "#", text)[:120]
-            entry = self.warnings.setdefault(kind, [0, "", "", []])
-            entry[0] += 1
-            entry[1], entry[2] = job, text
-            if job and job not in entry[3] and len(entry[3]) < 3:
-                entry[3].append(job)
-            self.warning_count += 1
-            self.latest_warning = f"{job}: {text}" if job else text
-
-    def warnings_summary(self) -> list[str]:
-        """Each kind of warning once: how many times, an example, the first jobs it named."""
-        self._fold_warnings()
-        out = []
-        for count, job, text, jobs in self.warnings.values():
-            named = f" (jobs {', '.join(jobs)}{' and others' if count > len(jobs) else ''})" if jobs else ""
-            out.append(f"WARNING x{count}: {(job + ': ') if job and count == 1 else ''}{text}{named}")
-        return out
 
     # --- the terminal --------------------------------------------------------------------------
 
@@ -347,9 +311,9 @@ class View:
         return self.usd_done + max(0.0, self.rate * now - self.rate_t)
 
     def header(self, now: float, width: int | None = None) -> str:
-        """The batch in one line (also the plain summary's first line), cut to `width` in the order
-        the module docstring states. Every figure is kept as events come (counts by category,
-        money, the sum of progress), so this costs the same at any N."""
+        """The batch in one line (also the summary's first line), cut to `width` as fit.py says.
+        Every figure is kept as events come (counts by category, money, the sum of progress), so this
+        costs the same at any N."""
         c = self.count
         n = len(self.lines)
         b = self.budget() if self.budget is not None else None  # the batch's reservations (budget.py)
@@ -362,32 +326,15 @@ class View:
             eta = "0:00"
         elif fraction > 0.01:
             eta = _clock(elapsed * (n - fraction) / fraction)
-        text = ""
-        for level in range(6):
-            long = level == 0
-            counts = [("succeeded" if long else "ok", c["succeeded"], 5), ("failed", c["failed"], 5),
-                      ("running", c["running"], 5), ("waiting for capacity" if long else "waiting", c["waiting"], 4),
-                      ("queued", c["queued"], 4)]
-            shown = [f"{v} {name}" for name, v, drop_at in counts if level < drop_at and (level < 3 or v)]
-            money = f"${self.spent_usd(now):.4f} spent"
-            if b is not None and level < 2:
-                money += f", ${b.reserved_usd:.4f} reserved"
-            if limit is not None:
-                money += f", budget ${limit:.2f}"
-            text = (f"{done}/{n} done" + (": " + ", ".join(shown) if shown else "")
-                    + f" | {money} | elapsed {_clock(elapsed)}, left ~{eta}")
-            if width is None or len(text) <= width - 1:
-                break
-        return text
+        return header_line(c, n, spent_usd=self.spent_usd(now), reserved_usd=b.reserved_usd if b is not None else None,
+                           limit_usd=limit, elapsed=_clock(elapsed), eta=eta, width=width)
 
     def _screen(self, now: float, height: int, width: int | None = None) -> list[list[tuple[str, str | None]]]:
         height = max(8, height - 1)
-        self._fold_warnings()
+        self.warnings.fold()
         out: list[list[tuple[str, str | None]]] = [[(self.header(now, width), BOLD)]]
-        if self.warning_count:
-            kinds = len(self.warnings)
-            out.append([(f"warnings: {self.warning_count} ({kinds} kind{'s' if kinds > 1 else ''}); latest: "
-                         f"{self.latest_warning}", YELLOW)])
+        if self.warnings.count:
+            out.append([(self.warnings.frame_line(), YELLOW)])
             height -= 1
         cols = columns_for(width)
         failed = self.failed_order
@@ -403,7 +350,7 @@ class View:
         out.append([(f"{'job':<24} {'state':<12}{middle} {'in attempt':>10} {'cost':>9}"
                      + (heads["reported"] if "reported" in cols else ""), DIM)])
         for line in rows:
-            out.append(self._row(line, now, cols))
+            out.append(_row(line, now, cols))
         if len(rows) < running:
             out.append([(f"... and {running - len(rows)} more running (most recently changed shown)", DIM)])
         if failed:
@@ -415,75 +362,15 @@ class View:
                 out.append([(f"  ... and {len(failed) - len(shown_failed)} more failed", DIM)])
         return out
 
-    def _row(self, line: JobLine, now: float, cols: frozenset[str] = frozenset(COLUMNS)
-             ) -> list[tuple[str, str | None]]:
-        state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
-        state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
-                 else line.state)
-        pieces: list[tuple[str, str | None]] = [
-            (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]
-        middle = "".join(text for c, text in (("att", f" {line.attempt:>3}"), ("place", f" {line.place[:22]:<22}"),
-                                              ("stage", f" {line.stage[:10]:<10}")) if c in cols)
-        pieces.append((middle + " ", None))
-        if "progress" in cols:
-            f = line.fraction()
-            if f is None:
-                pieces.append((f"{'':<{BAR + 8}} ", None))
-            else:
-                filled = round(f * BAR)
-                step = f"{line.step:g}/{line.total:g}"
-                pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7} ", None)]
-        reported = ""
-        if "reported" in cols:
-            numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
-            reported = "  " + " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
-        pieces.append((f"{_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
-                       f"${line.live_usd(now):>8.4f}{reported}", None))
-        return pieces
-
-    # --- plain lines and the summary -----------------------------------------------------------
-
-    def _plain(self, line: JobLine) -> str:
-        tail = f" {line.failure}: {line.detail}" if line.failure else ""
-        return (f"{line.key:<28} {line.state:<11} attempt {line.attempt} {line.place:<24} "
-                f"{self._elapsed(line):>7} ${line.usd:.4f}{tail}")
-
-    @staticmethod
-    def _elapsed(line: JobLine) -> str:
-        if not line.started:
-            return "-"
-        end = line.ended or time.time()
-        return f"{end - line.started:.1f}s"
+    # --- the summary ---------------------------------------------------------------------------
 
     def summary(self) -> None:
-        """After the batch: its header, then a table of its jobs (every job up to 100 of them; past
-        that, the failed ones)."""
+        """After the batch: its header, then a table of its jobs (summary.py); nothing with --json."""
         if self.json_mode:
             return
         self._take_pending()
-        lines = list(self.lines.values())
-        if len(lines) > 100:
-            lines = [line for line in lines if line.state != "succeeded"]
-        rows = [(line.key, line.state, str(line.attempt + 1 if line.started else 0), line.place,
-                 f"{line.failure}: {line.detail}"[:60] if line.failure else "", self._elapsed(line), f"${line.usd:.4f}")
-                for line in lines]
-        header = self.header(time.time())
-        text = None if self.tty else summary_text(header, SUMMARY_COLUMNS, rows, width=SUMMARY_WIDTH,
-                                                  environ=os.environ, encoding=getattr(self.out, "encoding", None))
-        if text is not None:
-            self.out.write(text)
-            self.out.flush()
-            return
-        from rich.table import Table
-
-        t = Table(title="summary", expand=False)
-        for col in SUMMARY_COLUMNS:
-            t.add_column(col)
-        for row in rows:
-            t.add_row(*row)
-        self.console.print(header, markup=False)
-        if rows:
-            self.console.print(t)
+        rows = summary_rows(list(self.lines.values()))
+        write_summary(self.header(time.time()), rows, out=self.out, tty=self.tty, console=lambda: self.console)
 
     # --- the loop ------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ so that `actor-run run` piped or captured does not load rich (about 0.1 s of CPU
 (wider than the console), text its markup or emoji codes would read (`[`, `\\`, `:name:`), characters
 that are not plain ASCII (wide ones take two cells), cells with edge or doubled spaces, a console
 the environment makes a terminal (FORCE_COLOR, TTY_COMPATIBLE), an output that is not UTF-8
-(rich draws the box in ASCII then). The caller draws with rich then (live.py `View.summary`).
+(rich draws the box in ASCII then). The caller draws with rich then (summary.py `write_summary`).
 """
 
 from __future__ import annotations

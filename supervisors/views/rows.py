@@ -1,9 +1,12 @@
 """The live view's parts (live.py): one job's row (`JobLine`) and what it shows (its category,
-progress, clock), the styles, the redraw limits, and `_Screen`, which writes pre-cut lines.
-rich is loaded by `_Screen` alone (a terminal): a view off a terminal never loads it."""
+progress, clock; its row on the frame, `_row`; its line off a terminal, `_plain`), the styles, the
+redraw limits, and `_Screen`, which writes pre-cut lines. rich is loaded by `_Screen` alone (a
+terminal): a view off a terminal never loads it."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -121,6 +124,48 @@ def _clock(seconds: float) -> str:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}:{s % 60:02d}"
 
+
+
+def _row(line: JobLine, now: float, cols: frozenset[str]) -> list[tuple[str, str | None]]:
+    """A running job's row on the frame, as (text, style) pieces: the columns `cols` (fit.py) of it."""
+    state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
+    state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
+             else line.state)
+    pieces: list[tuple[str, str | None]] = [
+        (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]
+    middle = "".join(text for c, text in (("att", f" {line.attempt:>3}"), ("place", f" {line.place[:22]:<22}"),
+                                          ("stage", f" {line.stage[:10]:<10}")) if c in cols)
+    pieces.append((middle + " ", None))
+    if "progress" in cols:
+        f = line.fraction()
+        if f is None:
+            pieces.append((f"{'':<{BAR + 8}} ", None))
+        else:
+            filled = round(f * BAR)
+            step = f"{line.step:g}/{line.total:g}"
+            pieces += [("━" * filled, BAR_DONE), ("━" * (BAR - filled), BAR_LEFT), (f" {step[:7]:<7} ", None)]
+    reported = ""
+    if "reported" in cols:
+        numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
+        reported = "  " + " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
+    pieces.append((f"{_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
+                   f"${line.live_usd(now):>8.4f}{reported}", None))
+    return pieces
+
+
+def _plain(line: JobLine) -> str:
+    """A job's line off a terminal, written when its state changes."""
+    tail = f" {line.failure}: {line.detail}" if line.failure else ""
+    return (f"{line.key:<28} {line.state:<11} attempt {line.attempt} {line.place:<24} "
+            f"{_elapsed(line):>7} ${line.usd:.4f}{tail}")
+
+
+def _elapsed(line: JobLine) -> str:
+    """The job's time from its first attempt's start to its end (or now), "-" before it started."""
+    if not line.started:
+        return "-"
+    end = line.ended or time.time()
+    return f"{end - line.started:.1f}s"
 
 class _Screen:
     """Frames drawn in place on the terminal: each frame moves the cursor back over the last one and

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.table import Table
 
-from actor_run.supervisors.views.live import SUMMARY_COLUMNS, SUMMARY_WIDTH, View
+from actor_run.supervisors.views.live import View
 from actor_run.supervisors.views.plain import summary_text
+from actor_run.supervisors.views.summary import SUMMARY_COLUMNS, SUMMARY_WIDTH
 
 
 def by_rich(header: str, rows: list[tuple[str, ...]], width: int = SUMMARY_WIDTH) -> str:

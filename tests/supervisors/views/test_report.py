@@ -1,8 +1,8 @@
-"""supervisors/views/report.py and `actor-run report`: the page of a real sim batch with a walk (one place
-with stock for one machine: the others walk on) and a retry (a job that stalls on its first run),
-opened in headless Chromium (Debian's package; scripts/test.sh installs it): once the page's
-script has run, the timeline has one row per job and one span per phase of each attempt, and each
-failed attempt is marked with its code."""
+"""supervisors/views/report.py, report_page.py and `actor-run report`: the page of a real sim batch
+with a walk (one place with stock for one machine: the others walk on) and a retry (a job that
+stalls on its first run), opened in headless Chromium (Debian's package; scripts/test.sh installs
+it): once the page's script has run, the timeline has one row per job and one span per phase of each
+attempt, and each failed attempt is marked with its code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""supervisors/views/report.py laid out in headless Chromium (issue 29.12): failure labels of short
+"""supervisors/views/report_page.py laid out in headless Chromium (issue 29.12): failure labels of short
 failed attempts side by side never overlap (the page measures their boxes after it staggered them),
 and the time axis has round ticks."""
 

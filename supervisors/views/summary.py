@@ -1,0 +1,56 @@
+"""The table `actor-run run` prints after a batch (`View.summary`, live.py): the batch's header line,
+then one row per job (every job up to 100 of them; past that, the failed ones) with its state,
+attempts, place, failure, elapsed time and cost.
+
+Off a terminal it is drawn without rich where plain.py can draw it as rich would (the same
+characters); on a terminal, or where plain.py declines, rich draws it (loaded only then).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, TextIO
+
+from actor_run.supervisors.views.plain import summary_text
+from actor_run.supervisors.views.rows import JobLine, _elapsed
+
+if TYPE_CHECKING:  # rich loads on a terminal (and for a summary plain.py cannot draw as rich does)
+    from rich.console import Console
+
+SUMMARY_WIDTH = 140  # the summary's width off a terminal
+SUMMARY_COLUMNS = ("job", "state", "attempts", "place", "failure", "elapsed", "cost")
+
+
+def summary_rows(lines: Collection[JobLine]) -> list[tuple[str, ...]]:
+    """The table's rows: every job up to 100 of them; past that, the ones that did not succeed."""
+    if len(lines) > 100:
+        lines = [line for line in lines if line.state != "succeeded"]
+    return [(line.key, line.state, str(line.attempt + 1 if line.started else 0), line.place,
+             f"{line.failure}: {line.detail}"[:60] if line.failure else "", _elapsed(line), f"${line.usd:.4f}")
+            for line in lines]
+
+
+def write_summary(header: str, rows: list[tuple[str, ...]], *, out: TextIO, tty: bool,
+                  console: Callable[[], Console]) -> None:
+    """`header` on a line, then `rows` in a table titled "summary" (none without rows): as plain text
+    off a terminal where plain.py can draw it, else with rich on `console()`."""
+    text = None if tty else summary_text(header, SUMMARY_COLUMNS, rows, width=SUMMARY_WIDTH,
+                                         environ=os.environ, encoding=getattr(out, "encoding", None))
+    if text is not None:
+        out.write(text)
+        out.flush()
+        return
+    from rich.table import Table
+
+    t = Table(title="summary", expand=False)
+    for col in SUMMARY_COLUMNS:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    console().print(header, markup=False)
+    if rows:
+        console().print(t)
+
+
+__all__ = ["SUMMARY_COLUMNS", "SUMMARY_WIDTH", "summary_rows", "write_summary"]
