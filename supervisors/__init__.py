@@ -2,7 +2,8 @@
 
     supervisors/          the tree: runner.py (Runner: the embedding API), handle.py (JobHandle),
                           places.py (state folder, results folder), batch.py (BatchSupervisor),
-                          job.py (JobSupervisor), supervisor.py (the OTP-style supervisor),
+                          job.py (JobSupervisor), seed_end.py (what a job leaves in its folder),
+                          supervisor.py (the OTP-style supervisor),
                           takeover.py (resume, sweep), walk.py, policy.py, budget.py,
                           reservations.py, offers.py, config.py (user settings), gc_tuning.py
     supervisors/ledger/   the durable record (SQLite, or PostgreSQL shared by workers): writer,

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from actor_run.protocols.messages import Event, JobEnded, Message, Metered, Progress
+from actor_run.protocols.messages import AttemptEnded, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.batch import _Spent
 from actor_run.supervisors.ledger import Ledger
@@ -46,6 +46,8 @@ class EventBus:
                 self._stages[stage_key] = event.stage
                 self.ledger.record_event(event)
         elif not isinstance(event, Metered):
+            if isinstance(event, AttemptEnded):  # an open Runner keeps nothing per attempt that ended
+                self._stages.pop((event.job, event.seed, event.attempt), None)
             self.ledger.record_event(event)
         if isinstance(event, Metered) and self.budget_usd is not None:
             self._meter(event)
@@ -66,6 +68,8 @@ class EventBus:
 
     def _job_ended(self, e: JobEnded) -> None:
         key = job_key(e.job, e.seed)
+        with self._lock:
+            self._reported.pop(key, None)  # the job's live cost: its attempts' rows have what they cost
         durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
                                              failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
         h = self.handles.get(key)

@@ -30,13 +30,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-import shutil
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
 
-import msgspec
 import outcome
 import pykka
 
@@ -62,6 +60,7 @@ from actor_run.supervisors.budget import Budget, BudgetChange, hold_seconds, res
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.offers import OfferBook
 from actor_run.supervisors.policy import Action, backoff_s, decide
+from actor_run.supervisors.seed_end import response_json, tidy_seed_dir
 from actor_run.supervisors.walk import Exhausted, NeedOffers, Walk
 
 
@@ -448,22 +447,9 @@ class JobSupervisor(Actor):
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
         self.ctx.at("response", self.job.key)
-        exit_code = None
-        for h in reversed(self.history):
-            if h.get("exit_code") is not None:
-                exit_code = h["exit_code"]
-                break
-        response = {
-            "job": self.job.name, "seed": self.job.seed, "outcome": outcome_,
-            "failure": str(failure) if failure else None, "detail": detail,
-            "attempts": self.history, "usd": round(self.usd_done, 6),
-            "usd_at_least": any(h["usd_at_least"] for h in self.history),
-            "seconds": round(time.time() - self.started, 3),
-            "phases": _sum_phases(self.history), "exit_code": exit_code,
-        }
-        data, path = msgspec.json.format(msgspec.json.encode(response)), self.seed_dir / "response.json"
+        data = response_json(self.job, outcome_, failure, detail, self.history, self.usd_done, self.started)
         # through the ledger's fence: a controller that lost the job writes no response.json
-        self.ledger.write_file(self.job.key, functools.partial(write_private, path, data))
+        self.ledger.write_file(self.job.key, functools.partial(write_private, self.seed_dir / "response.json", data))
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:
@@ -501,28 +487,3 @@ def _totals(change: BudgetChange) -> _TotalsDict:
     """The batch's figures after a change, as the Reserved / Charged events carry them."""
     return {"spent_usd": round(change.spent_usd, 6), "reserved_usd": round(change.reserved_usd, 6),
             "budget_usd": change.limit_usd}
-
-
-def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]]) -> Path:
-    """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
-    brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
-    but an earlier one did (that one's fetch failed, so it was retried), what the earlier one
-    brought goes. What a run before this job left stays unless a fetch replaced it. The resume
-    checkpoint goes."""
-    ran = ["run" in h["phases"] for h in history]
-    if ran and not ran[-1] and any(ran):
-        shutil.rmtree(seed_dir / "out", ignore_errors=True)
-        (seed_dir / "progress.jsonl").unlink(missing_ok=True)
-    checkpoint = seed_dir / ".checkpoint"
-    if checkpoint.exists():
-        shutil.rmtree(checkpoint, ignore_errors=True)
-    return seed_dir
-
-
-def _sum_phases(history: list[dict[str, Any]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for h in history:
-        for k, v in h["phases"].items():
-            total[k] = round(total.get(k, 0.0) + v, 3)
-    return total
-

@@ -11,10 +11,35 @@ every test of S3, started its own."""
 from __future__ import annotations
 
 import os
+import threading
 import urllib.request
 from typing import Any, Self
 
 from sshd import free_port
+
+
+def share_botocore_data() -> None:
+    """botocore's data files (EC2's model: megabytes of gzipped JSON; the endpoints) read once per
+    test process, not once per botocore session. moto makes a session for each list of regions it
+    builds, and every reset drops its backends, so EC2's model was decompressed and parsed again in
+    each test (py-spy: a sixth of a moto test worker's CPU). botocore already hands one loaded dict to
+    every client of a session, read only; this shares it between sessions too."""
+    from botocore import loaders
+
+    load_file = loaders.JSONFileLoader.load_file
+    if getattr(load_file, "shared", False):
+        return
+    loaded: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def shared(self: Any, file_path: str) -> Any:
+        with lock:
+            if file_path not in loaded:
+                loaded[file_path] = load_file(self, file_path)
+            return loaded[file_path]
+
+    shared.shared = True  # type: ignore[attr-defined]
+    loaders.JSONFileLoader.load_file = shared  # type: ignore[method-assign]
 
 
 class MotoServer:
@@ -26,6 +51,7 @@ class MotoServer:
         # parses were 3-4 % of a test worker's samples). Nothing here looks an AMI up: the fake `sky` runs
         # its instances from a made-up one, which moto does not check (MOTO_ENABLE_AMI_VALIDATION unset)
         os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
+        share_botocore_data()
         from moto.server import ThreadedMotoServer  # moto and boto3: 0.85 s of import, for the tests that use it
 
         self.port = free_port()

@@ -30,7 +30,7 @@ from actor_run.protocols.messages import (
     WaitingForCapacity,
 )
 from actor_run.protocols.specs import CandidateSpec
-from actor_run.supervisors.job import tidy_seed_dir
+from actor_run.supervisors.seed_end import tidy_seed_dir
 
 # a job that is silent on its first attempt (a stall) and succeeds on the next ones
 # (the later ones report a stage past setup at once, so a slow machine does not make them stall too)

@@ -12,7 +12,7 @@ import pytest
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Released
+from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Progress, Released
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import LedgerError, LedgerReader
 from actor_run.supervisors.runner import Runner
@@ -294,3 +294,16 @@ def test_a_runner_that_cannot_open_leaves_nothing_running(tmp_path: Path) -> Non
         pass
     # the autouse leak check also fails the test if a reactor or ledger thread outlives it
     assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("actor-run-")] == []
+
+
+def test_an_open_runner_keeps_nothing_per_attempt_once_its_jobs_ended(
+        open_runner: Callable[..., Any], events: Any, sim_job: Any, regions: Any) -> None:
+    # an embedding orchestrator keeps one Runner open for days: the stage each attempt last reported
+    # (kept so that only a new stage goes to the ledger) goes when the attempt ends
+    sim = {"regions": regions(("r", "A100", 4, 1.0)), "virtual": True, "virtual_job_s": 1.5}
+    with open_runner() as r:
+        handles = [r.submit(sim_job("kept", "train", seed=s, sim=sim, poll_s=0.1)) for s in range(4)]
+        assert [h.result(timeout=60).outcome for h in handles] == ["succeeded"] * 4
+        progressed = {e.seed for e in events.drain() if isinstance(e, Progress) and e.stage}
+        assert progressed == {0, 1, 2, 3}  # each attempt did report a stage
+        assert r._stages == {}

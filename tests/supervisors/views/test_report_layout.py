@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
+from chromium import chromium_dom
 from cli_inproc import CLI, run_cli
 
 from actor_run.supervisors.ledger import LedgerReader
@@ -41,19 +41,6 @@ launch_failure_rate = 1.0  # every attempt fails: short failed attempts side by 
 """
 
 
-def dom_of(page: Path, profile: Path) -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe is not None, "chromium is not installed (scripts/test.sh installs it)"
-    done = subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-default-apps",
-         "--no-first-run", "--no-pings", "--disable-breakpad", f"--user-data-dir={profile}",
-         "--window-size=1200,900", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
-        check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
 def test_failure_labels_side_by_side_never_overlap_and_ticks_are_round(tmp_path: Path) -> None:
     (tmp_path / "b.toml").write_text(BATCH)
     common = ["--state-dir", str(tmp_path / "state")]
@@ -66,7 +53,7 @@ def test_failure_labels_side_by_side_never_overlap_and_ticks_are_round(tmp_path:
     page = tmp_path / "report.html"
     made = run_cli(["report", events[0]["run"], "--out", str(page), *common], timeout=60, env=ENV)
     assert made.returncode == 0, made.stderr
-    dom = dom_of(page, tmp_path / "chromium")
+    dom = chromium_dom(page, tmp_path / "chromium", window="1200,900")
     assert 'data-ready="1"' in dom
     assert len(re.findall(r'<div class="fail"', dom)) == len(failed)
     assert 'data-overlaps="0"' in dom  # every pair of failure labels' boxes, measured in the page
@@ -154,7 +141,7 @@ regions = [{{ name = "r1", gpus = {{ A100 = {{ stock = 4, hourly_usd = 3.0 }} }}
     page = tmp_path / "report.html"
     made = run_cli(["report", run, "--out", str(page), *common], timeout=60, env=ENV)
     assert made.returncode == 0, made.stderr
-    dom = dom_of(page, tmp_path / "chromium")
+    dom = chromium_dom(page, tmp_path / "chromium", window="1200,900")
     assert 'data-ready="1"' in dom
     # the budget and the reservations, as the ledger holds them
     budget = re.search(r'<table class="budget">.*?</table>', dom, re.S)

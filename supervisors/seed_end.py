@@ -1,0 +1,59 @@
+"""What a job leaves in its seed's folder when it ends: the outputs of the attempt that ran (tidied)
+and `response.json`, the job's own account of its attempts, money, time and exit (JobSupervisor
+writes it through the ledger's fence, so a controller that lost the job writes none)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actor_run.protocols.failures import Code
+from actor_run.protocols.specs import Job
+
+
+def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]]) -> Path:
+    """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
+    brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
+    but an earlier one did (that one's fetch failed, so it was retried), what the earlier one
+    brought goes. What a run before this job left stays unless a fetch replaced it. The resume
+    checkpoint goes."""
+    ran = ["run" in h["phases"] for h in history]
+    if ran and not ran[-1] and any(ran):
+        shutil.rmtree(seed_dir / "out", ignore_errors=True)
+        (seed_dir / "progress.jsonl").unlink(missing_ok=True)
+    checkpoint = seed_dir / ".checkpoint"
+    if checkpoint.exists():
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return seed_dir
+
+
+def response_json(job: Job, outcome: str, failure: Code | None, detail: str, history: list[dict[str, Any]],
+                  usd: float, started: float) -> bytes:
+    """`response.json` of a job that ended `outcome` after the attempts in `history`, `started`
+    (time.time()) when its supervisor started: indented JSON."""
+    exit_code = None
+    for h in reversed(history):
+        if h.get("exit_code") is not None:
+            exit_code = h["exit_code"]
+            break
+    response = {
+        "job": job.name, "seed": job.seed, "outcome": outcome,
+        "failure": str(failure) if failure else None, "detail": detail,
+        "attempts": history, "usd": round(usd, 6),
+        "usd_at_least": any(h["usd_at_least"] for h in history),
+        "seconds": round(time.time() - started, 3),
+        "phases": _sum_phases(history), "exit_code": exit_code,
+    }
+    return msgspec.json.format(msgspec.json.encode(response))
+
+
+def _sum_phases(history: list[dict[str, Any]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for h in history:
+        for k, v in h["phases"].items():
+            total[k] = round(total.get(k, 0.0) + v, 3)
+    return total
