@@ -198,7 +198,7 @@ class AttemptActor(Actor):
     # --- the lifecycle -------------------------------------------------------------------------
 
     def handle(self, message: Any) -> Any:
-        if self._ended:  # AttemptEnded is told; its stop comes when the pool is idle
+        if self._ended:  # AttemptEnded is told (a message its own stop did not answer)
             return None
         match message:
             case Leased(machine=machine) as event:
@@ -391,7 +391,7 @@ class AttemptActor(Actor):
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
                                       phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
         self._ended = True
-        self.stop_when_idle()  # told, and the machine is gone: what is left of this actor is bookkeeping
+        self.stop_now()  # told, and the machine is gone: what is left of this actor is bookkeeping
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:

@@ -27,7 +27,7 @@ import pykka
 from loguru import logger
 from pykka.messages import _ActorStop
 
-from actor_run.actors.pool import PooledActor
+from actor_run.actors.pool import PooledActor, stop_if_idle
 from actor_run.actors.runtime import Reactor, Result, Task
 from actor_run.actors.ticks import Subscription, subscribe
 from actor_run.protocols.clouds import Cloud
@@ -253,14 +253,18 @@ class Actor(PooledActor):
         waits on, out of a burst's way."""
         self.pool.when_idle(self.actor_ref, message)
 
-    def stop_when_idle(self) -> None:
-        """Stop once the pool has no turn waiting: for an actor that has told its end and holds
-        nothing (its stop is bookkeeping: a thousand of them in an end burst)."""
-        self.pool.when_idle(self.actor_ref, _ActorStop())
+    def stop_now(self) -> None:
+        """Stop at the end of this turn (`on_stop` runs now): for an actor that has told its end and
+        holds nothing. Its stop was put off until the pool was idle, out of the burst's way, but
+        was then a tell and a turn of its own: more of the CPU an end burst is short of (item 63)."""
+        self._stop()
 
     def stop_soon(self, child: pykka.ActorRef[Any]) -> None:
         """Stop `child` after what is already in its inbox, without waiting (nor making the future
-        `ActorRef.stop` makes for an answer nobody reads)."""
+        `ActorRef.stop` makes for an answer nobody reads): here and now if it is idle (its
+        `on_stop` in this turn, no tell nor turn of its own: `PooledActor.stop_if_idle`), else told."""
+        if stop_if_idle(child):
+            return
         with contextlib.suppress(pykka.ActorDeadError):
             child.tell(_ActorStop())
 

@@ -128,7 +128,7 @@ class LeaseActor(Actor):
                                              stage=stage))
             case _GoneRecorded(at=at):
                 self._announce_released(True, "", at)
-                self.stop_when_idle()  # the machine is gone and the ledger has it: nothing left to hold
+                self.stop_now()  # the machine is gone and the ledger has it: nothing left to hold
             case _RefusalRecorded(failed=failed):
                 self.tell_parent(failed)
             case _HoldChecked():

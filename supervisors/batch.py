@@ -171,7 +171,8 @@ class BatchSupervisor(PooledActor):
                 self._end_unstarted(s.job, c)
         ref = self.running.get(key)
         if ref is not None:
-            ref.tell(c)
+            with contextlib.suppress(pykka.ActorDeadError):  # it ended and stopped; its JobEnded is on its way here
+                ref.tell(c)
 
     def _abandon(self, keys: frozenset[str]) -> None:
         """Each lease lets its machine go (LeaseActor._let_go): the adopter has it. The job ends

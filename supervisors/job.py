@@ -346,7 +346,7 @@ class JobSupervisor(Actor):
     # --- messages ------------------------------------------------------------------------------
 
     def handle(self, message: Any) -> Any:
-        if self.ended:  # JobEnded is told; its stop comes when the pool is idle
+        if self.ended:  # JobEnded is told (a message its own stop did not answer)
             return None
         if self.ctx.fault is not None:
             self.ctx.at(f"event:{type(message).__name__}", self.job.key)
@@ -443,7 +443,7 @@ class JobSupervisor(Actor):
                          detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
         self.ctx.emit(event)
         self.tell_parent(event)
-        self.stop_when_idle()  # told and written: what is left of this actor is bookkeeping
+        self.stop_now()  # told and written: what is left of this actor is bookkeeping
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
         self.ctx.at("response", self.job.key)

@@ -4,10 +4,13 @@ wake-up put off by a turn goes out before its worker blocks."""
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, cast
 
 import pykka
+import pytest
 
+from actor_run.actors.base import Actor, Context
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import LATER_EVERY, POOL, PooledActor, blocking
 from actor_run.actors.runtime import Reactor
@@ -176,3 +179,107 @@ def test_starting_and_stopping_an_actor_formats_no_debug_line(caplog: Any) -> No
     assert not any(ref.is_alive() for ref in refs)
     assert formatted == []
     assert [r.getMessage() for r in caplog.records if r.name.startswith("pykka")] == []
+
+
+class Child(Actor):
+    """Notes, as it stops, whether its parent's turn was under way and on which thread it stopped."""
+
+    def __init__(self, seen: dict[str, Any], gate: Flag | None = None) -> None:
+        super().__init__(cast(Context, None), None, "child")
+        self.seen, self.gate = seen, gate
+
+    def handle(self, message: Any) -> Any:
+        self.seen.setdefault("handled", []).append(message)
+        if message == "hold" and self.gate is not None:
+            assert self.gate.wait(10)
+        return None
+
+    def on_stop(self) -> None:
+        self.seen["stopped_in_parents_turn"] = self.seen.get("parent_turn", False)
+        self.seen["stopped_on"] = threading.get_ident()
+
+
+class Parent(Actor):
+    def __init__(self, seen: dict[str, Any], child: pykka.ActorRef[Any]) -> None:
+        super().__init__(cast(Context, None), None, "parent")
+        self.seen, self.child = seen, child
+
+    def handle(self, message: Any) -> Any:
+        if message == "stop the child":
+            self.seen["parent_turn"], self.seen["parent_on"] = True, threading.get_ident()
+            self.stop_soon(self.child)
+            self.seen["parent_turn"] = False
+            return self.child.is_alive()
+        if message == "end":
+            self.stop_now()
+            return self.actor_ref.is_alive()
+        return None
+
+
+def test_an_idle_child_is_stopped_in_its_parents_turn_without_a_turn_of_its_own() -> None:
+    """`stop_soon` on an idle child runs its stop in the parent's turn, on the parent's thread: no
+    tell, no wake-up, no turn of the child's (bench/RESULTS.md, item 63: six stops per attempt at its
+    end were a turn each). Before: told `_ActorStop`, stopped in a turn of its own after the parent's."""
+    seen: dict[str, Any] = {}
+    child = Child.start(seen)
+    parent = Parent.start(seen, child)
+    try:
+        child.ask("ready", timeout=10)  # its first turn has run: idle
+        turns = POOL.statistics()["turns"]
+        assert parent.ask("stop the child", timeout=10) is False  # stopped before the parent's turn ended
+        assert seen["stopped_in_parents_turn"] is True
+        assert seen["stopped_on"] == seen["parent_on"]
+        assert not child.is_alive()
+        assert child not in pykka.ActorRegistry.get_all()
+        assert POOL.statistics()["turns"] - turns == 1  # the parent's (the ask), none of the child's
+        with pytest.raises(pykka.ActorDeadError):
+            child.tell("late")
+    finally:
+        parent.stop()
+
+
+def test_a_busy_child_is_told_to_stop_after_what_its_inbox_holds() -> None:
+    """A child in a turn (or with messages waiting) is not stopped under its feet: told `_ActorStop`,
+    it handles what came before it, then stops in a turn of its own."""
+    seen: dict[str, Any] = {}
+    gate = Flag()
+    child = Child.start(seen, gate)
+    parent = Parent.start(seen, child)
+    try:
+        child.ask("ready", timeout=10)
+        child.tell("hold")  # its turn waits on the gate
+        for _ in range(1000):  # bounded: until its turn is under way
+            if seen.get("handled", [])[-1:] == ["hold"]:
+                break
+            gate.wait(0.01)
+        child.tell("queued")
+        assert parent.ask("stop the child", timeout=10) is True  # told, not stopped yet
+        gate.set()
+        pause = Flag()
+        for _ in range(1000):  # bounded
+            if not child.is_alive():
+                break
+            pause.wait(0.01)
+        assert not child.is_alive()
+        assert seen["handled"] == ["ready", "hold", "queued"]
+        assert seen["stopped_in_parents_turn"] is False
+    finally:
+        parent.stop()
+        gate.set()
+
+
+def test_an_actor_that_told_its_end_stops_within_that_turn() -> None:
+    """`stop_now`: stopped as its turn ends, not by a put-off `_ActorStop` of its own later (a tell
+    and a turn more per lease, attempt and job at an attempt's end; item 63)."""
+    seen: dict[str, Any] = {}
+    child = Child.start(seen)
+    parent = Parent.start(seen, child)
+    try:
+        child.ask("ready", timeout=10)
+        parent.ask("ready", timeout=10)
+        turns = POOL.statistics()["turns"]
+        assert parent.ask("end", timeout=10) is False
+        assert not parent.is_alive()
+        assert POOL.statistics()["turns"] - turns == 1
+    finally:
+        child.stop()
