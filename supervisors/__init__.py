@@ -1,6 +1,7 @@
 """The supervision tree and what stands around it: the controller side of actor-run.
 
-    supervisors/          the tree: runner.py (Runner: the embedding API), handle.py (JobHandle),
+    supervisors/          the tree: runner.py (Runner: the embedding API; job_checks.py its checks
+                          of a job and the clouds they build), handle.py (JobHandle),
                           places.py (state folder, results folder), batch.py (BatchSupervisor),
                           job.py (JobSupervisor), seed_end.py (what a job leaves in its folder),
                           supervisor.py (the OTP-style supervisor),
