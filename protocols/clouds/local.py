@@ -71,13 +71,18 @@ def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
-            if os.getpgid(proc.pid) in groups:
+            # a group's members, and its leader itself: one just started may not have made its own
+            # session yet (`setsid` runs after the fork that recorded its pid), its group then not
+            # named by its pid, and a kill of the group alone would miss it
+            if proc.pid in groups or os.getpgid(proc.pid) in groups:
                 members.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pgid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     while (alive := [p for p in members if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -4,6 +4,7 @@ pids recorded at their start) and nothing else, whatever another process's comma
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -66,3 +67,22 @@ def test_a_recycled_pid_in_a_pid_file_is_left_alone(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_delete_kills_a_watchdog_that_has_not_made_its_session_yet(tmp_path: Path) -> None:
+    # the start script records the watchdog's pid as it forks it; `setsid` runs after that, so a delete
+    # right after a start (a loaded machine) found no process group of that number: the kill of the
+    # group missed the watchdog, which then made its session and lived on (seen in a whole run)
+    attempt = tmp_path / "state" / "local" / "ar-test-m3" / "work" / "j" / "1" / "a0"
+    attempt.mkdir(parents=True)
+    os.mkfifo(attempt / "go")  # opened for reading, it blocks until a writer comes: none does
+    late = subprocess.Popen(["sh", "-c", 'read -r _ < "$0"; exec setsid sleep 600', str(attempt / "go")])
+    try:
+        (attempt / "watchdog.pid").write_text(f"{late.pid}\n")
+        assert os.getpgid(late.pid) != late.pid  # not its own group yet: it waits on the fifo
+        (tmp_path / "state" / "local" / "ar-test-m3.json").write_text("{}")
+        trio.run(LocalCloud(LocalSettings(), tmp_path / "state").delete, "ar-test-m3")
+        assert late.wait(10) == -signal.SIGKILL
+    finally:
+        late.kill()
+        late.wait(10)
