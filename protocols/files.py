@@ -18,7 +18,11 @@ def write_private(path: Path, data: bytes) -> None:
     """`data` as the whole of the file at `path`, made 0600 (an existing one too). On the descriptor
     itself: no file object to build, nor the `fstat` its making costs (a response.json per job, ten
     thousand in an end burst)."""
-    fd = private_opener(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+    write_all(private_opener(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), data)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to the open descriptor `fd` (a write may take part of it), then close it."""
     try:
         view = memoryview(data)
         while view:

@@ -32,6 +32,7 @@ from typing import Protocol
 import trio
 
 from actor_run.protocols.failures import MachineGone
+from actor_run.protocols.files import write_all
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
@@ -338,13 +339,7 @@ def write_files(items: list[tuple[Path, dict[str, bytes]]]) -> list[int | BaseEx
                 if parent not in made:
                     os.makedirs(parent, exist_ok=True)
                     made.add(parent)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                finally:
-                    os.close(fd)
+                write_all(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), data)
             out.append(sum(len(data) for data in files.values()))
         except OSError as exc:
             out.append(exc)
