@@ -42,11 +42,11 @@ def watch(ctx: Context, probe: ProbeHandle, log_path: Path) -> Iterator[Callable
     def make(machine: str, work: str, pid: int, *, context: Context | None = None,
              setup_grace_s: float = 30.0, stall_after_s: float = 30.0, timeout_s: float = 60.0,
              launched_at: float | None = None, reattached: bool = False, poll_s: float = 0.1,
-             polls_off: Flag | None = None) -> pykka.ActorRef[Any]:
+             polls_off: Flag | None = None, log_header: str = "") -> pykka.ActorRef[Any]:
         ref = HeartbeatActor.start(
             context or ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=poll_s, setup_grace_s=setup_grace_s,
             stall_after_s=stall_after_s, lost_after_s=5.0, timeout_s=timeout_s, log_path=log_path,
-            polls_off=polls_off,
+            polls_off=polls_off, log_header=log_header,
         )
         started.append(ref)
         ref.tell(Watch(machine=machine, work=work, pid=pid, launched_at=launched_at or time.time(),
@@ -341,7 +341,7 @@ def test_the_attempts_switch_ends_the_poll_loop_before_the_heartbeat_is_stopped(
 
 
 def test_the_header_goes_to_log_txt_with_the_first_log_bytes_in_one_write(
-    ctx: Context, machines: Machines, probe: ProbeHandle, log_path: Path, monkeypatch: pytest.MonkeyPatch,
+    machines: Machines, probe: ProbeHandle, watch: Any, log_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The attempt's header opens its part of log.txt in the same write as the job's first log bytes
     (item 59: a write of its own at the start, a system call per attempt in a start burst); a job that
@@ -359,32 +359,20 @@ def test_the_header_goes_to_log_txt_with_the_first_log_bytes_in_one_write(
     header = "--- attempt 0 on local this-computer (now) ---\n"
     with machines.open() as (machine, ws):
         work, pid = machines.start_job(ws, "echo line one; sleep 0.3; echo line two")
-        ref = HeartbeatActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=30.0,
-                                   stall_after_s=30.0, lost_after_s=5.0, timeout_s=60.0, log_path=log_path,
-                                   log_header=header)
-        try:
-            ref.tell(Watch(machine=machine.name, work=work, pid=pid, launched_at=time.time()))
-            probe.wait_for(Exited)
-        finally:
-            ref.stop()
+        ref = watch(machine.name, work, pid, log_header=header)
+        probe.wait_for(Exited)
+        ref.stop()
     assert log_path.read_text() == header + "line one\nline two\n"
     assert writes[0].startswith(header.encode())
     assert writes[0] != header.encode()  # not alone: the first log bytes came with it
     assert sum(w.count(header.encode()) for w in writes) == 1
 
 
-def test_a_quiet_job_s_log_still_opens_with_the_header(
-    ctx: Context, machines: Machines, probe: ProbeHandle, log_path: Path,
-) -> None:
+def test_a_quiet_job_s_log_still_opens_with_the_header(machines: Machines, watch: Any, log_path: Path) -> None:
     header = "--- attempt 0 on local this-computer (now) ---\n"
     with machines.open() as (machine, ws):
         work, pid = machines.start_job(ws, "sleep 30")
-        ref = HeartbeatActor.start(ctx, probe.ref, job="t", seed=1, attempt=0, poll_s=0.1, setup_grace_s=30.0,
-                                   stall_after_s=30.0, lost_after_s=5.0, timeout_s=60.0, log_path=log_path,
-                                   log_header=header)
-        try:
-            ref.tell(Watch(machine=machine.name, work=work, pid=pid, launched_at=time.time()))
-            wait_until(lambda: log_path.exists() and log_path.read_text() == header, 10, "the header, once polled")
-        finally:
-            ref.stop()
+        ref = watch(machine.name, work, pid, log_header=header)
+        wait_until(lambda: log_path.exists() and log_path.read_text() == header, 10, "the header, once polled")
+        ref.stop()
     assert log_path.read_text() == header
