@@ -23,6 +23,7 @@ import hashlib
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import tempfile
 import uuid
@@ -53,25 +54,41 @@ def _as_user() -> list[str]:
     raise RuntimeError("running as root and no `postgres` or `nobody` user to run PostgreSQL as")
 
 
-def _template(prefix: list[str]) -> Path:
+def _template(prefix: list[str]) -> Path | None:
     """A cluster fresh from initdb, made once (under a lock, moved into place whole) and kept for
-    every later cluster of this user and PostgreSQL build."""
+    every later cluster of this user and PostgreSQL build; None where the kept one cannot be trusted.
+    It lives in a folder of this user's in the temporary folder that nobody else may write to (mode
+    0711: the cluster's user passes through it to copy its files): a cluster planted there by another
+    account (a configuration that runs a command) would otherwise start as ours."""
     initdb = _bin("initdb")
     st = os.stat(os.path.realpath(initdb))
     build = hashlib.sha1(f"{initdb} {st.st_size} {st.st_mtime_ns} {prefix}".encode()).hexdigest()[:12]
-    kept = Path(tempfile.gettempdir()) / f"actor-run-pg-initdb-{os.geteuid()}-{build}"
-    with open(f"{kept}.lock", "a") as lock:
+    home = Path(tempfile.gettempdir()) / f"actor-run-pg-initdb-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        home.mkdir(mode=0o711)
+    owner = os.lstat(home)
+    if not stat.S_ISDIR(owner.st_mode) or owner.st_uid != os.geteuid() or owner.st_mode & 0o022:
+        return None
+    kept = home / build
+    with open(home / f"{build}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (kept / "data" / "PG_VERSION").exists():
-            staging = Path(tempfile.mkdtemp(prefix=f"{kept.name}-"))
-            if prefix:
-                pw = pwd.getpwnam(prefix[2])
-                os.chown(staging, pw.pw_uid, pw.pw_gid)
-            subprocess.run([*prefix, initdb, "-D", str(staging / "data"), "-U", "postgres", "--auth=trust",
-                            "-E", "UTF8", "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            shutil.rmtree(kept, ignore_errors=True)
-            os.rename(staging, kept)
+            staging = Path(tempfile.mkdtemp(prefix=f"{build}-", dir=home))
+            try:
+                if prefix:
+                    pw = pwd.getpwnam(prefix[2])
+                    os.chown(staging, pw.pw_uid, pw.pw_gid)
+                _initdb(prefix, staging / "data")
+                shutil.rmtree(kept, ignore_errors=True)
+                os.rename(staging, kept)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # (gone already once renamed)
     return kept / "data"
+
+
+def _initdb(prefix: list[str], data: Path) -> None:
+    subprocess.run([*prefix, _bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                    "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 class Postgres:
@@ -85,9 +102,12 @@ class Postgres:
             pw = pwd.getpwnam(user)
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         self._prefix = prefix
-        # a copy made as the cluster's user (owner and mode 0700 are what the server checks)
-        subprocess.run([*prefix, "cp", "-a", str(_template(prefix)), str(self.data)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        template = _template(prefix)
+        if template is None:
+            _initdb(prefix, self.data)
+        else:  # a copy made as the cluster's user (owner and mode 0700 are what the server checks)
+            subprocess.run([*prefix, "cp", "-a", str(template), str(self.data)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         options = {"listen_addresses": "''", "unix_socket_directories": f"'{self.socket_dir}'", "fsync": "off",
                    "max_connections": "200", **(settings or {})}
         opts = " ".join(f"-c {k}={v}" for k, v in options.items())
