@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import outcome
@@ -41,9 +41,9 @@ import trio
 from actor_run.actors.base import Actor, Context
 from actor_run.actors.flag import Flag
 from actor_run.actors.runtime import Result, Task
-from actor_run.actors.ticks import Ticker
+from actor_run.actors.ticks import Subscription, Ticker, call_at, subscribe
 from actor_run.protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
-from actor_run.protocols.hosts.workspace import PollResult, Workspace
+from actor_run.protocols.hosts.workspace import PollResult, PollsNow, Workspace
 from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
 from actor_run.protocols.specs import job_key
 
@@ -81,6 +81,18 @@ REPORT_S = 2.0  # new progress and log are handed to the actor at most this ofte
 # writes a line per poll would otherwise cost a message per poll
 
 
+_POLLS_NOW: dict[type, bool] = {}  # per workspace class: whether it is a PollsNow (an isinstance of a
+# runtime protocol looks at every member: microseconds per attempt in a start burst)
+
+
+def _polls_now(ws: Workspace) -> bool:
+    kind = type(ws)
+    known = _POLLS_NOW.get(kind)
+    if known is None:
+        known = _POLLS_NOW[kind] = isinstance(ws, PollsNow)
+    return known
+
+
 class _Watch:
     """The reactor side of the heartbeat, for one job: `run` polls every `poll_s` (which writes
     `alive`), keeps the read offsets, and tells the actor what is new, at most every `report_s` unless
@@ -106,6 +118,10 @@ class _Watch:
         self.again = False  # the exit hint came during a step: take another at once
         self.stopped = False  # the actor stopped: the loop ends at its next beat, taking no step
         self.exit_at: float | None = None  # trio's clock: the job's end, known in advance (the loop wakes then)
+        # a workspace that polls at once (`PollsNow`): no loop; stepped in the shared clock's pass
+        self.now_ws: PollsNow | None = None
+        self.spawn_step: Callable[[], object] | None = None  # `step` on a task: a poll that must wait
+        self.poll_s = 0.0
 
     async def step(self) -> None:
         """One poll (or, after the exit, one beat); tell the actor what is new if it is due."""
@@ -151,6 +167,74 @@ class _Watch:
             self.quiet, self.first, self.last_told = 0, False, now
         self.state = res.state
 
+    # --- a workspace that polls at once: stepped in the shared clock's one pass, no task ------------
+
+    def start_now(self, sub: Subscription, poll_s: float) -> None:
+        """On the reactor thread: the first step at once, then one at every beat of the shared clock of
+        `poll_s` (`sub`, whose beat is `beat_now`): one pass over every watch of that period, where a
+        loop each was a task trio rescheduled and switched to at every poll."""
+        self.poll_s = poll_s
+        if not sub.cancelled and self.beat_now():
+            subscribe(poll_s, sub)
+
+    def beat_now(self) -> bool:
+        """A beat (on the reactor thread): one step, unless one is in flight on a task (it counts as
+        this beat's). False, and the clock drops this watch, once stopped, switched off, or failed: an
+        error other than the host's is the actor's failure (as a loop's was), and no other watch's."""
+        if self.stopped or (self.off is not None and self.off.is_set()):
+            return False
+        try:
+            if not self.busy:
+                self.again = False  # a hint during a step in flight: this step is the one it asked for
+                self.step_now()
+            self._near_exit()
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        return True
+
+    def step_now(self) -> None:
+        """One poll (or, after the exit, one beat) at once; tell the actor what is new if it is due.
+        A poll that needs a wait (`poll_now` says None) is taken by `step` on a task."""
+        ws = self.now_ws
+        assert ws is not None
+        try:
+            if self.state == "running":
+                res = ws.poll_now(self.work, self.pid, self.progress_at, self.log_at)
+            else:
+                res = None
+                if ws.beat_now(self.work):
+                    return
+        except (HostError, OSError) as exc:
+            self.tell(_Polled(state=self.state, error=exc))
+            self.quiet = 0
+            return
+        if res is not None:
+            self._take(res)
+            return
+        assert self.spawn_step is not None
+        self.busy = True  # until the task's step ends: the beats take no step meanwhile
+        self.spawn_step()
+
+    def _near_exit(self) -> None:
+        """The job's known end comes before the next beat: a step then, from the heap of alarms."""
+        at = self.exit_at
+        if at is not None and self.state == "running" and at < trio.current_time() + self.poll_s:
+            self.exit_at = None  # once: the step at the end decides what happened
+            call_at(at, self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self.stopped or (self.off is not None and self.off.is_set()) or self.busy or self.state != "running":
+            return
+        try:
+            self.step_now()
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        self.stopped = True
+        self.tell(_LoopEnded(result=outcome.Error(exc)))
+
     async def step_on_exit(self) -> None:
         """Take a step as soon as the workspace says the job may have ended, not at the next tick
         (the exit is then seen within milliseconds; the poll still decides what happened)."""
@@ -163,7 +247,10 @@ class _Watch:
         if self.busy:
             self.again = True
         elif self.state == "running":
-            await self.step()
+            if self.now_ws is not None:
+                self.step_now()
+            else:
+                await self.step()
 
     async def run(self, poll_s: float) -> None:
         """Poll every `poll_s` (which writes `alive`) on the shared clock of that period, until cancelled
@@ -241,7 +328,15 @@ class HeartbeatActor(Actor):
                     exit_at = ws.exit_at(w.work, w.pid)
                     if exit_at is not None and exit_at < math.inf:
                         watch.exit_at = exit_at
-                    self._loop = self.spawn(watch.run, self.poll_s, reply=_only_a_failure)
+                    if _polls_now(ws):
+                        # stepped in the shared clock's pass (a subscription, cancelled with the tasks)
+                        watch.now_ws = cast(PollsNow, ws)
+                        watch.spawn_step = functools.partial(self.spawn, watch.step, reply=_only_a_failure)
+                        sub = Subscription(watch.beat_now)
+                        self._tasks.add(sub)
+                        self.ctx.reactor.soon(functools.partial(watch.start_now, sub, self.poll_s))
+                    else:
+                        self._loop = self.spawn(watch.run, self.poll_s, reply=_only_a_failure)
                     if exit_at is None:
                         self.spawn(watch.step_on_exit, reply=_only_a_failure)
             case _Polled() as polled:
@@ -258,7 +353,9 @@ class HeartbeatActor(Actor):
         without a step: a trio cancel cost the reactor tens of microseconds per job in an end burst.
         A loop in the middle of a poll is cancelled."""
         watch, loop = self._watch, self._loop
-        if watch is not None and loop is not None and not loop.done:
+        if watch is not None and watch.now_ws is not None:
+            watch.stopped = True  # no step after this (its subscription is cancelled below too)
+        elif watch is not None and loop is not None and not loop.done:
             watch.stopped = True  # before `busy` is read: a step that starts after this is the last
             if not watch.busy:
                 self._tasks.discard(loop)

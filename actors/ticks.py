@@ -16,6 +16,10 @@ paid them each; the entries due by the time the task wakes are woken together).
 `subscribe(period, beat)` is the same clock for what needs no task of its own: `beat()` is called on
 the reactor thread at every beat (a meter's tell), until it returns False or the subscription is
 cancelled (from any thread). A thousand meters cost no thousand tasks to start, wake and cancel.
+Ten thousand heartbeats of a virtual machine step there too (actors/heartbeat.py): the clock's one
+pass polls them all, where each was a task trio rescheduled and switched to. The beats keep a fixed
+grid, so a long pass does not stretch the period; `call_at(at, fn)` is `wait_until` for such a
+subscriber: `fn()` called from the heap of alarms at that moment.
 """
 
 from __future__ import annotations
@@ -65,8 +69,15 @@ class _Clock:
         self.subs: list[Subscription] = []
 
     async def run(self, clocks: dict[float, _Clock]) -> None:
+        # beats on a fixed grid (`period` apart, not `period` after the last beat's work): what its
+        # subscribers do at a beat (a pass that polls ten thousand jobs) must not stretch the period
+        beat = trio.current_time()
         while True:
-            await trio.sleep(self.period)
+            beat += self.period
+            now = trio.current_time()
+            if beat <= now:  # a whole period behind (a busy reactor): no burst of beats to catch up
+                beat = now + self.period
+            await trio.sleep_until(beat)
             if self.subs:
                 self.subs = [sub for sub in self.subs if sub._keep()]
             if not self.parked and not self.subs:  # nobody waits: stop (a later tick() starts a new clock)
@@ -83,19 +94,22 @@ class _Clock:
         return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (the caller awaits it at once: a coroutine less per wait)
 
 
+Alarm = list[trio.lowlevel.Task | Callable[[], None] | None]  # one entry: [whom it wakes, or None once it left]
+
+
 class _Alarms:
     """The moments loops wait for, in one heap; one task sleeps until the earliest is due."""
 
     __slots__ = ("heap", "running", "scope")
 
     def __init__(self) -> None:
-        # (due on trio's clock, order, [the waiting task, or None once it left])
-        self.heap: list[tuple[float, int, list[trio.lowlevel.Task | None]]] = []
+        # (due on trio's clock, order, [the waiting task or the callback, or None once it left])
+        self.heap: list[tuple[float, int, Alarm]] = []
         self.scope: trio.CancelScope | None = None  # the task's sleep, until the earliest is due
         self.running = False
 
-    def add(self, at: float, task: trio.lowlevel.Task) -> list[trio.lowlevel.Task | None]:
-        entry: list[trio.lowlevel.Task | None] = [task]
+    def add(self, at: float, task: trio.lowlevel.Task | Callable[[], None]) -> Alarm:
+        entry: Alarm = [task]
         heapq.heappush(self.heap, (at, next(_seq), entry))
         if not self.running:
             self.running = True
@@ -116,8 +130,13 @@ class _Alarms:
                 while heap and heap[0][0] <= now:
                     entry = heapq.heappop(heap)[2]
                     task, entry[0] = entry[0], None
-                    if task is not None:
+                    if isinstance(task, trio.lowlevel.Task):
                         trio.lowlevel.reschedule(task)
+                    elif task is not None:
+                        try:
+                            task()
+                        except Exception as exc:  # one bad callback must not stop the alarms of the others
+                            logger.error("an alarm's callback failed: {}", exc)
         finally:
             self.running = False
             self.scope = None
@@ -172,7 +191,7 @@ class Ticker:
         self.period = period
         self._clock: _Clock | None = None
         self._task: trio.lowlevel.Task | None = None
-        self._alarm: list[trio.lowlevel.Task | None] | None = None  # the entry of a `wait_until` in progress
+        self._alarm: Alarm | None = None  # the entry of a `wait_until` in progress
         self._abort = self._aborted  # one bound method for every wait, not one per wait
 
     def wait(self) -> Coroutine[Any, Any, Any]:
@@ -198,6 +217,19 @@ class Ticker:
         if self._clock is not None and self._task is not None:
             self._clock.parked.pop(self._task, None)
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+def call_at(at: float, fn: Callable[[], None]) -> Alarm:
+    """On the reactor thread (inside its trio run): call `fn()` there at `at` (trio's clock), from
+    the run's one heap of alarms (no task, no sleep of its own); `fn` must not wait. Due already: at
+    the alarms' next turn. `cancel_alarm(entry)` calls it off. A raise is logged, and no other
+    alarm is hurt."""
+    return _alarms().add(at, fn)
+
+
+def cancel_alarm(entry: Alarm) -> None:
+    """On the reactor thread: the alarm `call_at` made calls nobody now."""
+    entry[0] = None
 
 
 def subscribe(period: float, sub: Subscription) -> None:

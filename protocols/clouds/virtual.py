@@ -86,6 +86,18 @@ class MachineGuard:
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     async def __call__(self) -> None:
+        if not self.check_now():  # a preemption came due: the provider hears of it on a thread
+            name = self._name
+            at = self._rec.preempt_at
+            now = time.time()
+            await trio.to_thread.run_sync(self._provider.preempt, name, now)
+            self._gone = f"sim: {name} was preempted"
+            self._gone_at = now if at is None else min(now, at)  # what the provider bills up to
+            raise MachineGone(self._gone, at=self._gone_at)
+
+    def check_now(self) -> bool:
+        """The guard without a wait: raises `MachineGone` as the call would; False when a preemption
+        came due, which only the call records (the provider's write, on a thread)."""
         if self._gone:
             raise MachineGone(self._gone, at=self._gone_at)
         name = self._name
@@ -100,12 +112,7 @@ class MachineGuard:
                 self._rec, self._key = rec, key
             self._stamp = stamp
         at = self._rec.preempt_at
-        if self._rec.state == "preempted" or (at is not None and time.time() >= at):
-            now = time.time()
-            await trio.to_thread.run_sync(self._provider.preempt, name, now)
-            self._gone = f"sim: {name} was preempted"
-            self._gone_at = now if at is None else min(now, at)  # what the provider bills up to
-            raise MachineGone(self._gone, at=self._gone_at)
+        return not (self._rec.state == "preempted" or (at is not None and time.time() >= at))
 
 
 class SimHost:
@@ -215,7 +222,7 @@ def _size(path: Path) -> int:
 class VirtualWorkspace:
     """The Workspace of a virtual machine; `guard` raises `MachineGone` once the machine is gone."""
 
-    def __init__(self, name: str, machine: VirtualMachine, guard: Callable[[], Awaitable[None]],
+    def __init__(self, name: str, machine: VirtualMachine, guard: MachineGuard,
                  job_s: float, exit_code: int, sizes: dict[str, int],
                  write: Callable[[tuple[Path, dict[str, bytes]]], Awaitable[int]]) -> None:
         self.name = name
@@ -262,6 +269,16 @@ class VirtualWorkspace:
 
     async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
         await self._guard()
+        return self._poll(work, pid, progress_at, log_at)
+
+    def poll_now(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult | None:
+        """`poll` without a wait (it has nothing to wait on: what the job wrote is in memory); None
+        when the machine's preemption came due, which only `poll` records."""
+        if not self._guard.check_now():
+            return None
+        return self._poll(work, pid, progress_at, log_at)
+
+    def _poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
         job = self._machine.jobs.get(work)
         if job is None:
             return PollResult(state="gone", exit_code=None, progress=b"", log=b"",
@@ -283,6 +300,10 @@ class VirtualWorkspace:
 
     async def beat(self, work: str) -> None:
         await self._guard()
+
+    def beat_now(self, work: str) -> bool:
+        """`beat` without a wait; False when only `beat` can say (a preemption came due)."""
+        return self._guard.check_now()
 
     async def wait_exit(self, work: str, pid: int) -> None:
         """Until the job's time is up (or at once if it ended, or is not the job named)."""

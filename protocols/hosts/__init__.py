@@ -2,7 +2,9 @@
 
 from actor_run.protocols.hosts.base import Host, RunResult
 from actor_run.protocols.hosts.local import LocalHost
-from actor_run.protocols.hosts.workspace import Launch, PollResult, ShellWorkspace, Workspace
+from actor_run.protocols.hosts.workspace import Launch, PollResult, PollsNow, ShellWorkspace, Workspace
 from actor_run.protocols.messages import InputRef
 
-__all__ = ["Host", "InputRef", "Launch", "LocalHost", "PollResult", "RunResult", "ShellWorkspace", "Workspace"]
+__all__ = [
+    "Host", "InputRef", "Launch", "LocalHost", "PollResult", "PollsNow", "RunResult", "ShellWorkspace", "Workspace",
+]

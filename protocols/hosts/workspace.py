@@ -19,7 +19,7 @@ import math
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 import trio
@@ -136,6 +136,23 @@ class Workspace(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PollsNow(Protocol):
+    """A workspace whose poll has nothing to wait on (a virtual machine's jobs live in this process's
+    memory): the heartbeat steps it in the shared clock's pass, with no task of its own (trio's
+    reschedule and task switch per poll were a fifth of the reactor's work at load). On the reactor
+    thread; no I/O beyond what `poll` does there itself. A workspace whose poll talks to a machine
+    (a shell, SSH) is not one: its polls stay on a task each, so one slow machine delays no other."""
+
+    def poll_now(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult | None:
+        """What `poll` answers, at once; None when this one needs `poll` (a wait)."""
+        ...
+
+    def beat_now(self, work: str) -> bool:
+        """`beat`, at once; False when this one needs `beat` (a wait)."""
+        ...
 
 
 def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:

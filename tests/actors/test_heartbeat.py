@@ -7,10 +7,11 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import pykka
@@ -19,8 +20,11 @@ from actor_kit import SIM, Machines, Mailbox, ProbeHandle, fast_sim, wait_until
 
 from actor_run.actors import Context, HeartbeatActor
 from actor_run.actors.flag import Flag
+from actor_run.actors.ticks import _CLOCKS
 from actor_run.protocols.clouds.sim import SimCloud, preempt_machine
+from actor_run.protocols.clouds.virtual import VirtualWorkspace
 from actor_run.protocols.failures import Code
+from actor_run.protocols.hosts.workspace import PollResult, Workspace
 from actor_run.protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
 
 
@@ -233,23 +237,167 @@ def test_a_preempted_sim_machine_is_stalled_preempted(
                    what="the preempted job's process ended")
 
 
-def test_a_virtual_job_is_watched_by_one_task_and_its_exit_seen_at_its_moment(
+def test_a_virtual_job_is_watched_by_no_task_and_its_exit_seen_at_its_moment(
     make_context: Callable[..., Context], probe: ProbeHandle, watch: Any,
 ) -> None:
     """A workspace that knows when its job ends (a virtual one: `exit_at`) needs no task waiting
-    for an exit hint (about 25 objects the collector walks per job, issue 30): the poll loop wakes
-    at that moment instead of at its next beat, 30 s later."""
+    for an exit hint (about 25 objects the collector walks per job, issue 30), and one whose poll has
+    nothing to wait on (`PollsNow`) no poll loop either: the shared clock's pass steps it, and the
+    heap of alarms at the job's end, instead of at its next beat, 30 s later."""
     ctx = make_context(sim=fast_sim(virtual=True, virtual_job_s=0.5))
     with Machines(ctx).open(SIM) as (machine, ws):
-        before = ctx.reactor.statistics().tasks_running
         work, pid = Machines(ctx).start_job(ws, "train")
+        before = ctx.reactor.statistics()
         started = time.monotonic()
         watch(machine.name, work, pid, context=ctx, poll_s=30.0)
-        wait_until(lambda: ctx.reactor.statistics().tasks_running >= before + 1, 10, "the poll loop")
-        assert ctx.reactor.statistics().tasks_running == before + 1  # the loop; no exit-hint task
         exited = probe.wait_for(Exited, timeout=20)
         assert exited.exit_code == 0
         assert time.monotonic() - started < 20, "the exit waited for the next beat (30 s)"
+        after = ctx.reactor.statistics()
+        assert after.tasks_started == before.tasks_started  # no loop, no exit hint: no task at all
+        assert after.tasks_running == before.tasks_running
+
+
+def _steps(ws: Workspace, work: str) -> int:
+    """How often the virtual job was polled (each poll is one step of it: protocols/clouds/virtual.py)."""
+    assert isinstance(ws, VirtualWorkspace)
+    return ws._machine.jobs[work].steps
+
+
+def _watch_many(ctx: Context, probe: ProbeHandle, machine: str, works: list[tuple[str, int]], log_dir: Path,
+                *, poll_s: float, polls_off: Flag | None = None) -> list[pykka.ActorRef[Any]]:
+    refs = []
+    for attempt, (work, pid) in enumerate(works):
+        ref = HeartbeatActor.start(
+            ctx, probe.ref, job="t", seed=1, attempt=attempt, poll_s=poll_s, setup_grace_s=60.0,
+            stall_after_s=60.0, lost_after_s=60.0, timeout_s=60.0, log_path=log_dir / f"log-{attempt}.txt",
+            polls_off=polls_off,
+        )
+        refs.append(ref)
+        ref.tell(Watch(machine=machine, work=work, pid=pid, launched_at=time.time()))
+    return refs
+
+
+def _subscribed(ctx: Context, period: float) -> int:
+    """How many watches (and meters) the reactor's shared clock of `period` beats for now (read on the
+    reactor thread, with no task: the tests count tasks)."""
+    counted: list[int] = []
+    done = threading.Event()
+
+    def count() -> None:
+        try:
+            clock = _CLOCKS.get().get(period)
+        except LookupError:
+            clock = None
+        counted.append(0 if clock is None else len(clock.subs))
+        done.set()
+
+    ctx.reactor.soon(count)
+    assert done.wait(10)
+    return counted[0]
+
+
+def test_virtual_jobs_are_polled_every_beat_in_the_clocks_one_pass_with_no_task_each(
+    make_context: Callable[..., Context], probe: ProbeHandle, tmp_path: Path,
+) -> None:
+    """Twenty virtual jobs of one period: each is polled at every beat of the shared clock (so its
+    `alive` is written every `poll_s`), by the clock's one pass, with no reactor task per job (trio's
+    reschedule and task switch per poll were a fifth of the reactor's work between the bursts,
+    bench/RESULTS.md item 65). A stop, or the attempt's switch, takes a job out of the pass at once."""
+    ctx = make_context(sim=fast_sim(virtual=True, virtual_job_s=600.0))
+    period = 0.05
+    machines = Machines(ctx)
+    with machines.open(SIM) as (machine, ws):
+        works = [machines.start_job(ws, "train", attempt=a) for a in range(20)]
+        before = ctx.reactor.statistics().tasks_started
+        off = Flag()
+        refs = _watch_many(ctx, probe, machine.name, works[:19], tmp_path, poll_s=period)
+        refs += _watch_many(ctx, probe, machine.name, works[19:], tmp_path, poll_s=period, polls_off=off)
+        try:
+            wait_until(lambda: _subscribed(ctx, period) == 20, 10, "every watch on the clock")
+            first = [_steps(ws, w) for w, _ in works]
+            t0 = time.monotonic()
+            wait_until(lambda: min(_steps(ws, w) for w, _ in works) >= max(first) + 10, 20, "ten beats")
+            elapsed = time.monotonic() - t0
+            assert ctx.reactor.statistics().tasks_started == before  # no task per job, nor per poll
+            # every job at every beat: none falls behind the others by more than the beat in progress
+            steps = [_steps(ws, w) for w, _ in works]
+            assert max(steps) - min(steps) <= max(first) - min(first) + 1
+            assert elapsed < 10 * period * 20, "the beats stretched far past the period"
+            # the attempt's switch: out of the pass at its next beat, the actor alive
+            off.set()
+            wait_until(lambda: _subscribed(ctx, period) == 19, 10, "the switched-off watch left the clock")
+            switched = _steps(ws, works[19][0])
+            assert refs[19].is_alive()
+            # a stop: out of the pass too
+            refs[0].stop()
+            wait_until(lambda: _subscribed(ctx, period) == 18, 10, "the stopped watch left the clock")
+            stopped = _steps(ws, works[0][0])
+            others = _steps(ws, works[1][0])
+            wait_until(lambda: _steps(ws, works[1][0]) >= others + 5, 10, "five more beats for the others")
+            assert _steps(ws, works[19][0]) == switched
+            assert _steps(ws, works[0][0]) == stopped
+            assert not probe.box.of(Stalled)
+        finally:
+            for ref in refs:
+                ref.stop()
+        wait_until(lambda: _subscribed(ctx, period) == 0, 10, "every watch left the clock")
+
+
+class _Broken:
+    """A workspace whose poll answers at once but fails in a way no host error is (a bug)."""
+
+    root = "/broken"
+
+    def exit_at(self, work: str, pid: int) -> float | None:
+        return math.inf
+
+    def poll_now(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult | None:
+        raise RuntimeError("a bug in the poll")
+
+    def beat_now(self, work: str) -> bool:
+        return True
+
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+        raise RuntimeError("a bug in the poll")
+
+
+def test_one_watch_s_failing_poll_fails_its_heartbeat_and_no_other_s_polls(
+    make_context: Callable[..., Context], probe: ProbeHandle, tmp_path: Path,
+) -> None:
+    """A poll that raises what no host raises is its heartbeat's failure (`ChildFailed`, as a loop's
+    error was), and the clock's pass goes on for every other watch; a preempted machine (the poll
+    that must wait: the provider's record written on a thread) is its job's `Stalled(preempted)`,
+    also alone."""
+    ctx = make_context(sim=fast_sim(virtual=True, virtual_job_s=600.0))
+    sim = ctx.clouds["sim"]
+    assert isinstance(sim, SimCloud)
+    period = 0.05
+    machines = Machines(ctx)
+    with machines.open(SIM) as (machine, ws), machines.open(SIM) as (doomed, doomed_ws):
+        ctx.workspaces["broken"] = cast(Workspace, _Broken())
+        (tmp_path / "b").mkdir()
+        (tmp_path / "d").mkdir()
+        works = [machines.start_job(ws, "train", attempt=a) for a in range(3)]
+        doomed_work, doomed_pid = machines.start_job(doomed_ws, "train")
+        refs = _watch_many(ctx, probe, machine.name, works, tmp_path, poll_s=period)
+        refs += _watch_many(ctx, probe, "broken", [("/broken/w", 1)], tmp_path / "b", poll_s=period)
+        refs += _watch_many(ctx, probe, doomed.name, [(doomed_work, doomed_pid)], tmp_path / "d", poll_s=period)
+        try:
+            failed = probe.wait_for(ChildFailed)
+            assert "RuntimeError: a bug in the poll" in failed.detail
+            assert preempt_machine(sim.dir, doomed.name)
+            stalled = probe.wait_for(Stalled)
+            assert stalled.failure == Code.PREEMPTED
+            at = [_steps(ws, w) for w, _ in works]
+            wait_until(lambda: all(_steps(ws, w) >= n + 5 for (w, _), n in zip(works, at, strict=True)), 10,
+                       "five more beats for each healthy job")
+            assert not refs[3].is_alive()
+            assert len(probe.box.of(ChildFailed)) == 1
+        finally:
+            ctx.workspaces.pop("broken", None)
+            for ref in refs:
+                ref.stop()
 
 
 def test_a_progress_line_naming_a_checkpoint_is_told_to_the_parent(

@@ -9,12 +9,13 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+from collections.abc import Callable
 
 import pytest
 import trio
 import trio.testing
 
-from actor_run.actors.ticks import _CLOCKS, Subscription, Ticker, subscribe, tick
+from actor_run.actors.ticks import _CLOCKS, Subscription, Ticker, call_at, cancel_alarm, subscribe, tick
 
 
 def test_loops_of_one_period_wake_together_and_the_clock_stops_when_unused() -> None:
@@ -196,3 +197,62 @@ async def _alarms() -> None:
     assert all(woke[i] == pytest.approx(at) for i, at in ats.items())
     assert all(woke[-1 - i] > woke[i] for i in ats)
     assert len(woke) == 400
+
+
+def test_the_beats_keep_a_grid_however_long_a_beat_s_pass() -> None:
+    """A subscriber's beat that takes a while (the pass that polls ten thousand virtual jobs, item 65)
+    does not push the next beat back: beats fall `period` apart, not `period` after the pass's end;
+    a pass longer than a period skips the beats it missed instead of running them back to back."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    trio.run(_grid, clock, clock=clock)
+
+
+async def _grid(clock: trio.testing.MockClock) -> None:
+    beats: list[float] = []
+    slow: list[float] = []
+
+    def busy() -> bool:
+        beats.append(trio.current_time())
+        clock.jump(0.02)  # the pass's own time
+        return len(beats) < 5
+
+    def slower() -> bool:
+        slow.append(trio.current_time())
+        clock.jump(0.12)  # more than a period
+        return len(slow) < 3
+
+    with trio.fail_after(5):
+        subscribe(0.05, Subscription(busy))
+        await trio.sleep(1.0)
+        assert [b - a for a, b in itertools.pairwise(beats)] == pytest.approx([0.05] * 4)
+        subscribe(0.07, Subscription(slower))
+        await trio.sleep(1.0)
+        gaps = [b - a for a, b in itertools.pairwise(slow)]
+        assert gaps == pytest.approx([0.12 + 0.07] * 2)  # the missed beats skipped: one period after the pass
+
+
+def test_alarms_call_back_at_their_moments_and_a_cancelled_or_failing_one_hurts_no_other() -> None:
+    """`call_at` (a subscriber's wait for a moment of its own: a virtual job's known end) calls its
+    callback on the run's one heap of alarms at that moment, never sooner; a cancelled alarm calls
+    nobody; a callback that raises is logged and the others still run."""
+    trio.run(_callbacks, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _callbacks() -> None:
+    called: dict[int, float] = {}
+
+    def at(i: int) -> Callable[[], None]:
+        def fn() -> None:
+            called[i] = trio.current_time()
+            if i == 3:
+                raise RuntimeError("a bad callback")
+        return fn
+
+    start = trio.current_time()
+    moments = {i: start + 0.1 + 0.01 * (i % 7) for i in range(20)}
+    with trio.fail_after(5):
+        entries = {i: call_at(t, at(i)) for i, t in moments.items()}
+        cancel_alarm(entries[5])
+        await trio.sleep(1.0)
+    assert set(called) == set(moments) - {5}
+    assert all(called[i] == pytest.approx(moments[i]) for i in called)
