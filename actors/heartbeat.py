@@ -141,7 +141,7 @@ class _Watch:
         if res is not None:
             self._take(res)
 
-    def _take(self, res: PollResult) -> None:
+    def _take(self, res: PollResult, now: float | None = None) -> None:
         """Once per poll of every watched job (20,000 a second at N=10,000 in bench/load.py): whole
         lines are gathered as bytes and split only when told, and no object the collector tracks is
         made unless the actor is told."""
@@ -156,7 +156,8 @@ class _Watch:
         if res.progress_mtime > self.mtime or res.log_mtime > self.mtime:
             self.mtime = max(self.mtime, res.progress_mtime, res.log_mtime)
         self.quiet += 1
-        now = trio.current_time()
+        if now is None:
+            now = trio.current_time()
         # a checkpoint's line: "checkpoint" holds no newline, so it is in the new lines iff in one of them
         urgent = self.first or res.state != self.state or progress.find(b"checkpoint", 0, end) >= 0
         due = (self.lines or self.log) and now - self.last_told >= self.report_s
@@ -184,16 +185,18 @@ class _Watch:
         if self.stopped or (self.off is not None and self.off.is_set()):
             return False
         try:
+            now = trio.current_time()
             if not self.busy:
                 self.again = False  # a hint during a step in flight: this step is the one it asked for
-                self.step_now()
-            self._near_exit()
+                self.step_now(now)
+            if self.exit_at is not None:
+                self._near_exit(now)
         except Exception as exc:
             self._failed(exc)
             return False
         return True
 
-    def step_now(self) -> None:
+    def step_now(self, now: float) -> None:
         """One poll (or, after the exit, one beat) at once; tell the actor what is new if it is due.
         A poll that needs a wait (`poll_now` says None) is taken by `step` on a task."""
         ws = self.now_ws
@@ -210,16 +213,16 @@ class _Watch:
             self.quiet = 0
             return
         if res is not None:
-            self._take(res)
+            self._take(res, now)
             return
         assert self.spawn_step is not None
         self.busy = True  # until the task's step ends: the beats take no step meanwhile
         self.spawn_step()
 
-    def _near_exit(self) -> None:
+    def _near_exit(self, now: float) -> None:
         """The job's known end comes before the next beat: a step then, from the heap of alarms."""
         at = self.exit_at
-        if at is not None and self.state == "running" and at < trio.current_time() + self.poll_s:
+        if at is not None and self.state == "running" and at < now + self.poll_s:
             self.exit_at = None  # once: the step at the end decides what happened
             call_at(at, self._at_exit)
 
@@ -227,7 +230,7 @@ class _Watch:
         if self.stopped or (self.off is not None and self.off.is_set()) or self.busy or self.state != "running":
             return
         try:
-            self.step_now()
+            self.step_now(trio.current_time())
         except Exception as exc:
             self._failed(exc)
 
@@ -248,7 +251,7 @@ class _Watch:
             self.again = True
         elif self.state == "running":
             if self.now_ws is not None:
-                self.step_now()
+                self.step_now(trio.current_time())
             else:
                 await self.step()
 
