@@ -179,23 +179,6 @@ class _Reply:
             (to if to is not None else actor.actor_ref).tell(message)
 
 
-class _Tell:
-    """A clock's beat for `Actor.every`: tell the actor; False once it is dead (the clock drops it)."""
-
-    __slots__ = ("message", "ref")
-
-    def __init__(self, ref: pykka.ActorRef[Any], message: Message) -> None:
-        self.ref = ref
-        self.message = message
-
-    def __call__(self) -> bool:
-        try:
-            self.ref.tell(self.message)
-        except pykka.ActorDeadError:
-            return False
-        return True
-
-
 class Actor(PooledActor):
     """A pykka actor whose waiting happens on the reactor; results come back as messages."""
 
@@ -239,11 +222,11 @@ class Actor(PooledActor):
             self._tasks.discard(task)
         return task
 
-    def every(self, period: float, message: Message) -> Subscription:
-        """Tell this actor `message` on every beat of the reactor's shared clock of `period` seconds
-        (actors/ticks.py: the first within `period`), until cancelled or the actor stops. No
-        reactor task of its own: the clock tells it."""
-        sub = Subscription(_Tell(self.actor_ref, message))
+    def on_clock(self, period: float, beat: Callable[[], bool]) -> Subscription:
+        """Call `beat()` on the reactor thread at every beat of the shared clock of `period` seconds,
+        until it returns False, the subscription is cancelled, or the actor stops: for work that needs
+        no turn of this actor's (it must not wait, and touches only what it was given)."""
+        sub = Subscription(beat)
         self.ctx.reactor.soon(functools.partial(subscribe, period, sub))
         self._tasks.add(sub)
         return sub

@@ -3,7 +3,9 @@
 `StartMeter(machine, at)` starts the clock (the parent sends it on `Leased`); then, on the
 reactor's shared clock of `meter_period_s`, the meter emits `Metered(usd)` on the event bus, where
 the budget guard (the Runner's) and the view read it: no chain of tells up the tree for a number
-nobody there needs.
+nobody there needs. The figure is made on the reactor thread, in the clock's pass (`_LiveFigure`:
+the price, the start and the `ending` flag, all fixed once metering starts), not in a turn of the
+meter's: a tell and a turn per beat per machine were most of what a running attempt's meter cost.
 `StopMeter(at, confirmed)` (asked) answers the final `Usage`: up to the deletion when it was
 confirmed; up to the machine's deadline otherwise, marked `at_least` (the provider may bill more).
 
@@ -18,6 +20,7 @@ fixed, so the moment is known, and a tick period of seconds would overshoot by a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -28,6 +31,7 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
     AttemptHead,
     Cancel,
+    Event,
     Machine,
     Message,
     Metered,
@@ -39,8 +43,25 @@ from actor_run.protocols.messages import (
 RELEASE_ALLOWANCE_S = 20.0  # at most this long (and a tenth of the reserved time) is kept for the release
 
 
-class _Beat(Message, frozen=True, kw_only=True):
-    pass
+class _LiveFigure:
+    """The meter's beat, on the reactor thread (a clock subscription's): `Metered` on the event bus
+    (whose subscribers take events from any thread). Declines (the clock drops it) once the attempt
+    is ending: no live figure may pass the delete."""
+
+    __slots__ = ("emit", "ending", "head", "machine", "reserved_usd", "started")
+
+    def __init__(self, emit: Callable[[Event], None], head: AttemptHead, machine: Machine, started: float,
+                 reserved_usd: float, ending: Flag | None) -> None:
+        self.emit, self.head, self.machine, self.started = emit, head, machine, started
+        self.reserved_usd, self.ending = reserved_usd, ending
+
+    def __call__(self) -> bool:
+        now = time.time()  # read before `ending`: a figure made is of a moment before the delete
+        if self.ending is not None and self.ending.is_set():
+            return False
+        usage = usage_between(self.machine, self.started, now, confirmed=True)
+        self.emit(Metered(**self.head, usd=usage.usd, reserved_usd=self.reserved_usd))
+        return True
 
 
 class _Guard(Message, frozen=True, kw_only=True):
@@ -86,17 +107,12 @@ class CostMeterActor(Actor):
         match message:
             case StartMeter(machine=machine, at=at, reserved_usd=reserved):
                 self.machine, self.started, self.reserved_usd = machine, at, reserved
-                if machine.hourly_usd > 0:
-                    self.every(self.ctx.meter_period_s, _Beat())  # one clock for every meter
+                if machine.hourly_usd > 0:  # one clock for every meter, its pass makes the figures
+                    figure = _LiveFigure(self.ctx.emit, self.head, machine, at, reserved or 0.0, self.ending)
+                    self.on_clock(self.ctx.meter_period_s, figure)
                     if reserved is not None:
                         due = at + guard_after_s(machine.hourly_usd, reserved)
                         self.later(max(0.0, due - time.time()), _Guard())
-            case _Beat():
-                now = time.time()  # read before `ending`: a figure made is of a moment before the delete
-                ending = self.ending is not None and self.ending.is_set()
-                if self.machine is not None and self.final is None and not ending:
-                    usage = usage_between(self.machine, self.started, now, confirmed=True)
-                    self.ctx.emit(Metered(**self.head, usd=usage.usd, reserved_usd=self.reserved_usd or 0.0))
             case _Guard():
                 if self.machine is not None and self.final is None and self.reserved_usd is not None:
                     usage = usage_between(self.machine, self.started, time.time(), confirmed=True)
@@ -104,12 +120,12 @@ class CostMeterActor(Actor):
                         f"the attempt's spend reached its reservation (${usage.usd:.4f} of"
                         f" ${self.reserved_usd:.4f}, keeping time to delete the machine)")))
             case StopMeter(at=at, confirmed=confirmed):
+                self.cancel_tasks()  # first: no live figure once the final one is made
                 if self.final is None:
                     if self.machine is None:
                         self.final = Usage()
                     else:
                         self.final = usage_between(self.machine, self.started, at, confirmed=confirmed)
-                self.cancel_tasks()
                 return self.final
             case _:
                 raise TypeError(f"CostMeterActor cannot handle {message!r}")
