@@ -2,10 +2,13 @@
 
 A loop on the reactor (`_Watch.run`) polls every `poll_s`, on the clock every watch of that period
 shares (actors/ticks.py), one round trip each: write `alive` on the host, say whether the job
-runs, read the new progress lines and the new tail of the log. It
-tells the actor only what is new (and, when nothing is, often enough to judge the stall window),
-so a quiet job costs the actor threads nothing. New log bytes go to the seed's `log.txt`; progress
-lines are emitted as `Progress` (and told to the parent when they name a checkpoint). Where the
+runs, read the new progress lines and the new tail of the log. Where the poll has nothing to wait
+on (`PollsNow`: a virtual machine's job, in this process's memory), there is no loop: the clock's
+one pass steps every such watch of its period (`_Watch.beat_now`), and trio reschedules and
+switches to no task per poll. It tells the actor only what is new (and, when nothing is, often
+enough to judge the stall window), so a quiet job costs the actor threads nothing. New log bytes
+go to the seed's `log.txt`; progress lines are emitted as `Progress` (and told to the parent when
+they name a checkpoint). Where the
 workspace can tell when the job's process ends (`wait_exit`: a pidfd on this computer, the virtual
 job's clock), a poll goes out at once then, so an exit is not left waiting for the next tick. The
 parent hears `Exited` once the job ended, or `Stalled(failure)`:
@@ -100,8 +103,10 @@ class _Watch:
     stall window); `step_on_exit` polls at once when the workspace says the job ended. Two reactor
     tasks (not a nursery: cancelling one of those cost three times a task's cancel), on the reactor
     thread only; one where the workspace knows the moment of the end in advance (`exit_at`: the
-    loop wakes then) or cannot tell it at all (the polls see it). After the job exited, only the
-    heartbeat goes on."""
+    loop wakes then) or cannot tell it at all (the polls see it); none where the workspace polls at
+    once (`PollsNow`): `beat_now` is called in the shared clock's pass, `_at_exit` from the heap of
+    alarms at the known end, and a poll that must wait after all is `step` on a task of its own.
+    After the job exited, only the heartbeat goes on."""
 
     def __init__(self, ws: Workspace, work: str, pid: int, idle_every: int, tell: Callable[[Message], None],
                  report_s: float, off: Flag | None = None) -> None:
