@@ -8,10 +8,9 @@ one pass steps every such watch of its period (`_Watch.beat_now`), and trio resc
 switches to no task per poll. It tells the actor only what is new (and, when nothing is, often
 enough to judge the stall window), so a quiet job costs the actor threads nothing. New log bytes
 go to the seed's `log.txt`; progress lines are emitted as `Progress` (and told to the parent when
-they name a checkpoint). Where the
-workspace can tell when the job's process ends (`wait_exit`: a pidfd on this computer, the virtual
-job's clock), a poll goes out at once then, so an exit is not left waiting for the next tick. The
-parent hears `Exited` once the job ended, or `Stalled(failure)`:
+they name a checkpoint). Where the workspace can tell when the job's process ends (`wait_exit`: a
+pidfd on this computer, the virtual job's clock), a poll goes out at once then, so an exit is not
+left waiting for the next tick. The parent hears `Exited` once the job ended, or `Stalled(failure)`:
 
 - `stalled`: no progress within the window. The window is `setup_grace_s` from the launch until
   the job reports a stage outside SETUP_STAGES, then `stall_after_s` from its last sign of life
