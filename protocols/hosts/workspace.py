@@ -141,8 +141,9 @@ class Workspace(Protocol):
 @runtime_checkable
 class PollsNow(Protocol):
     """A workspace whose poll has nothing to wait on (a virtual machine's jobs live in this process's
-    memory): the heartbeat steps it in the shared clock's pass, with no task of its own (trio's
-    reschedule and task switch per poll were a fifth of the reactor's work at load). On the reactor
+    memory): the heartbeat steps it in the shared clock's pass, with no task of its own (trio's wait,
+    reschedule and task switch per poll were 30 % of the CPU between the bursts of a load test at
+    N=3000: bench/RESULTS.md item 65). On the reactor
     thread; no I/O beyond what `poll` does there itself. A workspace whose poll talks to a machine
     (a shell, SSH) is not one: its polls stay on a task each, so one slow machine delays no other."""
 

@@ -302,8 +302,8 @@ def test_virtual_jobs_are_polled_every_beat_in_the_clocks_one_pass_with_no_task_
 ) -> None:
     """Twenty virtual jobs of one period: each is polled at every beat of the shared clock (so its
     `alive` is written every `poll_s`), by the clock's one pass, with no reactor task per job (trio's
-    reschedule and task switch per poll were a fifth of the reactor's work between the bursts,
-    bench/RESULTS.md item 65). A stop, or the attempt's switch, takes a job out of the pass at once."""
+    wait, reschedule and task switch per poll were 30 % of the CPU between the bursts at N=3000,
+    bench/RESULTS.md items 65-66). A stop, or the attempt's switch, takes a job out of the pass at once."""
     ctx = make_context(sim=fast_sim(virtual=True, virtual_job_s=600.0))
     period = 0.05
     machines = Machines(ctx)

@@ -164,8 +164,8 @@ def test_a_priced_machine_is_metered_on_the_event_bus_periodically(
 
 def test_the_live_figures_cost_the_meter_no_turn(ctx: Context, probe: ProbeHandle, emitted: Mailbox) -> None:
     """The figure is made in the shared clock's pass on the reactor thread and goes straight to the
-    event bus: no tell to the meter nor turn of its own per beat (item 65: at ten thousand running
-    attempts, a turn per machine per beat was most of what the meters cost)."""
+    event bus: no tell to the meter nor turn of its own per beat (bench/RESULTS.md item 67: a tell
+    and a turn per running machine per beat)."""
     meter = start_meter(ctx, probe, "priced")
     try:
         at = time.time()

@@ -200,7 +200,7 @@ async def _alarms() -> None:
 
 
 def test_the_beats_keep_a_grid_however_long_a_beat_s_pass() -> None:
-    """A subscriber's beat that takes a while (the pass that polls ten thousand virtual jobs, item 65)
+    """A subscriber's beat that takes a while (the pass that polls ten thousand virtual jobs, item 66)
     does not push the next beat back: beats fall `period` apart, not `period` after the pass's end;
     a pass longer than a period skips the beats it missed instead of running them back to back."""
     clock = trio.testing.MockClock(autojump_threshold=0)
