@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psutil
 import pykka
@@ -26,6 +26,8 @@ from actor_run.protocols.clouds.virtual import VirtualWorkspace
 from actor_run.protocols.failures import Code
 from actor_run.protocols.hosts.workspace import PollResult, Workspace
 from actor_run.protocols.messages import ChildFailed, Exited, Progress, Stalled, Watch
+
+T = TypeVar("T")
 
 
 def progress(**line: Any) -> str:
@@ -278,23 +280,32 @@ def _watch_many(ctx: Context, probe: ProbeHandle, machine: str, works: list[tupl
     return refs
 
 
-def _subscribed(ctx: Context, period: float) -> int:
-    """How many watches (and meters) the reactor's shared clock of `period` beats for now (read on the
-    reactor thread, with no task: the tests count tasks)."""
-    counted: list[int] = []
+def _on_reactor(ctx: Context, fn: Callable[[], T]) -> T:
+    """`fn()` run on the reactor thread, between two of its callbacks (never in the middle of a clock's
+    pass), with no task: the tests count tasks."""
+    got: list[T] = []
     done = threading.Event()
 
-    def count() -> None:
+    def run() -> None:
+        got.append(fn())
+        done.set()
+
+    ctx.reactor.soon(run)
+    assert done.wait(10)
+    return got[0]
+
+
+def _subscribed(ctx: Context, period: float) -> int:
+    """How many watches (and meters) the reactor's shared clock of `period` beats for now."""
+
+    def count() -> int:
         try:
             clock = _CLOCKS.get().get(period)
         except LookupError:
-            clock = None
-        counted.append(0 if clock is None else len(clock.subs))
-        done.set()
+            return 0
+        return 0 if clock is None else len(clock.subs)
 
-    ctx.reactor.soon(count)
-    assert done.wait(10)
-    return counted[0]
+    return _on_reactor(ctx, count)
 
 
 def test_virtual_jobs_are_polled_every_beat_in_the_clocks_one_pass_with_no_task_each(
@@ -315,14 +326,14 @@ def test_virtual_jobs_are_polled_every_beat_in_the_clocks_one_pass_with_no_task_
         refs += _watch_many(ctx, probe, machine.name, works[19:], tmp_path, poll_s=period, polls_off=off)
         try:
             wait_until(lambda: _subscribed(ctx, period) == 20, 10, "every watch on the clock")
-            first = [_steps(ws, w) for w, _ in works]
+            first = _on_reactor(ctx, lambda: [_steps(ws, w) for w, _ in works])  # between two passes
             t0 = time.monotonic()
             wait_until(lambda: min(_steps(ws, w) for w, _ in works) >= max(first) + 10, 20, "ten beats")
             elapsed = time.monotonic() - t0
             assert ctx.reactor.statistics().tasks_started == before  # no task per job, nor per poll
-            # every job at every beat: none falls behind the others by more than the beat in progress
-            steps = [_steps(ws, w) for w, _ in works]
-            assert max(steps) - min(steps) <= max(first) - min(first) + 1
+            # every job at every beat: each took as many steps since as every other
+            steps = _on_reactor(ctx, lambda: [_steps(ws, w) for w, _ in works])
+            assert len({n - m for n, m in zip(steps, first, strict=True)}) == 1
             assert elapsed < 10 * period * 20, "the beats stretched far past the period"
             # the attempt's switch: out of the pass at its next beat, the actor alive
             off.set()
