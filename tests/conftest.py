@@ -18,6 +18,12 @@ from typing import Any
 import psutil
 import pykka
 import pytest
+from hypothesis import settings
+
+# hypothesis's deadline (200 ms an example) is a wall-clock bound: on a loaded 2-core machine one
+# example of a quick property took 457 ms and failed the run. The properties hold at any speed.
+settings.register_profile("actor-run", deadline=None)
+settings.load_profile("actor-run")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -126,6 +132,18 @@ def moto() -> Iterator[Any]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def runpod_zygote() -> Any:
+    """This test process's zygote (tests/fakes/zygote.py), started: the fake RunPod serverless forks
+    its workers from it. Its tests are dealt to one worker (tests/schedule.py), which pays for its
+    imports once."""
+    from fakes.zygote import zygote
+
+    z = zygote()
+    z.start()
+    return z
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
