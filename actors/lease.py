@@ -278,6 +278,7 @@ class LeaseActor(Actor):
             with trio.CancelScope(deadline=trio.current_time() + 10), contextlib.suppress(HostError):
                 await workspace.aclose()
         detail = "no answer"
+        said = ""  # the provider's last words: a later try that only timed out does not hide them
         per_try = self.ctx.delete_timeout_s / DELETE_TRIES
         end = trio.current_time() + self.ctx.delete_timeout_s  # the whole of it, backoffs included
         for i in range(DELETE_TRIES):
@@ -293,7 +294,11 @@ class LeaseActor(Actor):
                 self._delete_asked_at = asked
                 return True, ""
             except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
-                detail = str(exc) or type(exc).__name__
+                text = str(exc) or type(exc).__name__
+                if isinstance(exc, trio.TooSlowError):
+                    detail = f"{said}; then no answer within {per_try:.1f} s" if said else text
+                else:
+                    detail = said = text
             pause = min(2.0**i * 0.2, 5.0)
             if i + 1 == DELETE_TRIES or trio.current_time() + pause >= end:  # no pause after the last try
                 break

@@ -128,6 +128,18 @@ def moto() -> Iterator[Any]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def runpod_zygote() -> Any:
+    """This test process's zygote (tests/fakes/zygote.py), started: the fake RunPod serverless forks
+    its workers from it. Its tests are dealt to one worker (tests/schedule.py), which pays for its
+    imports once."""
+    from fakes.zygote import zygote
+
+    z = zygote()
+    z.start()
+    return z
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | Path]:
     """A fresh ledger of each backend: an SQLite file under tmp_path, or a new PostgreSQL database."""

@@ -14,7 +14,9 @@ name in the file no test has is ignored: the file only moves tests, it never pic
 Tests that share a costly per-process session fixture are dealt as units, so that a few workers pay
 its start instead of each one that happens to get one of its tests (`GROUPS`: moto's server imports
 EC2's models for about 3 s of CPU; its 25 tests, three minutes, go to two shares; `TOGETHER`:
-SkyPilot's own interpreter, about 4 s, for five of them, which go into one of those two).
+SkyPilot's own interpreter, about 4 s, for seven tests, and the fake RunPod serverless's zygote, about
+1.5 s with the py-cpuinfo subprocess RunPod's SDK runs at import, for about forty, all go into one of
+those two, whether they use moto or not: six workers had each started a zygote, two SkyPilot's).
 
 Refresh the file from a run: `sh scripts/test.sh --durations=0 | python tests/schedule.py`.
 """
@@ -30,7 +32,8 @@ from typing import TypeVar
 DURATIONS = Path(__file__).with_name("durations.json")
 LONG_S = 4.0
 GROUPS = {"moto": 2}  # a session fixture -> how many shares its tests are dealt to
-TOGETHER = {"sky_own": "moto"}  # a session fixture whose tests all go into one part of a group
+# a session fixture whose tests all go into one part of a group
+TOGETHER = {"sky_own": "moto", "runpod_zygote": "moto"}
 
 T = TypeVar("T")
 
@@ -50,9 +53,10 @@ def groups(fixtures: list[set[str]], names: list[str], durations: dict[str, floa
     tests split into that many parts of about even length, the TOGETHER ones all in its first part."""
     out: dict[int, str] = {}
     for fixture, parts in GROUPS.items():
-        members = [i for i, f in enumerate(fixtures) if fixture in f and i not in out]
-        load = [0.0] * parts
         together = {t for t, g in TOGETHER.items() if g == fixture}
+        # a TOGETHER fixture's tests are the group's whether they ask for its fixture or not
+        members = [i for i, f in enumerate(fixtures) if (fixture in f or together & f) and i not in out]
+        load = [0.0] * parts
         for i in sorted(members, key=lambda i: (not together & fixtures[i], -durations.get(names[i], 0.0), i)):
             p = 0 if together & fixtures[i] else min(range(parts), key=lambda p: (load[p], p))
             out[i] = f"{fixture}/{p}"

@@ -6,6 +6,7 @@ command line, and only the command line imports the command line."""
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,12 +44,19 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -
         yield target, [alias.name for alias in node.names]
 
 
+@functools.cache
+def _parsed(source: str) -> tuple[ast.Module, tuple[ast.Import | ast.ImportFrom, ...]]:
+    """A source's tree and every import in it, at any depth (each test reads the same files: parsed
+    once per process)."""
+    tree = ast.parse(source)
+    return tree, tuple(n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+
+
 def imported_packages(source: str, module: str) -> set[str]:
     """The project layers a module's source imports (at any depth, relative ones resolved)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.update(_layer(target) for target, _ in _targets(node, module, False))
+    for node in _parsed(source)[1]:
+        found.update(_layer(target) for target, _ in _targets(node, module, False))
     return found & set(LAYERS)
 
 
@@ -105,9 +113,8 @@ def imports_of(root: Path, *, module_level: bool) -> dict[str, set[str]]:
     modules = project_modules(root)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text())
-        nodes = _module_level(tree.body) if module_level else (
-            n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+        tree, every = _parsed(path.read_text())
+        nodes = _module_level(tree.body) if module_level else iter(every)
         found: set[str] = set()
         for node in nodes:
             for target, names in _targets(node, name, path.name == "__init__.py"):

@@ -83,3 +83,15 @@ def test_moto_tests_go_to_two_parts_of_even_length_and_skypilots_own_into_one() 
     parts = {p: sum(durations.get(names[i], 0.0) for i in got if got[i] == p) for p in set(got.values())}
     assert len(parts) == 2
     assert sorted(parts.values()) == [29.0, 29.0]  # 20 + 9 (+ t7: no time known) | 18 + 10 + 1
+
+
+def test_the_zygotes_and_skypilots_own_tests_join_moto_s_first_part_without_asking_for_moto() -> None:
+    names = [f"t{i}" for i in range(8)]
+    durations = {"t0": 20.0, "t1": 18.0, "t2": 10.0}
+    fixtures = [{"moto"}, {"moto"}, {"sky_own"}, {"runpod_zygote"}, {"runpod_zygote", "moto"}, set(), {"sshd"},
+                {"runpod_zygote", "tmp_path"}]
+    got = groups(fixtures, names, durations)
+    assert set(got) == {0, 1, 2, 3, 4, 7}  # the plain and the sshd tests stay out
+    assert got[2] == got[3] == got[4] == got[7]  # every process that starts a zygote or SkyPilot's: one
+    assert got[0] != got[1]  # moto's own two still split (t0 to the part without the 10 s of SkyPilot's)
+    assert got[1] == got[2]

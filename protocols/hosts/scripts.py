@@ -85,16 +85,21 @@ running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
   case "$_r_s" in *"$tag"*) return 0;; esac; return 1; }
 """
 
-# The host's backstop for a job its controller lost: every `every` seconds while the attempt's folder
-# exists, if no controller wrote `alive` for `lost` seconds and the job still runs, stop its process
-# group and remove the folder (its outputs are partial). A finished job keeps its folder `keep`
-# seconds for a controller that comes back: its results are whole. What it removes leaves a
-# tombstone beside it, `a<n>.lost` ("<last alive stamp> <lost_after>"): a sweep still reads there
-# that the controller went silent (`beats`).
+# The host's backstop for a job its controller lost: every `every` seconds, if no controller wrote
+# `alive` for `lost` seconds and the job still runs, stop its process group and remove the folder
+# (its outputs are partial). A finished job keeps its folder `keep` seconds for a controller that
+# comes back: its results are whole. What it removes leaves a tombstone beside it, `a<n>.lost`
+# ("<last alive stamp> <lost_after>"): a sweep still reads there that the controller went silent
+# (`beats`). Once the folder is gone (the controller tidied it, or somebody removed it under a job
+# still running, whose outputs then have nowhere to go and whose heartbeat nobody can write), the
+# job is stopped if it still runs, and the watchdog ends.
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
-""" + RUNNING + r"""while [ -d "$w" ]; do
+""" + RUNNING + r"""while :; do
   sleep "$every"
-  [ -d "$w" ] || exit 0
+  if [ ! -d "$w" ]; then
+    running "$pid" && { kill -s TERM -- "-$pid" 2>/dev/null; sleep 2; kill -s KILL -- "-$pid" 2>/dev/null; }
+    exit 0
+  fi
   last=; { read -r last < "$w/alive"; } 2>/dev/null
   case "$last" in ''|*[!0-9]*) continue;; esac
   age=$(( $(date +%s) - last ))

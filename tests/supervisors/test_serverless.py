@@ -35,7 +35,7 @@ TRAIN = ('echo "{\\"stage\\": \\"train\\", \\"seed\\": $ACTOR_RUN_SEED}" >> "$AC
 
 
 @pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPodServerless]:
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runpod_zygote: Any) -> Iterator[FakeRunPodServerless]:
     monkeypatch.setenv("RP_TEST_KEY", "test-key")
     with serving(tmp_path / "fake") as server:
         yield server

@@ -28,7 +28,7 @@ from actor_run.protocols.specs import CandidateSpec
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeRunPodServerless]:
+def fake(tmp_path: Path, runpod_zygote: Any) -> Iterator[FakeRunPodServerless]:
     with serving(tmp_path / "fake") as server:
         yield server
 

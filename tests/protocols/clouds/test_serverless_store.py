@@ -29,7 +29,7 @@ LIMIT = 2048  # the test's inline limit: the code below packs to about 8 KB
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeRunPodServerless]:
+def fake(tmp_path: Path, runpod_zygote: Any) -> Iterator[FakeRunPodServerless]:
     with serving(tmp_path / "fake") as server:
         yield server
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import trio
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
-from fakes.zygote import KEPT, MODULE, PURGED, ForkedProcess, Zygote, zygote
+from fakes.zygote import KEPT, MODULE, PURGED, ForkedProcess, Zygote
 from test_runpod_serverless import gone_by, run_until_end, submitted, wait_for_pids, with_pids
 from waits import poll
 
@@ -75,7 +75,7 @@ def gone(pid: int) -> bool:
 
 
 def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_had(
-        own_zygote: Zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        own_zygote: Zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runpod_zygote: Zygote) -> None:
     monkeypatch.setenv("WORKER_OWN", "from-the-fake")  # in what the fake gives its workers, not in the zygote's
     with serving(tmp_path / "fake") as fake:
         fake.zygote = own_zygote
@@ -108,7 +108,7 @@ def test_a_forked_worker_reads_its_own_environment_and_nothing_only_the_zygote_h
 
 
 def test_a_worker_killed_with_sigkill_is_seen_dead_with_its_status(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runpod_zygote: Zygote) -> None:
     pids = tmp_path / "pids"
     with serving(tmp_path / "fake") as fake:
         cloud = cloud_for(fake, tmp_path, monkeypatch)
@@ -200,8 +200,8 @@ def test_a_dead_zygote_is_started_again_and_closing_it_leaves_no_worker(tmp_path
     assert psutil.wait_procs(working_in(tmp_path), timeout=30)[1] == []
 
 
-def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(tmp_path: Path) -> None:
-    z = zygote()  # this test process's, as the fake uses it
+def test_an_environment_the_zygotes_imports_read_otherwise_is_not_forked(tmp_path: Path, runpod_zygote: Zygote) -> None:
+    z = runpod_zygote  # this test process's, as the fake uses it
     env = worker_env(closed_port()) | {"AIOHTTP_NO_EXTENSIONS": "1"}  # aiohttp reads it at import
     assert z.spawn(ARGV, env, str(tmp_path), 2) is None
     assert z.refused[-1] == "the zygote's imports read ['AIOHTTP_NO_EXTENSIONS'] from an environment that differs"
@@ -221,10 +221,10 @@ sys.exit(3)
 """
 
 
-def test_python_c_runs_forked_as_python_c_would_run_it(tmp_path: Path) -> None:
+def test_python_c_runs_forked_as_python_c_would_run_it(tmp_path: Path, runpod_zygote: Zygote) -> None:
     env = worker_env(closed_port()) | {"OWN": "mine"}
     with (tmp_path / "c.log").open("ab") as out:
-        proc = zygote().spawn([sys.executable, "-c", SHOW, "a", "b"], env, str(tmp_path), out.fileno())
+        proc = runpod_zygote.spawn([sys.executable, "-c", SHOW, "a", "b"], env, str(tmp_path), out.fileno())
     assert isinstance(proc, ForkedProcess)
     assert proc.wait(30) == 3
     shown, fds = (tmp_path / "c.log").read_text().splitlines()

@@ -216,3 +216,29 @@ def test_running_knows_our_job_by_its_tag_and_no_other_process(tmp_path: Path, h
             p.kill()
             p.wait()
     assert not _running(work, ours.pid, how)
+
+
+def test_a_job_whose_folder_is_removed_under_it_is_stopped_by_its_watchdog(tmp_path: Path) -> None:
+    """Somebody removes the attempt's folder while the job runs (and its controller is gone, or cannot
+    read it any more): the job's outputs have nowhere to go and nobody can keep its heartbeat, so its
+    watchdog stops it within a beat and its TERM grace, and ends itself."""
+    machine = tmp_path / "machine"
+    machine.mkdir(mode=0o700)
+
+    async def go() -> tuple[int, int, str]:
+        ws = ShellWorkspace(LocalHost("test"), str(machine))
+        work = ws.work_dir("job", 0, 0)
+        try:
+            # lost_after_s=2: the watchdog wakes each second (the folder goes before its first beat)
+            pid = await ws.start(Launch(work=work, command="sleep 120", code=None, inputs=[], env={},
+                                        lost_after_s=2))
+        finally:
+            await ws.aclose()
+        return pid, int((Path(work) / "watchdog.pid").read_text()), work
+
+    pid, watchdog, work = run(go)
+    job = psutil.Process(pid)
+    dog = psutil.Process(watchdog)
+    subprocess.run(["rm", "-rf", work], check=True, timeout=30)
+    _, alive = psutil.wait_procs([job, dog], timeout=30)  # a beat and the TERM grace, on a loaded machine
+    assert alive == [], [p.pid for p in alive]

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from fakes.zygote import zygote
+from fakes.zygote import Zygote
 
 from actor_run.protocols.serverless import decode_blob, encode_blob, handle, pack, run, unpack
 
@@ -233,14 +233,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_sdk_local_api_server_runs_a_job_to_its_aggregated_result(tmp_path: Path) -> None:
+def test_the_sdk_local_api_server_runs_a_job_to_its_aggregated_result(tmp_path: Path, runpod_zygote: Zygote) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD")}
     argv = [sys.executable, "-m", "actor_run.protocols.serverless", "--rp_serve_api", "--rp_api_host", "127.0.0.1",
             "--rp_api_port", str(port)]
     stderr_r, stderr_w = os.pipe()
     with open(os.devnull, "wb") as null:  # forked from a process that has imported the SDK (fakes/zygote.py)
-        proc = zygote().spawn(argv, env, str(tmp_path), null.fileno(), stderr_w)
+        proc = runpod_zygote.spawn(argv, env, str(tmp_path), null.fileno(), stderr_w)
     os.close(stderr_w)
     assert proc is not None
     stderr = os.fdopen(stderr_r)
