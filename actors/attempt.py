@@ -98,7 +98,7 @@ class AttemptActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
                  setup_grace_s: float, seed_dir: Path, resume_dir: Path | None = None,
                  reattach: Reattach | None = None, seed_dir_clean: bool = False,
-                 reserved_usd: float | None = None) -> None:
+                 reserved_usd: float | None = None, checkpoint_asked: Flag | None = None) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
         self.head: AttemptHead = {"job": job.name, "seed": job.seed, "attempt": attempt}
@@ -112,6 +112,8 @@ class AttemptActor(Actor):
         self.reattach = reattach
         self.reserved_usd = reserved_usd  # the meter's guard stops the attempt before its spend crosses it
         self.checkpoints: set[str] = set()
+        # the job's, set before a checkpoint is asked for: its end looks for .checkpoint only then
+        self.checkpoint_asked = checkpoint_asked
         if reattach is not None:
             self.deadline = reattach.machine.deadline
             self.name = reattach.machine.name
@@ -287,6 +289,8 @@ class AttemptActor(Actor):
         if not path.startswith("out/"):
             path = "out/" + path.lstrip("/")
         self.checkpoints.add(path)
+        if self.checkpoint_asked is not None:
+            self.checkpoint_asked.set()
         assert self.transfer is not None  # started on Leased
         self.transfer.tell(FetchCheckpoint(machine=self.machine.name, work=self.work, path=path, line=line,
                                            into=str(self.seed_dir / ".checkpoint")))

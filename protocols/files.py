@@ -14,7 +14,7 @@ def private_opener(path: str, flags: int) -> int:
     return fd
 
 
-def write_private(path: Path, data: bytes) -> None:
+def write_private(path: str | Path, data: bytes) -> None:
     """`data` as the whole of the file at `path`, made 0600 (an existing one too). On the descriptor
     itself: no file object to build, nor the `fstat` its making costs (a response.json per job, ten
     thousand in an end burst)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ import outcome
 import pykka
 
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
+from actor_run.actors.flag import Flag
 from actor_run.protocols.failures import Code, LaunchError, Refused
 from actor_run.protocols.files import write_private
 from actor_run.protocols.hosts.workspace import RESUME_LINE
@@ -104,6 +106,7 @@ class JobSupervisor(Actor):
         self.head: JobHead = {"job": job.name, "seed": job.seed}
         # where the run said at its start (a resume passes the folder the ledger recorded)
         self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
+        self.response_path = os.path.join(self.seed_dir, "response.json")  # a string: made once, not at the end
         self.walk = Walk(len(job.candidates))
         self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs
         # the seed's own ceiling, counting what its attempts cost before a resume
@@ -123,6 +126,9 @@ class JobSupervisor(Actor):
         self.rng_seed = rng_seed
         self._rng: random.Random | None = None  # made at the first backoff: seeding one costs a read of urandom
         self.fresh = False  # this job made its seed folder: nothing an earlier run fetched is in it
+        # set by an attempt that asks for a checkpoint into the seed's .checkpoint: in a fresh folder,
+        # the job's end looks for one only then (actors/attempt.py)
+        self.checkpoint_asked = Flag()
         self.started = time.time()
         if reattach is not None:  # an adopted job began with its machine, not with the adoption
             self.started = min(self.started, reattach.machine.created_at or self.started)
@@ -165,7 +171,8 @@ class JobSupervisor(Actor):
             self.reserved = reserved
             self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no,
                                             offer=offer, setup_grace_s=self._grace(offer), seed_dir=self.seed_dir,
-                                            reattach=self.reattach, reserved_usd=reserved)
+                                            reattach=self.reattach, reserved_usd=reserved,
+                                            checkpoint_asked=self.checkpoint_asked)
             self.reattach = None
             return
         self._next()
@@ -341,7 +348,8 @@ class JobSupervisor(Actor):
         clean = self.fresh and not any("run" in h["phases"] for h in self.history)
         self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
                                         setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume,
-                                        seed_dir_clean=clean, reserved_usd=reserved_usd)
+                                        seed_dir_clean=clean, reserved_usd=reserved_usd,
+                                        checkpoint_asked=self.checkpoint_asked)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -437,7 +445,9 @@ class JobSupervisor(Actor):
             return
         self.ended = True
         self.cancel_tasks()
-        out_dir = tidy_seed_dir(self.seed_dir, self.history)
+        # a folder this job made holds a checkpoint only if one of its attempts asked for one
+        out_dir = tidy_seed_dir(self.seed_dir, self.history,
+                                checkpoint=not self.fresh or self.checkpoint_asked.is_set())
         self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
                          detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
@@ -449,7 +459,7 @@ class JobSupervisor(Actor):
         self.ctx.at("response", self.job.key)
         data = response_json(self.job, outcome_, failure, detail, self.history, self.usd_done, self.started)
         # through the ledger's fence: a controller that lost the job writes no response.json
-        self.ledger.write_file(self.job.key, functools.partial(write_private, self.seed_dir / "response.json", data))
+        self.ledger.write_file(self.job.key, functools.partial(write_private, self.response_path, data))
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:

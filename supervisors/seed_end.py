@@ -15,19 +15,21 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.specs import Job
 
 
-def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]]) -> Path:
+def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]], *, checkpoint: bool = True) -> Path:
     """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
     brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
     but an earlier one did (that one's fetch failed, so it was retried), what the earlier one
     brought goes. What a run before this job left stays unless a fetch replaced it. The resume
-    checkpoint goes."""
+    checkpoint goes. `checkpoint=False`: the caller knows there is none (a folder its job made,
+    into which none of its attempts asked for one): not looked for, a system call spared per job."""
     ran = ["run" in h["phases"] for h in history]
     if ran and not ran[-1] and any(ran):
         shutil.rmtree(seed_dir / "out", ignore_errors=True)
         (seed_dir / "progress.jsonl").unlink(missing_ok=True)
-    checkpoint = seed_dir / ".checkpoint"
-    if checkpoint.exists():
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    if checkpoint:
+        folder = seed_dir / ".checkpoint"
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
     return seed_dir
 
 

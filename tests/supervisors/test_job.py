@@ -4,6 +4,7 @@ the capacity walk, what is retried (on a fresh machine) and what is not, respons
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -285,6 +286,35 @@ def test_cancel_of_a_running_job(
     assert [e.confirmed for e in events.of(Released)] == [True]
     assert events.of(Retrying) == []
     assert [m.state for m in ledger_machines()] == ["deleted"]
+
+
+def test_a_jobs_end_looks_for_a_checkpoint_only_where_there_may_be_one(
+    open_runner: Callable[..., Any], sim_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a seed folder the job made, none of whose attempts asked for a checkpoint, there is none:
+    its end looks for no `.checkpoint` (a system call per job in an end burst, bench/RESULTS.md item
+    66). In a folder a run before it left, a `.checkpoint` there still goes. (A checkpoint an
+    attempt asked for goes too: tests/supervisors/test_resume.py.)"""
+    looked: list[str] = []
+    stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.fspath(path).endswith(".checkpoint"):
+            looked.append(os.fspath(path))
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    fresh, used = sim_job("fresh", "echo fresh"), sim_job("used", "echo used")
+    with open_runner() as r:
+        r.start_run()
+        left = r.seed_dir(used) / ".checkpoint"  # a run before this one left it there
+        (left / "ckpt-1").mkdir(parents=True)
+        assert [r.submit(j).result(60).outcome for j in (fresh, used)] == ["succeeded", "succeeded"]
+        fresh_dir = r.seed_dir(fresh)
+    assert (fresh_dir / "response.json").is_file()
+    assert not [p for p in looked if p.startswith(os.fspath(fresh_dir))]  # main: looked once
+    assert str(left) in looked
+    assert not left.exists()
 
 
 def test_a_jobs_end_keeps_the_last_attempts_outputs_and_drops_an_earlier_ones(tmp_path: Path) -> None:

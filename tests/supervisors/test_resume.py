@@ -62,6 +62,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert ended.outcome == "succeeded", ended
     assert ended.attempts == 2
     assert (tmp_path / "out" / "latest" / "ckpt" / "seed-1" / "out" / "resumed.txt").read_text() == "1200 step=1200"
+    assert not (tmp_path / "out" / "latest" / "ckpt" / "seed-1" / ".checkpoint").exists()  # asked for: it goes
     assert sim_machines(tmp_path / "sim") == []
 
 
