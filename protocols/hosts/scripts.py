@@ -92,12 +92,12 @@ running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
 # ("<last alive stamp> <lost_after>"): a sweep still reads there that the controller went silent
 # (`beats`). Once the folder is gone (the controller tidied it, or somebody removed it under a job
 # still running, whose outputs then have nowhere to go and whose heartbeat nobody can write), the
-# job is stopped if it still runs, and the watchdog ends.
+# job is killed if it still runs, and the watchdog ends at once.
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
 """ + RUNNING + r"""while :; do
   sleep "$every"
   if [ ! -d "$w" ]; then
-    running "$pid" && { kill -s TERM -- "-$pid" 2>/dev/null; sleep 2; kill -s KILL -- "-$pid" 2>/dev/null; }
+    running "$pid" && kill -s KILL -- "-$pid" 2>/dev/null  # no grace: nothing it writes has anywhere to go
     exit 0
   fi
   last=; { read -r last < "$w/alive"; } 2>/dev/null

@@ -221,7 +221,7 @@ def test_running_knows_our_job_by_its_tag_and_no_other_process(tmp_path: Path, h
 def test_a_job_whose_folder_is_removed_under_it_is_stopped_by_its_watchdog(tmp_path: Path) -> None:
     """Somebody removes the attempt's folder while the job runs (and its controller is gone, or cannot
     read it any more): the job's outputs have nowhere to go and nobody can keep its heartbeat, so its
-    watchdog stops it within a beat and its TERM grace, and ends itself."""
+    watchdog kills it at its next beat, and ends itself."""
     machine = tmp_path / "machine"
     machine.mkdir(mode=0o700)
 
@@ -240,5 +240,5 @@ def test_a_job_whose_folder_is_removed_under_it_is_stopped_by_its_watchdog(tmp_p
     job = psutil.Process(pid)
     dog = psutil.Process(watchdog)
     subprocess.run(["rm", "-rf", work], check=True, timeout=30)
-    _, alive = psutil.wait_procs([job, dog], timeout=30)  # a beat and the TERM grace, on a loaded machine
+    _, alive = psutil.wait_procs([job, dog], timeout=30)  # a beat, on a loaded machine
     assert alive == [], [p.pid for p in alive]
