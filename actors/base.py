@@ -231,11 +231,6 @@ class Actor(PooledActor):
         self._tasks.add(sub)
         return sub
 
-    def when_idle(self, message: Message) -> None:
-        """Tell this actor `message` once the pool has no turn waiting (actors/pool.py): work nobody
-        waits on, out of a burst's way."""
-        self.pool.when_idle(self.actor_ref, message)
-
     def stop_now(self) -> None:
         """Stop at the end of this turn (`on_stop` runs now): for an actor that has told its end and
         holds nothing. Its stop was put off until the pool was idle, out of the burst's way, but

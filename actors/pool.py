@@ -40,7 +40,6 @@ from actor_run.actors.flag import Flag
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 DEFER_TURNS = 32  # a wake-up put off by `defer` goes out after at most this many turns of its worker
-LATER_EVERY = 64  # a tell put off until idle goes out after at most this many turns all the same
 _local = threading.local()
 # a UUID's text whose last group counts up: random per process, unique in it, one format per actor
 _URN_PREFIX = uuid.uuid4().urn[:-12]
@@ -64,25 +63,8 @@ class ActorPool:
         self._idle = 0
         self._blocked = 0
         self._ids = itertools.count()
-        self._later: collections.deque[tuple[pykka.ActorRef[Any], Any]] = collections.deque()
-        self._since_later = 0
         self.turns = 0
         self.messages = 0
-
-    def when_idle(self, ref: pykka.ActorRef[Any], message: Any) -> None:
-        """Tell `ref` `message` once no turn waits (or after LATER_EVERY turns, so it is never put off
-        for good): for work nobody waits on, out of a burst's way (an actor's stop once its end is
-        told; the attempt's watchers, started while its create is out)."""
-        with self._cond:
-            if not self._later:
-                self._since_later = 0  # count this one's wait from now, not from the last tell put off
-            self._later.append((ref, message))
-            if self._workers - self._idle - self._blocked > 0:
-                return  # a running worker takes it when it runs out of turns
-            if self._idle > 0:
-                self._cond.notify()
-            else:
-                self._spawn()
 
     def schedule(self, actor: PooledActor, urgent: bool = False) -> None:
         """Queue an actor's turn. A worker is woken only when none is running: a running worker
@@ -123,7 +105,6 @@ class ActorPool:
         _local.deferred = {}
         _local.deferred_turns = 0
         while True:
-            later = None
             with self._cond:
                 self._idle += 1
                 while not self._runnable:
@@ -139,28 +120,18 @@ class ActorPool:
                         finally:
                             self._cond.acquire()
                         continue
-                    if self._later:
-                        later = self._later.popleft()
-                        break
                     if not self._cond.wait(self.idle_s) and not self._runnable and self._workers > self.keep:
                         self._idle -= 1
                         self._workers -= 1
                         return
                 self._idle -= 1
-                if later is None and self._later and self._since_later >= LATER_EVERY:
-                    later = self._later.popleft()
-                actor = self._runnable.popleft() if self._runnable else None
-                self._since_later = 0 if later is not None else self._since_later + 1
-            if later is not None:
-                with contextlib.suppress(ActorDeadError):  # stopped meanwhile: nothing to tell
-                    later[0].tell(later[1])  # queues its turn behind this worker's (no wake-up)
-            if actor is not None:
-                self.turns += 1
-                actor._turn()
-                if _local.deferred:
-                    _local.deferred_turns += 1
-                    if _local.deferred_turns >= DEFER_TURNS or not self._runnable:
-                        _flush_deferred()
+                actor = self._runnable.popleft()
+            self.turns += 1
+            actor._turn()
+            if _local.deferred:
+                _local.deferred_turns += 1
+                if _local.deferred_turns >= DEFER_TURNS or not self._runnable:
+                    _flush_deferred()
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
