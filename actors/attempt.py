@@ -38,7 +38,7 @@ from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
 from actor_run.protocols.failures import Code, MachineGone
-from actor_run.protocols.files import private_opener
+from actor_run.protocols.files import append_private
 from actor_run.protocols.hosts.workspace import Launch
 from actor_run.protocols.messages import (
     Acquire,
@@ -387,8 +387,8 @@ class AttemptActor(Actor):
         if self.heartbeat is None:  # the job never started: the attempt's part of log.txt is its header
             # and, without a machine, why (a started job's heartbeat wrote the header as it started)
             line = "" if self.leased else f"no machine: {failure or outcome_}: {detail}\n"
-            self.ctx.ledger.write_file(self.job.key, functools.partial(_append_text, self.seed_dir / "log.txt",
-                                                                       self._header() + line))
+            self.ctx.ledger.write_file(self.job.key, functools.partial(append_private, self.seed_dir / "log.txt",
+                                                                       (self._header() + line).encode()))
         if not event.confirmed:
             unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
             detail = (detail + "; " if detail else "") + unconfirmed
@@ -434,11 +434,6 @@ class AttemptActor(Actor):
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
                 except pykka.Timeout:
                     self.log.error("{} did not stop in time", child)
-
-
-def _append_text(path: Path, text: str) -> None:
-    with open(path, "a", opener=private_opener) as f:
-        f.write(text)
 
 
 _TAKEN_OVER = re.compile(

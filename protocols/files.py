@@ -21,6 +21,11 @@ def write_private(path: str | Path, data: bytes) -> None:
     write_all(private_opener(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), data)
 
 
+def append_private(path: str | Path, data: bytes) -> None:
+    """`data` added at the end of the file at `path`, made 0600 (an existing one too)."""
+    write_all(private_opener(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC), data)
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write all of `data` to the open descriptor `fd` (a write may take part of it), then close it."""
     try:
