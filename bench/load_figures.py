@@ -124,6 +124,7 @@ class Collections:
         self.full_s = 0.0
         self.all_s = 0.0
         self.by_generation = [[0, 0.0, 0] for _ in range(3)]  # per generation: passes, seconds, objects collected
+        self.passes: list[tuple[float, float]] = []  # each pass: when it ended (time.time()), its seconds
         self._t = 0.0
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
@@ -132,6 +133,7 @@ class Collections:
             return
         dt = time.perf_counter() - self._t
         self.all_s += dt
+        self.passes.append((time.time(), dt))
         gen = self.by_generation[info["generation"]]
         gen[0] += 1
         gen[1] += dt
@@ -139,6 +141,11 @@ class Collections:
         if info["generation"] == 2:
             self.full += 1
             self.full_s += dt
+
+    def between(self, t0: float, t1: float) -> tuple[int, float]:
+        """The passes that ended between `t0` and `t1` (time.time()): how many, and their seconds."""
+        inside = [dt for t, dt in self.passes if t0 <= t <= t1]
+        return len(inside), sum(inside)
 
     def __enter__(self) -> Collections:
         gc.callbacks.append(self._callback)
