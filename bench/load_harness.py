@@ -212,8 +212,7 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
                  "view_redraws": stats.redraws, "view_redraws_per_s": stats.redraws / wall,
                  "view_events": stats.events, "view_bytes": screen.bytes_drawn}
     with tally.lock:
-        events = tally.events
-        kinds = dict(tally.kinds)
+        events, kinds = tally.counts()
         ended = dict(tally.ended)
         steps = {k: [percentile(v, 50), percentile(v, 99)] for k, v in tally.steps.items() if len(v) >= 10}
         marks = {k: (min(v), max(v)) for k, v in tally.marks.items()}
@@ -224,7 +223,8 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         bursts = {"start_burst_s": start_end - wall0, "start_burst_cpu_s": sampler.cpu_between(wall0, start_end),
                   "end_burst_s": last_ended - end_start,
                   "end_burst_cpu_s": sampler.cpu_between(end_start, last_ended),
-                  "start_burst_gc": passes.between(wall0, start_end), "end_burst_gc": passes.between(end_start, last_ended)}
+                  "start_burst_gc": passes.between(wall0, start_end),
+                  "end_burst_gc": passes.between(end_start, last_ended)}
     if msgs0 is not None and msgs1 is not None:
         messages, source = msgs1[0] - msgs0[0], msgs1[1]
     else:
