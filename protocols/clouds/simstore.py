@@ -69,14 +69,19 @@ _COUNT = 8  # bytes of the `changes` file: a little-endian count
 
 class _FolderLook:
     """One process's last look at a sim folder's count of changes to existing records
-    (SimStore.changes)."""
+    (SimStore.changes), and the changes this process made itself: how many, and which record each
+    last changed (its number among them), so a guard tells this process's deletes of other machines
+    from a change to its own without a look at its record."""
 
-    __slots__ = ("_count", "looked", "path")
+    __slots__ = ("_count", "epoch", "looked", "marks", "own", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.looked = -FOLDER_LOOK_S  # time.monotonic() of the last look
         self._count = 0
+        self.own = 0  # changes made through this process's stores
+        self.marks: dict[str, int] = {}  # record name -> `own` after this process last changed it
+        self.epoch = 0  # moves when `marks` is let go of (every guard looks at its record once then)
 
     def count(self) -> int:
         now = time.monotonic()
@@ -85,9 +90,19 @@ class _FolderLook:
             self._count = _read_count(self.path)
         return self._count
 
-    def moved(self) -> None:
-        """This process changed a record: the next count is a fresh look."""
+    def moved(self, names: list[str]) -> None:
+        """This process changed the records `names` (one change to the count): the next count is a
+        fresh look. `marks` holds at most MARKS names: then it starts again, with a new `epoch`."""
+        self.own += 1
+        if len(self.marks) + len(names) > MARKS:
+            self.marks = {}
+            self.epoch += 1
+        for name in names:
+            self.marks[name] = self.own
         self.looked = -FOLDER_LOOK_S
+
+
+MARKS = 4096  # names of records this process changed, kept for its guards (then let go of, all at once)
 
 
 def _read_count(path: str) -> int:
@@ -154,26 +169,32 @@ class SimStore:
     def path(self, name: str) -> Path:
         return self.machines / f"{name}.json"
 
-    def changes(self) -> int:
-        """How many times a record that existed was replaced (a preemption) or removed (a delete),
-        by any process: the `changes` file, bumped under the lock by each such change. A create
-        adds a record and changes none, so a burst of launches leaves it as it is (the folder's
-        mtime, what guards compared before, moved with every create: in a start burst every guard
-        `stat`ed its record at every poll). One look serves every store of this process for
-        `FOLDER_LOOK_S`; a change made through any of them is seen at the next call, one made by
-        another process within `FOLDER_LOOK_S`. A count, not a time: no clock tick can hide a
-        change. On the reactor thread."""
-        return self._look.count()
+    def changes(self, name: str) -> tuple[int, int, int]:
+        """A stamp that moves whenever the record `name` may have changed: (the changes to existing
+        records made by other processes, this process's `epoch`, the number of this process's last
+        change to `name`). The changes are counted in the `changes` file, bumped under the lock by
+        each preemption (a record replaced) or delete (removed), by any process; a create adds a
+        record and changes none, so a burst of launches leaves it as it is (the folder's mtime, what
+        guards compared before, moved with every create). This process's own changes say which
+        records they touched, so an end burst's deletes move the stamp of the machines deleted only
+        (while any delete moved the count, every guard `stat`ed its record at every poll of the
+        burst). One look at the count serves every store of this process for `FOLDER_LOOK_S`; a
+        change made through any of them is seen at the next call, one made by another process
+        within `FOLDER_LOOK_S` (a look that crosses a bump of this process's may move the stamp for
+        nothing: a `stat` more, never a change missed for longer). A count, not a time: no clock
+        tick can hide a change. On the reactor thread."""
+        look = self._look
+        return look.count() - look.own, look.epoch, look.marks.get(name, 0)
 
-    def _bump(self) -> None:
-        """Under the lock: one more change to an existing record (`changes`)."""
+    def _bump(self, names: list[str]) -> None:
+        """Under the lock: one more change, to the existing records `names` (`changes`)."""
         fd = os.open(self.root / "changes", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             count = int.from_bytes(os.pread(fd, _COUNT, 0), "little")
             os.pwrite(fd, (count + 1).to_bytes(_COUNT, "little"), 0)
         finally:
             os.close(fd)
-        self._look.moved()
+        self._look.moved(names)
 
     def read(self, name: str) -> SimRecord | None:
         if not SAFE_NAME.fullmatch(name):
@@ -309,7 +330,7 @@ class SimStore:
         out: list[DeleteUnconfirmed | None] = []
         bills: list[bytes] = []
         with self.locked():
-            held, changed = self._held_locked(), False
+            held, changed = self._held_locked(), []
             for name, now in items:
                 if not SAFE_NAME.fullmatch(name):
                     out.append(None)  # no machine can have this name
@@ -328,7 +349,7 @@ class SimStore:
                     self.path(name).unlink()  # under the lock: gone once this returns
                     place = place_key(rec.region, rec.gpu)
                     held[place] = held.get(place, 0) - 1
-                    changed = True
+                    changed.append(name)
                     bills.append(msgspec.json.encode(_bill(rec, now)) + b"\n")
                 if sandbox is not None and sandbox.exists():
                     # after the record: a call that passed its guard before may still write here
@@ -341,7 +362,7 @@ class SimStore:
                     f.write(b"".join(bills))
             if changed:
                 self._save_held(held)
-                self._bump()  # after the unlinks: a guard that looked before them looks again
+                self._bump(changed)  # after the unlinks: a guard that looked before them looks again
         return out
 
     def preempt(self, name: str, now: float) -> None:
@@ -353,7 +374,7 @@ class SimStore:
                 at = now if rec.preempt_at is None else min(now, rec.preempt_at)
                 self._write(self.path(name), msgspec.json.encode(
                     msgspec.structs.replace(rec, state="preempted", preempt_at=at)))
-                self._bump()
+                self._bump([name])
         sandbox = self.sandboxes / name
         if sandbox.exists():
             stop_processes_under(sandbox)

@@ -53,15 +53,16 @@ class Provider(Protocol):
     def path(self, name: str) -> Path: ...
     def read(self, name: str) -> Held | None: ...
     def preempt(self, name: str, now: float) -> None: ...
-    def changes(self) -> int: ...  # see SimStore.changes
+    def changes(self, name: str) -> tuple[int, int, int]: ...  # see SimStore.changes
 
 
 class MachineGuard:
     """Raises `MachineGone` once the provider deleted or preempted the machine.
 
-    Awaited before every call to the machine. While the provider's count of changes to existing
-    records is what it was when this guard last looked at its own record, no record was replaced or
-    removed since: no system call. Otherwise one `stat` of the record, and a read if it changed.
+    Awaited before every call to the machine. While the provider's stamp of its record (other
+    processes' changes to existing records, this process's to this one: SimStore.changes) is what
+    it was when this guard last looked at the record, the record was not replaced or removed since:
+    no system call. Otherwise one `stat` of the record, and a read if it changed.
     (A `stat` per call cost 20,000 system calls a second at 10,000 jobs polled every 0.5 s, each
     one a wait for the GIL when another thread computes; and while the folder's mtime was the
     sign, every create of a start burst moved it: bench/RESULTS.md.)
@@ -74,7 +75,7 @@ class MachineGuard:
         self._rec = rec
         self._path = os.fspath(provider.path(name))  # a str: pathlib per call cost more than the stat
         self._key = key if key is not None else self._stat_key()
-        self._stamp: int | None = None  # the provider's change count when the record was last looked at
+        self._stamp: tuple[int, int, int] | None = None  # the provider's stamp of the record when last looked at
         self._gone = ""
         self._gone_at: float | None = None  # preempted: when the provider took it
 
@@ -101,7 +102,7 @@ class MachineGuard:
         if self._gone:
             raise MachineGone(self._gone, at=self._gone_at)
         name = self._name
-        stamp = self._provider.changes()  # before the record's stat: a change after it moves the count
+        stamp = self._provider.changes(name)  # before the record's stat: a change after it moves the stamp
         if stamp != self._stamp:
             key = self._stat_key()
             if key != self._key:

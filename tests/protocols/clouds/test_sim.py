@@ -3,6 +3,7 @@ sandboxes whose processes a delete or a preemption stops, and virtual machines."
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -736,6 +737,59 @@ def test_a_burst_of_creates_costs_the_guards_no_look_at_their_records(
         finally:
             monkeypatch.undo()
             for name in [m.name, *others]:
+                await cleanup(cloud, name)
+
+    run(main)
+
+
+def test_this_processs_deletes_of_other_machines_cost_a_guard_no_look_at_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An end burst: other machines deleted through this process (any of its stores) move no other
+    guard's stamp, so a machine polled meanwhile makes no system call on its record (while the
+    count alone was the sign, every guard `stat`ed its record at every poll of the burst). A delete
+    of this machine by another process is still seen."""
+    cloud = make(tmp_path, virtual=True, virtual_job_s=100.0,
+                 regions=[SimRegion(name="us-east", gpus={"A100": SimGpu(stock=60, hourly_usd=1.8)})])
+    record_stats, counting_stat = stats_of_records()
+    others = [f"m-{i}" for i in range(1, 41)]
+    script = textwrap.dedent(f"""
+        import trio
+        from pathlib import Path
+        from actor_run.protocols.clouds.sim import SimCloud, SimSettings
+        cloud = SimCloud(SimSettings(virtual=True), Path({str(tmp_path)!r}))
+        trio.run(cloud.delete, "m-0")
+    """)
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    async def main() -> None:
+        m = await cloud.launch(place(), "m-0", 0)
+        try:
+            for name in others:
+                await cloud.launch(place(), name, 0)
+            ws = await cloud.connect(m)
+            work = ws.work_dir("j", 0, 0)
+            pid = await ws.start(job(work))
+            monkeypatch.setattr(os, "stat", counting_stat)
+            second = make(tmp_path)  # another store of this process shares what it changed
+            for i, name in enumerate(others):
+                await (cloud if i % 2 else second).delete(name)
+                assert (await ws.poll(work, pid, 0, 0)).state == "running"
+            assert [p for p in record_stats if p.endswith("/m-0.json")] == []
+            await trio.to_thread.run_sync(functools.partial(subprocess.run, [sys.executable, "-c", script],
+                                                            check=True, cwd=root, env=env))
+            with trio.fail_after(5):  # seen once the shared look is renewed (FOLDER_LOOK_S)
+                while True:
+                    try:
+                        await ws.poll(work, pid, 0, 0)
+                    except MachineGone:
+                        break
+                    await trio.sleep(0.01)
+            assert [p for p in record_stats if p.endswith("/m-0.json")]  # the other process's change was looked at
+        finally:
+            monkeypatch.undo()
+            for name in ["m-0", *others]:
                 await cleanup(cloud, name)
 
     run(main)
