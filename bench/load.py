@@ -136,14 +136,13 @@ def render(r: dict[str, Any]) -> str:
         ("threads at peak", f"{r['peak_threads']}"),
     ]
     if "start_burst_s" in r:
-        rows += [
-            ("start burst: submit -> last JobStarted",
-             f"{r['start_burst_s']:.2f} s wall, {r['start_burst_cpu_s']:.2f} s CPU"
-             f" (collector: {r['start_burst_gc'][0]} passes, {r['start_burst_gc'][1]:.2f} s)"),
-            ("end burst: first Exited -> last JobEnded",
-             f"{r['end_burst_s']:.2f} s wall, {r['end_burst_cpu_s']:.2f} s CPU"
-             f" (collector: {r['end_burst_gc'][0]} passes, {r['end_burst_gc'][1]:.2f} s)"),
-        ]
+        def burst(which: str) -> str:
+            gc_passes, gc_s = r[f"{which}_burst_gc"]
+            return (f"{r[f'{which}_burst_s']:.2f} s wall, {r[f'{which}_burst_cpu_s']:.2f} s CPU "
+                    f"({r.get(f'{which}_burst_sys_s', 0.0):.2f} s in the kernel; collector: {gc_passes} passes, "
+                    f"{gc_s:.2f} s)")
+        rows += [("start burst: submit -> last JobStarted", burst("start")),
+                 ("end burst: first Exited -> last JobEnded", burst("end"))]
     rows += [(f"  step {k} p50 / p99", f"{v[0]:.2f} / {v[1]:.2f} s") for k, v in r["steps_p50_p99_s"].items()]
     rows += [(f"  {k} first / last", f"{v[0]:.2f} / {v[1]:.2f} s") for k, v in r.get("timeline_s", {}).items()]
     if "cancel_p50_s" in r:

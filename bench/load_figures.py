@@ -85,18 +85,23 @@ class Sampler:
         self.proc = psutil.Process()
         self.peak_rss = 0
         self.peak_threads = 0
-        self.cpu: list[tuple[float, float]] = []  # (wall clock, process CPU) per sample
+        self.cpu: list[tuple[float, float, float]] = []  # (wall clock, process CPU, its kernel part) per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def sample(self) -> None:
         self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
         self.peak_threads = max(self.peak_threads, threading.active_count())
-        self.cpu.append((time.time(), time.process_time()))
+        self.cpu.append((time.time(), time.process_time(), os.times().system))
 
     def cpu_between(self, t0: float, t1: float) -> float:
         """Process CPU seconds between two wall-clock times (to the nearest samples)."""
-        inside = [c for t, c in self.cpu if t0 <= t <= t1]
+        inside = [c for t, c, _ in self.cpu if t0 <= t <= t1]
+        return inside[-1] - inside[0] if len(inside) > 1 else 0.0
+
+    def sys_between(self, t0: float, t1: float) -> float:
+        """The kernel's part of `cpu_between` (system calls, thread wake-ups, page faults)."""
+        inside = [k for t, _, k in self.cpu if t0 <= t <= t1]
         return inside[-1] - inside[0] if len(inside) > 1 else 0.0
 
     def _run(self) -> None:

@@ -223,6 +223,8 @@ def phase_load(root: Path, n: int, job_s: float, scale: float, rates: dict[str, 
         bursts = {"start_burst_s": start_end - wall0, "start_burst_cpu_s": sampler.cpu_between(wall0, start_end),
                   "end_burst_s": last_ended - end_start,
                   "end_burst_cpu_s": sampler.cpu_between(end_start, last_ended),
+                  "start_burst_sys_s": sampler.sys_between(wall0, start_end),
+                  "end_burst_sys_s": sampler.sys_between(end_start, last_ended),
                   "start_burst_gc": passes.between(wall0, start_end),
                   "end_burst_gc": passes.between(end_start, last_ended)}
     if msgs0 is not None and msgs1 is not None:
