@@ -315,6 +315,7 @@ class PooledActor(pykka.Actor):
     """A pykka Actor whose turns run on `pool` (the process-wide one unless set)."""
 
     pool: ActorPool = POOL
+    burst: int = BURST  # messages handled per turn before the actor goes to the back of the queue
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._set_up = False
@@ -376,13 +377,13 @@ class PooledActor(pykka.Actor):
         inbox.start()
 
     def _turn(self) -> None:
-        """One turn on a pool worker: on_start first, then up to BURST messages."""
+        """One turn on a pool worker: on_start first, then up to `burst` messages."""
         inbox: _Inbox = self.actor_inbox  # type: ignore[assignment]
         if not self._set_up:
             self._set_up = True
             self._actor_loop_setup()
-        handled = 0
-        while handled < BURST and not self.actor_stopped.is_set():
+        handled, burst = 0, self.burst
+        while handled < burst and not self.actor_stopped.is_set():
             envelope = inbox.take()
             if envelope is None:
                 break

@@ -70,6 +70,12 @@ class BatchSupervisor(PooledActor):
     plus running attempts' live cost is watched too: at the ceiling every running job is cancelled
     with `budget` and every pending one ends `budget` without starting."""
 
+    # the batch's messages start and end jobs: a few actors made or a count moved each. At the pool's
+    # 32 a turn it started 32 jobs per round of the whole queue, and once the first machines answered
+    # (2 s in bench/load.py) each round held thousands of their steps: 10,000 jobs submitted at once
+    # were all asking for a machine at 5-6 s in some runs, at 15-18 s in others (bench/RESULTS.md, item 71)
+    burst = 4096
+
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
                  on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
         super().__init__()

@@ -92,6 +92,50 @@ def test_an_urgent_message_is_handled_before_the_routine_turns_queued_before_it(
             ref.stop()
 
 
+class Teller(PooledActor):
+    """In one turn: `n` messages to `many`, then one to `one`."""
+
+    def __init__(self, many: pykka.ActorRef[Any], n: int, one: pykka.ActorRef[Any], done: Flag) -> None:
+        super().__init__()
+        self.many, self.n, self.one, self.done = many, n, one, done
+
+    def on_receive(self, message: Any) -> Any:
+        for i in range(self.n):
+            self.many.tell(i)
+        self.one.tell("one")
+        self.done.set()
+        return None
+
+
+class Greedy(Recorder):
+    burst = 100
+
+
+@pytest.mark.parametrize(("kind", "first_run"), [(Recorder, 32), (Greedy, 64)])
+def test_an_actor_handles_up_to_its_burst_of_messages_a_turn(kind: type[Recorder], first_run: int) -> None:
+    """32 messages a turn (the pool's fairness), then the actor waits behind the turns queued meanwhile;
+    an actor class may say more (the batch supervisor: one message starts or ends one job)."""
+    log: list[str] = []
+    many, one = kind.start(log, "m"), Recorder.start(log, "o")
+    done = Flag()
+    teller = Teller.start(many, 64, one, done)
+    try:
+        for ref in (many, one):  # each has had its first turn (on_start): idle now
+            ref.ask("ready", timeout=10)
+        log.clear()
+        teller.tell("go")
+        assert done.wait(10)
+        for _ in range(1000):  # bounded: until all 65 messages were handled
+            if len(log) == 65:
+                break
+            done.wait(0.01)
+        assert len(log) == 65
+        assert log.index("o:str") == first_run  # the other actor's turn came after `first_run` of them
+    finally:
+        for ref in (many, one, teller):
+            ref.stop()
+
+
 class Spawner(PooledActor):
     """Spawns a reactor task and waits for it in the same turn (inside `blocking()`)."""
 
