@@ -73,8 +73,10 @@ class BatchSupervisor(PooledActor):
     # the batch's messages start and end jobs: a few actors made or a count moved each. At the pool's
     # 32 a turn it started 32 jobs per round of the whole queue, and once the first machines answered
     # (2 s in bench/load.py) each round held thousands of their steps: 10,000 jobs submitted at once
-    # were all asking for a machine at 5-6 s in some runs, at 15-18 s in others (bench/RESULTS.md, item 71)
-    burst = 4096
+    # were all asking for a machine at 5-6 s in some runs, at 15-18 s in others; 4-5 s now. Not more:
+    # the first jobs' steps wait for the batch's whole turn (4,096 a turn: the first lease asked for
+    # at 1.6-2 s instead of 0.1-0.4 s; 1,024: 0.9 s). bench/RESULTS.md, item 71
+    burst = 1024
 
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
                  on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:

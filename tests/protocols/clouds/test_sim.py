@@ -669,6 +669,17 @@ def stats_of_records() -> tuple[list[str], Callable[..., os.stat_result]]:
     return seen, counting_stat
 
 
+async def polled_until_gone(ws: Workspace, work: str, pid: int) -> None:
+    """Poll until the guard says the machine is gone (within 5 s)."""
+    with trio.fail_after(5):
+        while True:
+            try:
+                await ws.poll(work, pid, 0, 0)
+            except MachineGone:
+                return
+            await trio.sleep(0.01)
+
+
 def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While no record was replaced or removed, a poll makes no system call on its machine's record:
     10,000 jobs polled every 0.5 s made 20,000 `stat`s a second. A change by anyone (here another
@@ -687,13 +698,7 @@ def test_guards_share_one_look_at_an_unchanged_folder(tmp_path: Path, monkeypatc
                 assert (await ws.poll(work, pid, 0, 0)).state == "running"
             assert record_stats == []
             await make(tmp_path).delete(m.name)  # say, a sweep by another controller
-            with trio.fail_after(5):  # seen once the shared look is renewed (FOLDER_LOOK_S)
-                while True:
-                    try:
-                        await ws.poll(work, pid, 0, 0)
-                    except MachineGone:
-                        break
-                    await trio.sleep(0.01)
+            await polled_until_gone(ws, work, pid)  # seen once the shared look is renewed (FOLDER_LOOK_S)
             assert record_stats  # the moved count sent the guard back to its record
         finally:
             monkeypatch.undo()
@@ -727,13 +732,7 @@ def test_a_burst_of_creates_costs_the_guards_no_look_at_their_records(
                 await trio.sleep(FOLDER_LOOK_S / 5)  # the shared look is renewed now and then meanwhile
             assert [p for p in record_stats if p.endswith("/m-0.json")] == []
             preempt_machine(cloud.dir, m.name)  # another store: a change to an existing record
-            with trio.fail_after(5):  # seen once the look is renewed
-                while True:
-                    try:
-                        await ws.poll(work, pid, 0, 0)
-                    except MachineGone:
-                        break
-                    await trio.sleep(0.01)
+            await polled_until_gone(ws, work, pid)  # seen once the look is renewed
         finally:
             monkeypatch.undo()
             for name in [m.name, *others]:
@@ -779,13 +778,7 @@ def test_this_processs_deletes_of_other_machines_cost_a_guard_no_look_at_its_rec
             assert [p for p in record_stats if p.endswith("/m-0.json")] == []
             await trio.to_thread.run_sync(functools.partial(subprocess.run, [sys.executable, "-c", script],
                                                             check=True, cwd=root, env=env))
-            with trio.fail_after(5):  # seen once the shared look is renewed (FOLDER_LOOK_S)
-                while True:
-                    try:
-                        await ws.poll(work, pid, 0, 0)
-                    except MachineGone:
-                        break
-                    await trio.sleep(0.01)
+            await polled_until_gone(ws, work, pid)  # seen once the shared look is renewed (FOLDER_LOOK_S)
             assert [p for p in record_stats if p.endswith("/m-0.json")]  # the other process's change was looked at
         finally:
             monkeypatch.undo()
