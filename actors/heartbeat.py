@@ -172,6 +172,10 @@ class _Watch:
             self.quiet, self.first, self.last_told = 0, False, now
         self.state = res.state
 
+    def ended(self) -> bool:
+        """No step more: the actor stopped, or the attempt switched the polls off (it is ending)."""
+        return self.stopped or (self.off is not None and self.off.is_set())
+
     # --- a workspace that polls at once: stepped in the shared clock's one pass, no task ------------
 
     def start_now(self, sub: Subscription, poll_s: float) -> None:
@@ -186,7 +190,7 @@ class _Watch:
         """A beat (on the reactor thread): one step, unless one is in flight on a task (it counts as
         this beat's). False, and the clock drops this watch, once stopped, switched off, or failed: an
         error other than the host's is the actor's failure (as a loop's was), and no other watch's."""
-        if self.stopped or (self.off is not None and self.off.is_set()):
+        if self.ended():
             return False
         try:
             now = trio.current_time()
@@ -231,7 +235,7 @@ class _Watch:
             call_at(at, self._at_exit)
 
     def _at_exit(self) -> None:
-        if self.stopped or (self.off is not None and self.off.is_set()) or self.busy or self.state != "running":
+        if self.ended() or self.busy or self.state != "running":
             return
         try:
             self.step_now(trio.current_time())
@@ -249,7 +253,7 @@ class _Watch:
             await self.ws.wait_exit(self.work, self.pid)
         except (HostError, OSError):
             return  # the ticks' polls find out what is wrong
-        if self.stopped or (self.off is not None and self.off.is_set()):
+        if self.ended():
             return
         if self.busy:
             self.again = True
@@ -262,9 +266,8 @@ class _Watch:
     async def run(self, poll_s: float) -> None:
         """Poll every `poll_s` (which writes `alive`) on the shared clock of that period, until cancelled
         or `stopped`."""
-        off = self.off
         ticker = Ticker(poll_s)  # a wait on the shared clock that makes nothing but trio's trap
-        while not self.stopped and not (off is not None and off.is_set()):
+        while not self.ended():
             if not self.busy:  # busy: the exit hint's step is in flight, and counts as this tick's
                 await self.step()
                 while self.again:  # the hint came during that step
