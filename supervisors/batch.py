@@ -27,6 +27,8 @@ from actor_run.supervisors.job import JobSupervisor, job_label
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.offers import OfferBook
 
+BURST_FIRST, BURST_MOST = 16, 1024  # the batch's turn: its first, and its largest (BatchSupervisor.burst)
+
 
 class _Submit(Message, frozen=True, kw_only=True):
     job: Job
@@ -73,10 +75,12 @@ class BatchSupervisor(PooledActor):
     # the batch's messages start and end jobs: a few actors made or a count moved each. At the pool's
     # 32 a turn it started 32 jobs per round of the whole queue, and once the first machines answered
     # (2 s in bench/load.py) each round held thousands of their steps: 10,000 jobs submitted at once
-    # were all asking for a machine at 5-6 s in some runs, at 15-18 s in others; 4-5 s now. Not more:
-    # the first jobs' steps wait for the batch's whole turn (4,096 a turn: the first lease asked for
-    # at 1.6-2 s instead of 0.1-0.4 s; 1,024: 0.9 s). bench/RESULTS.md, item 71
-    burst = 1024
+    # were all asking for a machine at 5-6 s in some runs, at 15-18 s in others; 4-5 s at 1,024 a
+    # turn. Not more: the first jobs' steps wait for the batch's whole turn (4,096 a turn: the first
+    # lease asked for at 1.6-2 s instead of 0.1-0.4 s; 1,024: 0.9 s). So a turn starts at most as many
+    # jobs as run already (`_start`): 16, 16, 32, 64 ... 1,024, the first jobs' steps between them.
+    # bench/RESULTS.md, items 71 and 74
+    burst = BURST_FIRST
 
     def __init__(self, ctx: Context, ledger: Ledger, *, concurrency: int, budget_usd: float | None,
                  on_end: Callable[[JobEnded], None], budget: Budget | None = None) -> None:
@@ -147,6 +151,7 @@ class BatchSupervisor(PooledActor):
                                                       seed_dir=Path(s.seed_dir) if s.seed_dir else None)
         self.order.append(s.job.key)
         self.labels[job_label(s.job)] = s.job.key
+        self.burst = min(BURST_MOST, max(BURST_FIRST, len(self.running)))  # the next turn's (class comment)
 
     def _job_crashed(self, label: str, detail: str) -> None:
         """A JobSupervisor raised (a bug): it stopped its attempt first (the lease deleted the

@@ -8,13 +8,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
+from actor_run.actors.flag import Flag
+from actor_run.actors.pool import PooledActor
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import AttemptStarted, JobEnded, JobStarted, Leased, Progress, Released
+from actor_run.protocols.messages import (
+    AttemptStarted,
+    JobEnded,
+    JobStarted,
+    Leased,
+    LeaseRequested,
+    Progress,
+    Released,
+)
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
 from actor_run.supervisors.ledger import LedgerError, LedgerReader
+from actor_run.supervisors.handle import JobHandle
 from actor_run.supervisors.runner import Runner
 
 WRITE_OUT = (
@@ -307,3 +319,41 @@ def test_an_open_runner_keeps_nothing_per_attempt_once_its_jobs_ended(
         progressed = {e.seed for e in events.drain() if isinstance(e, Progress) and e.stage}
         assert progressed == {0, 1, 2, 3}  # each attempt did report a stage
         assert r._stages == {}
+
+
+class Submitter(PooledActor):
+    """Submits every job in one turn: they are all in the batch's inbox before its first turn."""
+
+    def __init__(self, runner: Runner, jobs: list[Job], handles: list[JobHandle], done: Flag) -> None:
+        super().__init__()
+        self.runner, self.jobs, self.handles, self.done = runner, jobs, handles, done
+
+    def on_receive(self, message: Any) -> Any:
+        self.handles.extend(self.runner.submit(job) for job in self.jobs)
+        self.done.set()
+        return None
+
+
+def test_the_first_jobs_of_a_large_batch_go_on_while_the_batch_starts_the_rest(
+        open_runner: Callable[..., Any], events: Any, sim_job: Any, regions: Any) -> None:
+    # a batch's turn starts at most as many jobs as run already (16, 16, 32 ... 1,024): with 300 jobs
+    # told at once, the first job asks for its machine before the last one is started. In one turn of
+    # 1,024 every step of the first job waited behind all 300 starts (bench/RESULTS.md, item 74)
+    sim = {"regions": regions(("r", "A100", 400, 1.0)), "virtual": True, "virtual_job_s": 0.2}
+    jobs = [sim_job("many", "train", seed=s, sim=sim, poll_s=0.1) for s in range(300)]
+    handles: list[JobHandle] = []
+    done = Flag()
+    with open_runner(concurrency=300) as r:
+        r.start_run()
+        for job in jobs:
+            r.check(job)
+        submitter: pykka.ActorRef[Any] = Submitter.start(r, jobs, handles, done)
+        try:
+            submitter.tell("go")
+            assert done.wait(30)
+            assert [h.result(timeout=120).outcome for h in handles] == ["succeeded"] * 300
+        finally:
+            submitter.stop()
+    order = [(type(e).__name__, e.seed) for e in events.drain() if isinstance(e, AttemptStarted | LeaseRequested)]
+    assert len(order) == 600
+    assert order.index(("LeaseRequested", 0)) < order.index(("AttemptStarted", 299))
