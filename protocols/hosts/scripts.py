@@ -92,14 +92,20 @@ running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
 # ("<last alive stamp> <lost_after>"): a sweep still reads there that the controller went silent
 # (`beats`). Once the folder is gone (the controller tidied it, or somebody removed it under a job
 # still running, whose outputs then have nowhere to go and whose heartbeat nobody can write), the
-# job is killed if it still runs, and the watchdog ends at once.
+# job is killed if it still runs, and the watchdog ends: the folder is looked at every second, the
+# heartbeat every `every`. A sandbox's delete by another process (a controller's resume) can race
+# a start still in flight on the host (its controller was killed meanwhile): the start records the
+# watchdog's pid after the delete has looked for the pids, and only the folder's absence ends that
+# watchdog and its job (they lived up to `every`, 15-30 s, after the delete).
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
-""" + RUNNING + r"""while :; do
-  sleep "$every"
+""" + RUNNING + r"""n=0
+while :; do
+  sleep 1
   if [ ! -d "$w" ]; then
     running "$pid" && kill -s KILL -- "-$pid" 2>/dev/null  # no grace: nothing it writes has anywhere to go
     exit 0
   fi
+  n=$((n + 1)); [ "$n" -lt "$every" ] && continue; n=0
   last=; { read -r last < "$w/alive"; } 2>/dev/null
   case "$last" in ''|*[!0-9]*) continue;; esac
   age=$(( $(date +%s) - last ))
