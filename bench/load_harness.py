@@ -114,7 +114,8 @@ class Screen:
     """`--view`: the live view (supervisors/views/live.py) in a thread of its own, drawing into a pseudo-
     terminal of `rows` x `cols` whose other end a second thread reads and drops (the terminal). The
     view's CPU is the CPU time of its thread: every event it takes and every redraw (the deque's
-    append on the emitting actor threads, a few tens of nanoseconds, is not in it)."""
+    append on the emitting actor threads, a few tens of nanoseconds, is not in it: the view itself
+    runs nothing on them)."""
 
     def __init__(self, keys: list[str], runner: Runner, rows: int = 50, cols: int = 200) -> None:
         import fcntl

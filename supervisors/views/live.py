@@ -19,16 +19,20 @@ Not on a terminal: one plain line per job whose state changed (rows.py `_plain`)
 drawn without rich (summary.py, plain.py: the same characters rich draws there). With `--json`:
 every event as one JSON line (nothing else). Neither loads rich: only a terminal's view does.
 
-Cost (bench/load.py --view measures it: about 4 % of the controller's CPU at a thousand jobs):
+Cost (bench/load.py --view measures it: under 5 % of the controller's CPU at ten thousand jobs):
 events come through a deque the Runner's subscriber appends to, and `follow` takes them every
 FRAME_S in one go (a wake-up per event cost more than everything else). `event()` updates one
 row and the header's running figures (counts by state, dollars, the sum of progress), so a redraw
-costs the same at any N; a progress line is only merged into the job's pending one, read at the
-next redraw. The screen is drawn at most MAX_REDRAWS_PER_S times a second, when something changed
-or (every CLOCK_REDRAW_S) a clock on it moved, as one write of pre-cut lines (`_Screen`; rich
-renders the styles for the terminal once). Dollars accrue between the meter's beats: a running
-machine's cost is its hourly price times the time since it was leased (the meter's own
-arithmetic, `usage_between`), so the view needs no extra event to show money moving.
+costs the same at any N. Progress lines and meter readings, nine events in ten at N=10,000, take
+a short way in `follow`'s loop: a line's keys go into its job's fields (each as the last line
+that had it said) and the job is marked, read once at the next redraw (its stage, step, total).
+What the view costs is that loop: about 1.5 us an event on a busy controller, most of it the
+event's memory touched again on another thread. The screen is drawn at most MAX_REDRAWS_PER_S
+times a second, when something changed or (every CLOCK_REDRAW_S) a clock on it moved, as one
+write of pre-cut lines (`_Screen`; rich renders the styles for the terminal once). Dollars
+accrue between the meter's beats: a running machine's cost is its hourly price times the time
+since it was leased (the meter's own arithmetic, `usage_between`), so the view needs no extra
+event to show money moving.
 """
 
 from __future__ import annotations
@@ -99,7 +103,10 @@ class View:
         self.tty = self.out.isatty()
         self.lines = {k: JobLine(key=k) for k in keys}
         self.heads = {_head(k): line for k, line in self.lines.items()}  # (job, seed): no string built per event
-        self.pending: list[JobLine] = []  # lines with a progress line not read yet
+        self.seeds_of: dict[str, dict[int, JobLine]] = {}  # job -> seed -> line: no tuple built per progress line
+        for (job, seed), line in self.heads.items():
+            self.seeds_of.setdefault(job, {})[seed] = line
+        self.fresh: list[JobLine] = []  # lines with a progress line not read yet
         self._console: Console | None = None
         self.live: _Screen | None = None
         self.budget_usd = budget_usd
@@ -162,7 +169,7 @@ class View:
         if isinstance(e, Metered):
             line.metered = e.usd
             return
-        if line.pending is not None:
+        if line.fresh:
             self._progress(line)
         before, category = line.state, _category(line)
         self._take(line, e)
@@ -190,7 +197,7 @@ class View:
                 line.place = printable(" ".join(x for x in (o.cloud, o.region or o.host, o.gpu) if x))
                 self._machine_gone(line)
                 self.progress -= _fraction(line)
-                line.stage, line.step, line.total, line.fields = "", None, None, {}
+                line.stage, line.stage_said, line.step, line.total, line.fields = "", None, None, None, {}
             case Leased(machine=m):
                 self._machine_gone(line)
                 line.machine, line.leased_at, line.waiting = m, e.t, False
@@ -223,35 +230,35 @@ class View:
                 pass
 
     def _pend(self, line: JobLine, e: Progress) -> None:
-        """A progress line, merged into the job's pending ones (each key as its last line had it: as
-        if read one by one at the next redraw)."""
+        """A progress line: its keys into the job's fields (each key as the last line that had it said),
+        the job marked to be read at the next redraw (`_progress`)."""
         if line.ended is None:
-            if line.pending is None:  # its first since the last redraw: the row changed now
-                self.pending.append(line)
-                line.pending = dict(e.line)
+            line.fields.update(e.line)
+            if not line.fresh:  # its first since the last redraw: the row changed now
+                line.fresh = True
+                self.fresh.append(line)
                 recent = self.recent
                 if line.key in recent:
                     del recent[line.key]
                     recent[line.key] = line
-            else:
-                line.pending.update(e.line)
             self.dirty = True
 
     def _progress(self, line: JobLine) -> None:
-        """The job's progress lines since the last redraw, merged (each key as the last line that had
-        it said): its stage, step and total, and the rest kept for its row (its numbers, e.g. loss,
-        are picked out only for a row on screen). Called for every job that reported, before each
+        """What the job's progress lines said since the last read (its fields, each key as the last
+        line that had it said): its stage, step and total (its other numbers, e.g. loss, are picked
+        out of its fields only for a row on screen). Called for every job that reported, before each
         redraw: kept to a few dictionary operations."""
-        merged, line.pending = line.pending, None
-        if merged is None or line.ended is not None:
+        line.fresh = False
+        if line.ended is not None:
             return
-        stage = merged.get("stage")
-        if stage:
+        fields = line.fields
+        stage = fields.get("stage")
+        if stage and stage != line.stage_said:  # the same stage again: nothing to make printable
+            line.stage_said = stage
             line.stage = printable(str(stage))
-        line.fields.update(merged)
-        step, total = merged.get("step"), merged.get("total")
+        step, total = fields.get("step"), fields.get("total")
         if total is None and line.total is None:  # no bar (nor a share of the time left) without a total
-            if step is not None and _number(step):
+            if type(step) is int or type(step) is float or _number(step):  # the common cases first
                 line.step = step
             return
         before = _fraction(line)
@@ -262,10 +269,11 @@ class View:
         self.progress += _fraction(line) - before
 
     def _take_pending(self) -> None:
-        pending, self.pending = self.pending, []
-        progress = self._progress
-        for line in pending:
-            progress(line)
+        fresh, progress = self.fresh, self._progress
+        for line in fresh:
+            if line.fresh:  # not read already (an event of its job came after it)
+                progress(line)
+        fresh.clear()  # the same list: follow() holds its append
 
     def _machine_gone(self, line: JobLine) -> None:
         """The attempt's machine stops accruing here (its cost comes with AttemptEnded)."""
@@ -378,7 +386,7 @@ class View:
         """Show the events appended to `events` (subscribe `events.append`: a deque's append takes no
         lock and wakes nobody, so the emitting actor threads pay almost nothing) until `until(event)`
         says the batch is over, redrawing when due. `until` is asked of every event but progress
-        lines. Its thread's CPU time meanwhile is `statistics().cpu_s`."""
+        lines and meter readings. Its thread's CPU time meanwhile is `statistics().cpu_s`."""
         t0 = time.thread_time()
         try:
             self._follow(events, until)
@@ -388,24 +396,40 @@ class View:
     def _follow(self, events: collections.deque[Event], until: Callable[[Event], bool]) -> None:
         # wakes every FRAME_S and takes what came meanwhile in one go: a wake-up per event (a
         # blocking get) cost more than the view's own work at a thousand jobs (a thread switch and
-        # the GIL's hand-off each time). Progress lines, most of the events, take the short way here.
-        take, event, pend, heads = events.popleft, self.event, self._pend, self.heads
+        # the GIL's hand-off each time). Progress lines and meter readings, most of the events, take
+        # the short way here.
+        take, event, fresh, recent = events.popleft, self.event, self.fresh.append, self.recent
+        seeds_of = self.seeds_of
         short = not self.json_mode
         done = False
         while not done:
             time.sleep(FRAME_S)
-            n = 0
-            while events:
+            n = len(events)  # what came until now; what comes meanwhile waits for the next frame
+            for _ in range(n):
                 e = take()
-                n += 1
                 if short and type(e) is Progress:
-                    line = heads.get((e.job, e.seed))
+                    seeds = seeds_of.get(e.job)
+                    line = seeds.get(e.seed) if seeds is not None else None
+                    if line is not None and line.ended is None:  # _pend, inline
+                        line.fields.update(e.line)
+                        if not line.fresh:  # its first since the last redraw: the row changed now
+                            line.fresh = True
+                            fresh(line)
+                            if line.key in recent:
+                                del recent[line.key]
+                                recent[line.key] = line
+                    continue
+                if short and type(e) is Metered:
+                    seeds = seeds_of.get(e.job)
+                    line = seeds.get(e.seed) if seeds is not None else None
                     if line is not None:
-                        pend(line, e)
+                        line.metered = e.usd
                     continue
                 event(e)
                 done = until(e) or done
             self.events += n
+            if self.fresh:
+                self.dirty = True
             if self.live is None:
                 self.out.flush()
             elif not done:

@@ -58,7 +58,8 @@ class JobLine(msgspec.Struct, kw_only=True):
     total: float | None = None
     fields: dict[str, Any] = msgspec.field(default_factory=dict)  # the progress lines' keys, as last said
     waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
-    pending: dict[str, Any] | None = None  # progress lines not read yet, merged (read at the next redraw)
+    fresh: bool = False  # a progress line came since the last read (View._progress, at the next redraw)
+    stage_said: Any = None  # the stage as the progress lines said it (`stage` is it made printable)
 
     def live_usd(self, now: float) -> float:
         """Dollars so far: ended attempts, plus this attempt's machine up to now (at least the meter's)."""

@@ -5,6 +5,7 @@ deleted."""
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import io
 import os
@@ -34,6 +35,7 @@ from actor_run.protocols.messages import (
     Leased,
     LeaseFailed,
     Machine,
+    Metered,
     Offer,
     Progress,
     Usage,
@@ -212,3 +214,40 @@ def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest(
     assert more == [f"... and {58 - len(rows)} more running (most recently changed shown)"]
     assert any("t/seed-3" in s and "job_failed" in s and "exit 1" in s for s in screen)
     assert not any(s.startswith("t/seed-4 ") for s in screen)  # succeeded: in the header's count only
+
+
+def test_follow_merges_each_jobs_progress_lines_and_takes_meter_readings_on_its_short_way() -> None:
+    """What `follow` takes inline (progress lines and meter readings, most events at N=10,000) ends as
+    `event()` would have it: each key of a job's lines as the last line that had it said, an ended
+    job's later lines ignored, the next attempt's lines on a row cleared by its AttemptStarted."""
+    t = time.time() - 10
+    view = View(["t/seed-1", "t/seed-2", "u/seed-1"], json_mode=False, out=io.StringIO())
+    events: collections.deque[Event] = collections.deque(_events_of_a_batch(3, t)[3:])  # seeds 1 and 2 running
+    events += [
+        Progress(job="t", seed=1, stage="setup", line={"stage": "setup"}, t=t + 1),
+        Progress(job="t", seed=1, line={"step": 3, "loss": 0.5}, t=t + 2),
+        Metered(job="t", seed=1, usd=0.2, t=t + 2),
+        Progress(job="t", seed=1, line={"step": 4}, t=t + 3),
+        Progress(job="t", seed=2, stage="train", line={"stage": "train", "step": 9}, t=t + 1),
+        JobEnded(job="t", seed=2, outcome="failed", failure=Code.JOB_FAILED, detail="exit 1", t=t + 2),
+        Progress(job="t", seed=2, stage="late", line={"stage": "late"}, t=t + 3),  # after its end: not shown
+        Progress(job="nobody", seed=1, line={"step": 1}, t=t + 3),  # a job not of this view
+        AttemptStarted(job="u", seed=1, attempt=0, offer=Offer(cloud="sim", gpu="H100", hourly_usd=1.0), t=t),
+        Progress(job="u", seed=1, line={"step": 7, "total": 10}, t=t + 1),
+        AttemptStarted(job="u", seed=1, attempt=1, offer=Offer(cloud="sim", gpu="H100", hourly_usd=1.0), t=t + 2),
+        Progress(job="u", seed=1, attempt=1, line={"stage": "resume"}, t=t + 3),
+    ]
+    n = len(events)
+    ended: list[JobEnded] = []
+    view.follow(events, lambda e: isinstance(e, JobEnded) and not ended.append(e))  # one frame takes them all
+    view._take_pending()
+    one, two, other = view.lines["t/seed-1"], view.lines["t/seed-2"], view.lines["u/seed-1"]
+    assert one.fields == {"stage": "setup", "step": 4, "loss": 0.5}
+    assert (one.stage, one.step, one.metered) == ("setup", 4, 0.2)
+    assert (two.state, two.stage, two.step, two.fields) == ("failed", "train", 9, {"stage": "train", "step": 9})
+    assert (other.attempt, other.stage, other.fields, other.step, other.total) == (1, "resume", {"stage": "resume"},
+                                                                                  None, None)
+    assert view.progress == 0.0  # the first attempt's 7 of 10 went with it
+    assert view.statistics().events == n
+    assert not events
+    assert len(ended) == 1
