@@ -26,8 +26,8 @@ row and the header's running figures (counts by state, dollars, the sum of progr
 costs the same at any N. Progress lines and meter readings, nine events in ten at N=10,000, take
 a short way in `follow`'s loop: a line's keys go into its job's fields (each as the last line
 that had it said) and the job is marked, read once at the next redraw (its stage, step, total).
-What the view costs is that loop: about 1.5 us an event on a busy controller, most of it the
-event's memory touched again on another thread. The screen is drawn at most MAX_REDRAWS_PER_S
+What the view costs is that loop: about 1.5 us an event, 2 us on a busy controller (taking the event
+from the deque is 1/17 of it; bench/view_replay.py). The screen is drawn at most MAX_REDRAWS_PER_S
 times a second, when something changed or (every CLOCK_REDRAW_S) a clock on it moved, as one
 write of pre-cut lines (`_Screen`; rich renders the styles for the terminal once). Dollars
 accrue between the meter's beats: a running machine's cost is its hourly price times the time
