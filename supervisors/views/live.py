@@ -25,7 +25,8 @@ FRAME_S in one go (a wake-up per event cost more than everything else). `event()
 row and the header's running figures (counts by state, dollars, the sum of progress), so a redraw
 costs the same at any N. Progress lines and meter readings, nine events in ten at N=10,000, take
 a short way in `follow`'s loop: a line's keys go into its job's fields (each as the last line
-that had it said) and the job is marked, read once at the next redraw (its stage, step, total).
+that had it said) and the job is marked; at the next redraw a job whose lines give a total is read
+(its share of the time left), and the others' stage and step only as their rows are drawn.
 What the view costs is that loop: about 1.5 us an event, 2 us on a busy controller (taking the event
 from the deque is 1/17 of it; bench/view_replay.py). The screen is drawn at most MAX_REDRAWS_PER_S
 times a second, when something changed or (every CLOCK_REDRAW_S) a clock on it moved, as one
@@ -244,10 +245,11 @@ class View:
             self.dirty = True
 
     def _progress(self, line: JobLine) -> None:
-        """What the job's progress lines said since the last read (its fields, each key as the last
-        line that had it said): its stage, step and total (its other numbers, e.g. loss, are picked
-        out of its fields only for a row on screen). Called for every job that reported, before each
-        redraw: kept to a few dictionary operations."""
+        """What the job's progress lines said (its fields, each key as the last line that had it
+        said): its stage, step and total (its other numbers, e.g. loss, are picked out of its fields
+        only for a row on screen). Called for a row about to be drawn, for a job whose lines give a
+        total (the header's sum of progress) at each redraw, and before a job's other events: kept
+        to a few dictionary operations, and the same again when nothing new came."""
         line.fresh = False
         if line.ended is not None:
             return
@@ -269,10 +271,16 @@ class View:
         self.progress += _fraction(line) - before
 
     def _take_pending(self) -> None:
+        """Before a redraw: the jobs that wrote progress lines since the last one. Only a job whose
+        lines give a total is read now (its share of the time left moves the header); the others'
+        stage and step matter only on a row, read as it is drawn (`_screen`): at N=10,000 nearly
+        every job writes between two redraws, and some 50 rows are on screen."""
         fresh, progress = self.fresh, self._progress
         for line in fresh:
             if line.fresh:  # not read already (an event of its job came after it)
-                progress(line)
+                line.fresh = False
+                if line.total is not None or "total" in line.fields:
+                    progress(line)
         fresh.clear()  # the same list: follow() holds its append
 
     def _machine_gone(self, line: JobLine) -> None:
@@ -358,6 +366,7 @@ class View:
         out.append([(f"{'job':<24} {'state':<12}{middle} {'in attempt':>10} {'cost':>9}"
                      + (heads["reported"] if "reported" in cols else ""), DIM)])
         for line in rows:
+            self._progress(line)  # its stage and step as its lines last said them
             out.append(_row(line, now, cols))
         if len(rows) < running:
             out.append([(f"... and {running - len(rows)} more running (most recently changed shown)", DIM)])

@@ -243,10 +243,16 @@ def test_follow_merges_each_jobs_progress_lines_and_takes_meter_readings_on_its_
     view._take_pending()
     one, two, other = view.lines["t/seed-1"], view.lines["t/seed-2"], view.lines["u/seed-1"]
     assert one.fields == {"stage": "setup", "step": 4, "loss": 0.5}
-    assert (one.stage, one.step, one.metered) == ("setup", 4, 0.2)
-    assert (two.state, two.stage, two.step, two.fields) == ("failed", "train", 9, {"stage": "train", "step": 9})
-    assert (other.attempt, other.stage, other.fields, other.step, other.total) == (1, "resume", {"stage": "resume"},
-                                                                                  None, None)
+    assert one.metered == 0.2
+    assert (two.state, two.fields) == ("failed", {"stage": "train", "step": 9})
+    assert (other.attempt, other.fields, other.total) == (1, {"stage": "resume"}, None)
+    screen = ["".join(text for text, _ in line) for line in view._screen(t + 10, 20, 200)]
+    rows = {s.split()[0]: s for s in screen if s.startswith(("t/", "u/"))}
+    assert " setup " in rows["t/seed-1"]
+    assert "loss=0.5" in rows["t/seed-1"]
+    assert " resume " in rows["u/seed-1"]
+    assert "t/seed-2" not in rows  # failed: listed below the rows, its stage not shown
+    assert (one.stage, one.step, other.stage, other.step) == ("setup", 4, "resume", None)  # read as drawn
     assert view.progress == 0.0  # the first attempt's 7 of 10 went with it
     assert view.statistics().events == n
     assert not events
