@@ -103,9 +103,9 @@ class View:
         self.out = out or sys.stdout
         self.tty = self.out.isatty()
         self.lines = {k: JobLine(key=k) for k in keys}
-        self.heads = {_head(k): line for k, line in self.lines.items()}  # (job, seed): no string built per event
-        self.seeds_of: dict[str, dict[int, JobLine]] = {}  # job -> seed -> line: no tuple built per progress line
-        for (job, seed), line in self.heads.items():
+        self.seeds_of: dict[str, dict[int, JobLine]] = {}  # job -> seed -> line: no string nor tuple built per event
+        for k, line in self.lines.items():
+            job, seed = _head(k)
             self.seeds_of.setdefault(job, {})[seed] = line
         self.fresh: list[JobLine] = []  # lines with a progress line not read yet
         self._console: Console | None = None
@@ -161,7 +161,8 @@ class View:
                 body = '{"run":' + msgspec.json.encode(self.run_of(job_key(e.job, e.seed))).decode() + "," + body[1:]
             self.out.write(body + "\n")  # flushed by follow() after each batch of events
             return
-        line = self.heads.get((e.job, e.seed))
+        seeds = self.seeds_of.get(e.job)
+        line = seeds.get(e.seed) if seeds is not None else None
         if line is None:
             return
         if isinstance(e, Progress):  # most events at a thousand jobs: kept, read at the next redraw
@@ -232,7 +233,8 @@ class View:
 
     def _pend(self, line: JobLine, e: Progress) -> None:
         """A progress line: its keys into the job's fields (each key as the last line that had it said),
-        the job marked to be read at the next redraw (`_progress`)."""
+        the job marked (`_take_pending` reads it at the next redraw if its lines give a total; its row
+        reads it as it is drawn) and its row moved among the most recently changed."""
         if line.ended is None:
             line.fields.update(e.line)
             if not line.fresh:  # its first since the last redraw: the row changed now
@@ -407,7 +409,7 @@ class View:
         # blocking get) cost more than the view's own work at a thousand jobs (a thread switch and
         # the GIL's hand-off each time). Progress lines and meter readings, most of the events, take
         # the short way here.
-        take, event, fresh, recent = events.popleft, self.event, self.fresh.append, self.recent
+        take, event, pend = events.popleft, self.event, self._pend
         seeds_of = self.seeds_of
         short = not self.json_mode
         done = False
@@ -419,14 +421,8 @@ class View:
                 if short and type(e) is Progress:
                     seeds = seeds_of.get(e.job)
                     line = seeds.get(e.seed) if seeds is not None else None
-                    if line is not None and line.ended is None:  # _pend, inline
-                        line.fields.update(e.line)
-                        if not line.fresh:  # its first since the last redraw: the row changed now
-                            line.fresh = True
-                            fresh(line)
-                            if line.key in recent:
-                                del recent[line.key]
-                                recent[line.key] = line
+                    if line is not None:
+                        pend(line, e)
                     continue
                 if short and type(e) is Metered:
                     seeds = seeds_of.get(e.job)
@@ -437,8 +433,6 @@ class View:
                 event(e)
                 done = until(e) or done
             self.events += n
-            if self.fresh:
-                self.dirty = True
             if self.live is None:
                 self.out.flush()
             elif not done:

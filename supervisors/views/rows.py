@@ -58,7 +58,7 @@ class JobLine(msgspec.Struct, kw_only=True):
     total: float | None = None
     fields: dict[str, Any] = msgspec.field(default_factory=dict)  # the progress lines' keys, as last said
     waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
-    fresh: bool = False  # a progress line came since the last read (View._progress, at the next redraw)
+    fresh: bool = False  # a progress line came since the last redraw (View._pend, View._take_pending)
     stage_said: Any = None  # the stage as the progress lines said it (`stage` is it made printable)
 
     def live_usd(self, now: float) -> float:
