@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actor_run.protocols import lazy
+from actor_run.protocols.version import package_version
 
 if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name loads on first use
     from actor_run.protocols.failures import ActorRunError, Code, SpecError
@@ -66,9 +67,9 @@ if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name 
     from actor_run.protocols.specs import Batch, Job, load_batch
     from actor_run.protocols.specs import CandidateSpec as Candidate
     from actor_run.protocols.specs import PolicySpec as Policy
-    from actor_run.supervisors.config import UserConfig, load_config
-    from actor_run.supervisors.handle import JobHandle
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.config import UserConfig, load_config
+    from actor_run.supervisors.api.handle import JobHandle
+    from actor_run.supervisors.api.runner import Runner
 
     __version__: str
 
@@ -87,24 +88,15 @@ _WHERE = {
     "Job": ("actor_run.protocols.specs", "Job"),
     "Policy": ("actor_run.protocols.specs", "PolicySpec"),
     "load_batch": ("actor_run.protocols.specs", "load_batch"),
-    "UserConfig": ("actor_run.supervisors.config", "UserConfig"),
-    "load_config": ("actor_run.supervisors.config", "load_config"),
-    "JobHandle": ("actor_run.supervisors.handle", "JobHandle"),
-    "Runner": ("actor_run.supervisors.runner", "Runner"),
+    "UserConfig": ("actor_run.supervisors.api.config", "UserConfig"),
+    "load_config": ("actor_run.supervisors.api.config", "load_config"),
+    "JobHandle": ("actor_run.supervisors.api.handle", "JobHandle"),
+    "Runner": ("actor_run.supervisors.api.runner", "Runner"),
 }
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # about 50 ms of CPU: only when asked
-
-    try:
-        return version("actor-run")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "0+unknown"
-
-
 if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this package does not export
-    __getattr__, __dir__ = lazy.exports(globals(), _WHERE, computed={"__version__": _version})
+    __getattr__, __dir__ = lazy.exports(globals(), _WHERE, computed={"__version__": package_version})
 
 
 __all__ = [

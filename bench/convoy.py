@@ -6,7 +6,7 @@ each beside one busy thread and alone:
 
   (a) files: for each of `--items` jobs, a folder and two small files (what a fetch leaves);
   (b) SQLite: `--rows` event rows in one transaction, through `executemany` against the ledger's
-      multi-row statements (`supervisors/ledger/batch.py: _run_many`).
+      multi-row statements (`supervisors/ledger/txn.py: _run_many`).
 
 Prints a table, then as its last line one JSON object with the times in ms and
 {"files_slowdown": busy / alone, "sqlite_ratio": executemany / multi-row beside the busy thread}.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actor_run.supervisors.ledger.batch import _run_many
+from actor_run.supervisors.ledger.txn import _run_many
 
 FILES = {"out/result.txt": b"a result\n", "response.json": b'{"exit_code": 0}\n'}
 EVENT_SQL = "INSERT INTO events (t, job, seed, type, body) VALUES (?,?,?,?,?)"

@@ -35,10 +35,10 @@ from pathlib import Path
 from actor_run.protocols.clouds.sim import billing
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
-from actor_run.supervisors.budget import to_micro
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.cli.cost import cost_rows
 from actor_run.supervisors.ledger import LedgerReader
-from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.tree.budget import to_micro
 
 
 def peak_committed(rows: list[dict]) -> float:

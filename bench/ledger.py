@@ -105,7 +105,7 @@ def make_jobs(n: int, job_s: float, sim_dir: Path, virtual: bool = True) -> list
 def child(url: str, concurrency: int, root: Path) -> int:
     """A worker: opens its Runner, says ready, waits for `go` on stdin, claims and runs until
     nothing is queued and its own jobs have ended; prints its figures as one JSON line."""
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.runner import Runner
 
     runner = Runner(out_dir=root / "out", ledger=url, state_dir=root / "state", concurrency=concurrency,
                     sweep_on_start=False, meter_period_s=6.0)
@@ -134,7 +134,7 @@ def child(url: str, concurrency: int, root: Path) -> int:
 def shared(url: str, server_pid: int | None, k: int, n: int, job_s: float, root: Path) -> dict[str, Any]:
     """k workers x n attempts each on the ledger `url` (a postgresql:// URL, or an SQLite file's
     path: then `server_pid` is None and the server's figures are not measured)."""
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.runner import Runner
 
     root.mkdir(parents=True, exist_ok=True)
     sim_dir = root / "sim"
@@ -234,7 +234,7 @@ def wait_ledger(url: str, condition: Any, timeout: float, what: str) -> Any:
 
 
 def team_batch(url: str, root: Path, n: int, job_s: float) -> None:
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.runner import Runner
 
     with Runner(out_dir=root / "out", ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
         for job in make_jobs(n, job_s, root / "sim", virtual=False):

@@ -66,7 +66,7 @@ What is reported (a table, then as the LAST line one JSON object):
 - `gc`: `runner` (the default since item 46 of bench/RESULTS.md: what a Runner does by itself,
   thresholds raised while it is open), `default` (Python's collector settings:
   `Runner(tune_gc=False)`, what every run before item 46 measured) or `cli` (`--gc cli`: as the
-  actor-run CLI sets its process, supervisors/gc_tuning.py).
+  actor-run CLI sets its process, supervisors/api/gc_tuning.py).
 - `file_create_us`, `python_probe_ms`: what a file create costs in the run's folder and how long a
   fixed Python loop takes, both measured before phase 1: the two things outside the controller
   that move its figures most (the disk, and the shared host's speed at the time).
@@ -101,7 +101,7 @@ from load_harness import (
 )
 from loguru import logger
 
-from actor_run.supervisors.gc_tuning import tune_gc
+from actor_run.supervisors.api.gc_tuning import tune_gc
 
 GC_MODES = {
     "default": "Python defaults (Runner(tune_gc=False))",
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc", choices=tuple(GC_MODES), default="runner",
                     help="the garbage collector: Python's defaults (Runner(tune_gc=False)), the Runner's "
                          "raised thresholds while open (its default), or as the actor-run CLI sets it "
-                         "(supervisors/gc_tuning.py)")
+                         "(supervisors/api/gc_tuning.py)")
     ap.add_argument("--dir", default=None,
                     help="where the run's folders go (out, ledger, sim): a new temporary folder in it "
                          "(default: the system's temporary folder)")

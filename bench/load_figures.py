@@ -23,7 +23,7 @@ import pykka
 
 from actor_run.protocols.clouds.sim import Billing, billing, sim_machines
 from actor_run.protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Progress, Retrying
-from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.api.runner import Runner
 
 _bill_decoder = msgspec.json.Decoder(Billing)
 

@@ -23,7 +23,7 @@ from load_figures import MIB, Collections, Sampler, Tally, _bill_decoder, ideal_
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.protocols.messages import Event, JobEnded
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
-from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.api.runner import Runner
 
 # production values, divided by --scale
 PRODUCTION_POLICY = {

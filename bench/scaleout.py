@@ -77,9 +77,9 @@ def child(url: str, concurrency: int, lease_s: float, poll_s: float, root: Path)
     serves until nothing is queued or running anywhere, prints its figures as one JSON line."""
     from loguru import logger
 
+    from actor_run.supervisors.api.handle import JobHandle
+    from actor_run.supervisors.api.runner import Runner
     from actor_run.supervisors.cli.worker import serve
-    from actor_run.supervisors.handle import JobHandle
-    from actor_run.supervisors.runner import Runner
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
@@ -115,7 +115,7 @@ class Cluster:
     """The workers of one part, on one database."""
 
     def __init__(self, url: str, k: int, n: int, job_s: float, lease_s: float, poll_s: float, root: Path) -> None:
-        from actor_run.supervisors.runner import Runner
+        from actor_run.supervisors.api.runner import Runner
 
         self.url, self.n = url, n
         root.mkdir(parents=True, exist_ok=True)

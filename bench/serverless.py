@@ -36,7 +36,7 @@ from fakes.runpod_serverless import FakeRunPodServerless  # noqa: E402
 from loguru import logger  # noqa: E402
 
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec  # noqa: E402
-from actor_run.supervisors.runner import Runner  # noqa: E402
+from actor_run.supervisors.api.runner import Runner  # noqa: E402
 
 
 def run(batch: int, concurrency: int, poll_s: float, job_s: float) -> dict[str, object]:

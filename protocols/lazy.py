@@ -3,7 +3,7 @@ lives, and importing the package costs nothing until a name is used (every `acto
 imports `actor_run`; the Runner alone brings trio, pykka and every cloud).
 
     if not TYPE_CHECKING:  # mypy reads the TYPE_CHECKING imports instead
-        __getattr__, __dir__ = lazy.exports(globals(), {"Runner": "actor_run.supervisors.runner"})
+        __getattr__, __dir__ = lazy.exports(globals(), {"Runner": "actor_run.supervisors.api.runner"})
 """
 
 from __future__ import annotations

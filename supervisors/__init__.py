@@ -1,19 +1,17 @@
-"""The supervision tree and what stands around it: the controller side of actor-run.
+"""The controller side of actor-run: its parts, one subpackage each (no module lives loose here).
 
-    supervisors/          the tree: runner.py (Runner: the embedding API; job_checks.py its checks
-                          of a job and the clouds they build), handle.py (JobHandle),
-                          places.py (state folder, results folder), batch.py (BatchSupervisor),
-                          job.py (JobSupervisor), seed_end.py (what a job leaves in its folder),
-                          supervisor.py (the OTP-style supervisor),
-                          takeover.py (resume, sweep), walk.py, policy.py, budget.py,
-                          reservations.py, offers.py, config.py (user settings), gc_tuning.py
+    supervisors/tree/     the supervision tree: batch and job supervisors, the seed's end, and the
+                          decisions they ask (policy, walk, offers, budget, restart intensity)
+    supervisors/api/      the embedding API: Runner, JobHandle, the event bus, takeover (resume,
+                          sweep), the job checks, places, the user's settings
     supervisors/ledger/   the durable record (SQLite, or PostgreSQL shared by workers): writer,
                           reader, backends, schema steps, the sweep's and resume's decisions
     supervisors/views/    what a person looks at: the live view, the run's page, the run's log
     supervisors/cli/      the `actor-run` command: the parser, one module per command
 
-What may import what (tests/test_layers.py checks it): this layer imports protocols and actors,
-never the other way. The ledger imports none of the tree, the views or the command line; the
-views import the tree's plain data but no ledger backend and no command line; nothing but the
-command line (and `python -m actor_run`) imports the command line.
+Floors, each importing only those below it (tests/test_layers.py checks them, type-checking imports
+included): ledger <- tree <- api <- cli; views stand on the tree's plain data. The ledger imports
+none of the others; the tree none of api, views, cli; the api no view and no command line; the
+views no ledger backend, no api, no command line; nothing but the command line (and
+`python -m actor_run`) imports the command line.
 """

@@ -32,7 +32,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-# no test reads the user's own settings (supervisors/config.py): the default config file is looked
+# no test reads the user's own settings (supervisors/api/config.py): the default config file is looked
 # for in an empty folder, and no ACTOR_RUN_CONFIG is inherited (tests that want one set it)
 os.environ.pop("ACTOR_RUN_CONFIG", None)
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="actor-run-test-config-")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,21 +90,22 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _module_level(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The imports that run when the module is imported: its body, its classes' bodies and any
-    if/try/with in them; not a function's body, nor an `if TYPE_CHECKING:` block."""
+def _module_level(body: list[ast.stmt], typing_too: bool = True) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports of the module's body, its classes' bodies and any if/try/with in them (with
+    `typing_too`, an `if TYPE_CHECKING:` block's too: a circle a type checker reads is coupling all
+    the same); never a function's body."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node):
-                yield from _module_level(node.body)
-            yield from _module_level(node.orelse)
+            if typing_too or not _is_type_checking(node):
+                yield from _module_level(node.body, typing_too)
+            yield from _module_level(node.orelse, typing_too)
         elif isinstance(node, ast.Try):
             for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _module_level(block)
+                yield from _module_level(block, typing_too)
         elif isinstance(node, ast.With | ast.ClassDef):
-            yield from _module_level(node.body)
+            yield from _module_level(node.body, typing_too)
 
 
 def imports_of(root: Path, *, module_level: bool) -> dict[str, set[str]]:
@@ -166,28 +167,31 @@ def import_cycles(root: Path) -> list[list[str]]:
 
 # --- the subpackages' rules (at any depth: a function's import counts too) ---------------------------
 
-TREE = "supervisors"  # the supervision tree: the modules at the top of supervisors/
+PARTS = ("api", "cli", "ledger", "tree", "views")  # supervisors/ is these and its __init__, nothing loose
+BACKEND = {"supervisors.ledger.db", "supervisors.ledger.txn", "supervisors.ledger.schema"}
 
 
 def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _is_tree(module: str) -> bool:
-    """A module of the tree itself: supervisors.<name>, not one of its subpackages."""
-    parts = module.split(".")
-    return len(parts) == 2 and parts[0] == TREE
+def _part(name: str) -> Callable[[str], bool]:
+    return lambda t: _in(t, f"supervisors.{name}")
 
 
 # (whose imports, what they may not import, why)
-RULES = [
-    ("supervisors.ledger", lambda t: _in(t, "supervisors.cli"), "the ledger knows no command line"),
-    ("supervisors.ledger", lambda t: _in(t, "supervisors.views"), "the ledger knows no view"),
-    ("supervisors.ledger", _is_tree, "the ledger knows nothing of the tree that uses it"),
-    ("supervisors.views", lambda t: t in {"supervisors.ledger.db", "supervisors.ledger.batch",
-                                          "supervisors.ledger.schema"}, "a view knows no ledger backend"),
-    ("supervisors.views", lambda t: _in(t, "supervisors.cli"), "a view knows no command line"),
-    ("", lambda t: _in(t, "supervisors.cli"), "only the command line imports the command line"),
+RULES: list[tuple[str, Callable[[str], bool], str]] = [
+    ("supervisors.ledger", _part("cli"), "the ledger knows no command line"),
+    ("supervisors.ledger", _part("views"), "the ledger knows no view"),
+    ("supervisors.ledger", _part("tree"), "the ledger knows nothing of the tree that uses it"),
+    ("supervisors.ledger", _part("api"), "the ledger knows nothing of the API that uses it"),
+    ("supervisors.tree", _part("api"), "the tree knows nothing of the API that embeds it"),
+    ("supervisors.tree", _part("views"), "the tree knows no view"),
+    ("supervisors.api", _part("views"), "the embedding API prints nothing: it knows no view"),
+    ("supervisors.views", lambda t: t in BACKEND, "a view knows no ledger backend"),
+    ("supervisors.views", _part("api"), "a view knows no embedding API"),
+    ("supervisors.views", _part("cli"), "a view knows no command line"),
+    ("", _part("cli"), "only the command line imports the command line"),
 ]
 
 
@@ -203,6 +207,13 @@ def broken_rules(root: Path) -> list[str]:
     return sorted(bad)
 
 
+def loose_modules(root: Path) -> list[str]:
+    """What lies at supervisors/'s root besides its __init__ and its parts."""
+    sup = root / "supervisors"
+    return sorted(p.name for p in sup.iterdir()
+                  if p.name not in {"__init__.py", "__pycache__", *PARTS} and (p.suffix == ".py" or p.is_dir()))
+
+
 # --- the tests -------------------------------------------------------------------------------------
 
 
@@ -213,8 +224,16 @@ def test_layers_point_one_way() -> None:
 def test_every_layer_has_modules_to_check() -> None:
     for layer in LAYERS:
         assert list((ROOT / layer).rglob("*.py")), layer
-    for package in ("ledger", "cli", "views"):
+    for package in PARTS:
         assert list((ROOT / "supervisors" / package).glob("*.py")), package
+
+
+def test_supervisors_is_its_parts_and_nothing_loose(tmp_path: Path) -> None:
+    assert loose_modules(ROOT) == []
+    (tmp_path / "supervisors" / "tree").mkdir(parents=True)
+    (tmp_path / "supervisors" / "__init__.py").write_text("")
+    (tmp_path / "supervisors" / "runner.py").write_text("")
+    assert loose_modules(tmp_path) == ["runner.py"]
 
 
 def test_the_checker_sees_wrong_way_arrows(tmp_path: Path) -> None:
@@ -250,7 +269,7 @@ def test_the_checker_sees_a_circle(tmp_path: Path) -> None:
     (tmp_path / "protocols" / "clouds" / "__init__.py").write_text("from actor_run.protocols.clouds import sim\n")
     (tmp_path / "protocols" / "clouds" / "sim.py").write_text("from ..specs import Job\n")
     (tmp_path / "protocols" / "failures.py").write_text("from actor_run.protocols.specs import Job\n")
-    # not circles: an import inside a function, one only a type checker reads, a package's own module
+    # a circle a type checker reads is one; not circles: an import inside a function, a package's own module
     (tmp_path / "actors" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                               "    from actors.b import B\ndef f():\n    from actors import c\n")
     (tmp_path / "actors" / "b.py").write_text("import actor_run.actors.a\n")
@@ -259,7 +278,8 @@ def test_the_checker_sees_a_circle(tmp_path: Path) -> None:
     (tmp_path / "supervisors" / "cli" / "__init__.py").write_text("from actor_run.supervisors.cli.main import entry\n")
     (tmp_path / "supervisors" / "cli" / "main.py").write_text("from actor_run.supervisors.cli import run\n")
     (tmp_path / "supervisors" / "cli" / "run.py").write_text("import argparse\n")
-    assert import_cycles(tmp_path) == [["protocols.clouds", "protocols.clouds.sim", "protocols.specs"]]
+    assert import_cycles(tmp_path) == [["actors.a", "actors.b"],
+                                       ["protocols.clouds", "protocols.clouds.sim", "protocols.specs"]]
 
 
 def test_the_subpackages_keep_their_rules() -> None:
@@ -270,36 +290,47 @@ def test_the_checker_sees_each_broken_rule(tmp_path: Path) -> None:
     for layer in LAYERS:
         (tmp_path / layer).mkdir()
     sup = tmp_path / "supervisors"
-    for package in ("ledger", "cli", "views"):
+    for package in PARTS:
         (sup / package).mkdir()
         (sup / package / "__init__.py").write_text("")
-    for name in ("runner", "batch", "budget"):
-        (sup / f"{name}.py").write_text("")
+    for name in ("batch", "budget"):
+        (sup / "tree" / f"{name}.py").write_text("")
     for name in ("db", "schema", "reader"):
         (sup / "ledger" / f"{name}.py").write_text("")
+    (sup / "api" / "runner.py").write_text("")
     (sup / "cli" / "main.py").write_text("")
     (sup / "views" / "live.py").write_text("")
-    # allowed: the ledger's own modules, the tree using the ledger and the views, the command line anything
+    # allowed: the ledger's own modules, the tree using the ledger, the api the tree, the command line anything
     (sup / "ledger" / "core.py").write_text("from actor_run.supervisors.ledger import db, schema\nimport protocols\n")
-    (sup / "runner.py").write_text("from actor_run.supervisors.ledger import reader\nimport supervisors.views.live\n")
-    (sup / "cli" / "run.py").write_text("from actor_run.supervisors import runner\n"
-                                        "from actor_run.supervisors.ledger.db import x\nfrom . import main\n")
-    (sup / "views" / "report.py").write_text("from actor_run.supervisors.budget import BudgetStatistics\n"
+    (sup / "tree" / "job.py").write_text("from actor_run.supervisors.ledger import reader\nfrom . import budget\n")
+    (sup / "api" / "handle.py").write_text("from actor_run.supervisors.tree import batch\n")
+    (sup / "cli" / "run.py").write_text("from actor_run.supervisors.api import runner\n"
+                                        "from actor_run.supervisors.ledger.db import x\nfrom . import main\n"
+                                        "import actor_run.supervisors.views.live\n")
+    (sup / "views" / "report.py").write_text("from actor_run.supervisors.tree.budget import BudgetStatistics\n"
                                              "from actor_run.supervisors.ledger.reader import LedgerReader\n")
     assert broken_rules(tmp_path) == []
     # each rule broken once (a function's import counts)
     (sup / "ledger" / "sweep.py").write_text("def f():\n    from actor_run.supervisors.cli import main\n")
     (sup / "ledger" / "resume.py").write_text("from ..views.live import View\n")
-    (sup / "ledger" / "money.py").write_text("from actor_run.supervisors.batch import BatchSupervisor\n")
+    (sup / "ledger" / "money.py").write_text("from actor_run.supervisors.tree.batch import BatchSupervisor\n"
+                                             "from actor_run.supervisors.api.runner import Runner\n")
+    (sup / "tree" / "walk.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                          "    from actor_run.supervisors.api.runner import Runner\n"
+                                          "from actor_run.supervisors.views import live\n")
+    (sup / "api" / "events.py").write_text("from actor_run.supervisors.views.live import View\n")
     (sup / "views" / "runlog.py").write_text("from actor_run.supervisors.ledger.db import resolve\n"
-                                             "import actor_run.supervisors.cli\n")
-    (sup / "job.py").write_text("from actor_run.supervisors.cli.main import entry\n")
+                                             "import actor_run.supervisors.cli\nfrom ..api import runner\n")
     assert broken_rules(tmp_path) == [
-        "supervisors.job imports supervisors.cli.main: only the command line imports the command line",
-        "supervisors.ledger.money imports supervisors.batch: the ledger knows nothing of the tree that uses it",
+        "supervisors.api.events imports supervisors.views.live: the embedding API prints nothing: it knows no view",
+        "supervisors.ledger.money imports supervisors.api.runner: the ledger knows nothing of the API that uses it",
+        "supervisors.ledger.money imports supervisors.tree.batch: the ledger knows nothing of the tree that uses it",
         "supervisors.ledger.resume imports supervisors.views.live: the ledger knows no view",
         "supervisors.ledger.sweep imports supervisors.cli.main: only the command line imports the command line",
         "supervisors.ledger.sweep imports supervisors.cli.main: the ledger knows no command line",
+        "supervisors.tree.walk imports supervisors.api.runner: the tree knows nothing of the API that embeds it",
+        "supervisors.tree.walk imports supervisors.views.live: the tree knows no view",
+        "supervisors.views.runlog imports supervisors.api.runner: a view knows no embedding API",
         "supervisors.views.runlog imports supervisors.cli: a view knows no command line",
         "supervisors.views.runlog imports supervisors.cli: only the command line imports the command line",
         "supervisors.views.runlog imports supervisors.ledger.db: a view knows no ledger backend",

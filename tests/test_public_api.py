@@ -55,7 +55,7 @@ import sys
 import actor_run
 import actor_run.supervisors.ledger as ledger
 import actor_run.supervisors.views as views
-heavy = {"trio", "pykka", "actor_run.supervisors.runner", "actor_run.actors", "rich", "importlib.metadata"}
+heavy = {"trio", "pykka", "actor_run.supervisors.api.runner", "actor_run.actors", "rich", "importlib.metadata"}
 assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))
 for package in (actor_run, ledger, views):
     assert set(package.__all__) <= set(dir(package)), package
@@ -66,7 +66,7 @@ for package in (actor_run, ledger, views):
     else:
         raise AssertionError(package)
 from actor_run import Runner, __version__
-from actor_run.supervisors.runner import Runner as Defined
+from actor_run.supervisors.api.runner import Runner as Defined
 assert Runner is Defined and "trio" in sys.modules
 assert __version__ and __version__ == actor_run.__version__
 assert ledger.LedgerReader is sys.modules["actor_run.supervisors.ledger.reader"].LedgerReader

@@ -1,7 +1,7 @@
 """What every rented cloud does the same way, whatever its API: wait for a machine to be ready,
 connect to it over SSH, delete it and prove it gone, find it again by name.
 
-A provider module (runpod.py, lambda_.py, hyperstack.py) subclasses `RentedCloud` and answers
+A provider module (runpod.py, lambdacloud.py, hyperstack.py) subclasses `RentedCloud` and answers
 five questions in its vendor's words: `offers`, `_create` (a machine named so; its id, or raises
 `LaunchRefused` / `LaunchAmbiguous`), `_read` (one machine as a `Seen`, None once the provider
 says it is gone), `_list` (every machine the account holds) and `_delete_call` (ask for the

@@ -66,7 +66,7 @@ from pathlib import Path
 import msgspec
 import trio
 
-from actor_run.protocols.clouds.batch import Batch
+from actor_run.protocols.clouds.coalesce import Coalescer
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.simstore import (
     SAFE_NAME,
@@ -180,10 +180,10 @@ class SimCloud:
         # creates and deletes that come while one batch is in the store go together in the next; a
         # machine is made `launch_latency_s` after it was asked for: one timer per batch, not a trio
         # sleep per launch (a cancel scope, a deadline and its expiry each: bench/RESULTS.md, item 56)
-        self._creates = Batch(self._store.create_many, delay_s=settings.launch_latency_s)
+        self._creates = Coalescer(self._store.create_many, delay_s=settings.launch_latency_s)
         # a delete is confirmed `delete_latency_s` after it was asked for: one timer per batch
-        self._deletes = Batch(self._store.delete_many, delay_s=settings.delete_latency_s)
-        self._fetch_writes = Batch(write_files)  # what virtual machines' fetches write locally
+        self._deletes = Coalescer(self._store.delete_many, delay_s=settings.delete_latency_s)
+        self._fetch_writes = Coalescer(write_files)  # what virtual machines' fetches write locally
         self._fresh: dict[str, tuple[SimRecord, StatKey]] = {}  # made by launch, not yet connected
 
     def _fate(self, name: str) -> Fate:

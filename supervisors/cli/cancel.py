@@ -96,7 +96,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             owned += claimed
         dead = sorted({j["owner"] for j in unowned if j["owner"]})
         if dead:  # their machines go as the sweep would: their owner is proven dead
-            from actor_run.supervisors.runner import Runner  # the tree: only when there is a machine to delete
+            from actor_run.supervisors.api.runner import Runner  # the tree: only when there is a machine to delete
 
             runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, config=args.config)
             with runner:

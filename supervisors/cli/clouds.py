@@ -21,7 +21,7 @@ from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX
 from actor_run.protocols.specs import CandidateSpec, load_batch
-from actor_run.supervisors.config import load_config
+from actor_run.supervisors.api.config import load_config
 
 RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "skypilot")  # asked about GPU classes
 WHEN_CONFIGURED = ("ssh", "skypilot")  # checked without a NAME only when the user config or batch has their table

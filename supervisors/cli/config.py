@@ -11,7 +11,7 @@ import msgspec
 
 from actor_run.protocols.clouds import known_clouds
 from actor_run.protocols.specs import load_batch
-from actor_run.supervisors.config import config_path, load_config, show
+from actor_run.supervisors.api.config import config_path, load_config, show
 
 EPILOG = """\
 examples:

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any, cast
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.api.places import default_ledger_path
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
-from actor_run.supervisors.places import default_ledger_path
 from actor_run.supervisors.views.text import printable
 
 if TYPE_CHECKING:  # a command that reads the ledger loads neither the Runner nor the live view
     import importlib.abc
     import importlib.machinery
 
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.runner import Runner
 
 LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: $ACTOR_RUN_LEDGER, else "
                "<state>/ledger.sqlite)")

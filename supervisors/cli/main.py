@@ -19,7 +19,7 @@ console.py. It parses, the command builds specs, calls the Runner, renders. Noth
     actor-run worker --ledger postgresql://... [--concurrency N]   (worker.py: a shared ledger)
     actor-run config show [BATCH] [--json]
     actor-run completion bash|zsh
-    actor-run --version; --config PATH (the user settings, supervisors/config.py) before or after any command
+    actor-run --version; --config PATH (the user settings, supervisors/api/config.py) before or after any command
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from actor_run.protocols.failures import SpecError
+from actor_run.supervisors.api.gc_tuning import tune_gc
+from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import cancel as cmd_cancel
 from actor_run.supervisors.cli import clouds as cmd_clouds
 from actor_run.supervisors.cli import completion as cmd_completion
@@ -48,9 +50,7 @@ from actor_run.supervisors.cli import ssh as cmd_ssh
 from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
-from actor_run.supervisors.gc_tuning import tune_gc
 from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
-from actor_run.supervisors.places import default_state_dir
 from actor_run.supervisors.views.text import printable
 
 __all__ = ["Exit", "entry", "main"]
@@ -75,9 +75,9 @@ class _Version(argparse._VersionAction):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        from actor_run import __version__
+        from actor_run.protocols.version import package_version
 
-        self.version = f"actor-run {__version__}"
+        self.version = f"actor-run {package_version()}"
         super().__call__(parser, namespace, values, option_string)
 
 
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
-    """`--config PATH` before or after any command (supervisors/config.py says what it is)."""
+    """`--config PATH` before or after any command (supervisors/api/config.py says what it is)."""
     if "--config" not in p._option_string_actions:  # a command may define its own
         p.add_argument("--config", metavar="PATH", default=None if top else argparse.SUPPRESS,
                        help="the user settings file (default: $ACTOR_RUN_CONFIG, else ~/.config/actor-run/config.toml)")

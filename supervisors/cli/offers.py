@@ -26,8 +26,8 @@ from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clou
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
+from actor_run.supervisors.api.config import UserConfig, load_config
 from actor_run.supervisors.cli.console import Exit
-from actor_run.supervisors.config import UserConfig, load_config
 
 CALL_TIMEOUT_S = 60.0
 ALWAYS = ("local", "sim")  # nothing to configure

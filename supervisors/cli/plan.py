@@ -25,11 +25,11 @@ from actor_run.protocols.clouds import Cloud, cloud_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import Batch, CandidateSpec
-from actor_run.supervisors.budget import hold_seconds, reservation_usd
+from actor_run.supervisors.api.config import UserConfig, load_config
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.console import Exit
 from actor_run.supervisors.cli.offers import ask, open_clouds
-from actor_run.supervisors.config import UserConfig, load_config
+from actor_run.supervisors.tree.budget import hold_seconds, reservation_usd
 
 EXAMPLE = """examples:
   actor-run plan examples/sim.toml

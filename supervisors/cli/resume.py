@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def cmd_resume(args: argparse.Namespace) -> int:
     from loguru import logger
 
-    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+    from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
 
     if args.run is not None:
         reader = open_reader(args)

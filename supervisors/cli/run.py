@@ -62,7 +62,7 @@ def cmd_print_batch(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from loguru import logger
 
-    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+    from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
 
     try:
         batch = oneline.load(args)

@@ -25,8 +25,8 @@ import msgspec
 from actor_run.protocols.clouds import make_cloud, split_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
+from actor_run.supervisors.api.config import load_config
 from actor_run.supervisors.cli.console import LEDGER_HELP, open_reader, usage_error
-from actor_run.supervisors.config import load_config
 
 LOCAL = ("local", "sim")  # machines that are sandbox folders on this computer
 NO_SHELL = {

@@ -76,7 +76,7 @@ def _print(actions: list[SweepAction], *, json_mode: bool, dry_run: bool) -> boo
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from actor_run.supervisors.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+    from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
 
     for owner in args.owner:
         if not _OWNER.match(owner):

@@ -40,16 +40,16 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
+from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.console import signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
-from actor_run.supervisors.places import default_state_dir
 
 if TYPE_CHECKING:  # the tree (trio, pykka, the clouds) loads when a worker or a shared run starts
-    from actor_run.supervisors.handle import JobHandle
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.handle import JobHandle
+    from actor_run.supervisors.api.runner import Runner
 
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 ENDED = ("succeeded", "failed")
@@ -255,7 +255,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
-    from actor_run.supervisors.runner import Runner  # the tree: only when a worker starts
+    from actor_run.supervisors.api.runner import Runner  # the tree: only when a worker starts
 
     signals = _Signals(mode="drain" if args.drain else "hand back")
     while True:
@@ -287,7 +287,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
-    from actor_run.supervisors.runner import Runner  # the tree: only when the batch is queued
+    from actor_run.supervisors.api.runner import Runner  # the tree: only when the batch is queued
 
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency

@@ -12,14 +12,14 @@ it: claims, leases, fencing tokens).
     owners.py      an owner row and whether it is alive (what a reader needs of owners)
     reader.py      LedgerReader and its rows (MachineRow, RunRow)
     db.py          the backends: SQLite, PostgreSQL (pools, SQL translation); a --ledger's meaning
-    batch.py       how a batch of writes runs (multi-row statements)
+    txn.py         how one transaction of queued writes runs (multi-row statements)
     schema.py      the tables and their numbered upgrade steps
     sweep.py       which orphaned machines a sweep deletes, and the sweep itself
     resume.py      what a resume takes over from a dead controller
 
 What it may import: protocols, actors, and its own modules. Never the command line
 (supervisors.cli), what a person looks at (supervisors.views), nor the supervision tree
-(supervisors.runner, batch, job, ...): they use the ledger, it knows nothing of them. Inside the
+(supervisors.tree, supervisors.api): they use the ledger, it knows nothing of them. Inside the
 package, modules import each other by module, never through this file.
 """
 

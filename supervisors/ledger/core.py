@@ -23,9 +23,9 @@ from pathlib import Path
 from loguru import logger
 
 from actor_run.actors.base import failure_text
-from actor_run.supervisors.ledger.batch import Op, _run, _run_all
 from actor_run.supervisors.ledger.db import LedgerError, open_backend
 from actor_run.supervisors.ledger.queue import FileWrite, StaleClaim, Waiter, _ConnectionLost, _WriteQueue
+from actor_run.supervisors.ledger.txn import Op, _run, _run_all
 
 # what the writer thread queues: a write, who waits for it, and the job whose claim fences it
 _Item = tuple[Op, "Waiter | None", "str | None"]

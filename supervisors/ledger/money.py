@@ -1,5 +1,6 @@
 """What the ledger records of money: reservations before a lease, and what each attempt was
-charged in their place (supervisors/budget.py decides them; supervisors/reservations.py settles a dead owner's)."""
+charged in their place (supervisors/tree/budget.py decides them; supervisors/tree/reservations.py
+settles a dead owner's)."""
 
 from __future__ import annotations
 

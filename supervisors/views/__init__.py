@@ -5,7 +5,7 @@ gathered from the ledger's rows in report.py, the HTML page in report_page.py), 
 controller's log file of a run (runlog.py).
 
 What it may import: protocols, actors, and the supervision tree's plain data (budget statistics,
-the Runner's events). Never a ledger backend (supervisors.ledger.db, batch, schema) nor the
+the Runner's events). Never a ledger backend (supervisors.ledger.db, txn, schema) nor the
 command line (supervisors.cli): the command line hands a view what it reads.
 """
 

@@ -62,7 +62,7 @@ from actor_run.protocols.messages import (
     encode,
 )
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.budget import BudgetStatistics
+from actor_run.supervisors.tree.budget import BudgetStatistics
 from actor_run.supervisors.views.fit import columns_for, header_line, terminal_size
 from actor_run.supervisors.views.log_warnings import Warnings
 from actor_run.supervisors.views.rows import (

@@ -62,7 +62,7 @@ def probe() -> Iterator[ProbeHandle]:
 def make_context(
     reactor: Reactor, ledger: Ledger, owner: str, state_dir: Path, tmp_path: Path, emitted: Mailbox,
 ) -> Iterator[Callable[..., Context]]:
-    """Build a Context as supervisors/runner.py does; `sim=SimSettings(...)` picks the sim's fates."""
+    """Build a Context as supervisors/api/runner.py does; `sim=SimSettings(...)` picks the sim's fates."""
 
     def make(*, sim: SimSettings | None = None, meter_period_s: float = 0.2,
              delete_timeout_s: float = 10.0) -> Context:

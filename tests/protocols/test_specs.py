@@ -72,7 +72,7 @@ def test_without_candidates_a_job_runs_on_local(tmp_path: Path) -> None:
 
 
 def test_without_candidates_the_runner_leases_a_local_machine(tmp_path: Path) -> None:
-    from actor_run.supervisors.runner import Runner  # a test may cross layers; the source may not
+    from actor_run.supervisors.api.runner import Runner  # a test may cross layers; the source may not
 
     spec = GOOD.replace("sh -c 'echo {seed}'", "sh -c 'cat $ACTOR_RUN_IN/data/data.txt'").replace("[1, 2]", "[1]")
     jobs = load_batch(write(tmp_path, spec + "[policy]\npoll_s = 0.1\n"), known_clouds()).jobs()

@@ -17,8 +17,8 @@ import pytest
 from actor_run.protocols.clouds.sim import SimGpu, SimRegion
 from actor_run.protocols.messages import Event
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger import LedgerReader, MachineRow
-from actor_run.supervisors.runner import Runner
 
 # the views' tests drive `actor-run` with the CLI tests' helpers (cli/test_cli.py), and pytest puts a
 # test's own folder on sys.path only: that one too, from every folder under this one

@@ -1,4 +1,4 @@
-"""Reservations in a running batch (supervisors/budget.py, job.py, actors/meter.py's guard): the
+"""Reservations in a running batch (supervisors/tree/budget.py, job.py, actors/meter.py's guard): the
 sum of live reservations and spend never passes the budget, a job that finds no offer its money
 can hold ends `budget` without renting, and an attempt outrunning its estimate is stopped at its
 reservation with its machine deleted."""
@@ -12,8 +12,8 @@ from typing import Any
 from actor_run.protocols.clouds.sim import billing, sim_machines
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import Charged, Reserved
-from actor_run.supervisors.budget import MICRO, to_micro
 from actor_run.supervisors.ledger import LedgerReader
+from actor_run.supervisors.tree.budget import MICRO, to_micro
 
 
 def replay(rows: list[dict[str, Any]]) -> list[int]:

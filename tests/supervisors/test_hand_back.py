@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from actor_run.protocols.messages import JobStarted, Released
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger.db import close_pools
-from actor_run.supervisors.runner import Runner
 
 
 @pytest.fixture

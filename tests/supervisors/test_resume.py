@@ -11,8 +11,8 @@ from actor_run.protocols.clouds.sim import preempt_machine, sim_machines
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import CheckpointSaved, Event, Leased
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger import Ledger, LedgerReader
-from actor_run.supervisors.runner import Runner
 
 # attempt 0 writes a checkpoint, says so, and waits to be preempted; attempt 1 must start from it
 RESUMABLE = r'''

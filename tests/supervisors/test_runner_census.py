@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from actor_run.protocols.messages import Event, JobStarted, Progress
-from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.api.runner import Runner
 
 # bench/RESULTS.md item 41: 180 on main before (three reactor tasks per job: the heartbeat's loop,
 # its exit hint, the meter's budget guard timer), 120 after (the loop only)

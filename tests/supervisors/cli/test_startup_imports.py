@@ -30,7 +30,8 @@ PROBE = ("import atexit, runpy, sys\n"
          "runpy.run_module('actor_run', run_name='__main__')\n")
 # what running a batch needs and reading about one does not
 NOT_FOR_READING = ("trio", "trio_asyncio", "pykka", "asyncssh", "httpx", "rich", "actor_run.actors",
-                   "actor_run.supervisors.runner", "actor_run.supervisors.handle", "actor_run.supervisors.batch",
+                   "actor_run.supervisors.api.runner", "actor_run.supervisors.api.handle",
+                   "actor_run.supervisors.tree.batch",
                    "actor_run.supervisors.ledger.writer", "actor_run.supervisors.views.live")
 
 
@@ -67,7 +68,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str],
         "seeds = [1, 2]\n\n[policy]\npoll_s = 0.1\n")
     done = actor_run("run", "batch.toml", "--out", "out", cwd=tmp, env=env)
     assert done.code == 0, done.stderr
-    assert {"trio", "pykka", "actor_run.supervisors.runner"} <= done.modules  # `run` loads what it runs with
+    assert {"trio", "pykka", "actor_run.supervisors.api.runner"} <= done.modules  # `run` loads what it runs with
     assert (tmp / "out").is_dir()
     [run] = [line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("run ")]
     return tmp, env, run
@@ -188,7 +189,7 @@ def test_a_local_run_loads_no_rich_and_no_network_library(cloudy: tuple[Path, di
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["outcome"] for e in events if e["type"] == "JobEnded"] == ["succeeded", "succeeded"]
     assert "RUNPOD_API_KEY" in done.stderr  # the sweep built runpod from the config, and said why it cannot
-    assert {"trio", "pykka", "actor_run.supervisors.runner"} <= done.modules
+    assert {"trio", "pykka", "actor_run.supervisors.api.runner"} <= done.modules
     assert unused(done) == []
 
     done = actor_run("run", "batch.toml", "--out", "out", cwd=tmp, env=env)

@@ -29,8 +29,8 @@ from actor_run.supervisors.ledger import (
     owner_is_alive,
     process_start_time,
 )
-from actor_run.supervisors.ledger.batch import _run, _run_all, _run_many
 from actor_run.supervisors.ledger.cancels import end_unowned
+from actor_run.supervisors.ledger.txn import _run, _run_all, _run_many
 
 
 class Db:
@@ -629,7 +629,7 @@ def test_a_dead_controllers_preempted_machine_is_settled_up_to_its_preemption(
     """Killed after its machine was deleted and before the attempt's charge: the settle charges
     what the provider billed, up to the preemption the attempt had heard of, not to the delete."""
     from actor_run.protocols.messages import Offer
-    from actor_run.supervisors.reservations import settle_reservations
+    from actor_run.supervisors.tree.reservations import settle_reservations
 
     dead, alive = ledgers("dead"), ledgers()
     t0 = time.time() - 100

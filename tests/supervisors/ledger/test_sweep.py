@@ -22,9 +22,9 @@ from cli_inproc import run_cli
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import encode_name
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.ledger.sweep import SweepAction
-from actor_run.supervisors.runner import Runner
 
 SIM = {"launch_latency_s": 0.0, "delete_latency_s": 0.0}
 

@@ -17,10 +17,10 @@ import trio
 from actor_run.actors.pool import blocking
 from actor_run.protocols.messages import JobEnded
 from actor_run.protocols.specs import Job
-from actor_run.supervisors.batch import _CancelJob
+from actor_run.supervisors.tree.batch import _CancelJob
 
 if TYPE_CHECKING:
-    from actor_run.supervisors.runner import Runner
+    from actor_run.supervisors.api.runner import Runner
 
 _ENDS = threading.Lock()  # a handle's end against the making of its first waiter's future (brief)
 

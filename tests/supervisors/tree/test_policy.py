@@ -1,4 +1,4 @@
-"""supervisors/policy.py: what a failed attempt means for its job (DESIGN.md, "Failures"), and the
+"""supervisors/tree/policy.py: what a failed attempt means for its job (DESIGN.md, "Failures"), and the
 backoff between retries."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from actor_run.protocols.failures import POLICIES, Code
 from actor_run.protocols.specs import PolicySpec
-from actor_run.supervisors.policy import Action, Decision, backoff_s, decide
+from actor_run.supervisors.tree.policy import Action, Decision, backoff_s, decide
 
 POLICY = PolicySpec(max_attempts=5, thrash_max=5, thrash_window_s=300.0)
 

@@ -36,7 +36,7 @@ from actor_run.protocols.specs import (
     check_policy,
     without_secrets,
 )
-from actor_run.supervisors.config import UserConfig, settings_digest
+from actor_run.supervisors.api.config import UserConfig, settings_digest
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
 

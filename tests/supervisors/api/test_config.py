@@ -1,4 +1,4 @@
-"""supervisors/config.py: [clouds.*] tables in the user's settings file, a batch's own tables merged
+"""supervisors/api/config.py: [clouds.*] tables in the user's settings file, a batch's own tables merged
 over them field by field, `actor-run config show`, and a run that needs both (a real sshd)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from sshd import Sshd
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import CandidateSpec, Job, redacted, without_secrets
-from actor_run.supervisors.config import ENV_VAR, Shown, UserConfig, load_config, merge, show
+from actor_run.supervisors.api.config import ENV_VAR, Shown, UserConfig, load_config, merge, show
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger import LedgerReader
-from actor_run.supervisors.runner import Runner
 
 SECRET = "correct-horse-battery"
 

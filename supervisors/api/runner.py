@@ -42,20 +42,20 @@ from actor_run.protocols.specs import (
     redacted,
     unredacted,
 )
-from actor_run.supervisors import gc_tuning
-from actor_run.supervisors.batch import BatchSupervisor, _Abandon, _CancelJob, _Submit
-from actor_run.supervisors.budget import Budget, BudgetStatistics
-from actor_run.supervisors.config import UserConfig, resolve_config
-from actor_run.supervisors.event_bus import EventBus
-from actor_run.supervisors.handle import JobHandle, RunnerStatistics, Waiters
-from actor_run.supervisors.job_checks import JobChecks
+from actor_run.supervisors.api import gc_tuning
+from actor_run.supervisors.api.config import UserConfig, resolve_config
+from actor_run.supervisors.api.event_bus import EventBus
+from actor_run.supervisors.api.handle import JobHandle, RunnerStatistics, Waiters
+from actor_run.supervisors.api.job_checks import JobChecks
+from actor_run.supervisors.api.places import check_out_dir, default_state_dir, new_run_id, private_dir
+from actor_run.supervisors.api.takeover import Takeover
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
 from actor_run.supervisors.ledger.db import Backend, open_backend
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction
-from actor_run.supervisors.places import check_out_dir, default_state_dir, new_run_id, private_dir
-from actor_run.supervisors.takeover import Takeover
+from actor_run.supervisors.tree.batch import BatchSupervisor, _Abandon, _CancelJob, _Submit
+from actor_run.supervisors.tree.budget import Budget, BudgetStatistics
 
 OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
@@ -79,7 +79,7 @@ class Runner(JobChecks, Takeover, EventBus):
     goes under `state_dir` (default: the platform's user state folder); outputs under `out_dir`.
 
     The cyclic garbage collector: while a Runner is open, the process's collector thresholds are
-    raised from Python's (700, 10, 10) to (50000, 20, 20) (supervisors/gc_tuning.py `hold`), since
+    raised from Python's (700, 10, 10) to (50000, 20, 20) (supervisors/api/gc_tuning.py `hold`), since
     at thousands of attempts at once Python's cost the controller a third of its CPU and stopped
     every thread for seconds (bench/RESULTS.md item 46); cycles are still collected, less often.
     Thresholds the host set itself, or a disabled collector, are left as they are; Python's come back

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from actor_run.protocols.messages import AttemptEnded, Event, JobEnded, Message, Metered, Progress
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.batch import _Spent
 from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.tree.batch import _Spent
 
 if TYPE_CHECKING:
-    from actor_run.supervisors.handle import JobHandle
+    from actor_run.supervisors.api.handle import JobHandle
 
 
 class EventBus:

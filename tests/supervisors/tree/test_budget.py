@@ -1,4 +1,4 @@
-"""supervisors/budget.py: reservations before leases, charges within them, releases that replace
+"""supervisors/tree/budget.py: reservations before leases, charges within them, releases that replace
 them by what was spent; the rule spent + reserved <= limit under any interleaving."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actor_run.supervisors.budget import MICRO, Budget, BudgetChange, hold_seconds, reservation_usd, to_micro
+from actor_run.supervisors.tree.budget import MICRO, Budget, BudgetChange, hold_seconds, reservation_usd, to_micro
 
 # one step: (kind, holder index, amount in cents, fraction of the reservation actually spent)
 steps = st.lists(st.tuples(st.sampled_from(["reserve", "charge", "release"]), st.integers(0, 7),

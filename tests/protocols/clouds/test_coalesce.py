@@ -1,4 +1,4 @@
-"""Batch: concurrent calls share thread hops, each caller gets its own answer, and a cancelled
+"""Coalescer: concurrent calls share thread hops, each caller gets its own answer, and a cancelled
 caller's item still runs to the end before the cancel is raised (or, still waiting its delay, is
 taken back)."""
 
@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from actor_run.protocols.clouds.batch import Batch
+from actor_run.protocols.clouds.coalesce import Coalescer
 
 
 class Recorder:
@@ -35,7 +35,7 @@ def test_concurrent_calls_share_thread_hops_and_get_their_own_answers() -> None:
     answers: dict[int, int | str] = {}
 
     async def main() -> None:
-        batch = Batch(rec.run_many)
+        batch = Coalescer(rec.run_many)
 
         async def call(i: int) -> None:
             try:
@@ -59,7 +59,7 @@ def test_a_cancelled_caller_waits_for_its_item_then_is_cancelled() -> None:
     seen: list[str] = []
 
     async def main() -> None:
-        batch = Batch(rec.run_many)
+        batch = Coalescer(rec.run_many)
         with trio.move_on_after(0.05) as scope:
             await batch(4)
             seen.append("returned")
@@ -76,7 +76,7 @@ def test_the_batch_failing_as_a_whole_reaches_every_caller() -> None:
         raise OSError("disk gone")
 
     async def main() -> None:
-        batch: Batch[int, int] = Batch(broken)
+        batch: Coalescer[int, int] = Coalescer(broken)
         with pytest.raises(OSError, match="disk gone"):
             await batch(1)
         with pytest.raises(OSError, match="disk gone"):  # and the next call runs again
@@ -96,7 +96,7 @@ def test_items_wait_their_delay_on_one_timer_and_go_together() -> None:
     clock = trio.testing.MockClock()
 
     async def main() -> None:
-        batch = Batch(rec.run_many, delay_s=0.2)
+        batch = Coalescer(rec.run_many, delay_s=0.2)
 
         async def call(i: int) -> None:
             asked = trio.current_time()
@@ -125,7 +125,7 @@ def test_a_caller_cancelled_while_its_item_waits_takes_it_back() -> None:
     rec = Recorder()
 
     async def main() -> None:
-        batch = Batch(rec.run_many, delay_s=0.3)
+        batch = Coalescer(rec.run_many, delay_s=0.3)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(batch, 2)
             with trio.move_on_after(0.05) as scope:

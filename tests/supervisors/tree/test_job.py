@@ -1,4 +1,4 @@
-"""supervisors/job.py: one job's attempts through a real Runner, on the `sim` and `local` clouds:
+"""supervisors/tree/job.py: one job's attempts through a real Runner, on the `sim` and `local` clouds:
 the capacity walk, what is retried (on a fresh machine) and what is not, response.json."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from actor_run.protocols.messages import (
     WaitingForCapacity,
 )
 from actor_run.protocols.specs import CandidateSpec
-from actor_run.supervisors.seed_end import tidy_seed_dir
+from actor_run.supervisors.tree.seed_end import tidy_seed_dir
 
 # a job that is silent on its first attempt (a stall) and succeeds on the next ones
 # (the later ones report a stage past setup at once, so a slow machine does not make them stall too)

@@ -1,4 +1,4 @@
-"""supervisors/gc_tuning.py: `tune_gc` in a process of its own (it freezes, which this test process
+"""supervisors/api/gc_tuning.py: `tune_gc` in a process of its own (it freezes, which this test process
 must not); the Runner's `hold`/`let_go` here, each test putting Python's thresholds back."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from actor_run.supervisors.gc_tuning import PYTHONS, THRESHOLDS
-from actor_run.supervisors.runner import Runner
+from actor_run.supervisors.api.gc_tuning import PYTHONS, THRESHOLDS
+from actor_run.supervisors.api.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import gc, json
-from actor_run.supervisors.gc_tuning import THRESHOLDS, tune_gc
+from actor_run.supervisors.api.gc_tuning import THRESHOLDS, tune_gc
 before = gc.get_freeze_count()
 tune_gc()
 cycle = []
@@ -67,7 +67,7 @@ def test_the_cli_freezes_its_imports_without_a_full_collection_first() -> None:
 
 def test_tune_gc_without_collect_freezes_garbage_that_exists_then() -> None:
     """The price of collect=False, said in its docstring: a cycle already garbage is frozen, not freed."""
-    script = ("import gc, json\nfrom actor_run.supervisors.gc_tuning import tune_gc\n"
+    script = ("import gc, json\nfrom actor_run.supervisors.api.gc_tuning import tune_gc\n"
               "gc.collect()\ncycle = []\ncycle.append(cycle)\ndel cycle\n"
               "tune_gc(collect=False)\nprint(json.dumps(gc.collect()))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,

@@ -22,10 +22,10 @@ from actor_run.protocols.specs import (
     Job,
     job_key,
 )
-from actor_run.supervisors.budget import Budget
-from actor_run.supervisors.job import JobSupervisor, job_label
 from actor_run.supervisors.ledger import Ledger
-from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.tree.budget import Budget
+from actor_run.supervisors.tree.job import JobSupervisor, job_label
+from actor_run.supervisors.tree.offers import OfferBook
 
 BURST_FIRST, BURST_MOST = 16, 1024  # the batch's turn: its first, and its largest (BatchSupervisor.burst)
 

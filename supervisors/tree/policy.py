@@ -11,7 +11,7 @@ import msgspec
 
 from actor_run.protocols.failures import Code, Next, policy_for
 from actor_run.protocols.specs import PolicySpec
-from actor_run.supervisors.supervisor import restart_allowed
+from actor_run.supervisors.tree.intensity import restart_allowed
 
 
 class Action(enum.StrEnum):

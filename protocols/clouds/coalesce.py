@@ -1,4 +1,4 @@
-"""Batch: calls that arrive while one batch runs in a worker thread go together in the next.
+"""Coalescer: calls that arrive while one batch runs in a worker thread go together in the next.
 
 A provider simulated in-process (the sim cloud) changes its state under one lock. A thousand
 deletes at once, each its own thread hop and lock, queued for seconds behind each other (the
@@ -30,7 +30,7 @@ class _Slot(Generic[T, R]):
         self.state = 0  # 0 queued, 1 taken into a batch (the change may happen), 2 dropped (its caller left)
 
 
-class Batch(Generic[T, R]):
+class Coalescer(Generic[T, R]):
     """`await batch(item)`: `run_many(items)` runs in a thread and answers one result per item, in
     order (an exception in the list is raised to that item's caller).
 

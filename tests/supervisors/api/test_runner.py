@@ -1,4 +1,4 @@
-"""supervisors/runner.py: the embedding API. Runner, BatchSupervisor and JobHandle with real
+"""supervisors/api/runner.py: the embedding API. Runner, BatchSupervisor and JobHandle with real
 clouds: outputs, the ledger, close() with jobs running, the batch budget, concurrency."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from actor_run.protocols.messages import (
     Reserved,
 )
 from actor_run.protocols.specs import CandidateSpec, Job, PolicySpec
-from actor_run.supervisors.handle import JobHandle
+from actor_run.supervisors.api.handle import JobHandle
+from actor_run.supervisors.api.runner import Runner
 from actor_run.supervisors.ledger import LedgerError, LedgerReader
-from actor_run.supervisors.runner import Runner
 
 WRITE_OUT = (
     'sh -c \'echo hello from $ACTOR_RUN_SEED; echo {\\"stage\\": \\"train\\"} >> $ACTOR_RUN_PROGRESS; '

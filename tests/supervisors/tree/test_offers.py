@@ -1,4 +1,4 @@
-"""The offer book (supervisors/offers.py): asks for one candidate while a call is out share it."""
+"""The offer book (supervisors/tree/offers.py): asks for one candidate while a call is out share it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio
 from actor_run.actors import Reactor
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
-from actor_run.supervisors.offers import OfferBook
+from actor_run.supervisors.tree.offers import OfferBook
 
 
 class HeldCloud:

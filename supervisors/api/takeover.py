@@ -18,16 +18,16 @@ from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, make_cloud
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.messages import Cancel, Message
 from actor_run.protocols.specs import Job
-from actor_run.supervisors.batch import _Submit
-from actor_run.supervisors.budget import Budget
-from actor_run.supervisors.config import UserConfig, settings_digest
+from actor_run.supervisors.api.config import UserConfig, settings_digest
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.ledger.resume import ResumeItem, plan_resume
 from actor_run.supervisors.ledger.sweep import SweepAction, sweep
-from actor_run.supervisors.reservations import settle_reservations
+from actor_run.supervisors.tree.batch import _Submit
+from actor_run.supervisors.tree.budget import Budget
+from actor_run.supervisors.tree.reservations import settle_reservations
 
 if TYPE_CHECKING:
-    from actor_run.supervisors.handle import JobHandle
+    from actor_run.supervisors.api.handle import JobHandle
 
 
 class Takeover:

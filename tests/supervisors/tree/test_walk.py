@@ -1,9 +1,9 @@
-"""supervisors/walk.py: the capacity walk, as pure state."""
+"""supervisors/tree/walk.py: the capacity walk, as pure state."""
 
 from __future__ import annotations
 
 from actor_run.protocols.messages import Offer
-from actor_run.supervisors.walk import Exhausted, NeedOffers, Walk
+from actor_run.supervisors.tree.walk import Exhausted, NeedOffers, Walk
 
 
 def offer(candidate: int, region: str, gpu: str = "A100", usd: float = 1.0) -> Offer:

@@ -58,12 +58,12 @@ from actor_run.protocols.messages import (
     WaitingForCapacity,
 )
 from actor_run.protocols.specs import Job
-from actor_run.supervisors.budget import Budget, BudgetChange, hold_seconds, reservation_usd
 from actor_run.supervisors.ledger import Ledger
-from actor_run.supervisors.offers import OfferBook
-from actor_run.supervisors.policy import Action, backoff_s, decide
-from actor_run.supervisors.seed_end import response_json, tidy_seed_dir
-from actor_run.supervisors.walk import Exhausted, NeedOffers, Walk
+from actor_run.supervisors.tree.budget import Budget, BudgetChange, hold_seconds, reservation_usd
+from actor_run.supervisors.tree.offers import OfferBook
+from actor_run.supervisors.tree.policy import Action, backoff_s, decide
+from actor_run.supervisors.tree.seed_end import response_json, tidy_seed_dir
+from actor_run.supervisors.tree.walk import Exhausted, NeedOffers, Walk
 
 
 class _Offers(Message, frozen=True, kw_only=True):
