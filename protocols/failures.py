@@ -11,7 +11,9 @@ Exceptions (whose fault it is)::
     │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
-    └── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    ├── RunnerClosed              the caller used a Runner that is not open
+    └── WaitTimeout               a wait for jobs ran out of time (also a TimeoutError)
 """
 
 from __future__ import annotations
@@ -154,3 +156,11 @@ class DeleteUnconfirmed(ActorRunError):
 
 class CallCancelled(ActorRunError):
     """A call into the reactor was cancelled or ran out of time."""
+
+
+class RunnerClosed(ActorRunError):
+    """The caller used a Runner that is not open (before `open()`/`with`, or after `close()`)."""
+
+
+class WaitTimeout(ActorRunError, TimeoutError):
+    """A wait for jobs to end ran out of time; the jobs go on (a TimeoutError too)."""

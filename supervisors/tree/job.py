@@ -94,7 +94,7 @@ class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
-                 seed_dir: Path | None = None, budget: Budget | None = None,
+                 seed_dir: Path, budget: Budget | None = None,
                  spent_before_usd: float = 0.0) -> None:
         super().__init__(ctx, parent, job_label(job))
         self.ledger = ledger
@@ -105,7 +105,7 @@ class JobSupervisor(Actor):
         self.job = job
         self.head: JobHead = {"job": job.name, "seed": job.seed}
         # where the run said at its start (a resume passes the folder the ledger recorded)
-        self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
+        self.seed_dir = seed_dir  # tree/seed_end.py seed_dir: the run recorded it
         self.response_path = os.path.join(self.seed_dir, "response.json")  # a string: made once, not at the end
         self.walk = Walk(len(job.candidates))
         self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs

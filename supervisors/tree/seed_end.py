@@ -15,6 +15,11 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.specs import Job
 
 
+def seed_dir(out_root: Path, run: str, job: Job) -> Path:
+    """Where a job of run `run` keeps its results: `<out>/<run>/<job>/seed-<n>` (the one rule: a
+    batch run again never writes over the last run's; `<out>/latest` names the newest run)."""
+    return out_root / run / job.name / f"seed-{job.seed}"
+
 def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]], *, checkpoint: bool = True) -> Path:
     """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
     brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
