@@ -326,7 +326,8 @@ def test_an_open_runner_keeps_nothing_per_attempt_once_its_jobs_ended(
         assert [h.result(timeout=60).outcome for h in handles] == ["succeeded"] * 4
         progressed = {e.seed for e in events.drain() if isinstance(e, Progress) and e.stage}
         assert progressed == {0, 1, 2, 3}  # each attempt did report a stage
-        assert r._bus is not None and r._bus.held() == 0
+        assert r._bus is not None
+        assert r._bus.held() == 0
 
 
 class Submitter(PooledActor):
