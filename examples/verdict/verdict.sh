@@ -2,7 +2,7 @@
 # A job that gives its own verdict (see examples/verdict.toml).
 echo '{"stage": "train", "step": 0, "total": 2}' >> "$ACTOR_RUN_PROGRESS"
 if [ "$ACTOR_RUN_ATTEMPT" = 0 ]; then
-  sleep 5  # the sim preempts this machine meanwhile
+  sleep 30  # the sim preempts this machine meanwhile
 fi
 if [ "$ACTOR_RUN_ATTEMPT" = 1 ]; then
   # the machine's fault, not the code's: say so before exiting non-zero

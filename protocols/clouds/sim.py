@@ -18,7 +18,7 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     virtual_exit_code = 0
     api_key_env = ""            # set: the variable must be set (an account's key; its value is never read)
     quota_exceeded = false      # every launch is refused: the account is out of quota or balance (`quota`)
-    preempt_attempts = 0        # each job's first N attempts: their machines are preempted within preempt_within_s
+    preempt_attempts = 0        # each job's first N attempts: their machines are preempted preempt_within_s after launch
     oom_below_gb = 0.0          # a virtual job on a GPU with less memory than this (clouds/gpus.py) is killed by
                                 # the "kernel's OOM killer" at its end: exit 137 and the OOM killer's line in its log
     retriable_attempts = 0      # each job's first N attempts (virtual): the job flags `{"retriable": true, "reason":
@@ -203,7 +203,7 @@ class SimCloud:
         u = [rng.random() for _ in range(6)]
         parsed = parse_name(name) if s.preempt_attempts else None
         if parsed is not None and parsed.attempt < s.preempt_attempts:
-            u[4] = -1.0  # preempted, whatever the rate (unless it never comes up)
+            u[4], u[5] = -1.0, 1.0  # preempted, whatever the rate, preempt_within_s after its launch
         return Fate(
             no_capacity=u[0] < s.no_capacity_rate, failed=u[1] < s.launch_failure_rate,
             ambiguous=u[2] < s.ambiguous_rate, broken=u[3] < s.boot_failure_rate,
