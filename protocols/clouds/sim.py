@@ -18,7 +18,7 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     virtual_exit_code = 0
     api_key_env = ""            # set: the variable must be set (an account's key; its value is never read)
     quota_exceeded = false      # every launch is refused: the account is out of quota or balance (`quota`)
-    preempt_attempts = 0        # each job's first N attempts: their machines are preempted preempt_within_s after launch
+    preempt_attempts = 0        # each job's first N attempts: machines preempted preempt_within_s after launch
     oom_below_gb = 0.0          # a virtual job on a GPU with less memory than this (clouds/gpus.py) is killed by
                                 # the "kernel's OOM killer" at its end: exit 137 and the OOM killer's line in its log
     retriable_attempts = 0      # each job's first N attempts (virtual): the job flags `{"retriable": true, "reason":
