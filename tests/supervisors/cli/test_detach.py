@@ -29,6 +29,7 @@ name = "t"
 command = "sh -c 'echo hi {{seed}}; for i in $(seq 1 1200); do [ -e \\"$GATE\\" ] && exit 0; sleep 0.1; done; exit 3'"
 seeds = [1, 2]
 env = {{ GATE = "{gate}" }}
+public_env = ["GATE"]
 
 [policy]
 poll_s = 0.1

@@ -118,6 +118,38 @@ def test_sighup_to_a_foreground_run_deletes_every_machine_and_exits(tmp_path: Pa
     assert sleeping("62.913", tmp_path) == []
 
 
+def test_sighup_to_resume_deletes_every_machine_and_exits(tmp_path: Path) -> None:
+    """`actor-run resume` of a killed controller's run is a controller too: its terminal closing
+    deletes the machines it took over."""
+    place = Place(tmp_path)
+    dead = subprocess.Popen([*CLI, "run", str(place.batch), *place.common(), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    try:
+        run = poll(place.both_running, 90, "both seeds running")[0].run
+    finally:
+        dead.kill()
+        dead.wait()
+    proc = subprocess.Popen([*CLI, "resume", run, *place.common()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out, err = Output(proc.stdout), Output(proc.stderr)
+    try:
+        out.wait_for("resuming 2 job(s)", 90)
+        proc.send_signal(signal.SIGHUP)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.rest() + err.rest()
+    assert code == 130, text
+    assert "the terminal closed (SIGHUP)" in text
+    assert "Traceback" not in text
+    assert place.sim_left() == []
+    assert {m.state for m in place.machines()} == {"deleted"}
+
+
 def test_ctrl_c_to_logs_follow_and_status_follow_is_one_line(tmp_path: Path) -> None:
     """Both follow a run another controller runs (a foreground `run` here), each until Ctrl-C."""
     place = Place(tmp_path)
