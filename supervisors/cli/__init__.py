@@ -5,7 +5,7 @@
     completion.py  bash and zsh completion scripts, made from the parser
     run.py, runs.py (runs and status), sweep.py, resume.py, cost.py, logs.py, report.py,
     clouds.py, worker.py (a shared PostgreSQL ledger), config.py: one module per command, each
-    with its parser and its body
+    with its parser and its body; detach.py: `run --detach`, the controller in the background
 
 What it may import: everything below it (protocols, actors, the supervision tree, the ledger,
 the views). Nothing outside this package imports it (pyproject's script names `entry`).
