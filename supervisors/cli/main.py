@@ -190,4 +190,8 @@ def entry() -> None:
         code = 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         code = interrupted()
+    except BaseExceptionGroup as group:  # a Ctrl-C inside a trio nursery (`offers`, `plan` asking the clouds)
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise  # something else went wrong too: not for this line to hide
+        code = interrupted()
     sys.exit(code)

@@ -9,12 +9,14 @@ import pty
 import queue
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import IO
 
+import pytest
 from cli_inproc import CLI
 from process_kit import sleeping
 from test_detach import ENV, Place
@@ -175,6 +177,35 @@ def test_ctrl_c_to_logs_follow_and_status_follow_is_one_line(tmp_path: Path) -> 
                 controller.kill()
                 controller.wait()
     assert place.sim_left() == []
+
+
+@pytest.mark.parametrize("command", ["offers", "plan"])
+def test_ctrl_c_while_waiting_on_a_cloud_is_one_line(tmp_path: Path, command: str) -> None:
+    """A provider that takes the connection and never answers (a real socket on 127.0.0.1):
+    `offers` and `plan` wait on it (up to a minute) until Ctrl-C."""
+    batch = tmp_path / "b.toml"
+    batch.write_text('[job]\nname = "t"\ncommand = "true"\nseeds = [1]\n\n'
+                     '[[candidates]]\ncloud = "runpod"\ngpu = "H100"\n')
+    args = ["offers", "--cloud", "runpod"] if command == "offers" else ["plan", str(batch)]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(90)
+        user = tmp_path / "user.toml"
+        user.write_text(f'[clouds.runpod]\napi_url = "http://127.0.0.1:{server.getsockname()[1]}"\n'
+                        f'ssh_key = "{tmp_path}/no-such-key"\n')
+        proc = subprocess.Popen([*CLI, *args, "--config", str(user), "--state-dir",
+                                 str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**ENV, "RUNPOD_API_KEY": "rp-test-key"})
+        try:
+            conn, _ = server.accept()  # it asked, and waits for the answer
+            with conn:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, out + err
+    assert err == "actor-run: interrupted\n"
 
 
 def test_ctrl_c_at_the_confirmation_question_is_one_line(tmp_path: Path) -> None:
