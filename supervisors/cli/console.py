@@ -9,6 +9,7 @@ import collections
 import contextlib
 import enum
 import importlib.util
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -116,6 +117,13 @@ def _stop_waiting() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _ConfigureOnImport)]
 
 
+def stderr_lines_off() -> None:
+    """No more WARNING lines on stderr (a detached controller, whose stderr is its run's log: the
+    log has them already, from `open_run_log`)."""
+    if _stderr_sink and "loguru" in sys.modules:
+        sys.modules["loguru"].logger.remove(_stderr_sink.pop())
+
+
 def configure_logging() -> None:
     """WARNING lines on stderr, one format, secrets redacted. loguru costs about 0.1 s of CPU to
     import (it imports asyncio) and most commands log nothing: it is set up now if it is loaded,
@@ -127,8 +135,66 @@ def configure_logging() -> None:
         sys.meta_path.insert(0, _ConfigureOnImport())
 
 
+# the signals that stop a controller: Ctrl-C, `kill`, and its terminal closing (SIGHUP: a closed
+# window, a dropped SSH session); each deletes every machine before it exits
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def on_stop(handler: Callable[[int, FrameType | None], Any], *, hangup: bool = True) -> None:
+    """`handler` for each of STOPS, on the main thread (inside `signals_restored`, which puts them
+    back). On SIGHUP, first the standard streams that were a terminal are pointed at /dev/null: a
+    hung-up terminal fails every write (EIO), and a write that raised would end the cleanup early
+    (what the controller says still goes to the run's log). `hangup=False` (a detached controller,
+    which has no terminal to lose): SIGHUP is ignored instead."""
+    ttys = [fd for fd in (0, 1, 2) if _isatty(fd)]  # now: a hung-up terminal no longer says it is one
+
+    def hung_up(signum: int, frame: FrameType | None) -> None:
+        _to_devnull(ttys)
+        handler(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, hung_up if hangup else signal.SIG_IGN)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _to_devnull(fds: list[int]) -> None:
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def say(text: str) -> None:
+    """`text` on stderr from a signal handler: a stream that fails (a closed terminal, a closed
+    pipe) loses the line, never the handler's work."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: its own write, cut by the signal, entered again
+        pass
+
+
+def interrupted() -> int:
+    """A Ctrl-C that reached no handler of a command's (a prompt, a follow loop, an import): one
+    line on stderr, no traceback; the interrupted exit code."""
+    say(("\n" if _isatty(2) else "") + "actor-run: interrupted\n")
+    return Exit.INTERRUPTED
+
+
 class Interrupts:
-    """First Ctrl-C: cancel everything (machines are deleted). Later ones: say we are still deleting."""
+    """First Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed): cancel everything (machines are
+    deleted). Later ones: say we are still deleting."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -137,18 +203,18 @@ class Interrupts:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.count == 1:
-            sys.stderr.write("\nactor-run: canceling; deleting every machine before exiting"
-                             " (Ctrl-C again will not skip it)\n")
+            why = "the terminal closed (SIGHUP); " if signum == signal.SIGHUP else ""
+            say(f"\nactor-run: {why}canceling; deleting every machine before exiting (Ctrl-C again will not skip it)\n")
             self.runner.cancel(detail="interrupted")
         else:
-            sys.stderr.write("actor-run: still deleting machines; the controller exits once they are gone\n")
+            say("actor-run: still deleting machines; the controller exits once they are gone\n")
 
 
 @contextlib.contextmanager
 def signals_restored() -> Iterator[None]:
-    """SIGINT and SIGTERM back to whoever had them once the block (a run and its cleanup) ends: a
-    command run in a process that goes on (an embedder's, a test's) leaves it its own Ctrl-C."""
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    """SIGINT, SIGTERM and SIGHUP back to whoever had them once the block (a run and its cleanup)
+    ends: a command run in a process that goes on (an embedder's, a test's) leaves it its own Ctrl-C."""
+    previous = {s: signal.getsignal(s) for s in STOPS}
     try:
         yield
     finally:

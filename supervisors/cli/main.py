@@ -2,7 +2,7 @@
 (its parser and its body: run.py, runs.py (runs, status), sweep.py, ...), what they share in
 console.py. It parses, the command builds specs, calls the Runner, renders. Nothing else.
 
-    actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR]
+    actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR] [--detach]  (detach.py)
     actor-run run [BATCH.toml] --gpu H100 [--cloud C] [--seeds 1-8] ... [--print-batch] -- CMD  (oneline.py)
     actor-run runs [--json] [--ledger PATH]
     actor-run status [--run ID] [--json] [--ledger PATH]
@@ -49,7 +49,7 @@ from actor_run.supervisors.cli import runs as cmd_runs
 from actor_run.supervisors.cli import ssh as cmd_ssh
 from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
-from actor_run.supervisors.cli.console import Exit, configure_logging, usage_error
+from actor_run.supervisors.cli.console import Exit, configure_logging, interrupted, usage_error
 from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
 from actor_run.supervisors.views.text import printable
 
@@ -124,12 +124,14 @@ TAKES_COMMAND = ("run", "ssh")  # the commands that take a command after `--`
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    whole = list(argv)  # what a detached run's controller is started with (detach.py)
     tail = None
     if "--" in argv:  # what follows `--` is a command for the machine, never our options
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     args.tail = tail
+    args.argv = whole
     if tail is not None and args.command not in TAKES_COMMAND:
         return usage_error(f"{args.command}: takes no command after --")
     configure_logging()
@@ -144,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except LedgerError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.FAILED
+    if shared and getattr(args, "detach", False) and args.command == "run":
+        return usage_error("--detach: a shared (postgresql://) ledger's run needs no controller of its own: "
+                           "queue it with --submit-only and let `actor-run worker` run it")
     run = (cmd_run.cmd_print_batch if getattr(args, "print_batch", False)
            else cmd_plan.cmd_plan if getattr(args, "dry_run", False)
            else cmd_worker.cmd_run_shared if shared else cmd_run.cmd_run)
@@ -170,8 +175,11 @@ def entry() -> None:
     """The `actor-run` console script: this process is ours, so the collector is set for batches
     of thousands of attempts (gc_tuning.py) before the command runs. A reader that stops reading
     (`actor-run runs | head -1`) ends it quietly, as Unix tools end: exit 141 (128 + SIGPIPE), no
-    traceback (a run's `with Runner` still deletes its machines on the way out). The collector is
-    not run first: at this point only imports have run and they leave no garbage (gc_tuning.py)."""
+    traceback (a run's `with Runner` still deletes its machines on the way out). A Ctrl-C that no
+    command handles itself (a prompt, `logs -f`, `status --follow`, a cloud's answer awaited, the
+    imports before a run opens its Runner, which deletes what it made on the way out) is one line
+    and exit 130. The collector is not run first: at this point only imports have run and they
+    leave no garbage (gc_tuning.py)."""
     tune_gc(collect=False)
     try:
         code = main()
@@ -180,5 +188,10 @@ def entry() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit finds somewhere to write
         code = 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        code = interrupted()
+    except BaseExceptionGroup as group:  # a Ctrl-C inside a trio nursery (`offers`, `plan` asking the clouds)
+        if group.split(KeyboardInterrupt)[1] is not None:
+            raise  # something else went wrong too: not for this line to hide
+        code = interrupted()
     sys.exit(code)
-

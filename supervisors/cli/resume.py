@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import signal
 import sys
 
 from actor_run.protocols.failures import SpecError
@@ -14,6 +13,7 @@ from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    on_stop,
     open_reader,
     signals_restored,
     usage_error,
@@ -62,8 +62,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         with signals_restored(), runner:  # the handlers stay ours until its machines are deleted
             runner.subscribe(events.append)
             runner.subscribe(event_logger(runner.run_of))
-            signal.signal(signal.SIGINT, interrupts)
-            signal.signal(signal.SIGTERM, interrupts)
+            on_stop(interrupts)  # Ctrl-C, SIGTERM, SIGHUP (its terminal closed): cancel and delete
             first = True
             while not interrupts.count:
                 # one job of a name and seed at a time: two unfinished runs of one batch go one after the other

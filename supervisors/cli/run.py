@@ -1,23 +1,25 @@
 """`actor-run run BATCH.toml`: a new run of a batch file, drawn live (or one JSON event a line),
-with this process as its controller (a postgresql:// ledger's run is worker.py's)."""
+with this process as its controller, or with --detach a controller in the background (detach.py);
+a postgresql:// ledger's run is worker.py's."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import os
-import signal
 import sys
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
-from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli import detach, oneline
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    on_stop,
     signals_restored,
+    stderr_lines_off,
     watch,
     where_state_lives,
 )
@@ -26,6 +28,7 @@ from actor_run.supervisors.views.runlog import event_logger, open_run_log
 
 RUN_EXAMPLE = """examples:
   actor-run run examples/seeds.toml --out results/
+  actor-run run examples/sim.toml --detach     # the controller in the background: close the terminal
   actor-run run --gpu H100 --cloud runpod --seeds 1-8 --timeout 2h -- python train.py --seed {seed}
   actor-run run --gpu H100 --seeds 1-8 --print-batch -- python train.py --seed {seed} > train.toml
   actor-run run examples/sim.toml --ledger postgresql://team@db.example/actor_run --submit-only
@@ -43,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     run.add_argument("--ledger", help=LEDGER_HELP)
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
+    detach.add_flags(run)
     oneline.add_flags(run)
     return run
 
@@ -60,26 +64,37 @@ def cmd_print_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from loguru import logger
-
-    from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
-
+    """A new run with this process as its controller; with --detach, the controller started in the
+    background (detach.py) and this process back to the shell; with --detached-run, this process is
+    that controller (no question, no terminal, SIGHUP ignored). SIGINT, SIGTERM and SIGHUP (the
+    terminal closed) cancel every job and delete every machine, then exit 130."""
+    controller = detach.is_controller(args)
+    word = detach.become_controller(args) if controller else None
     try:
         batch = oneline.load(args)
         if args.concurrency is not None and args.concurrency < 1:
             raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
     except SpecError as exc:
+        if word is not None:
+            word.say("usage", str(exc))
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
-    if not cmd_plan.confirm(args, batch):
+    if not controller and not cmd_plan.confirm(args, batch):
         sys.stderr.write("actor-run: not started\n")
         return Exit.USAGE
+    if args.detach and not controller:
+        return detach.start(args, batch)
+
+    from loguru import logger
+
+    from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+
     jobs = batch.jobs()
     concurrency = args.concurrency or batch.spec.policy.concurrency
     events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
                     budget_usd=batch.spec.policy.budget_usd, batch=oneline.label(args, batch),
-                    config=args.config)
+                    config=args.config, run=args.detached_run)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
     log: int | None = None
@@ -96,11 +111,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f" --ledger {describe(args.ledger)}" if args.ledger else ""),
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(events.append)
-            signal.signal(signal.SIGINT, interrupts)
-            signal.signal(signal.SIGTERM, interrupts)
-            ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
-                          unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
+            on_stop(interrupts, hangup=not controller)
+            keys = [runner.submit(j).key for j in jobs]
+            if word is not None:
+                stderr_lines_off()  # its stderr is the run's log, which has them already
+                word.say("ok", run)
+            ended = watch(runner, keys, events, json_mode=args.json, unconfirmed=unconfirmed,
+                          budget_usd=batch.spec.policy.budget_usd)
     except SpecError as exc:
+        if word is not None:
+            word.say("usage", str(exc))
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
     finally:

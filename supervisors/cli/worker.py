@@ -16,7 +16,7 @@ files), closes its owner row so that the other workers adopt them at their next 
 A second signal changes nothing (handing back deletes nothing and ends in a moment). With --drain
 the first signal only stops it taking jobs: it finishes those it holds, then exits 0; a second one
 hands them back. `actor-run run` on a shared ledger keeps the Ctrl-C of `run`: cancel its jobs and
-delete their machines.
+delete their machines. SIGHUP (the terminal it ran in closed) is taken as SIGTERM, by both.
 
 The database. A worker started before its database waits for it, up to --ledger-wait (default the
 lease); a database that goes away meanwhile is ridden out as long (ledger/core.py); a lease lost
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import oneline
-from actor_run.supervisors.cli.console import signals_restored
+from actor_run.supervisors.cli.console import on_stop, signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
@@ -193,8 +192,7 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
 
     signals = _Signals(mode=mode) if signals is None else signals
     mode = signals.mode
-    signal.signal(signal.SIGINT, signals)
-    signal.signal(signal.SIGTERM, signals)
+    on_stop(signals)  # SIGHUP (its terminal closed) as SIGTERM
     handles: list[JobHandle] = []
     while True:
         signals.news()

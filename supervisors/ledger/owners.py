@@ -10,8 +10,14 @@ import psutil
 
 
 def process_start_time(pid: int) -> float | None:
+    """When the process `pid` started; None if there is none, or only its zombie (it exited and
+    its parent has not reaped it: under a PID 1 that reaps nothing, a container's, a dead
+    controller stays one for good, and must not count as alive)."""
     try:
-        return float(psutil.Process(pid).create_time())
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return float(process.create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from actor_run.protocols.failures import Code
@@ -209,6 +210,27 @@ def test_a_reused_pid_is_not_alive() -> None:
     assert started is not None
     # same pid, but the process that registered started a minute earlier: another process now
     assert not owner_is_alive(_row(started=started - 60), now=time.time())
+
+
+def test_an_exited_owner_nobody_reaped_is_not_alive() -> None:
+    """A controller that exited and whose parent never reaps it (a container's PID 1, once its
+    own parent is gone: a detached controller killed) is a zombie with its pid and start time."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = process_start_time(proc.pid)
+        assert started is not None
+        row = _row(pid=proc.pid, started=started)
+        assert owner_is_alive(row, now=time.time())
+        assert proc.stdin is not None
+        proc.stdin.close()  # it exits; not reaped until the wait below
+        end = time.monotonic() + 60
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < end, "the child did not exit"
+            time.sleep(0.01)
+        assert not owner_is_alive(row, now=time.time())
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_closed_owner_is_not_alive() -> None:
