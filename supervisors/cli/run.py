@@ -62,6 +62,7 @@ def cmd_print_batch(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from loguru import logger
 
+    from actor_run.supervisors.api.notify import Notifier
     from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
 
     try:
@@ -83,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
     log: int | None = None
+    notifier: Notifier | None = None
     try:
         with signals_restored(), runner:  # the handlers stay ours until its machines are deleted
             for job in jobs:
@@ -96,14 +98,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f" --ledger {describe(args.ledger)}" if args.ledger else ""),
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(events.append)
+            notifier = Notifier(runner.config.notify, run=run)
+            runner.subscribe(notifier.event)
             signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
             ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
                           unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
+            notifier.run_ended(succeeded=sum(e.outcome == "succeeded" for e in ended),
+                               failed=sum(e.outcome != "succeeded" and e.failure != "canceled" for e in ended),
+                               canceled=sum(e.failure == "canceled" for e in ended), usd=sum(e.usd for e in ended))
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
     finally:
+        if notifier is not None:
+            notifier.close()  # what is queued is delivered (bounded), then its thread ends
         if log is not None:
             logger.remove(log)
     if interrupts.count:
