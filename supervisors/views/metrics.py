@@ -101,3 +101,60 @@ def ledger_metrics(ledger: str | Path) -> bytes:
 def ledger_registry(ledger: str | Path, registry: Any) -> None:
     """Register the ledger's metrics in `registry` (a worker's, beside its own counters)."""
     registry.register(_LedgerCollector(ledger))
+
+
+class WorkerMetrics:
+    """A worker's own figures beside the ledger's (`actor-run worker --metrics-port`): its polls, the
+    jobs it runs, its lease and the ledger writer's commits. `poll()` is called by the worker's loop."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.started = time.monotonic()
+        self.runner: Any = None  # the worker's Runner while it is open
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        polls = CounterMetricFamily("actor_run_worker_polls", "Claim and adoption polls this worker made.")
+        polls.add_metric([], self.polls)
+        yield polls
+        rate = GaugeMetricFamily("actor_run_worker_polls_per_second", "Polls per second since the worker started.")
+        rate.add_metric([], self.polls / max(1e-9, time.monotonic() - self.started))
+        yield rate
+        runner = self.runner
+        if runner is None or runner.ledger is None:
+            return
+        running = GaugeMetricFamily("actor_run_worker_jobs_running", "Jobs this worker runs now.")
+        running.add_metric([], sum(1 for h in runner.handles.values() if not h.done()))
+        yield running
+        ledger = runner.ledger
+        commits = SummaryMetricFamily("actor_run_ledger_commit_seconds", "The ledger writer's commits and their time.")
+        commits.add_metric([], count_value=ledger.commits, sum_value=ledger.commit_s)
+        yield commits
+        writes = CounterMetricFamily("actor_run_ledger_writes", "Writes queued to the ledger by this worker.")
+        writes.add_metric([], ledger.writes)
+        yield writes
+        renewals = CounterMetricFamily("actor_run_worker_lease_renewals", "Lease renewals this worker wrote.")
+        renewals.add_metric([], ledger.renewals)
+        yield renewals
+        if ledger.renewed_at is not None:
+            lag = GaugeMetricFamily("actor_run_worker_lease_renewal_age_seconds",
+                                    "Seconds since this worker's lease was last renewed (its lag behind the lease).")
+            lag.add_metric([], max(0.0, time.time() - ledger.renewed_at))
+            yield lag
+
+
+def start_worker_metrics(ledger: str | Path, host: str, port: int) -> tuple[WorkerMetrics, Any]:
+    """Serve the ledger's and a worker's metrics on host:port (prometheus_client's own server, on a
+    thread of its own); the worker's figures and the server (`shutdown()` ends it)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    ledger_registry(ledger, registry)
+    worker = WorkerMetrics()
+    registry.register(worker)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return worker, server
