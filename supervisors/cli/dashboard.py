@@ -28,7 +28,7 @@ EXAMPLE = """examples:
   actor-run dashboard                          # http://127.0.0.1:8765/ (the URL with its token is printed)
   actor-run dashboard --ledger postgresql://team@db/actor --host 0.0.0.0 --port 9000
 """
-PUSH_S = 1.0  # a stream's snapshot is taken this often (sent only when it changed)
+PUSH_S = 0.5  # a stream's snapshot is taken this often (sent only when it changed)
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:

@@ -113,9 +113,10 @@ class LedgerReader:
         rows = self._rows("SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')")
         return int(next(rows)["n"])
 
-    def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
-        """Jobs of every run, or of `run`."""
-        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"
+    def jobs(self, run: str | None = None, *, spec: bool = True) -> list[dict[str, Any]]:
+        """Jobs of every run, or of `run` (without `spec`: not their specs, which a follower need not read)."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, updated"
+        cols += ", spec" if spec else ""
         if run is None:
             return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
         return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))

@@ -121,7 +121,7 @@ class Board:
             if m.run == run and ((m.job, m.seed) not in alive or m.attempt > alive[(m.job, m.seed)].attempt):
                 alive[(m.job, m.seed)] = m
         out = []
-        for j in reader.jobs(run):
+        for j in reader.jobs(run, spec=False):
             key, ended = j["key"], attempts.get(j["key"], [])
             spent = sum(a["usd"] or 0.0 for a in ended)
             m = alive.get((j["name"], j["seed"]))
@@ -149,7 +149,7 @@ class Board:
         """One job of `run`: its attempts (place, state, failure, cost) in order, and its log's tail."""
         reader = LedgerReader(self.ledger)
         try:
-            found = [j for j in reader.jobs(run) if j["key"] == key]
+            found = [j for j in reader.jobs(run, spec=False) if j["key"] == key]
             if not found:
                 return None
             attempts = [a for a in reader.attempts(run) if a["job"] == key]
