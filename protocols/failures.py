@@ -28,7 +28,7 @@ from actor_run.protocols.redact import redact
 class Code(enum.StrEnum):
     """Every failure's code (a str: `"job_failed"`); `POLICIES` says what each one leads to: the
     transient ones (no_capacity, quota, launch_failed, ambiguous_create, preempted, stalled,
-    unreachable) walk on or are retried on a fresh machine, the others end the job."""
+    unreachable, retriable, oom) walk on or are retried on a fresh machine, the others end the job."""
 
     NO_CAPACITY = "no_capacity"
     QUOTA = "quota"  # the account is out of quota or balance: the same place on the next account
@@ -37,6 +37,8 @@ class Code(enum.StrEnum):
     PREEMPTED = "preempted"
     STALLED = "stalled"
     UNREACHABLE = "unreachable"
+    RETRIABLE = "retriable"  # the job's own verdict: not its code's fault (an NCCL error, a lost GPU): a fresh machine
+    OOM = "oom"  # the job ran out of memory: the next attempt on a candidate with more GPU memory (`on_oom`)
     JOB_FAILED = "job_failed"
     INPUT = "input"
     TRANSFER_FAILED = "transfer_failed"  # the job's results could not come back within the transport's limits
@@ -54,6 +56,7 @@ class Next(enum.StrEnum):
     WALK = "walk"  # next candidate, no retry counted against this place
     RETRY = "retry"  # a fresh machine (same or next place), counts an attempt
     RECONCILE_RETRY = "reconcile_retry"  # delete by name first, then retry
+    BIGGER = "bigger"  # retry on the next candidate with more GPU memory (policy `on_oom`), counts an attempt
     FINAL = "final"  # the job ends with this failure
 
 
@@ -71,6 +74,8 @@ POLICIES: dict[Code, Policy] = {
     Code.PREEMPTED: Policy(next=Next.RETRY, walk=False, transient=True),
     Code.STALLED: Policy(next=Next.RETRY, walk=False, transient=True),
     Code.UNREACHABLE: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.RETRIABLE: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.OOM: Policy(next=Next.BIGGER, walk=True, transient=True),
     Code.JOB_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.INPUT: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.TRANSFER_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
