@@ -61,6 +61,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_attempts: int = 3
     concurrency: int = 4
     budget_usd: float | None = None
+    budget: str | None = None  # a team budget across runs it draws on too (`actor-run budget set`)
     setup_grace_s: float = 600.0
     stall_after_s: float = 300.0
     lost_after_s: float = 120.0  # a host silent this long is `unreachable`; its watchdog ends the job after it
@@ -303,6 +304,8 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
     if p.budget_usd is not None:
         _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True)
+    if p.budget is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", p.budget):
+        raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -), got {p.budget!r}")
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=True)
     if p.capacity_wait_s is not None:

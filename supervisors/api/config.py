@@ -37,6 +37,7 @@ from actor_run.protocols.clouds import (
 )
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import is_secret_setting
+from actor_run.supervisors.api.notify import NotifySettings, parse_notify
 
 ENV_VAR = "ACTOR_RUN_CONFIG"
 MASK = "********"  # what `config show` prints for a setting whose name says it is a secret (is_secret_setting)
@@ -55,6 +56,7 @@ class UserConfig(msgspec.Struct, frozen=True, kw_only=True):
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     # `run` on a terminal asks before a batch whose worst case (`actor-run plan`) passes this; None: never asks
     confirm_above_usd: float | None = None
+    notify: NotifySettings = msgspec.field(default_factory=NotifySettings)  # [notify]: webhooks (notify.py)
 
     @property
     def source(self) -> str:
@@ -158,9 +160,9 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
         raise SpecError("config", f"{path} is not valid TOML: {exc}") from exc
     where = f" (in {path})"
     for key in raw:
-        if key not in ("clouds", "confirm_above_usd"):
-            raise SpecError(key, f"unknown key{where}: a user config holds confirm_above_usd and [clouds.<name>]"
-                            " tables only")
+        if key not in ("clouds", "confirm_above_usd", "notify"):
+            raise SpecError(key, f"unknown key{where}: a user config holds confirm_above_usd, [notify] and"
+                            " [clouds.<name>] tables only")
     confirm = raw.get("confirm_above_usd")
     if confirm is not None and (isinstance(confirm, bool) or not isinstance(confirm, int | float) or confirm < 0):
         raise SpecError("confirm_above_usd", f"expected a number >= 0{where}, got {confirm!r}")
@@ -174,7 +176,8 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
         if not isinstance(table, dict):
             raise SpecError(f"clouds.{name}", f"expected a table{where}")
     config = UserConfig(path=str(path.resolve()), clouds=clouds,
-                        confirm_above_usd=None if confirm is None else float(confirm))
+                        confirm_above_usd=None if confirm is None else float(confirm),
+                        notify=parse_notify(raw.get("notify", {}), where))
     for name in clouds:
         config.parse(name, {})  # every value checked now, naming this file
     return config

@@ -14,6 +14,8 @@ from actor_run.supervisors.api.handle import Board
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.tree.batch import Spent
 
+PROGRESS_EVERY_S = 10.0  # a running attempt's newest progress line goes to the ledger at most this often
+
 
 class EventBus:
     """`subscribe(fn)`, `emit(event)` (the Context's emit: any actor thread) and `job_ended(e)`
@@ -26,6 +28,7 @@ class EventBus:
         self._subscribers: list[Callable[[Event], None]] = []
         self._reported: dict[str, dict[int, float]] = {}  # a running job's live cost per attempt
         self._stages: dict[tuple[str, int, int], str] = {}  # the stage last recorded of each attempt
+        self._noted: dict[tuple[str, int, int], float] = {}  # when a progress line of it was last recorded
         self._lock = threading.Lock()
 
     def subscribe(self, fn: Callable[[Event], None]) -> None:
@@ -35,7 +38,7 @@ class EventBus:
     def held(self) -> int:
         """How many attempts and jobs the bus keeps something of (0 once every job ended)."""
         with self._lock:
-            return len(self._stages) + len(self._reported)
+            return len(self._stages) + len(self._reported) + len(self._noted)
 
     def emit(self, event: Event) -> None:
         """The ledger, the budget guard, then every subscriber (on the emitting thread)."""
@@ -44,13 +47,20 @@ class EventBus:
         # figure for the view and the budget: what an attempt cost is in its attempts row
         if isinstance(event, Progress):
             # and each new stage, so `actor-run status` from another process says where a job is
+            # and, at most every PROGRESS_EVERY_S, the newest line: a reader in another process (the
+            # dashboard, `status`) sees a job's step move without a write per poll per job
             stage_key = (event.job, event.seed, event.attempt)  # a tuple: no string formatted per progress line
             if "checkpoint" in event.line or self._stages.get(stage_key) != event.stage:
                 self._stages[stage_key] = event.stage
+                self._noted[stage_key] = event.t
+                self.ledger.record_event(event)
+            elif event.t - self._noted.get(stage_key, 0.0) >= PROGRESS_EVERY_S:
+                self._noted[stage_key] = event.t
                 self.ledger.record_event(event)
         elif not isinstance(event, Metered):
             if isinstance(event, AttemptEnded):  # an open Runner keeps nothing per attempt that ended
                 self._stages.pop((event.job, event.seed, event.attempt), None)
+                self._noted.pop((event.job, event.seed, event.attempt), None)
             self.ledger.record_event(event)
         if isinstance(event, Metered) and self.budget_usd is not None:
             self._meter(event)

@@ -59,23 +59,39 @@ def _matches(target: str, jobs: list[dict[str, Any]], runs: set[str]) -> list[di
     return found or None
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
+class NothingNamed(LookupError):
+    """TARGET names no run, job or job/seed in the ledger."""
+
+
+def cancel_target(args: argparse.Namespace, target: str, *, run: str | None = None,
+                  say: Any = None) -> list[str]:
+    """Cancel what TARGET names (of `run`, or of every run): ask the controllers running its jobs,
+    end those nobody runs (their machines deleted as the sweep would). The lines said, in order
+    (each also given to `say` as it comes); the jobs asked of live controllers are in `args`'
+    `_owned` after it. Raises NothingNamed. The dashboard's cancel buttons call this too."""
+    lines: list[str] = []
+
+    def tell(line: str) -> None:
+        lines.append(line)
+        if say is not None:
+            say(line)
+
     reader = open_reader(args)
     try:
-        jobs = reader.jobs(args.run)
+        jobs = reader.jobs(run)
         runs = {r.id for r in reader.runs()}
         owners = {o.id: o for o in reader.owners()}
     finally:
         reader.close()
-    found = _matches(args.target, jobs, runs)
+    found = _matches(target, jobs, runs)
     if found is None:
-        return usage_error(f"cancel: no run, job or job/seed {args.target!r} in the ledger"
-                           + (f" (run {args.run})" if args.run else ""))
+        raise NothingNamed(target)
+    args._owned = []
     unfinished = [j for j in found if j["state"] not in ENDED]
     if not unfinished:
         states = ", ".join(sorted({f"{j['state']}" for j in found}))
-        print(f"nothing to cancel: {args.target} has ended ({states})")
-        return Exit.FAILED
+        tell(f"nothing to cancel: {target} has ended ({states})")
+        return lines
     now = time.time()
     alive = {o for o, row in owners.items() if owner_is_alive(row, now=now)}
     owned = [j for j in unfinished if j["state"] == "running" and j["owner"] in alive]
@@ -83,7 +99,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     location = ledger_path(args)
     if owned:
         request_cancels(location, [(j["run"], j["key"]) for j in owned], DETAIL)
-        print(f"asked the controller(s) of {len(owned)} job(s) to cancel them")
+        tell(f"asked the controller(s) of {len(owned)} job(s) to cancel them")
     if unowned:
         ended = end_unowned(location, [(j["run"], j["key"], j["name"], j["seed"], j["state"], j["owner"])
                                        for j in unowned], f"{DETAIL} (nobody was running it)")
@@ -92,7 +108,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         unowned = [j for j in unowned if (j["run"], j["key"]) in ended]
         if claimed:
             request_cancels(location, [(j["run"], j["key"]) for j in claimed], DETAIL)
-            print(f"asked the controller(s) of {len(claimed)} job(s) that started meanwhile to cancel them")
+            tell(f"asked the controller(s) of {len(claimed)} job(s) that started meanwhile to cancel them")
             owned += claimed
         dead = sorted({j["owner"] for j in unowned if j["owner"]})
         if dead:  # their machines go as the sweep would: their owner is proven dead
@@ -102,14 +118,26 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             with runner:
                 actions = runner.sweep()
             gone = [a for a in actions if a.action == "deleted"]
-            print(f"{len(gone)} machine(s) of dead controller(s) deleted")
+            tell(f"{len(gone)} machine(s) of dead controller(s) deleted")
             for a in actions:
                 if a.action == "failed":
                     sys.stderr.write(f"actor-run: could not delete {a.machine} on {a.cloud}: {a.detail}; "
                                      "`actor-run sweep` tries again\n")
         for j in unowned:
-            print(f"{j['key']} (run {j['run']}): canceled (nobody was running it)")
-    return _wait(args, owned)
+            tell(f"{j['key']} (run {j['run']}): canceled (nobody was running it)")
+    args._owned = owned
+    return lines
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    try:
+        lines = cancel_target(args, args.target, run=args.run, say=print)
+    except NothingNamed:
+        return usage_error(f"cancel: no run, job or job/seed {args.target!r} in the ledger"
+                           + (f" (run {args.run})" if args.run else ""))
+    if lines and lines[0].startswith("nothing to cancel"):
+        return Exit.FAILED
+    return _wait(args, args._owned)
 
 
 def _wait(args: argparse.Namespace, owned: list[dict[str, Any]]) -> int:
@@ -136,4 +164,4 @@ def _wait(args: argparse.Namespace, owned: list[dict[str, Any]]) -> int:
     return Exit.OK
 
 
-__all__ = ["add_parser", "cmd_cancel"]
+__all__ = ["NothingNamed", "add_parser", "cancel_target", "cmd_cancel"]

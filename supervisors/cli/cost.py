@@ -1,4 +1,4 @@
-"""`actor-run cost [RUN] [--json] [--by job|cloud|gpu|account]`: what the machines cost, read from
+"""`actor-run cost [RUN] [--json] [--by job|cloud|gpu|account|budget|run|user]`: what the machines cost, read from
 the ledger.
 
     actor-run cost                          # the latest run, one row per job
@@ -29,7 +29,7 @@ from actor_run.protocols.messages import Machine
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
 from actor_run.supervisors.ledger import MachineRow
 
-GROUPS = ("job", "cloud", "gpu", "account")
+GROUPS = ("job", "cloud", "gpu", "account", "budget", "run", "user")
 
 
 class CostRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,7 +69,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run", nargs="?", help="a run id (see `actor-run runs`); default: the latest run")
     p.add_argument("--all", action="store_true", help="every run in the ledger")
     p.add_argument("--json", action="store_true", help="one JSON object per group, then the total")
-    p.add_argument("--by", default="job", help="job | cloud | gpu | account (default: job)")
+    p.add_argument("--by", default="job", help="job | cloud | gpu | account | budget (the team budget) | run | "
+                   "user (the host whose controller spent it) (default: job)")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
@@ -82,6 +83,12 @@ def _group_of(r: dict[str, Any], by: str) -> str:
             return str(r["cloud"] or "")
         case "gpu":
             return str(r["gpu"] or "-")
+        case "budget":
+            return str(r.get("budget") or "-")
+        case "run":
+            return str(r["run"])
+        case "user":
+            return str(r.get("user") or "-")
         case _:
             return f"{r['cloud']}/{r['account'] or 'main'}"
 
@@ -188,7 +195,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
             run = max(runs, key=lambda r: (r.started or 0.0)).id
         else:
             return usage_error("RUN: no run in this ledger yet")
-        groups, total, at_least = cost_rows(reader.reservations(), reader.machines(), run=run, by=args.by)
+        hosts = {o.id: o.host for o in reader.owners()}
+        reservations = [{**r, "user": hosts.get(r["owner"] or "", "")} for r in reader.reservations()]
+        groups, total, at_least = cost_rows(reservations, reader.machines(), run=run, by=args.by)
     except SpecError as exc:
         return usage_error(str(exc))
     finally:

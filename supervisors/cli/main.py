@@ -34,11 +34,13 @@ from typing import Any
 from actor_run.protocols.failures import SpecError
 from actor_run.supervisors.api.gc_tuning import tune_gc
 from actor_run.supervisors.api.places import default_state_dir
+from actor_run.supervisors.cli import budget as cmd_budget
 from actor_run.supervisors.cli import cancel as cmd_cancel
 from actor_run.supervisors.cli import clouds as cmd_clouds
 from actor_run.supervisors.cli import completion as cmd_completion
 from actor_run.supervisors.cli import config as cmd_config
 from actor_run.supervisors.cli import cost as cmd_cost
+from actor_run.supervisors.cli import dashboard as cmd_dashboard
 from actor_run.supervisors.cli import logs as cmd_logs
 from actor_run.supervisors.cli import offers as cmd_offers
 from actor_run.supervisors.cli import plan as cmd_plan
@@ -98,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     cmd_cost.add_parser(sub)
     cmd_logs.add_parser(sub)
     cmd_report.add_parser(sub)
+    cmd_dashboard.add_parser(sub)
+    cmd_budget.add_parser(sub)
     cmd_clouds.add_parser(sub)
     cmd_offers.add_parser(sub)
     cmd_plan.add_parser(sub)
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_worker.cmd_follow if getattr(args, "follow", False) else cmd_runs.cmd_status,
         "sweep": cmd_sweep.cmd_sweep, "resume": cmd_resume.cmd_resume, "worker": cmd_worker.cmd_worker,
         "cost": cmd_cost.cmd_cost, "logs": cmd_logs.cmd_logs, "report": cmd_report.cmd_report,
+        "dashboard": cmd_dashboard.cmd_dashboard, "budget": cmd_budget.cmd_budget,
         "clouds": cmd_clouds.cmd_clouds, "offers": cmd_offers.cmd_offers, "plan": cmd_plan.cmd_plan,
         "cancel": cmd_cancel.cmd_cancel, "ssh": cmd_ssh.cmd_ssh,
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),

@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from loguru import logger
 
+    from actor_run.supervisors.api.notify import Notifier
     from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
 
     jobs = batch.jobs()
@@ -98,6 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []
     log: int | None = None
+    notifier: Notifier | None = None
     try:
         with signals_restored(), runner:  # the handlers stay ours until its machines are deleted
             for job in jobs:
@@ -111,6 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f" --ledger {describe(args.ledger)}" if args.ledger else ""),
                   file=sys.stderr if args.json else sys.stdout, flush=True)
             runner.subscribe(events.append)
+            notifier = Notifier(runner.config.notify, run=run)
+            runner.subscribe(notifier.event)
             on_stop(interrupts, hangup=not controller)
             keys = [runner.submit(j).key for j in jobs]
             if word is not None:
@@ -118,12 +122,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                 word.say("ok", run)
             ended = watch(runner, keys, events, json_mode=args.json, unconfirmed=unconfirmed,
                           budget_usd=batch.spec.policy.budget_usd)
+            notifier.run_ended(succeeded=sum(e.outcome == "succeeded" for e in ended),
+                               failed=sum(e.outcome != "succeeded" and e.failure != "canceled" for e in ended),
+                               canceled=sum(e.failure == "canceled" for e in ended), usd=sum(e.usd for e in ended))
     except SpecError as exc:
         if word is not None:
             word.say("usage", str(exc))
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
     finally:
+        if notifier is not None:
+            notifier.close()  # what is queued is delivered (bounded), then its thread ends
         if log is not None:
             logger.remove(log)
     if interrupts.count:

@@ -78,6 +78,8 @@ def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
     add_timing(w)
     w.add_argument("--state-dir", help=argparse.SUPPRESS)
     w.add_argument("--until-idle", action="store_true", help="exit once no job is queued or running anywhere")
+    w.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics (the ledger's and this worker's) on 127.0.0.1:PORT/metrics")
     w.add_argument("--drain", action="store_true",
                    help="on SIGTERM or Ctrl-C, take no new job and finish the ones held here (a second signal hands "
                         "them back); without it the first signal hands them back at once")
@@ -181,7 +183,7 @@ class _Signals:
 
 
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
-          mode: str = "hand back", signals: _Signals | None = None) -> bool:
+          mode: str = "hand back", signals: _Signals | None = None, metrics: Any = None) -> bool:
     """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
     in the ledger, or (with --until-idle) until nothing is queued or running anywhere. Each poll:
     orphans first (every one whose machine runs it, watched at once; those needing a machine up to
@@ -196,6 +198,8 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
     handles: list[JobHandle] = []
     while True:
         signals.news()
+        if metrics is not None:
+            metrics.poll()
         if runner.ledger.lease_lost:
             sys.stderr.write("actor-run: this worker's lease in the ledger expired (it was frozen or cut off); its "
                              "jobs went to other workers; exiting without touching them\n")
@@ -253,9 +257,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
+    signals = _Signals(mode="drain" if args.drain else "hand back")
+    metrics, server = None, None
+    if args.metrics_port is not None:
+        if not 0 < args.metrics_port <= 65535:
+            sys.stderr.write(f"actor-run: --metrics-port: expected 1-65535, got {args.metrics_port}\n")
+            return USAGE
+        from actor_run.supervisors.views.metrics import start_worker_metrics
+
+        metrics, server = start_worker_metrics(resolve(args.ledger, Path(args.state_dir)), "127.0.0.1",
+                                               args.metrics_port)
+    try:
+        return _work(args, signals, metrics)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _work(args: argparse.Namespace, signals: _Signals, metrics: Any) -> int:
     from actor_run.supervisors.api.runner import Runner  # the tree: only when a worker starts
 
-    signals = _Signals(mode="drain" if args.drain else "hand back")
     while True:
         try:
             wait_for_ledger(args)  # a worker may start before its database: it waits, up to --ledger-wait
@@ -267,7 +289,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return USAGE
         with signals_restored(), runner:
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-            kept = serve(runner, args, until=None, signals=signals)
+            if metrics is not None:
+                metrics.runner = runner
+            kept = serve(runner, args, until=None, signals=signals, metrics=metrics)
         if kept:
             return OK
         if signals.stop:

@@ -81,6 +81,9 @@ class LedgerCore:
         self._closed = False
         self.writes = 0
         self.commits = 0
+        self.commit_s = 0.0  # seconds the commits took, in all (a worker's metrics: the write latency)
+        self.renewals = 0  # lease renewals written (a shared ledger), and when the last one was
+        self.renewed_at: float | None = None
         self._thread.start()
 
     # --- the writer thread -----------------------------------------------------------------------
@@ -186,6 +189,7 @@ class LedgerCore:
         A lost connection raises _ConnectionLost with no waiter told: the batch is done again."""
         conn, errors = self._conn, self.backend.errors
         refused: list[_Item] = []
+        began = time.monotonic()
         try:
             conn.execute(self.backend.begin_sql())
             if self.backend.fenced:
@@ -199,6 +203,7 @@ class LedgerCore:
                 return
             conn.execute("COMMIT")
             self.commits += 1
+            self.commit_s += time.monotonic() - began
         except errors as exc:  # BEGIN or COMMIT itself (disk full, locked for 30 s, the server gone)
             if self._broken():
                 raise _ConnectionLost(str(exc)) from exc
@@ -216,6 +221,8 @@ class LedgerCore:
                 f"UPDATE owners SET beat=?, lease_until={self.backend.now_sql} + ? WHERE id=? AND closed=0"
                 f" AND (lease_until IS NULL OR lease_until > {self.backend.now_sql})",
                 (time.time(), self.lease_s, self.owner))
+            self.renewals += 1
+            self.renewed_at = time.time()
 
     def _after_commit(self, batch: list[_Item]) -> None:
         """The files of the jobs the committed transaction fenced may be written now (queue order)."""

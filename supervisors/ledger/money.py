@@ -5,6 +5,7 @@ settles a dead owner's)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from actor_run.protocols.messages import Offer
 from actor_run.supervisors.ledger.core import LedgerCore
@@ -13,15 +14,24 @@ from actor_run.supervisors.ledger.core import LedgerCore
 class MoneyRecords(LedgerCore):
     """The ledger's writes about reservations and charges (a part of `Ledger`)."""
 
+    def reservation_row(self, *, job: str, attempt: int, offer: Offer, hold_s: float, usd: float, seq: int,
+                        limit_usd: float | None) -> dict[str, Any]:
+        """A reservation as its row's columns (what team.hold writes in its own transaction)."""
+        return {"run": self.run_of(job), "job": job, "attempt": attempt, "owner": self.owner, "cloud": offer.cloud,
+                "account": offer.account, "region": offer.region, "gpu": offer.gpu, "hourly_usd": offer.hourly_usd,
+                "hold_s": hold_s, "usd": usd, "state": "live", "seq": seq, "reserved_at": time.time(),
+                "limit_usd": limit_usd}
+
     def record_reserved(self, *, job: str, attempt: int, offer: Offer, hold_s: float, usd: float, seq: int,
-                        limit_usd: float | None) -> None:
-        """Queued, not waited for: the attempt's intent is queued after it, and commits after it."""
-        row = (self.run_of(job), job, attempt, self.owner, offer.cloud, offer.account, offer.region, offer.gpu,
-               offer.hourly_usd, hold_s, usd, "live", seq, time.time(), limit_usd)
+                        limit_usd: float | None, budget: str | None = None) -> None:
+        """Queued, not waited for: the attempt's intent is queued after it, and commits after it.
+        `budget`: the team budget it was held against (team.hold wrote the row already: kept)."""
+        row = (*self.reservation_row(job=job, attempt=attempt, offer=offer, hold_s=hold_s, usd=usd, seq=seq,
+                                     limit_usd=limit_usd).values(), budget)
         self._submit((
             "INSERT OR REPLACE INTO reservations (run, job, attempt, owner, cloud, account, region, gpu, hourly_usd,"
-            " hold_s, usd, state, seq, reserved_at, limit_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row),
-            fence=job)
+            " hold_s, usd, state, seq, reserved_at, limit_usd, budget) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            row), fence=job)
 
     def record_charged(self, *, job: str, attempt: int, usd: float, at_least: bool, seq: int, seconds: float,
                        outcome: str, failure: str | None) -> None:

@@ -113,9 +113,10 @@ class LedgerReader:
         rows = self._rows("SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')")
         return int(next(rows)["n"])
 
-    def jobs(self, run: str | None = None) -> list[dict[str, Any]]:
-        """Jobs of every run, or of `run`."""
-        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, spec, updated"
+    def jobs(self, run: str | None = None, *, spec: bool = True) -> list[dict[str, Any]]:
+        """Jobs of every run, or of `run` (without `spec`: not their specs, which a follower need not read)."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, updated"
+        cols += ", spec" if spec else ""
         if run is None:
             return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
         return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
@@ -139,6 +140,26 @@ class LedgerReader:
                 args.append(value)
         sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return list(self._rows(sql, tuple(args)))
+
+    def new_events(self, run: str, after: int) -> list[dict[str, Any]]:
+        """`run`'s events recorded after the event id `after` (id, job, type, body), oldest first:
+        what a reader that follows a run (the dashboard) reads each time, instead of them all."""
+        return list(self._rows("SELECT id, job, type, body FROM events WHERE run=? AND id > ? ORDER BY id",
+                               (run, after)))
+
+    def run_budgets(self) -> dict[str, float]:
+        """Each run's `budget_usd` (its jobs' policy), for the runs that have one."""
+        sql = ("SELECT j.run, j.spec FROM jobs j JOIN (SELECT run, min(key) AS k FROM jobs GROUP BY run) f"
+               " ON j.run = f.run AND j.key = f.k")
+        out: dict[str, float] = {}
+        for row in self._rows(sql):
+            try:
+                usd = json.loads(bytes(row["spec"])).get("policy", {}).get("budget_usd")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(usd, int | float):
+                out[row["run"]] = float(usd)
+        return out
 
     def stages(self, run: str) -> dict[str, str]:
         """What each job of `run` waits on now, from its newest events: `booting`, `waiting for

@@ -189,6 +189,11 @@ MIGRATIONS: list[Migration] = [
     # the rows after the last it saw (cancels.py) and cancels the jobs it runs
     Migration(version=6, name="cancels: jobs asked to stop from another process",
               statements=("CREATE TABLE cancels (id INTEGER PRIMARY KEY, t REAL, run TEXT, job TEXT, detail TEXT)",)),
+    # team budgets across runs (team.py): a named limit per month, week or in all; each reservation
+    # of a batch that draws on one names it, and is made in the transaction that checks the limit
+    Migration(version=7, name="budgets: team budgets across runs; reservations.budget",
+              statements=("CREATE TABLE budgets (name TEXT PRIMARY KEY, usd REAL NOT NULL, per TEXT NOT NULL,"
+                          " updated REAL)", "ALTER TABLE reservations ADD COLUMN budget TEXT")),
 ]
 
 

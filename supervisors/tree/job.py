@@ -66,6 +66,8 @@ from actor_run.protocols.messages import (
 )
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.ledger.team import Held
+from actor_run.supervisors.ledger.team import hold as team_hold
 from actor_run.supervisors.tree.budget import Budget, BudgetChange, hold_seconds, reservation_usd
 from actor_run.supervisors.tree.offers import OfferBook
 from actor_run.supervisors.tree.policy import (
@@ -84,6 +86,12 @@ from actor_run.supervisors.tree.walk import Exhausted, NeedOffers, Walk
 
 class _Offers(Message, frozen=True, kw_only=True):
     candidate: int
+    result: Any
+
+
+class _TeamHeld(Message, frozen=True, kw_only=True):
+    """The ledger's answer to a hold against the team budget (a team.Held, or what went wrong)."""
+
     result: Any
 
 
@@ -130,6 +138,7 @@ class JobSupervisor(Actor):
         self.seed_budget = Budget(job.max_usd, spent_usd=spent_before_usd) if job.max_usd is not None else None
         self.account_at: dict[int, int] = {}  # candidate -> which of its accounts the walk is on
         self.short_of_money: list[str] = []  # offers this walk passed over for want of budget
+        self.team_hold: tuple[Offer, BudgetChange, float] | None = None  # a hold the team budget has not answered
         self.reserved: float | None = None  # the running attempt's reservation
         self.attempt_no = first_attempt
         self.counted = 0
@@ -226,13 +235,18 @@ class JobSupervisor(Actor):
                     self.walk.pass_over(offer)
                     self._next()
                     return
-                self.offer = offer
-                if self.retry is not None:  # said now that the attempt runs
-                    code, delay = self.retry
-                    self.retry = None
-                    self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code,
-                                           delay_s=round(delay, 3), offer=offer))
-                self._launch(offer, reserved)
+                if self.team_hold is not None:  # the team budget's answer comes as _TeamHeld
+                    return
+                self._start_on(offer, reserved)
+
+    def _start_on(self, offer: Offer, reserved: float) -> None:
+        self.offer = offer
+        if self.retry is not None:  # said now that the attempt runs
+            code, delay = self.retry
+            self.retry = None
+            self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code,
+                                   delay_s=round(delay, 3), offer=offer))
+        self._launch(offer, reserved)
 
     def _wait_for_capacity(self) -> None:
         """No candidate place has stock: wait for some (see the module docstring), or end."""
@@ -335,13 +349,87 @@ class JobSupervisor(Actor):
             self.short_of_money.append(f"{where} needs ${usd:.2f}; the budget has"
                                        f" ${(left.limit_usd or 0) - left.spent_usd - left.reserved_usd:.2f} left")
             return None
+        if self.job.policy.budget is not None:  # the team's budget too, in a transaction of the ledger's own
+            self._hold_team(offer, change, hold_s)
+            return change.usd
+        self._reserved(offer, change, hold_s)
+        return change.usd
+
+    def _reserved(self, offer: Offer, change: BudgetChange, hold_s: float, team: str | None = None) -> None:
         self.ledger.record_reserved(job=self.job.key, attempt=self.attempt_no, offer=offer, hold_s=hold_s,
-                                    usd=change.usd, seq=change.seq, limit_usd=change.limit_usd)
+                                    usd=change.usd, seq=change.seq, limit_usd=change.limit_usd, budget=team)
         if change.usd > 0 or change.limit_usd is not None:  # a free machine under no budget: no money to show
             self.ctx.emit(Reserved(**self.head, attempt=self.attempt_no, usd=change.usd, offer=offer,
                                    hold_s=round(hold_s, 3), **_totals(change)))
         self.reserved = change.usd
-        return change.usd
+
+    def _hold_team(self, offer: Offer, change: BudgetChange, hold_s: float) -> None:
+        """Ask the ledger, off this thread (a reactor task hands it to a thread), to hold the
+        reservation against the team budget; the answer comes back as `_TeamHeld`."""
+        name = self.job.policy.budget
+        assert name is not None
+        row = self.ledger.reservation_row(job=self.job.key, attempt=self.attempt_no, offer=offer, hold_s=hold_s,
+                                          usd=change.usd, seq=change.seq, limit_usd=change.limit_usd)
+        self.team_hold = (offer, change, hold_s)
+        ref, location = self.actor_ref, self.ledger.path
+
+        async def ask() -> Held:
+            import trio
+
+            return await trio.to_thread.run_sync(functools.partial(team_hold, location, budget=name, row=row))
+
+        ledger, key, attempt, budgets = self.ledger, self.job.key, self.attempt_no, (self.budget, self.seed_budget)
+
+        def reply(result: Result[Held]) -> None:  # on the reactor thread
+            try:
+                ref.tell(_TeamHeld(result=result))
+            except pykka.ActorDeadError:  # the job ended meanwhile: a hold made for it is let go
+                for b in budgets:  # (a Budget is arithmetic under its own lock: any thread)
+                    if b is not None:
+                        b.release((key, attempt), 0.0)
+                if isinstance(result, outcome.Value) and result.value.ok:
+                    ledger.record_charged(job=key, attempt=attempt, usd=0.0, at_least=False, seq=change.seq,
+                                          seconds=0.0, outcome="failed", failure=Code.CANCELED)
+
+        self.ctx.reactor.spawn(ask, on_done=reply, name="team-budget")
+
+    def _team_held(self, result: Result[Held]) -> None:
+        if self.team_hold is None:
+            return
+        offer, change, hold_s = self.team_hold
+        self.team_hold = None
+        name = self.job.policy.budget
+        held = result.value if isinstance(result, outcome.Value) else None
+        if self.ended or self.cancel is not None:  # let go: it ran nothing
+            holder = (self.job.key, self.attempt_no)
+            if self.seed_budget is not None:
+                self.seed_budget.release(holder, 0.0)
+            self.budget.release(holder, 0.0)
+            if held is None or not held.ok:
+                return
+            self.ledger.record_charged(job=self.job.key, attempt=self.attempt_no, usd=0.0, at_least=False,
+                                       seq=change.seq, seconds=0.0, outcome="failed", failure=Code.CANCELED)
+            return
+        if held is not None and held.ok:
+            self._reserved(offer, change, hold_s, team=name)
+            self._start_on(offer, change.usd)
+            return
+        holder = (self.job.key, self.attempt_no)
+        if self.seed_budget is not None:
+            self.seed_budget.release(holder, 0.0)
+        self.budget.release(holder, 0.0)
+        where = f"{offer.cloud} {offer.region} {offer.gpu}".strip()
+        if held is None:
+            error = result.error if isinstance(result, outcome.Error) else None
+            self.short_of_money.append(f"{where}: the team budget {name!r} could not be read ({error})")
+        elif held.budget is None:
+            self.short_of_money.append(f"{where}: there is no team budget {name!r} (actor-run budget set {name} ...)")
+        else:
+            b = held.budget
+            self.short_of_money.append(f"{where} needs ${change.usd:.2f}; the team budget {name!r} has"
+                                       f" ${b.usd - b.spent_usd - b.reserved_usd:.2f} left of ${b.usd:.2f}")
+        self.walk.pass_over(offer)
+        self._next()
 
     def _charge(self, e: AttemptEnded) -> None:
         """The attempt ended: its machine is gone, and its reservation is replaced by what it cost."""
@@ -372,12 +460,16 @@ class JobSupervisor(Actor):
 
     def handle(self, message: Any) -> Any:
         if self.ended:  # JobEnded is told (a message its own stop did not answer)
+            if isinstance(message, _TeamHeld):
+                self._team_held(message.result)  # a hold made after the end is let go
             return None
         if self.ctx.fault is not None:
             self.ctx.at(f"event:{type(message).__name__}", self.job.key)
         match message:
             case _Offers(candidate=i, result=result):
                 self._offers(i, result)
+            case _TeamHeld(result=result):
+                self._team_held(result)
             case _Launch(wait=wait):
                 if wait >= 0:  # a wake-up of a wait for capacity: the first one counts
                     if wait != self.wait_gen or self.child is not None:
