@@ -13,7 +13,8 @@ Exceptions (whose fault it is)::
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
     ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
     ├── RunnerClosed              the caller used a Runner that is not open
-    └── WaitTimeout               a wait for jobs ran out of time (also a TimeoutError)
+    ├── WaitTimeout               a wait for jobs ran out of time (also a TimeoutError)
+    └── NotAsyncioOrTrio          an async call made from another event loop library (also a TypeError)
 """
 
 from __future__ import annotations
@@ -169,3 +170,7 @@ class RunnerClosed(ActorRunError):
 
 class WaitTimeout(ActorRunError, TimeoutError):
     """A wait for jobs to end ran out of time; the jobs go on (a TimeoutError too)."""
+
+
+class NotAsyncioOrTrio(ActorRunError, TypeError):
+    """`async with Runner` or `wait_async` awaited in an event loop other than asyncio's or trio's."""

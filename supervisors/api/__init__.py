@@ -7,6 +7,8 @@
     event_bus.py     EventBus: every event to the ledger, the budget's live cost, the subscribers
     takeover.py      Takeover: `resume` and `sweep` of what dead controllers left
     job_checks.py    JobChecks: a job checked before anything starts; the clouds it leases from
+    shield.py        how `async with` waits for open and close, shielded from the host's cancellation
+    notify.py        webhooks told of failed jobs, a run's end, budget shares (the user's [notify])
     places.py        the state folder, the results folder, run ids
     config.py        the user's settings file, merged under a batch's own
     gc_tuning.py     the collector's thresholds while a Runner is open

@@ -23,7 +23,7 @@ import trio
 from loguru import logger
 
 from actor_run.actors.pool import blocking
-from actor_run.protocols.failures import RunnerClosed, WaitTimeout
+from actor_run.protocols.failures import NotAsyncioOrTrio, RunnerClosed, WaitTimeout
 from actor_run.protocols.messages import JobEnded, Message
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.tree.batch import CancelJob
@@ -126,7 +126,7 @@ class JobHandle:
             self._future.add_done_callback(wake_asyncio)
             await waiter
         else:
-            raise TypeError(f"wait_async runs in asyncio or trio, not {library}")
+            raise NotAsyncioOrTrio(f"wait_async runs in asyncio or trio, not {library}")
         return self._future.result(0)
 
     def _resolve(self, e: JobEnded) -> None:

@@ -29,7 +29,6 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import os
@@ -41,7 +40,6 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
-import sniffio
 import trio
 from loguru import logger
 
@@ -57,6 +55,7 @@ from actor_run.supervisors.api.event_bus import EventBus
 from actor_run.supervisors.api.handle import Board, JobHandle, RunnerStatistics
 from actor_run.supervisors.api.job_checks import Clouds, JobChecks
 from actor_run.supervisors.api.places import check_out_dir, default_state_dir, new_run_id, private_dir
+from actor_run.supervisors.api.shield import run_shielded
 from actor_run.supervisors.api.takeover import Takeover
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
@@ -495,57 +494,3 @@ class Runner:
         if batch is None:
             raise RunnerClosed("the Runner is not open")
         return float(batch.ask("spent", block=True, timeout=10))
-
-
-async def run_shielded(fn: Callable[[], None], name: str) -> None:
-    """Run `fn()` on a thread of its own and wait for its end without blocking the host's event loop
-    (asyncio or trio), whatever cancels the awaiting task meanwhile (one cancellation or several);
-    then raise what `fn` raised, else the cancellation that came meanwhile (asyncio), or leave it
-    to the host's next checkpoint (trio: the cancelled scope stays cancelled)."""
-    done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # handed to the awaiting task, raised there
-            done.set_exception(exc)
-        else:
-            done.set_result(None)
-
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    library = sniffio.current_async_library()
-    if library == "trio":
-        token, finished = trio.lowlevel.current_trio_token(), trio.Event()
-
-        def wake_trio(_: object) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(finished.set)
-
-        done.add_done_callback(wake_trio)
-        thread.start()
-        with trio.CancelScope(shield=True):
-            await finished.wait()
-        thread.join()
-        done.result()
-    elif library == "asyncio":
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def settle() -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        done.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
-        thread.start()
-        cancelled: asyncio.CancelledError | None = None
-        while not waiter.done():
-            try:
-                await asyncio.shield(waiter)
-            except asyncio.CancelledError as exc:  # kept, and raised once fn has ended
-                cancelled = exc
-        thread.join()
-        done.result()
-        if cancelled is not None:
-            raise cancelled
-    else:
-        raise TypeError(f"a Runner runs `async with` in asyncio or trio, not {library}")
