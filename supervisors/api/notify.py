@@ -24,7 +24,6 @@ import time
 from typing import Any, Literal
 
 import msgspec
-from loguru import logger
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Charged, Event, JobEnded, Leased, Released, Reserved
@@ -170,6 +169,7 @@ class Notifier:
 
     def _deliver(self, client: Any, hook: Webhook, kind: str, body: dict[str, Any]) -> None:
         import httpx
+        from loguru import logger  # here: reading the user's settings (config.py) must not load it
 
         payload = {"text": slack_text(body)} if hook.format == "slack" else body
         wait = BACKOFF_S

@@ -30,16 +30,18 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("budget", help="team budgets across runs: set, show, clear", epilog=EXAMPLE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = p.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser("set", help="set (or change) a team budget")
-    s.add_argument("name")
+    how = {"epilog": EXAMPLE, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    s = verbs.add_parser("set", help="set (or change) a team budget", **how)
+    s.add_argument("name", help="the budget's name (letters, digits, . _ -), as batches name it in policy.budget")
     s.add_argument("--usd", type=float, required=True, help="the limit in dollars")
     s.add_argument("--per", choices=("month", "week", "total"), default="month",
                    help="the period the limit is for (calendar month or ISO week, UTC; total: ever)")
-    show = verbs.add_parser("show", help="every team budget (or NAME): limit, spent this period, reserved, left")
-    show.add_argument("name", nargs="?")
-    show.add_argument("--json", action="store_true")
-    c = verbs.add_parser("clear", help="remove a team budget (what it spent stays in the ledger)")
-    c.add_argument("name")
+    show = verbs.add_parser("show", help="every team budget (or NAME): limit, spent this period, reserved, left",
+                            **how)
+    show.add_argument("name", nargs="?", help="one budget (default: every one)")
+    show.add_argument("--json", action="store_true", help="one JSON object per budget")
+    c = verbs.add_parser("clear", help="remove a team budget (what it spent stays in the ledger)", **how)
+    c.add_argument("name", help="the budget to remove")
     for v in (s, show, c):
         v.add_argument("--ledger", help=LEDGER_HELP)
         v.add_argument("--state-dir", help=argparse.SUPPRESS)

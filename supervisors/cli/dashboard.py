@@ -13,7 +13,6 @@ its cancel buttons exist only when opened with it (the URL printed at start).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hmac
 import ipaddress
 import secrets
@@ -53,6 +52,8 @@ def loopback(host: str) -> bool:
 def make_app(ledger: Any, *, token: str, open_reads: bool, cancel: Any) -> Any:
     """The ASGI app. `open_reads`: reads need no token (a loopback bind). `cancel(run, job)` asks the
     controllers to cancel (a list of lines said), on a worker thread."""
+    import asyncio  # here: `actor-run status` and its kind load the command line without it
+
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -150,6 +151,8 @@ def make_app(ledger: Any, *, token: str, open_reads: bool, cancel: Any) -> Any:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    import asyncio
+
     try:
         import uvicorn
     except ImportError:

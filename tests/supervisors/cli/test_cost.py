@@ -133,7 +133,8 @@ def test_cost_of_an_unknown_run_or_grouping_is_one_line_and_exit_2(tmp_path: Pat
     assert r.stderr.strip() == "actor-run: RUN: no run 'nope' in this ledger (see `actor-run runs`)"
     r = cli("cost", "--all", "--by", "seed", tmp=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip() == "actor-run: --by: expected one of job, cloud, gpu, account, got 'seed'"
+    assert r.stderr.strip() == ("actor-run: --by: expected one of job, cloud, gpu, account, budget, run, user, "
+                                "got 'seed'")
 
 
 def test_groups_failures_and_unconfirmed_deletions(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from actor_run.supervisors.ledger import Ledger, LedgerReader
 
 CLI = [sys.executable, "-m", "actor_run"]
 HOSTILE = '<img src=x onerror="document.title=1"><script>document.title=2</script>'
-STEPS = 60
+STEPS = 240  # two minutes of steps: the cancel below must find it running on a loaded machine
 
 
 PROGRESSING = (f"for i in $(seq 1 {STEPS}); do echo \"{{\\\"stage\\\": \\\"e$i\\\", \\\"step\\\": $i, "
