@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
-from loguru import logger
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
 
 from actor_run.actors.flag import Flag
+from actor_run.protocols.logs import logger
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 DEFER_TURNS = 32  # a wake-up put off by `defer` goes out after at most this many turns of its worker

@@ -11,7 +11,9 @@ Exceptions (whose fault it is)::
     │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
-    └── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    └── ReactorError              the reactor (or its asyncio loop) could not start, or was used where
+                                  it cannot serve: a blocking call from its own thread, SSH outside it
 """
 
 from __future__ import annotations
@@ -154,3 +156,10 @@ class DeleteUnconfirmed(ActorRunError):
 
 class CallCancelled(ActorRunError):
     """A call into the reactor was cancelled or ran out of time."""
+
+
+class ReactorError(ActorRunError):
+    """The caller's or the environment's fault, not a machine's: the reactor's thread (or its asyncio
+    loop's) did not start, or it was asked from where it cannot answer (`Reactor.call` from the
+    reactor's own thread would wait for itself; an SSH host used outside any reactor or
+    `open_asyncio_loop()`)."""

@@ -1,4 +1,4 @@
-"""The host of a machine reached over SSH: asyncssh, inside the reactor through trio-asyncio.
+"""The host of a machine reached over SSH: asyncssh, on the asyncio loop beside the reactor (hosts/aio.py).
 
 One connection per machine, opened on first use and replaced on the next call after it broke.
 Commands go through one long-lived remote `sh` on one session channel (the LOOP of
@@ -15,8 +15,10 @@ afterwards: a different key at the same address and port raises `Refused(GUARD)`
 silent accept. No agent forwarding, no port forwarding. The client key is the configured one,
 else whatever asyncssh finds (agent, ~/.ssh). No key material is ever logged; fingerprints are.
 
-Every method is a trio coroutine that must run inside `trio_asyncio.open_loop()` (or be given the
-loop: a call that arrives through `trio.from_thread.run` does not see the loop's context).
+Every method is a trio coroutine. asyncssh's objects live on one asyncio loop (the reactor's, or
+`open_asyncio_loop()`'s: the current one at the first call, or the one given) and are touched only
+there: each asyncssh call is sent to that loop and awaited (`AsyncioLoop.run`); a trio
+cancellation cancels it there. Outside any loop a call raises `ReactorError`.
 Failures: `Unreachable` (refused, reset, timed out, lost: the caller waits and retries; the next
 call reconnects), `Refused(GUARD)` (the host key changed), `Refused(LAUNCH_FAILED)` (our keys
 were not accepted).
@@ -38,14 +40,14 @@ from typing import Any, TypeVar
 
 import asyncssh
 import trio
-import trio_asyncio
-from loguru import logger
 
-from actor_run.protocols.failures import Code, Refused, Unreachable
+from actor_run.protocols.failures import CallCancelled, Code, Refused, Unreachable
+from actor_run.protocols.hosts.aio import AsyncioLoop, current_asyncio_loop
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.content import tree_size
 from actor_run.protocols.hosts.host_keys import HostKeys, PinningClient
 from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+from actor_run.protocols.logs import logger
 
 T = TypeVar("T")
 
@@ -123,7 +125,8 @@ class SSHHost:
 
     def __init__(
         self, name: str, address: str, *, known_hosts: Path, port: int = 22, user: str = "",
-        key: str | None = None, passphrase: str | None = None, connect_timeout_s: float = 10.0, loop: Any = None,
+        key: str | None = None, passphrase: str | None = None, connect_timeout_s: float = 10.0,
+        loop: AsyncioLoop | None = None,
         bulk_bytes: int = BULK_BYTES, ssh_client: str | None = SSH_CLIENT,
     ) -> None:
         self.name = name
@@ -146,20 +149,17 @@ class SSHHost:
 
     # --- the connection ---------------------------------------------------------------------------
 
-    def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    def _aio(self) -> AsyncioLoop:
         # the loop of the first call is kept: a connection lives on one loop, and a later call that
         # came through trio.from_thread.run does not see the loop in its context
-        if self._loop is None or self._loop.is_closed():
-            self._loop = trio_asyncio.current_loop.get()
-            if self._loop is None:
-                raise RuntimeError("SSHHost must run inside trio_asyncio.open_loop() (or be given the loop)")
-        wrapped: Callable[..., Awaitable[T]] = trio_asyncio.aio_as_trio(fn, loop=self._loop)
-        return wrapped
+        if self._loop is None or not self._loop.running:
+            self._loop = current_asyncio_loop()
+        return self._loop
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """An asyncssh coroutine from trio; a lost connection raises Unreachable and is dropped."""
         try:
-            return await self._aio(fn)(*args, **kwargs)
+            return await self._aio().run(fn, *args, **kwargs)
         except _LOST as exc:
             conn = self._conn
             if conn is not None and conn.is_closed():
@@ -192,8 +192,8 @@ class SSHHost:
             where = f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
             try:
                 with trio.fail_after(self.connect_timeout_s + 5):
-                    conn: asyncssh.SSHClientConnection = await self._aio(asyncssh.connect)(
-                        self.address, self.port, **options
+                    conn: asyncssh.SSHClientConnection = await self._aio().run(
+                        asyncssh.connect, self.address, self.port, **options
                     )
             except trio.TooSlowError as exc:
                 raise Unreachable(
@@ -213,7 +213,7 @@ class SSHHost:
                 raise Unreachable(f"{self.name}: cannot reach {where}: {type(exc).__name__}: {exc}") from exc
             if client.seen is not None:  # the first login: its key is the one held to from now on
                 if not self.keys.pin(self.address, self.port, client.seen):
-                    conn.abort()  # another connection pinned a different key meanwhile
+                    self._abort(conn)  # another connection pinned a different key meanwhile
                     raise Refused(Code.GUARD, f"host key of {self.address}:{self.port} changed while logging in "
                                               f"(not the key pinned in {self.keys.path}): refusing to connect")
                 logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port,
@@ -227,7 +227,14 @@ class SSHHost:
         """Drop the connection (abort: a dead peer must not hold us up)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.abort()
+            self._abort(conn)
+
+    def _abort(self, conn: asyncssh.SSHClientConnection) -> None:
+        """`conn.abort()` on its loop's thread (asyncssh is not thread-safe); gone with a stopped loop."""
+        loop = self._loop
+        if loop is not None:
+            with suppress(CallCancelled):
+                loop.soon(conn.abort)
 
     @asynccontextmanager
     async def _opening(self, what: str) -> AsyncIterator[None]:
@@ -409,9 +416,12 @@ class SSHHost:
         async with self._conn_lock:
             conn, self._conn = self._conn, None
             if conn is not None:
-                conn.close()
-                with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(*_LOST):
-                    await self._aio(conn.wait_closed)()  # a broken one says so here
+                async def close() -> None:
+                    conn.close()
+                    await conn.wait_closed()  # a broken one says so here
+
+                with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(*_LOST, CallCancelled):
+                    await self._aio().run(close)
 
 
 async def _file_chunks(path: Path) -> AsyncGenerator[bytes, None]:

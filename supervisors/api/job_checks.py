@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from loguru import logger
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import (
@@ -28,6 +27,7 @@ from actor_run.protocols.clouds import (
     make_cloud,
 )
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.specs import (
     CandidateSpec,
     Job,

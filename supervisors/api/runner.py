@@ -28,7 +28,6 @@ from typing import Any
 import msgspec
 import pykka
 import trio
-from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
@@ -36,6 +35,7 @@ from actor_run.protocols.clouds import (
     Cloud,
 )
 from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message
 from actor_run.protocols.specs import (
     Job,

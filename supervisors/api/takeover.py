@@ -11,11 +11,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger
-
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, make_cloud
 from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, Message
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.api.config import UserConfig, settings_digest
