@@ -11,6 +11,9 @@ never returns None.
 Threads: `start()` starts the asyncio loop's thread, then the reactor thread, and returns once both
 loops run; `stop()` cancels every task still running, joins the reactor thread, then stops and
 joins the asyncio loop's (the tasks' shielded cleanups, closing SSH channels, still have it).
+A reactor holds the actor pool (actors/pool.py) and the offload threads (protocols/offload.py)
+while it runs: when the last one stops, their idle threads end and are joined, so a closed
+Runner leaves no thread of ours.
 Callbacks given to `spawn`/`call_later` run ON THE REACTOR THREAD: they must only hand the result
 on (`ActorRef.tell` is thread-safe and never blocks), never wait.
 """
@@ -33,9 +36,10 @@ import outcome
 import trio
 
 from actor_run.actors.flag import Flag
-from actor_run.actors.pool import blocking, defer
+from actor_run.actors.pool import POOL, blocking, defer
 from actor_run.protocols.failures import CallCancelled, ReactorError
 from actor_run.protocols.hosts.aio import AsyncioLoop, set_current_asyncio_loop
+from actor_run.protocols.offload import OFFLOAD, Resolver
 
 T = TypeVar("T")
 # what a reactor task ended with, as outcome.acapture makes it (a union, so isinstance narrows both ways)
@@ -110,6 +114,7 @@ class Reactor:
         self._ready = threading.Event()
         self._stopping: trio.Event | None = None
         self._aio: AsyncioLoop | None = None
+        self._held = False  # holds POOL and OFFLOAD from start to stop
         self._context: contextvars.Context | None = None
         self._ids = itertools.count()
         self._started = 0
@@ -128,12 +133,15 @@ class Reactor:
         """Start both threads (any thread but the reactor's); raises `ReactorError` if they did not start."""
         if self._thread is not None:
             raise ReactorError(f"{self._name} was started already")
+        POOL.hold()
+        OFFLOAD.hold()
+        self._held = True
         self._aio = AsyncioLoop(f"{self._name}-asyncio").start()
         self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
-            self._aio.stop()
+            self.stop()
             raise ReactorError("the reactor did not start") from self._error
         return self
 
@@ -151,6 +159,7 @@ class Reactor:
         # tasks are started from run_sync_soon callbacks, which run outside this context: start
         # them inside a copy of it, where the asyncio loop is the current one (SSH hosts find it)
         set_current_asyncio_loop(self._aio)
+        trio.socket.set_custom_hostname_resolver(Resolver())  # name lookups on our threads (offload.py)
         self._context = contextvars.copy_context()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -172,6 +181,10 @@ class Reactor:
             self._thread.join(timeout)
         if self._aio is not None:
             self._aio.stop(timeout)
+        if self._held:  # the last reactor to stop ends the pool's and the offload's idle threads
+            self._held = False
+            OFFLOAD.release(timeout)
+            POOL.release(timeout)
 
     @property
     def running(self) -> bool:

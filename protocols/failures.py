@@ -6,14 +6,16 @@ Exceptions (whose fault it is)::
     ├── SpecError                 the user's batch file or arguments are wrong (exit 2)
     ├── HostError                 talking to a machine failed
     │   ├── Unreachable           the machine could not be reached (transient: wait, then `unreachable`)
-    │   └── Refused               the machine answered and refused (`guard`, `input`)
+    │   ├── Refused               the machine answered and refused (`guard`, `input`)
+    │   └── MachineGone           the provider took the machine away (a preemption: `preempted`)
     ├── LaunchError               a create call failed
     │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
     ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
-    └── ReactorError              the reactor (or its asyncio loop) could not start, or was used where
-                                  it cannot serve: a blocking call from its own thread, SSH outside it
+    ├── ReactorError              the reactor (or its asyncio loop) could not start, or was used where
+    │                             it cannot serve: a blocking call from its own thread, SSH outside it
+    └── InternalError             a bug of ours: an invariant did not hold (code `internal`)
 """
 
 from __future__ import annotations
@@ -163,3 +165,10 @@ class ReactorError(ActorRunError):
     loop's) did not start, or it was asked from where it cannot answer (`Reactor.call` from the
     reactor's own thread would wait for itself; an SSH host used outside any reactor or
     `open_asyncio_loop()`)."""
+
+
+class InternalError(ActorRunError):
+    """Our own fault: something this code promises itself did not hold (a batch function gave more
+    or fewer answers than it was asked for). What it stopped ends `internal`."""
+
+    code = Code.INTERNAL

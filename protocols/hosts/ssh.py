@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 import asyncssh
 import trio
@@ -48,6 +48,8 @@ from actor_run.protocols.hosts.content import tree_size
 from actor_run.protocols.hosts.host_keys import HostKeys, PinningClient
 from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
 from actor_run.protocols.logs import logger
+from actor_run.protocols.offload import to_thread
+from actor_run.protocols.processes import Process, open_process, run_process
 
 T = TypeVar("T")
 
@@ -287,7 +289,7 @@ class SSHHost:
     async def put(self, local: Path, remote: str) -> int:
         """A file goes as its bytes, anything else as a tar stream (links kept as links). A big one
         goes through the OpenSSH client when there is one: C moves bytes faster than asyncssh."""
-        mode = (await trio.Path(local).lstat()).st_mode
+        mode = (await to_thread(os.lstat, local)).st_mode
         r, parent = shlex.quote(remote), shlex.quote(remote.rsplit("/", 1)[0] or "/")
         # umask: the root is private and so is everything under it; tar as root keeps modes, not owners
         script = (
@@ -300,10 +302,10 @@ class SSHHost:
         size: int
         if stat.S_ISREG(mode):
             script += f"cat > {r}" + (f" && chmod u+x {r}\n" if mode & stat.S_IXUSR else "\n")
-            size = (await trio.Path(local).stat()).st_size
+            size = (await to_thread(os.stat, local)).st_size
         elif stat.S_ISDIR(mode):
             script += f"mkdir {r} && {untar} {r}\n"
-            tar, size = ["-C", str(local), "."], await trio.to_thread.run_sync(tree_size, local)
+            tar, size = ["-C", str(local), "."], await to_thread(tree_size, local)
         elif local.name == remote.rsplit("/", 1)[-1]:
             script += f"{untar} {parent}\n"
             tar, size = ["-C", str(local.parent), local.name], 0
@@ -375,8 +377,8 @@ class SSHHost:
         with tempfile.TemporaryFile() as err:
             if tar is None:
                 with open(local, "rb") as source:  # noqa: ASYNC230 - ssh reads it, not us
-                    done = await trio.run_process(
-                        command, stdin=source, stdout=subprocess.DEVNULL, stderr=err, check=False,
+                    done = await run_process(
+                        command, stdin=source, stdout=subprocess.DEVNULL, stderr=err,
                     )
                 code = int(done.returncode)
             else:
@@ -397,10 +399,13 @@ class SSHHost:
         command = shlex.join(["tar", "-cf", "-", "-C", remote_dir, *names])
         received = 0
         async with self._process("download", command, stdin=asyncssh.DEVNULL, stderr=asyncssh.PIPE) as proc:
-            async with await trio.open_file(local_tar, "wb") as f:
+            f = await to_thread(_open_binary, local_tar, "wb")
+            try:
                 while chunk := await self._call(proc.stdout.read, RECEIVE):
-                    await f.write(chunk)
+                    await to_thread(f.write, chunk)
                     received += len(chunk)
+            finally:
+                f.close()
 
             async def finish() -> tuple[int | None, bytes]:
                 done = await proc.wait()  # reads what is left of stderr
@@ -425,9 +430,16 @@ class SSHHost:
 
 
 async def _file_chunks(path: Path) -> AsyncGenerator[bytes, None]:
-    async with await trio.open_file(path, "rb") as f:
-        while chunk := await f.read(CHUNK):
+    f = await to_thread(_open_binary, path, "rb")
+    try:
+        while chunk := await to_thread(f.read, CHUNK):
             yield chunk
+    finally:
+        f.close()
+
+
+def _open_binary(path: Path, mode: str) -> BinaryIO:
+    return cast("BinaryIO", open(path, mode))  # closed by the caller, on its trio thread
 
 
 def _tail(err: bytes) -> str:
@@ -447,7 +459,7 @@ def _tar_env() -> dict[str, str]:
 async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
     """The bytes of a local `tar` as it makes them."""
     with tempfile.TemporaryFile() as err:
-        proc = await trio.lowlevel.open_process(
+        proc = await open_process(
             _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_tar_env(),
         )
         assert proc.stdout is not None
@@ -469,13 +481,13 @@ async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
 async def _piped(commands: list[list[str]], err: Any) -> int:
     """Run `a | b` and return b's exit status; a failing `a` raises (b may have taken a short stream)."""
     read_end, write_end = os.pipe()
-    procs: list[trio.Process] = []
+    procs: list[Process] = []
     try:
         try:
-            procs.append(await trio.lowlevel.open_process(
+            procs.append(await open_process(
                 commands[0], stdout=write_end, stderr=err, env=_tar_env(),
             ))
-            procs.append(await trio.lowlevel.open_process(
+            procs.append(await open_process(
                 commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,
             ))
         finally:

@@ -37,6 +37,7 @@ from actor_run.protocols.clouds import (
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, Event, JobEnded, Message
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import (
     Job,
     redacted,
@@ -207,7 +208,7 @@ class Runner(JobChecks, Takeover, EventBus):
             while self._open:
                 await trio.sleep(CANCEL_POLL_S)
                 try:
-                    rows = await trio.to_thread.run_sync(read, last)
+                    rows = await to_thread(read, last)
                 except backend.errors as exc:  # busy or gone for a moment: the next poll reads again
                     logger.warning("reading cancel requests: {}", exc)
                     continue
