@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import outcome
 import pykka
-from loguru import logger
 from pykka.messages import _ActorStop
 
 from actor_run.actors.pool import PooledActor, stop_if_idle
@@ -32,6 +31,7 @@ from actor_run.actors.runtime import Reactor, Result, Task
 from actor_run.actors.ticks import Subscription, subscribe
 from actor_run.protocols.clouds import Cloud
 from actor_run.protocols.hosts.workspace import Workspace
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import ChildFailed, Event, Machine, Message, Offer
 
 
@@ -192,7 +192,7 @@ class Actor(PooledActor):
 
     @property
     def log(self) -> Any:
-        """loguru's logger bound to this actor's label, and to the job and attempt it works for
+        """The logger (protocols/logs.py) bound to this actor's label, and to the job and attempt it works for
         (bound on first use: most actors never log)."""
         if self._log is None:
             self._log = logger.bind(actor=self.label, **label_context(self.label))

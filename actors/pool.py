@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
-from loguru import logger
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
 
 from actor_run.actors.flag import Flag
+from actor_run.protocols.logs import logger
 
 BURST = 32  # messages one actor handles per turn before the worker moves on (fairness)
 DEFER_TURNS = 32  # a wake-up put off by `defer` goes out after at most this many turns of its worker
@@ -53,7 +53,7 @@ def _next_urn() -> str:
 class ActorPool:
     """Worker threads that take runnable actors from one queue, one running at a time. At least
     one worker is free for new work whenever some are blocked; idle workers beyond `keep` exit
-    after `idle_s`."""
+    after `idle_s`, and every idle one at once while no reactor holds the pool (`hold`/`release`)."""
 
     def __init__(self, *, keep: int = 4, max_workers: int = 8192, idle_s: float = 5.0) -> None:
         self.keep, self.max_workers, self.idle_s = keep, max_workers, idle_s
@@ -63,6 +63,8 @@ class ActorPool:
         self._idle = 0
         self._blocked = 0
         self._ids = itertools.count()
+        self._holders = 0  # running reactors (hold/release): with none, an idle worker ends at once
+        self._threads: set[threading.Thread] = set()
         self.turns = 0
         self.messages = 0
 
@@ -98,7 +100,26 @@ class ActorPool:
             return
         self._workers += 1
         t = threading.Thread(target=self._work, name=f"actor-run-pool-{next(self._ids)}", daemon=True)
+        self._threads.add(t)
         t.start()
+
+    def hold(self) -> None:
+        """A reactor started (actors/runtime.py): up to `keep` idle workers wait `idle_s` for work."""
+        with self._cond:
+            self._holders += 1
+
+    def release(self, timeout: float = 30.0) -> None:
+        """A reactor stopped. With none left, idle workers end now and every worker is joined (a
+        busy one once its turn ends, up to `timeout` s in all): a closed Runner leaves no thread.
+        Any thread; a worker calling it does not wait for itself."""
+        with self._cond:
+            self._holders = max(0, self._holders - 1)
+            if self._holders:
+                return
+            self._cond.notify_all()
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        for t in threads:
+            t.join(timeout)
 
     def _work(self) -> None:
         _local.pool = self
@@ -120,9 +141,12 @@ class ActorPool:
                         finally:
                             self._cond.acquire()
                         continue
-                    if not self._cond.wait(self.idle_s) and not self._runnable and self._workers > self.keep:
+                    if self._holders == 0 or (
+                        not self._cond.wait(self.idle_s) and not self._runnable and self._workers > self.keep
+                    ):
                         self._idle -= 1
                         self._workers -= 1
+                        self._threads.discard(threading.current_thread())
                         return
                 self._idle -= 1
                 actor = self._runnable.popleft()

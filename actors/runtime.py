@@ -1,5 +1,6 @@
 """The reactor: one trio thread that does all the waiting (network, subprocesses, timers) for every
-actor, with a trio-asyncio loop open inside it so asyncssh runs there too.
+actor, and beside it a plain asyncio loop on a thread of its own for asyncssh (protocols/hosts/aio.py:
+its tasks find that loop as the current one).
 
 Actors never block on the network. They `spawn` a coroutine on the reactor with a callback that
 `tell`s them the result as a message, and keep the returned `Task` to cancel it. `call` (block the
@@ -7,10 +8,14 @@ calling thread until a coroutine finishes) is for the few places that must wait:
 hook, the CLI, tests. A call that is cancelled or runs out of time raises `CallCancelled`; it
 never returns None.
 
-Threads: `start()` starts the reactor thread and returns once its loop runs; `stop()` cancels every
-task still running and joins the thread. Callbacks given to `spawn`/`call_later` run ON THE
-REACTOR THREAD: they must only hand the result on (`ActorRef.tell` is thread-safe and never
-blocks), never wait.
+Threads: `start()` starts the asyncio loop's thread, then the reactor thread, and returns once both
+loops run; `stop()` cancels every task still running, joins the reactor thread, then stops and
+joins the asyncio loop's (the tasks' shielded cleanups, closing SSH channels, still have it).
+A reactor holds the actor pool (actors/pool.py) and the offload threads (protocols/offload.py)
+while it runs: when the last one stops, their idle threads end and are joined, so a closed
+Runner leaves no thread of ours.
+Callbacks given to `spawn`/`call_later` run ON THE REACTOR THREAD: they must only hand the result
+on (`ActorRef.tell` is thread-safe and never blocks), never wait.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from typing import Any, TypeVar
 import msgspec
 import outcome
 import trio
-import trio_asyncio
 
 from actor_run.actors.flag import Flag
-from actor_run.actors.pool import blocking, defer
-from actor_run.protocols.failures import CallCancelled
+from actor_run.actors.pool import POOL, blocking, defer
+from actor_run.protocols.failures import CallCancelled, ReactorError
+from actor_run.protocols.hosts.aio import AsyncioLoop, set_current_asyncio_loop
+from actor_run.protocols.offload import OFFLOAD, Resolver
 
 T = TypeVar("T")
 # what a reactor task ended with, as outcome.acapture makes it (a union, so isinstance narrows both ways)
@@ -107,7 +113,8 @@ class Reactor:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping: trio.Event | None = None
-        self._loop: Any = None
+        self._aio: AsyncioLoop | None = None
+        self._held = False  # holds POOL and OFFLOAD from start to stop
         self._context: contextvars.Context | None = None
         self._ids = itertools.count()
         self._started = 0
@@ -123,11 +130,19 @@ class Reactor:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> Reactor:
+        """Start both threads (any thread but the reactor's); raises `ReactorError` if they did not start."""
+        if self._thread is not None:
+            raise ReactorError(f"{self._name} was started already")
+        POOL.hold()
+        OFFLOAD.hold()
+        self._held = True
+        self._aio = AsyncioLoop(f"{self._name}-asyncio").start()
         self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
-            raise RuntimeError("the reactor did not start") from self._error
+            self.stop()
+            raise ReactorError("the reactor did not start") from self._error
         return self
 
     def _main(self) -> None:
@@ -141,25 +156,35 @@ class Reactor:
     async def _run(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._stopping = trio.Event()
-        async with trio_asyncio.open_loop() as loop:
-            self._loop = loop
-            # tasks are started from run_sync_soon callbacks, which run outside this context: start
-            # them inside a copy of it, or asyncssh (through trio-asyncio) finds no loop
-            self._context = contextvars.copy_context()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._run_timers, name="actor-run timers")
-                self._ready.set()
-                await self._stopping.wait()
-                nursery.cancel_scope.cancel()
-            self._nursery = None
+        # tasks are started from run_sync_soon callbacks, which run outside this context: start
+        # them inside a copy of it, where the asyncio loop is the current one (SSH hosts find it)
+        set_current_asyncio_loop(self._aio)
+        trio.socket.set_custom_hostname_resolver(Resolver())  # name lookups on our threads (offload.py)
+        self._context = contextvars.copy_context()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._run_timers, name="actor-run timers")
+            self._ready.set()
+            await self._stopping.wait()
+            nursery.cancel_scope.cancel()
+        self._nursery = None
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            return
-        assert self._stopping is not None
-        self.soon(self._stopping.set)
-        self._thread.join(timeout)
+        """Cancel every task, join the reactor thread, then stop and join the asyncio loop's (any
+        thread but the reactor's). Idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            if self.in_reactor:
+                raise ReactorError("Reactor.stop from the reactor thread would wait for itself")
+            assert self._stopping is not None
+            with contextlib.suppress(CallCancelled):  # it ended between the check and the call
+                self.soon(self._stopping.set)
+            self._thread.join(timeout)
+        if self._aio is not None:
+            self._aio.stop(timeout)
+        if self._held:  # the last reactor to stop ends the pool's and the offload's idle threads
+            self._held = False
+            OFFLOAD.release(timeout)
+            POOL.release(timeout)
 
     @property
     def running(self) -> bool:
@@ -170,9 +195,10 @@ class Reactor:
         return threading.current_thread() is self._thread
 
     @property
-    def asyncio_loop(self) -> Any:
-        """The trio-asyncio loop: give it to `trio_asyncio.aio_as_trio(fn, loop=...)` if ever needed."""
-        return self._loop
+    def asyncio_loop(self) -> AsyncioLoop | None:
+        """The asyncio loop beside the reactor (None before `start`): `await it.run(fn, *args)`
+        from a reactor task runs an asyncio coroutine there."""
+        return self._aio
 
     def statistics(self) -> ReactorStatistics:
         return ReactorStatistics(self._started, self._running, self._timers)
@@ -334,7 +360,7 @@ class Reactor:
         """Block this (non-reactor) thread until `fn(*args)` finishes on the reactor; its result or
         its exception. Raises `CallCancelled` after `timeout` seconds (the task is cancelled)."""
         if self.in_reactor:
-            raise RuntimeError("Reactor.call from the reactor thread would deadlock")
+            raise ReactorError("Reactor.call from the reactor thread would deadlock")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def done(result: Result[T]) -> None:

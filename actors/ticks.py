@@ -30,7 +30,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import trio
-from loguru import logger
+
+from actor_run.protocols.logs import logger
 
 _CLOCKS: trio.lowlevel.RunVar[dict[float, _Clock]] = trio.lowlevel.RunVar("actor_run_clocks")
 _ALARMS: trio.lowlevel.RunVar[_Alarms] = trio.lowlevel.RunVar("actor_run_alarms")

@@ -43,6 +43,7 @@ from actor_run.protocols.messages import (
     Upload,
     Uploaded,
 )
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import Job
 
 
@@ -156,20 +157,20 @@ class TransferActor(Actor):
         if self.job.code is not None:
             with tempfile.TemporaryDirectory(prefix="actor-run-code-") as tmp:
                 snap = Path(tmp) / "code"
-                code_hash = await trio.to_thread.run_sync(snapshot_code, Path(self.job.code), snap)
+                code_hash = await to_thread(snapshot_code, Path(self.job.code), snap)
                 sent += await patiently("code", lost, ws.publish_code, snap, code_hash, self.tag)
         refs = []
         for name, path_s in sorted(self.job.inputs.items()):
             path = Path(path_s)
             try:
-                digest = await trio.to_thread.run_sync(_hash_input, self.ctx, path)
+                digest = await to_thread(_hash_input, self.ctx, path)
             except OSError as exc:
                 raise Refused(Code.INPUT, f"input {name}: cannot read {path}: {exc.strerror}") from exc
             sent += await patiently(name, lost, ws.publish_input, name, path, digest, self.tag)
             refs.append(InputRef(name=name, sha256=digest, basename=path.name))
         resume = None
         if resume_dir is not None and Path(resume_dir).is_dir():  # noqa: ASYNC240 - one stat: a thread hop costs more
-            digest = await trio.to_thread.run_sync(_hash_input, self.ctx, Path(resume_dir))
+            digest = await to_thread(_hash_input, self.ctx, Path(resume_dir))
             sent += await patiently("resume", lost, ws.publish_input, "resume", Path(resume_dir), digest, self.tag)
             resume = InputRef(name="resume", sha256=digest, basename="")
         return sent, code_hash, refs, resume
@@ -181,7 +182,7 @@ class TransferActor(Actor):
         await self._check_claim()
         stale = [p for p in (into / "out", into / "progress.jsonl") if p.exists()] if replace else []
         if stale:  # a run or attempt before this one fetched: what comes now replaces it whole
-            await trio.to_thread.run_sync(_remove, stale)
+            await to_thread(_remove, stale)
         n: int = await patiently("outputs", self.job.policy.lost_after_s, ws.fetch, work, into)
         return n
 
@@ -200,9 +201,9 @@ class TransferActor(Actor):
         """Fetch the files a progress line named into a fresh folder, then swap it in whole."""
         fresh = into.with_name(into.name + ".incoming")
         if fresh.exists():
-            await trio.to_thread.run_sync(shutil.rmtree, fresh)
+            await to_thread(shutil.rmtree, fresh)
         got = await ws.fetch(work, fresh / "fetched", [path])
-        await trio.to_thread.run_sync(_settle_checkpoint, fresh, into, line)
+        await to_thread(_settle_checkpoint, fresh, into, line)
         return got
 
     def _checkpoint_done(self, result: Result[int], path: str, line: dict[str, Any]) -> None:

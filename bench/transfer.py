@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
-import trio_asyncio
 from loguru import logger
 
+from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.content import file_sha256
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace
@@ -58,7 +58,7 @@ def new_host(sshd: Sshd, known_hosts: Path) -> SSHHost:
 
 async def pin(sshd: Sshd, known_hosts: Path) -> None:
     """Connect once: the host key goes into our known-hosts file, which rsync then holds to."""
-    async with trio_asyncio.open_loop():
+    async with open_asyncio_loop():
         host = new_host(sshd, known_hosts)
         try:
             await host.run("true")
@@ -70,7 +70,7 @@ async def ours_once(
     sshd: Sshd, known_hosts: Path, src: Path, digest: str, root: Path, tag: str,
 ) -> tuple[float, int, int]:
     """Seconds of a first publish on a fresh root, its bytes, then the bytes of a second publish."""
-    async with trio_asyncio.open_loop():
+    async with open_asyncio_loop():
         ws = ShellWorkspace(new_host(sshd, known_hosts), str(root))
         try:
             await ws.prepare()

@@ -6,7 +6,8 @@ Exceptions (whose fault it is)::
     ├── SpecError                 the user's batch file or arguments are wrong (exit 2)
     ├── HostError                 talking to a machine failed
     │   ├── Unreachable           the machine could not be reached (transient: wait, then `unreachable`)
-    │   └── Refused               the machine answered and refused (`guard`, `input`)
+    │   ├── Refused               the machine answered and refused (`guard`, `input`)
+    │   └── MachineGone           the provider took the machine away (a preemption: `preempted`)
     ├── LaunchError               a create call failed
     │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
@@ -14,7 +15,10 @@ Exceptions (whose fault it is)::
     ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
     ├── RunnerClosed              the caller used a Runner that is not open
     ├── WaitTimeout               a wait for jobs ran out of time (also a TimeoutError)
-    └── NotAsyncioOrTrio          an async call made from another event loop library (also a TypeError)
+    ├── NotAsyncioOrTrio          an async call made from another event loop library (also a TypeError)
+    ├── ReactorError              the reactor (or its asyncio loop) could not start, or was used where
+    │                             it cannot serve: a blocking call from its own thread, SSH outside it
+    └── InternalError             a bug of ours: an invariant did not hold (code `internal`)
 """
 
 from __future__ import annotations
@@ -174,3 +178,15 @@ class WaitTimeout(ActorRunError, TimeoutError):
 
 class NotAsyncioOrTrio(ActorRunError, TypeError):
     """`async with Runner` or `wait_async` awaited in an event loop other than asyncio's or trio's."""
+class ReactorError(ActorRunError):
+    """The caller's or the environment's fault, not a machine's: the reactor's thread (or its asyncio
+    loop's) did not start, or it was asked from where it cannot answer (`Reactor.call` from the
+    reactor's own thread would wait for itself; an SSH host used outside any reactor or
+    `open_asyncio_loop()`)."""
+
+
+class InternalError(ActorRunError):
+    """Our own fault: something this code promises itself did not hold (a batch function gave more
+    or fewer answers than it was asked for). What it stopped ends `internal`."""
+
+    code = Code.INTERNAL

@@ -49,6 +49,19 @@ if [ "$(cat .venv-sky/pin 2>/dev/null)" != "$SKY_PIN" ]; then
   echo "$SKY_PIN" > .venv-sky/pin
 fi
 export ACTOR_RUN_SKY_PYTHON="$PWD/.venv-sky/bin/python"
+# Prefect 3 itself, for the test that runs a flow embedding the Runner (tests/test_prefect.py): pinned, in a
+# venv of its own with this repository installed into it (editable, compat mode: the same sources), made
+# once per pin and pyproject.toml
+PREFECT_PIN="prefect==3.9.1"
+prefect_stamp="$PREFECT_PIN $(cat pyproject.toml | cksum)"
+if [ "$(cat .venv-prefect/pin 2>/dev/null)" != "$prefect_stamp" ]; then
+  rm -rf .venv-prefect
+  python3 -m venv .venv-prefect
+  .venv-prefect/bin/python -m pip install -q "$PREFECT_PIN"
+  .venv-prefect/bin/python -m pip install -q -e . --config-settings editable_mode=compat
+  echo "$prefect_stamp" > .venv-prefect/pin
+fi
+export ACTOR_RUN_PREFECT_PYTHON="$PWD/.venv-prefect/bin/python"
 # the suite starts hundreds of Python processes (`actor-run` commands, fakes' workers): the first
 # writes the package's compiled bytecode and the others read it, even where the environment says not
 # to write it (with PYTHONDONTWRITEBYTECODE every process compiled every module: 0.25 s of CPU each)

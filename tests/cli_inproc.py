@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -122,6 +123,8 @@ class _Snapshot:
         self.signals = {s: signal.getsignal(s) for s in _SIGNALS}
         core = loguru.logger._core  # type: ignore[attr-defined]  # loguru 0.7: handlers by id under one lock
         self.log_handlers = dict(core.handlers)
+        tree = logging.getLogger("actor_run")  # the CLI forwards it into loguru (supervisors/cli/console.py)
+        self.tree_logging = (list(tree.handlers), tree.level)
         self.secrets = (set(redact.SECRETS._values), redact.SECRETS._pattern)
         self.threads = {t.ident for t in threading.enumerate()}
         pools = sys.modules.get("actor_run.supervisors.ledger.db")
@@ -147,6 +150,11 @@ class _Snapshot:
                 changed.append("loguru handlers")
             core.handlers = dict(self.log_handlers)
             core.min_level = min((h.levelno for h in self.log_handlers.values()), default=float("inf"))
+        tree = logging.getLogger("actor_run")
+        if (list(tree.handlers), tree.level) != self.tree_logging:
+            changed.append("loguru handlers")  # the same change, made through the stdlib logger it forwards
+            tree.handlers[:], level = self.tree_logging
+            tree.setLevel(level)
         for s, handler in self.signals.items():
             if signal.getsignal(s) is not handler and handler is not None:
                 changed.append(f"signal {signal.Signals(s).name}")

@@ -96,9 +96,9 @@ def _wait_until(check, timeout: float = 10.0):  # type: ignore[no-untyped-def]
 
 
 def _is_trio_worker(t: threading.Thread) -> bool:
-    # trio keeps idle to_thread workers for 10 s after use; they hold nothing of ours
-    # the actor pool's workers hold nothing between turns (the actors check above is what counts)
-    return t.name.startswith(("Trio thread", "Trio worker", "actor-run-pool-"))
+    # trio keeps idle to_thread workers for 10 s after use (a test's own trio.to_thread calls); ours
+    # (actor-run-pool-*, actor-run-io-*, a reactor's asyncio loop) end when the last reactor stops
+    return t.name.startswith(("Trio thread", "Trio worker"))
 
 
 @pytest.fixture

@@ -15,6 +15,9 @@ from typing import Generic, TypeVar
 
 import trio
 
+from actor_run.protocols.failures import InternalError
+from actor_run.protocols.offload import to_thread
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -94,9 +97,9 @@ class Coalescer(Generic[T, R]):
                     # shielded: the change is made whatever happens, so its answers are kept for the
                     # callers (who wait shielded too) even while the reactor is stopping
                     with trio.CancelScope(shield=True):
-                        results = await trio.to_thread.run_sync(self._run_many, [s.item for s in batch])
+                        results = await to_thread(self._run_many, [s.item for s in batch])
                     if len(results) != len(batch):
-                        raise RuntimeError(f"{len(results)} answers for a batch of {len(batch)}")
+                        raise InternalError(f"{len(results)} answers for a batch of {len(batch)}")
                 except Exception as exc:  # the batch itself failed: every caller hears it
                     results = [exc] * len(batch)
                 for s, r in zip(batch, results, strict=True):

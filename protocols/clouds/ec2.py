@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import trio
 
 from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.protocols.offload import to_thread
 
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ class Ec2:
         # botocore bounds each HTTP exchange; this bounds the whole, retries included
         with trio.move_on_after(self.call_timeout_s * 4) as scope:
             try:
-                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+                return await to_thread(fn, abandon_on_cancel=True)
             except Exception as exc:  # botocore's ClientError, its connection errors, its parse errors
                 raise Ec2Error(f"ec2 {what}: {type(exc).__name__}: {exc}") from exc
         assert scope.cancelled_caught

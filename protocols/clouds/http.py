@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
-from loguru import logger
 
 from actor_run.protocols.failures import ActorRunError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.redact import MIN_LENGTH, REDACTED, add_secret, redact
 
 if TYPE_CHECKING:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import msgspec
 import psutil
-import trio
 
 from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import CandidateSpec
 
 
@@ -144,7 +144,7 @@ class LocalCloud:
             (self.dir / f"{name}.json").write_bytes(msgspec.json.encode(machine))
             return machine
 
-        return await trio.to_thread.run_sync(make)
+        return await to_thread(make)
 
     async def connect(self, machine: Machine) -> Workspace:
         ws = ShellWorkspace(LocalHost(machine.name), machine.root)
@@ -160,7 +160,7 @@ class LocalCloud:
             if root.exists() or (self.dir / f"{name}.json").exists():
                 raise DeleteUnconfirmed(f"local: {root} is still there")
 
-        await trio.to_thread.run_sync(rm)
+        await to_thread(rm)
 
     async def list_ours(self, prefix: str) -> list[Machine]:
         def ls() -> list[Machine]:
@@ -172,7 +172,7 @@ class LocalCloud:
                     continue
             return out
 
-        return await trio.to_thread.run_sync(ls)
+        return await to_thread(ls)
 
     async def aclose(self) -> None:
         pass

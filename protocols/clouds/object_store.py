@@ -14,9 +14,9 @@ import time
 from typing import Annotated, Any
 
 import msgspec
-import trio
 
 from actor_run.protocols.failures import Code, Refused, SpecError, Unreachable
+from actor_run.protocols.offload import to_thread
 
 EXTRA = "actor-run[s3]"
 MAX_EXPIRY_S = 7 * 24 * 3600  # the longest a SigV4 presigned URL may live
@@ -94,8 +94,8 @@ class ObjectStore:
 
         expiry = int(max(60, min(self.settings.expiry_s, deadline - time.time())))
         try:
-            await trio.to_thread.run_sync(self._put_once, data, sha256)
-            return await trio.to_thread.run_sync(self._presign, sha256, expiry)
+            await to_thread(self._put_once, data, sha256)
+            return await to_thread(self._presign, sha256, expiry)
         except BotoCoreError as exc:  # no answer from the store: worth another attempt
             raise Unreachable(f"{self.field}: {type(exc).__name__}: {str(exc)[:300]}") from exc
         except ClientError as exc:  # the store refused (no bucket, denied): the settings' fault
@@ -119,7 +119,7 @@ class ObjectStore:
                 "put_object", Params={"Bucket": self.settings.bucket, "Key": key}, ExpiresIn=expiry))
 
         try:
-            return await trio.to_thread.run_sync(presign)
+            return await to_thread(presign)
         except BotoCoreError as exc:
             raise Unreachable(f"{self.field}: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
@@ -135,7 +135,7 @@ class ObjectStore:
                 body.close()
 
         try:
-            return await trio.to_thread.run_sync(read)
+            return await to_thread(read)
         except BotoCoreError as exc:
             raise Unreachable(f"{self.field}: {type(exc).__name__}: {str(exc)[:300]}") from exc
         except ClientError as exc:

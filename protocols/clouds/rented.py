@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 import trio
-from loguru import logger
 
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
@@ -54,6 +53,7 @@ from actor_run.protocols.failures import (
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec

@@ -48,6 +48,7 @@ from actor_run.protocols.clouds.rp_api import RunPodApi
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import tree_size
 from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.serverless import (
     INLINE_LIMIT,
     INPUT_ERROR,
@@ -118,7 +119,7 @@ class ServerlessWorkspace:
 
     async def publish_code(self, snapshot: Path, digest: str, tag: str) -> int:
         if digest not in self.code:
-            self.code[digest] = await trio.to_thread.run_sync(tar_folder, snapshot)
+            self.code[digest] = await to_thread(tar_folder, snapshot)
         return 0  # nothing is sent until the job is submitted
 
     async def publish_input(self, name: str, path: Path, digest: str, tag: str) -> int:
@@ -136,7 +137,7 @@ class ServerlessWorkspace:
         return pack(entries)
 
     async def start(self, launch: Launch, record: Record | None = None) -> int:
-        archive = await trio.to_thread.run_sync(self._pack, launch)
+        archive = await to_thread(self._pack, launch)
         if len(archive) <= self.inline_limit:
             blob: dict[str, Any] = encode_blob(archive)
         elif self.store is not None:
@@ -316,7 +317,7 @@ class ServerlessWorkspace:
             data = await self._out(job, job.out)
         except PayloadError as exc:
             raise Refused(Code.INTERNAL, f"queue job {job.handle.job_id}: {exc}") from exc
-        await trio.to_thread.run_sync(_extract_out, data, local_dir)
+        await to_thread(_extract_out, data, local_dir)
         return len(data)
 
     async def _out(self, job: _Job, out: dict[str, Any]) -> bytes:

@@ -100,6 +100,7 @@ from actor_run.protocols.failures import (
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import CandidateSpec
 
 _ids = random.Random()  # machine ids: seeded once from the OS; uuid4 made a system call per launch
@@ -225,7 +226,7 @@ class SimCloud:
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         held = self._store.held_advice()
         if held is None:
-            held = await trio.to_thread.run_sync(self._store.held)
+            held = await to_thread(self._store.held)
         out = []
         for key, (region, gpu, spec) in self._places.items():
             if candidate.regions and region not in candidate.regions:
@@ -308,7 +309,7 @@ class SimCloud:
         self._fresh.pop(name, None)
 
     async def list_ours(self, prefix: str) -> list[Machine]:
-        listed = await trio.to_thread.run_sync(self._store.listing, prefix)
+        listed = await to_thread(self._store.listing, prefix)
         now = time.time()
         return [_machine(r, now) for r in listed if r.account == self.account]  # an account sees its own
 

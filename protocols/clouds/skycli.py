@@ -31,6 +31,7 @@ import msgspec
 import trio
 
 from actor_run.protocols.failures import ActorRunError, SpecError
+from actor_run.protocols.processes import Process, run_process
 
 T = TypeVar("T")
 
@@ -138,15 +139,15 @@ class SkyCli:
         """Run `sky <args>`; SkyHung past the time limit, SpecError if the command is not there."""
         limit = self.timeout_s if timeout is None else timeout
 
-        async def deliver_cancel(proc: trio.Process) -> None:
+        async def deliver_cancel(proc: Process) -> None:
             proc.terminate()
             await trio.sleep(KILL_GRACE_S)
             proc.kill()
 
         with trio.move_on_after(limit) as scope:
             try:
-                done = await trio.run_process(
-                    [*self.argv, *args], stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+                done = await run_process(
+                    [*self.argv, *args], stdin=b"", capture_stdout=True, capture_stderr=True,
                     env=self._env(), start_new_session=True,  # a Ctrl-C of ours must not stop a teardown
                     deliver_cancel=deliver_cancel,
                 )

@@ -22,11 +22,11 @@ from __future__ import annotations
 import time
 
 import trio
-from loguru import logger
 
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
 from actor_run.protocols.clouds.skycli import ACTIVE, SkyCli, SkyFailed, SkyHung, submitted
 from actor_run.protocols.failures import DeleteUnconfirmed, SpecError
+from actor_run.protocols.logs import logger
 
 CANCEL_S = 20.0  # one `sky api` call made while stopping a launch (three at most; each takes 5-15 s)
 

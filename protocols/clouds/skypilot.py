@@ -45,11 +45,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import msgspec
 import trio
-from loguru import logger
 
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
 from actor_run.protocols.clouds.skycli import ACTIVE, CLI_TIMEOUT_S, SkyCli, SkyFailed, SkyHung, submitted
@@ -64,8 +63,10 @@ from actor_run.protocols.failures import (
     SpecError,
     Unreachable,
 )
+from actor_run.protocols.hosts.aio import AsyncioLoop
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import PollResult, ShellWorkspace, Workspace
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec
@@ -147,7 +148,7 @@ class SkyPilotCloud:
     name = "skypilot"
     account = ""  # make_cloud sets it for an account of [clouds.skypilot.accounts]
 
-    def __init__(self, settings: SkyPilotSettings, state_dir: Path, *, loop: Any = None) -> None:
+    def __init__(self, settings: SkyPilotSettings, state_dir: Path, *, loop: AsyncioLoop | None = None) -> None:
         if settings.infra.split("/")[0].lower() != "aws":
             raise SpecError("clouds.skypilot.infra", f"'{settings.infra}': only aws is supported (the EC2 fallback)")
         if "{minutes}" not in settings.deadline_command:

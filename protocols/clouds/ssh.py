@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import trio
-from loguru import logger
 
 from actor_run.protocols.failures import (
     Code,
@@ -34,8 +33,10 @@ from actor_run.protocols.failures import (
     Unreachable,
 )
 from actor_run.protocols.hosts import scripts
+from actor_run.protocols.hosts.aio import AsyncioLoop
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec
@@ -153,11 +154,11 @@ class SSHCloud:
     name = "ssh"
     account = ""
 
-    def __init__(self, settings: SSHSettings, state_dir: Path, *, loop: Any = None) -> None:
+    def __init__(self, settings: SSHSettings, state_dir: Path, *, loop: AsyncioLoop | None = None) -> None:
         self.settings = settings
         default = Path(state_dir) / "ssh" / "known_hosts"
         self.known_hosts = Path(settings.known_hosts).expanduser() if settings.known_hosts else default
-        self._loop = loop  # the trio-asyncio loop, for calls whose context does not carry it
+        self._loop = loop  # the asyncio loop for SSH, for calls whose context does not carry it
         self._control: dict[str, SSHHost] = {}  # per configured host: launch, delete, list
         self._machines: dict[str, SSHHost] = {}  # per machine: its workspace's connection
 

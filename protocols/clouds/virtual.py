@@ -36,6 +36,7 @@ from actor_run.protocols.files import write_all
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.verdict import OOM_KILLER_LINE
 
 
@@ -92,7 +93,7 @@ class MachineGuard:
             name = self._name
             at = self._rec.preempt_at
             now = time.time()
-            await trio.to_thread.run_sync(self._provider.preempt, name, now)
+            await to_thread(self._provider.preempt, name, now)
             self._gone = f"sim: {name} was preempted"
             self._gone_at = now if at is None else min(now, at)  # what the provider bills up to
             raise MachineGone(self._gone, at=self._gone_at)
@@ -255,7 +256,7 @@ class VirtualWorkspace:
         if digest in self._machine.published:
             return 0
         if digest not in self._sizes:
-            self._sizes[digest] = await trio.to_thread.run_sync(_size, path)
+            self._sizes[digest] = await to_thread(_size, path)
         self._machine.published.add(digest)
         self.bytes_sent += self._sizes[digest]
         return self._sizes[digest]

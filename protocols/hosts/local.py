@@ -13,10 +13,12 @@ import trio
 from actor_run.protocols.failures import Unreachable
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+from actor_run.protocols.offload import to_thread
+from actor_run.protocols.processes import Process, open_process, run_process
 
 
 class _ProcessStreams:
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: Process) -> None:
         assert proc.stdin is not None
         assert proc.stdout is not None
         self._proc = proc
@@ -65,7 +67,7 @@ class LocalHost:
 
     async def _open(self, mark: str) -> _ProcessStreams:
         # its own session: a Ctrl-C at the terminal must not take the shell the cleanup needs
-        proc = await trio.lowlevel.open_process(
+        proc = await open_process(
             ["sh", "-c", LOOP, "actor-run-sh", mark],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
         )
@@ -75,7 +77,7 @@ class LocalHost:
         return await self._channel.run(script, stdin=stdin, timeout=timeout)
 
     async def put(self, local: Path, remote: str) -> int:
-        return await trio.to_thread.run_sync(_copy, local, Path(remote))
+        return await to_thread(_copy, local, Path(remote))
 
     async def wait_exit(self, pid: int) -> None:
         """Return once process `pid` has ended (a pidfd turns readable; where Linux has none, never)."""
@@ -93,9 +95,8 @@ class LocalHost:
 
     async def get_tar(self, remote_dir: str, names: list[str], local_tar: Path) -> int:
         with open(local_tar, "wb") as f:  # noqa: ASYNC230 - tar writes it, not us
-            proc = await trio.run_process(
-                ["tar", "-cf", "-", "-C", remote_dir, *names], stdout=f, capture_stderr=True,
-                check=False, start_new_session=True,
+            proc = await run_process(
+                ["tar", "-cf", "-", "-C", remote_dir, *names], stdout=f, capture_stderr=True, start_new_session=True,
             )
         if proc.returncode != 0:
             raise Unreachable(f"tar of {names} in {remote_dir} failed: {proc.stderr.decode(errors='replace')[-300:]}")

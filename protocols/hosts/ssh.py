@@ -1,4 +1,4 @@
-"""The host of a machine reached over SSH: asyncssh, inside the reactor through trio-asyncio.
+"""The host of a machine reached over SSH: asyncssh, on the asyncio loop beside the reactor (hosts/aio.py).
 
 One connection per machine, opened on first use and replaced on the next call after it broke.
 Commands go through one long-lived remote `sh` on one session channel (the LOOP of
@@ -15,8 +15,10 @@ afterwards: a different key at the same address and port raises `Refused(GUARD)`
 silent accept. No agent forwarding, no port forwarding. The client key is the configured one,
 else whatever asyncssh finds (agent, ~/.ssh). No key material is ever logged; fingerprints are.
 
-Every method is a trio coroutine that must run inside `trio_asyncio.open_loop()` (or be given the
-loop: a call that arrives through `trio.from_thread.run` does not see the loop's context).
+Every method is a trio coroutine. asyncssh's objects live on one asyncio loop (the reactor's, or
+`open_asyncio_loop()`'s: the current one at the first call, or the one given) and are touched only
+there: each asyncssh call is sent to that loop and awaited (`AsyncioLoop.run`); a trio
+cancellation cancels it there. Outside any loop a call raises `ReactorError`.
 Failures: `Unreachable` (refused, reset, timed out, lost: the caller waits and retries; the next
 call reconnects), `Refused(GUARD)` (the host key changed), `Refused(LAUNCH_FAILED)` (our keys
 were not accepted).
@@ -34,18 +36,20 @@ import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 import asyncssh
 import trio
-import trio_asyncio
-from loguru import logger
 
-from actor_run.protocols.failures import Code, Refused, Unreachable
+from actor_run.protocols.failures import CallCancelled, Code, Refused, Unreachable
+from actor_run.protocols.hosts.aio import AsyncioLoop, current_asyncio_loop
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.content import tree_size
 from actor_run.protocols.hosts.host_keys import HostKeys, PinningClient
 from actor_run.protocols.hosts.shell import LOOP, BufferedReceive, ShellChannel
+from actor_run.protocols.logs import logger
+from actor_run.protocols.offload import to_thread
+from actor_run.protocols.processes import Process, open_process, run_process
 
 T = TypeVar("T")
 
@@ -123,7 +127,8 @@ class SSHHost:
 
     def __init__(
         self, name: str, address: str, *, known_hosts: Path, port: int = 22, user: str = "",
-        key: str | None = None, passphrase: str | None = None, connect_timeout_s: float = 10.0, loop: Any = None,
+        key: str | None = None, passphrase: str | None = None, connect_timeout_s: float = 10.0,
+        loop: AsyncioLoop | None = None,
         bulk_bytes: int = BULK_BYTES, ssh_client: str | None = SSH_CLIENT,
     ) -> None:
         self.name = name
@@ -146,20 +151,17 @@ class SSHHost:
 
     # --- the connection ---------------------------------------------------------------------------
 
-    def _aio(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    def _aio(self) -> AsyncioLoop:
         # the loop of the first call is kept: a connection lives on one loop, and a later call that
         # came through trio.from_thread.run does not see the loop in its context
-        if self._loop is None or self._loop.is_closed():
-            self._loop = trio_asyncio.current_loop.get()
-            if self._loop is None:
-                raise RuntimeError("SSHHost must run inside trio_asyncio.open_loop() (or be given the loop)")
-        wrapped: Callable[..., Awaitable[T]] = trio_asyncio.aio_as_trio(fn, loop=self._loop)
-        return wrapped
+        if self._loop is None or not self._loop.running:
+            self._loop = current_asyncio_loop()
+        return self._loop
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """An asyncssh coroutine from trio; a lost connection raises Unreachable and is dropped."""
         try:
-            return await self._aio(fn)(*args, **kwargs)
+            return await self._aio().run(fn, *args, **kwargs)
         except _LOST as exc:
             conn = self._conn
             if conn is not None and conn.is_closed():
@@ -192,8 +194,8 @@ class SSHHost:
             where = f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
             try:
                 with trio.fail_after(self.connect_timeout_s + 5):
-                    conn: asyncssh.SSHClientConnection = await self._aio(asyncssh.connect)(
-                        self.address, self.port, **options
+                    conn: asyncssh.SSHClientConnection = await self._aio().run(
+                        asyncssh.connect, self.address, self.port, **options
                     )
             except trio.TooSlowError as exc:
                 raise Unreachable(
@@ -213,7 +215,7 @@ class SSHHost:
                 raise Unreachable(f"{self.name}: cannot reach {where}: {type(exc).__name__}: {exc}") from exc
             if client.seen is not None:  # the first login: its key is the one held to from now on
                 if not self.keys.pin(self.address, self.port, client.seen):
-                    conn.abort()  # another connection pinned a different key meanwhile
+                    self._abort(conn)  # another connection pinned a different key meanwhile
                     raise Refused(Code.GUARD, f"host key of {self.address}:{self.port} changed while logging in "
                                               f"(not the key pinned in {self.keys.path}): refusing to connect")
                 logger.info("ssh: pinned the host key of {}:{} ({})", self.address, self.port,
@@ -227,7 +229,14 @@ class SSHHost:
         """Drop the connection (abort: a dead peer must not hold us up)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.abort()
+            self._abort(conn)
+
+    def _abort(self, conn: asyncssh.SSHClientConnection) -> None:
+        """`conn.abort()` on its loop's thread (asyncssh is not thread-safe); gone with a stopped loop."""
+        loop = self._loop
+        if loop is not None:
+            with suppress(CallCancelled):
+                loop.soon(conn.abort)
 
     @asynccontextmanager
     async def _opening(self, what: str) -> AsyncIterator[None]:
@@ -280,7 +289,7 @@ class SSHHost:
     async def put(self, local: Path, remote: str) -> int:
         """A file goes as its bytes, anything else as a tar stream (links kept as links). A big one
         goes through the OpenSSH client when there is one: C moves bytes faster than asyncssh."""
-        mode = (await trio.Path(local).lstat()).st_mode
+        mode = (await to_thread(os.lstat, local)).st_mode
         r, parent = shlex.quote(remote), shlex.quote(remote.rsplit("/", 1)[0] or "/")
         # umask: the root is private and so is everything under it; tar as root keeps modes, not owners
         script = (
@@ -293,10 +302,10 @@ class SSHHost:
         size: int
         if stat.S_ISREG(mode):
             script += f"cat > {r}" + (f" && chmod u+x {r}\n" if mode & stat.S_IXUSR else "\n")
-            size = (await trio.Path(local).stat()).st_size
+            size = (await to_thread(os.stat, local)).st_size
         elif stat.S_ISDIR(mode):
             script += f"mkdir {r} && {untar} {r}\n"
-            tar, size = ["-C", str(local), "."], await trio.to_thread.run_sync(tree_size, local)
+            tar, size = ["-C", str(local), "."], await to_thread(tree_size, local)
         elif local.name == remote.rsplit("/", 1)[-1]:
             script += f"{untar} {parent}\n"
             tar, size = ["-C", str(local.parent), local.name], 0
@@ -368,8 +377,8 @@ class SSHHost:
         with tempfile.TemporaryFile() as err:
             if tar is None:
                 with open(local, "rb") as source:  # noqa: ASYNC230 - ssh reads it, not us
-                    done = await trio.run_process(
-                        command, stdin=source, stdout=subprocess.DEVNULL, stderr=err, check=False,
+                    done = await run_process(
+                        command, stdin=source, stdout=subprocess.DEVNULL, stderr=err,
                     )
                 code = int(done.returncode)
             else:
@@ -390,10 +399,13 @@ class SSHHost:
         command = shlex.join(["tar", "-cf", "-", "-C", remote_dir, *names])
         received = 0
         async with self._process("download", command, stdin=asyncssh.DEVNULL, stderr=asyncssh.PIPE) as proc:
-            async with await trio.open_file(local_tar, "wb") as f:
+            f = await to_thread(_open_binary, local_tar, "wb")
+            try:
                 while chunk := await self._call(proc.stdout.read, RECEIVE):
-                    await f.write(chunk)
+                    await to_thread(f.write, chunk)
                     received += len(chunk)
+            finally:
+                f.close()
 
             async def finish() -> tuple[int | None, bytes]:
                 done = await proc.wait()  # reads what is left of stderr
@@ -409,15 +421,25 @@ class SSHHost:
         async with self._conn_lock:
             conn, self._conn = self._conn, None
             if conn is not None:
-                conn.close()
-                with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(*_LOST):
-                    await self._aio(conn.wait_closed)()  # a broken one says so here
+                async def close() -> None:
+                    conn.close()
+                    await conn.wait_closed()  # a broken one says so here
+
+                with trio.CancelScope(shield=True), trio.move_on_after(5), suppress(*_LOST, CallCancelled):
+                    await self._aio().run(close)
 
 
 async def _file_chunks(path: Path) -> AsyncGenerator[bytes, None]:
-    async with await trio.open_file(path, "rb") as f:
-        while chunk := await f.read(CHUNK):
+    f = await to_thread(_open_binary, path, "rb")
+    try:
+        while chunk := await to_thread(f.read, CHUNK):
             yield chunk
+    finally:
+        f.close()
+
+
+def _open_binary(path: Path, mode: str) -> BinaryIO:
+    return cast("BinaryIO", open(path, mode))  # closed by the caller, on its trio thread
 
 
 def _tail(err: bytes) -> str:
@@ -437,7 +459,7 @@ def _tar_env() -> dict[str, str]:
 async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
     """The bytes of a local `tar` as it makes them."""
     with tempfile.TemporaryFile() as err:
-        proc = await trio.lowlevel.open_process(
+        proc = await open_process(
             _tar_args(where), stdout=subprocess.PIPE, stderr=err, env=_tar_env(),
         )
         assert proc.stdout is not None
@@ -459,13 +481,13 @@ async def _tar_chunks(where: list[str]) -> AsyncGenerator[bytes, None]:
 async def _piped(commands: list[list[str]], err: Any) -> int:
     """Run `a | b` and return b's exit status; a failing `a` raises (b may have taken a short stream)."""
     read_end, write_end = os.pipe()
-    procs: list[trio.Process] = []
+    procs: list[Process] = []
     try:
         try:
-            procs.append(await trio.lowlevel.open_process(
+            procs.append(await open_process(
                 commands[0], stdout=write_end, stderr=err, env=_tar_env(),
             ))
-            procs.append(await trio.lowlevel.open_process(
+            procs.append(await open_process(
                 commands[1], stdin=read_end, stdout=subprocess.DEVNULL, stderr=err,
             ))
         finally:

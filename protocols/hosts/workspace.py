@@ -28,6 +28,7 @@ from actor_run.protocols.failures import Code, Refused, Unreachable
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.messages import InputRef
+from actor_run.protocols.offload import to_thread
 
 if TYPE_CHECKING:  # tarfile (and gzip, bz2, lzma) loads with the first fetch: a sweep or a check never fetches
     import tarfile
@@ -292,7 +293,7 @@ class ShellWorkspace:
         with tempfile.TemporaryDirectory(prefix="actor-run-fetch-") as tmp:
             tar_path = Path(tmp) / "fetch.tar"
             received = await self.host.get_tar(work, names, tar_path)
-            await trio.to_thread.run_sync(_extract, tar_path, local_dir, names)
+            await to_thread(_extract, tar_path, local_dir, names)
         return received
 
     async def remove(self, work: str) -> None:

@@ -20,10 +20,10 @@ import msgspec
 import pykka
 import sniffio
 import trio
-from loguru import logger
 
 from actor_run.actors.pool import blocking
 from actor_run.protocols.failures import NotAsyncioOrTrio, RunnerClosed, WaitTimeout
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import JobEnded, Message
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.tree.batch import CancelJob

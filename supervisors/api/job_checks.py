@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from loguru import logger
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import (
@@ -31,6 +30,7 @@ from actor_run.protocols.clouds import (
     known_regions,
 )
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.specs import (
     CandidateSpec,
     Job,

@@ -169,7 +169,8 @@ class Notifier:
 
     def _deliver(self, client: Any, hook: Webhook, kind: str, body: dict[str, Any]) -> None:
         import httpx
-        from loguru import logger  # here: reading the user's settings (config.py) must not load it
+
+        from actor_run.protocols.logs import logger
 
         payload = {"text": slack_text(body)} if hook.format == "slack" else body
         wait = BACKOFF_S

@@ -41,13 +41,14 @@ from typing import Any
 
 import msgspec
 import trio
-from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
 from actor_run.protocols.clouds import Cloud
 from actor_run.protocols.failures import ActorRunError, Code, RunnerClosed, SpecError, WaitTimeout
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, Event, JobEnded
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import Job, redacted, unredacted
 from actor_run.supervisors.api import gc_tuning
 from actor_run.supervisors.api.config import UserConfig, resolve_config
@@ -271,7 +272,7 @@ class Runner:
             while self._open:
                 await trio.sleep(CANCEL_POLL_S)
                 try:
-                    rows = await trio.to_thread.run_sync(read, last)
+                    rows = await to_thread(read, last)
                 except backend.errors as exc:  # busy or gone for a moment: the next poll reads again
                     logger.warning("reading cancel requests: {}", exc)
                     continue

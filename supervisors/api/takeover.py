@@ -12,11 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key
 from actor_run.protocols.failures import Code, SpecError
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel
 from actor_run.supervisors.api.config import build_cloud
 from actor_run.supervisors.api.handle import Board, JobHandle

@@ -9,6 +9,7 @@ import collections
 import contextlib
 import enum
 import importlib.util
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+from actor_run.protocols.logs import ROOT as LOGGER_ROOT
 from actor_run.protocols.messages import Event, JobEnded, Released
 from actor_run.protocols.redact import redact
 from actor_run.protocols.specs import job_key
@@ -122,12 +124,42 @@ def stderr_lines_off() -> None:
     log has them already, from `open_run_log`)."""
     if _stderr_sink and "loguru" in sys.modules:
         sys.modules["loguru"].logger.remove(_stderr_sink.pop())
+_STANDARD = frozenset((*logging.LogRecord("", 0, "", 0, "", (), None).__dict__, "message", "asctime", "taskName"))
+
+
+class _ToLoguru(logging.Handler):
+    """actor-run's records (stdlib `logging` under `actor_run`: protocols/logs.py) into loguru with
+    their fields bound, so the CLI's sinks (stderr, the live view's fold, controller.log) show them
+    as they always have. loguru is imported at the first record (then configured: `configure_logging`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from loguru import logger
+
+            extra = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+            bound = logger.bind(**extra)
+            if record.exc_info:
+                bound = bound.opt(exception=record.exc_info)
+            bound.log(record.levelname, record.getMessage())  # no arguments: loguru leaves the text as it is
+        except Exception:  # logging's own rule: a handler that fails reports it and lets the caller go on
+            self.handleError(record)
+
+
+def forward_to_loguru() -> None:
+    """Route the `actor_run` logger tree's records (INFO and up: controller.log's level) into loguru
+    (idempotent). The library itself only logs through stdlib `logging` and prints nothing."""
+    tree = logging.getLogger(LOGGER_ROOT)
+    if not any(isinstance(h, _ToLoguru) for h in tree.handlers):
+        tree.addHandler(_ToLoguru())
+    if tree.level == logging.NOTSET or tree.level > logging.INFO:
+        tree.setLevel(logging.INFO)
 
 
 def configure_logging() -> None:
-    """WARNING lines on stderr, one format, secrets redacted. loguru costs about 0.1 s of CPU to
-    import (it imports asyncio) and most commands log nothing: it is set up now if it is loaded,
-    else as it is first imported, by whichever module logs."""
+    """WARNING lines on stderr, one format, secrets redacted; actor-run's stdlib records forwarded
+    into loguru. loguru costs about 0.1 s of CPU to import (it imports asyncio) and most commands
+    log nothing: it is set up now if it is loaded, else as it is first imported (the first record)."""
+    forward_to_loguru()
     _stop_waiting()
     if "loguru" in sys.modules:
         _configure(sys.modules["loguru"])

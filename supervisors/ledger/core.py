@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loguru import logger
-
 from actor_run.actors.base import failure_text
+from actor_run.protocols.logs import logger
 from actor_run.supervisors.ledger.db import LedgerError, open_backend
 from actor_run.supervisors.ledger.queue import FileWrite, StaleClaim, Waiter, _ConnectionLost, _WriteQueue
 from actor_run.supervisors.ledger.txn import Op, _run, _run_all

@@ -93,7 +93,7 @@ def wait_for_server(url: str, wait_s: float) -> None:
         raise SpecError("--ledger", f"not a usable postgresql:// URL: {_first_line(exc, url)}") from exc
     if not all(p.isdigit() for p in port.split(",")):
         raise SpecError("--ledger", f"not a usable postgresql:// URL: port {port!r} is not a number")
-    from loguru import logger  # loguru imports asyncio: a command reading a SQLite ledger does without it
+    from actor_run.protocols.logs import logger
 
     deadline, delay = time.monotonic() + wait_s, 0.1
     while True:

@@ -9,11 +9,10 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from loguru import logger
-
 from actor_run.actors.base import failure_text
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
+from actor_run.protocols.logs import logger
 from actor_run.supervisors.ledger.db import Conn, LedgerError
 
 T = TypeVar("T")

@@ -42,6 +42,7 @@ from actor_run.protocols.failures import ActorRunError, DeleteUnconfirmed
 from actor_run.protocols.hosts.workspace import HostBeat
 from actor_run.protocols.messages import Machine
 from actor_run.protocols.names import PREFIX, parse_name
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.ledger.owners import owner_is_alive
 from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow
@@ -204,7 +205,7 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
     unlisted = frozenset(a.cloud for a in failed)
     # AFTER listing: who is alive now, and what the ledger holds (read once, off the reactor)
     t = time.time() if now is None else now
-    owners, rows = await trio.to_thread.run_sync(lambda: (
+    owners, rows = await to_thread(lambda: (
         read_owners(reader, now=t, also_alive=[keep_owner] if keep_owner else [], declared_dead=owners_dead),
         reader.machines()))
     actions, ask = decide_all(listed, rows, owners, now=t, grace_s=grace_s, lost_after_s=lost_after_s,
@@ -242,7 +243,7 @@ async def reclaimable(machines: list[Machine], ledger_path: str | Path, *, grace
         finally:
             reader.close()
 
-    owners, rows = await trio.to_thread.run_sync(read)
+    owners, rows = await to_thread(read)
     by_name, now = {r.name: r for r in rows}, time.time()
     out = []
     for m in machines:
@@ -270,17 +271,17 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
         except (DeleteUnconfirmed, ActorRunError, OSError, trio.TooSlowError) as exc:
             results[m.name] = msgspec.structs.replace(action, action="failed", detail=str(exc) or type(exc).__name__)
             if ledger is not None:
-                await trio.to_thread.run_sync(ledger.record_delete_failed, m.name, str(exc))
+                await to_thread(ledger.record_delete_failed, m.name, str(exc))
             return
         results[m.name] = msgspec.structs.replace(action, action="deleted")
         if ledger is not None:
-            await trio.to_thread.run_sync(ledger.record_gone, m.name, asked, f"swept: {action.reason}")
+            await to_thread(ledger.record_gone, m.name, asked, f"swept: {action.reason}")
             parsed = parse_name(m.name)
             if parsed is not None and m.created_at > 0:  # its reservation, if one is live, is charged now
                 end = min(asked, m.taken_at) if m.taken_at > 0 else asked  # a preempted one's bill stopped then
                 end = min(end, m.deadline) if m.deadline > 0 else end
                 seconds = max(0.0, end - m.created_at)
-                row = await trio.to_thread.run_sync(reader.machine, m.name)
+                row = await to_thread(reader.machine, m.name)
                 ledger.record_swept_charge(job=job_key(parsed.job, parsed.seed), attempt=parsed.attempt,
                                            usd=seconds * m.hourly_usd / 3600.0, seconds=seconds,
                                            run=row.run if row is not None else None)
@@ -295,7 +296,7 @@ async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger |
             out.append(results[a.machine])
         elif a.action == "close":
             if ledger is not None:
-                await trio.to_thread.run_sync(ledger.record_gone, a.machine, time.time(),
+                await to_thread(ledger.record_gone, a.machine, time.time(),
                                               "swept: not listed by the provider")
             out.append(msgspec.structs.replace(a, action="closed"))
         else:

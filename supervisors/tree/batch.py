@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pykka
-from loguru import logger
 
 from actor_run.actors import Context, Reattach
 from actor_run.actors.pool import PooledActor
 from actor_run.protocols.failures import Code
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, ChildFailed, JobEnded, Message, Offer
 from actor_run.protocols.specs import (
     Job,

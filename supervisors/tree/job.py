@@ -64,6 +64,7 @@ from actor_run.protocols.messages import (
     Retrying,
     WaitingForCapacity,
 )
+from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.team import Held
@@ -374,9 +375,7 @@ class JobSupervisor(Actor):
         ref, location = self.actor_ref, self.ledger.path
 
         async def ask() -> Held:
-            import trio
-
-            return await trio.to_thread.run_sync(functools.partial(team_hold, location, budget=name, row=row))
+            return await to_thread(functools.partial(team_hold, location, budget=name, row=row))
 
         ledger, key, attempt, budgets = self.ledger, self.job.key, self.attempt_no, (self.budget, self.seed_budget)
 

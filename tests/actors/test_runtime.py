@@ -1,4 +1,4 @@
-"""The reactor (actors/runtime.py): spawn, call, cancel, timers, trio-asyncio inside, stop, statistics."""
+"""The reactor (actors/runtime.py): spawn, call, cancel, timers, its asyncio loop beside it, stop, statistics."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import outcome
 import pytest
 import trio
 import trio.lowlevel
-import trio_asyncio
 
 from actor_run.actors import Reactor, ReactorStatistics
-from actor_run.protocols.failures import CallCancelled
+from actor_run.protocols.failures import CallCancelled, ReactorError
+from actor_run.protocols.hosts.aio import current_asyncio_loop
 
 
 class Done:
@@ -265,12 +265,12 @@ def test_call_from_the_reactor_thread_is_refused(reactor: Reactor) -> None:
     def nested(_: outcome.Outcome[int]) -> None:
         try:
             seen.put(reactor.call(one, timeout=1))
-        except RuntimeError as exc:
+        except ReactorError as exc:
             seen.put(exc)
 
     reactor.spawn(one, on_done=nested)
     got = seen.get(timeout=10)
-    assert isinstance(got, RuntimeError)
+    assert isinstance(got, ReactorError)
     assert "deadlock" in str(got)
 
 
@@ -280,7 +280,7 @@ def test_an_asyncio_coroutine_runs_inside_a_spawned_task(reactor: Reactor) -> No
         return x + 1, asyncio.get_running_loop() is not None
 
     async def from_trio() -> tuple[int, bool]:
-        answer: tuple[int, bool] = await trio_asyncio.aio_as_trio(in_asyncio)(41)
+        answer: tuple[int, bool] = await current_asyncio_loop().run(in_asyncio, 41)
         return answer
 
     done = Done(reactor)
@@ -295,11 +295,13 @@ def test_an_asyncio_coroutine_runs_through_call_with_the_loop_given(reactor: Rea
         answer: str = await fut
         return answer
 
+    loop = reactor.asyncio_loop
+    assert loop is not None
+
     async def from_trio() -> str:
-        answer: str = await trio_asyncio.aio_as_trio(in_asyncio, loop=reactor.asyncio_loop)()
+        answer: str = await loop.run(in_asyncio)
         return answer
 
-    assert reactor.asyncio_loop is not None
     assert reactor.call(from_trio, timeout=10) == "asyncio answered"
 
 
@@ -307,10 +309,32 @@ def test_stop_joins_the_thread() -> None:
     reactor = Reactor(name="reactor-under-stop").start()
     assert reactor.running
     assert any(t.name == "reactor-under-stop" for t in threading.enumerate())
+    assert any(t.name == "reactor-under-stop-asyncio" for t in threading.enumerate())
     reactor.stop()
     assert not reactor.running
-    assert not any(t.name == "reactor-under-stop" for t in threading.enumerate())
+    assert not any(t.name.startswith("reactor-under-stop") for t in threading.enumerate())
     reactor.stop()  # a second stop is harmless
+
+
+def test_the_asyncio_loop_stops_after_the_tasks_that_use_it() -> None:
+    """A task's shielded cleanup on the way out still reaches the asyncio loop (SSH channels close
+    there as the reactor stops)."""
+    reactor = Reactor(name="reactor-aio-order").start()
+    started = threading.Event()
+    cleaned: queue.Queue[object] = queue.Queue()
+
+    async def forever() -> None:
+        try:
+            started.set()
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                cleaned.put(await current_asyncio_loop().run(asyncio.sleep, 0, "cleaned"))
+
+    reactor.spawn(forever)
+    assert started.wait(10)
+    reactor.stop()
+    assert cleaned.get(timeout=1) == "cleaned"
 
 
 def test_stop_cancels_what_still_runs() -> None:

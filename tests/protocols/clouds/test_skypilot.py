@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-import trio_asyncio
 from fake_sky import FakeSky
 from moto_ec2 import MotoEc2
 from sshd import Sshd, free_port
@@ -27,6 +26,7 @@ from actor_run.protocols.failures import (
     Refused,
     SpecError,
 )
+from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX, encode_name
 from actor_run.protocols.specs import CandidateSpec, load_batch
@@ -51,7 +51,7 @@ def cloud(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> SkyPilotCloud
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with trio_asyncio.open_loop():
+        async with open_asyncio_loop():
             return await fn()
 
     try:

@@ -21,13 +21,13 @@ from typing import Any
 import psutil
 import pytest
 import trio
-import trio_asyncio
 from fake_sky import CATALOG, FakeSky, has_active_ssh_sessions
 from sshd import Sshd
 
 from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.skypilot import SkyPilotCloud, hold_command
 from actor_run.protocols.failures import LaunchAmbiguous
+from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import encode_name
@@ -105,7 +105,7 @@ def cloud(tmp_path: Path, sshd: Sshd, fake: FakeSky, **kw: Any) -> SkyPilotCloud
 
 def run(fn: Any) -> Any:
     async def main() -> Any:
-        async with trio_asyncio.open_loop():
+        async with open_asyncio_loop():
             return await fn()
 
     try:

@@ -19,11 +19,11 @@ from typing import TypeVar
 import psutil
 import pytest
 import trio
-import trio_asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from actor_run.protocols.hosts import scripts
+from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.ssh import SSHHost
@@ -50,7 +50,7 @@ END = "AR_END_OF_TEXT"
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with trio_asyncio.open_loop():
+        async with open_asyncio_loop():
             return await fn()
 
     return trio.run(main)

@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 import trio
-import trio_asyncio
 
 from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchRefused, Refused, SpecError, Unreachable
+from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.content import file_sha256, snapshot_code
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace, _extract
@@ -52,7 +52,7 @@ def no_child_left() -> Iterator[None]:
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with trio_asyncio.open_loop():
+        async with open_asyncio_loop():
             return await fn()
 
     return trio.run(main)

@@ -29,7 +29,7 @@ PROBE = ("import atexit, runpy, sys\n"
          "sys.argv = ['actor-run', *sys.argv[1:]]\n"
          "runpy.run_module('actor_run', run_name='__main__')\n")
 # what running a batch needs and reading about one does not
-NOT_FOR_READING = ("trio", "trio_asyncio", "pykka", "asyncssh", "httpx", "rich", "actor_run.actors",
+NOT_FOR_READING = ("trio", "pykka", "asyncssh", "httpx", "rich", "actor_run.actors",
                    "actor_run.supervisors.api.runner", "actor_run.supervisors.api.handle",
                    "actor_run.supervisors.tree.batch",
                    "actor_run.supervisors.ledger.writer", "actor_run.supervisors.views.live")
