@@ -12,7 +12,11 @@ Settings (`[clouds.lambda]`), every field optional (and those of clouds/rented.p
     shutdown_command = "sudo -n shutdown -h now"
 
 Offers come from `GET /api/v1/instance-types`: one per region in `regions_with_capacity_available`
-of each instance type our GPU name maps to, at `price_cents_per_hour`. With a `file_system`, only
+of each instance type our GPU name maps to, at `price_cents_per_hour` (the instance's). A shape with
+a count (`A100:8`) takes the types whose `specs.gpus` is that count and whose `gpu_description` is
+the one the catalog gives our GPU's one-GPU types: found in the catalog, never by guessing names.
+`image` (the candidate's, or the settings') is launched as `{"family": image}`; unset, Lambda's own
+default (Lambda Stack, whose driver Lambda keeps current for every GPU it sells). With a `file_system`, only
 its region (read once from `GET /api/v1/file-systems`; a launch elsewhere is refused
 `file-system-in-wrong-region`); a file system the account does not have is a `SpecError`, raised
 by `check()` before anything starts. An instance is ready when
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -57,6 +61,7 @@ class LambdaSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_field
     api_url: str = "https://cloud.lambda.ai"
     api_key_env: str = "LAMBDA_API_KEY"
     file_system: str = ""
+    image: str = ""  # an image family (GET /api/v1/images); default: Lambda's (Lambda Stack)
 
 
 # What a launch's refusal means: Lambda names each with `error.code` (branch on it, never on the
@@ -173,9 +178,18 @@ class LambdaCloud(RentedCloud):
         if resp.status_code != 200:
             raise self._refused("instance types", resp)
         wanted = vendor_ids(candidate.gpu, VENDOR)
+        count = gpu_count(candidate.gpu)
+        catalog = dict((body_json(resp) or {}).get("data") or {})
+        # the GPU our name means, as this catalog describes it on the one-GPU types the table names
+        described = {str(item["instance_type"].get("gpu_description")) for name, item in catalog.items()
+                     if name in wanted}
         out = []
-        for type_name, item in ((body_json(resp) or {}).get("data") or {}).items():
-            if wanted and type_name not in wanted:
+        for type_name, item in catalog.items():
+            gpus = int((item["instance_type"].get("specs") or {}).get("gpus") or 1)
+            if wanted and not (type_name in wanted if count == 1 else
+                               gpus == count and str(item["instance_type"].get("gpu_description")) in described):
+                continue
+            if gpus != count:
                 continue
             price = float(item["instance_type"]["price_cents_per_hour"]) / 100.0
             if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
@@ -185,9 +199,9 @@ class LambdaCloud(RentedCloud):
                     continue
                 if fs_region and region["name"] != fs_region:  # the file system mounts only there
                     continue
-                ours = candidate.gpu or our_name(type_name, VENDOR)
+                ours = shape(gpu_class(candidate.gpu) or our_name(type_name, VENDOR), count)
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=type_name, stock="available"))
+                                 kind=type_name, stock="available", image=candidate.image or self.settings.image))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 
@@ -223,6 +237,8 @@ class LambdaCloud(RentedCloud):
         }
         if self.settings.file_system:
             body["file_system_names"] = [self.settings.file_system]
+        if offer.image:
+            body["image"] = {"family": offer.image}
         try:
             resp = await self.api.call("POST", "/api/v1/instance-operations/launch", json=body)
         except NotSent as exc:  # it never left: nothing can have been made

@@ -189,6 +189,12 @@ MIGRATIONS: list[Migration] = [
     # the rows after the last it saw (cancels.py) and cancels the jobs it runs
     Migration(version=6, name="cancels: jobs asked to stop from another process",
               statements=("CREATE TABLE cancels (id INTEGER PRIMARY KEY, t REAL, run TEXT, job TEXT, detail TEXT)",)),
+    # cache volumes (a candidate's `cache`): recorded before the provider makes one, never deleted by
+    # a run, listed and deleted by `actor-run sweep --caches`, their storage in `actor-run cost`
+    Migration(version=7, name="caches: volumes that outlive an attempt",
+              statements=("""CREATE TABLE caches (
+  cloud TEXT NOT NULL, region TEXT NOT NULL, name TEXT NOT NULL, volume_id TEXT, size_gb INTEGER, state TEXT,
+  created REAL, deleted REAL, usd_per_gb_month REAL, owner TEXT, PRIMARY KEY (cloud, region, name))""",)),
 ]
 
 

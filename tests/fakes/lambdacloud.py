@@ -10,6 +10,8 @@ lag active by a few seconds"); meanwhile the port refuses (or drops, or stays si
 `launch_answers`: what the next launches answer first ("no_stock": insufficient-capacity; "fail": the
 instance is made and goes `unhealthy`, then terminated by Lambda). `file_systems[name] = region`
 (GET /file-systems; a launch with one in another region is refused as the document says).
+Instance types have 1 or 8 GPUs (`specs.gpus`); `smi_next` / `skew_next`: the next instances' nvidia-smi
+("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
 `stale(name)` puts an active instance named so on the account, as an earlier controller left it.
 """
 
@@ -27,15 +29,22 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "lambda-v1.json"
 
-TYPES = {  # name -> (description, gpu description, cents per hour)
-    "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249),
-    "gpu_1x_a100_sxm4_80gb": ("1x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 179),
-    "gpu_1x_a6000": ("1x A6000 (48 GB)", "RTX A6000 (48 GB)", 80),
+TYPES = {  # name -> (description, gpu description, cents per hour, GPUs)
+    "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249, 1),
+    "gpu_1x_a100_sxm4_80gb": ("1x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 179, 1),
+    "gpu_1x_a6000": ("1x A6000 (48 GB)", "RTX A6000 (48 GB)", 80, 1),
+    "gpu_1x_a100_sxm4": ("1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129, 1),
+    "gpu_8x_a100": ("8x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 1032, 8),
+    "gpu_8x_a100_80gb_sxm4": ("8x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 1432, 8),
+}
+SMI = {  # gpu description -> what nvidia-smi names it
+    "H100 (80 GB PCIe)": "NVIDIA H100 PCIe", "A100 (80 GB SXM4)": "NVIDIA A100-SXM4-80GB",
+    "RTX A6000 (48 GB)": "NVIDIA RTX A6000", "A100 (40 GB SXM4)": "NVIDIA A100-SXM4-40GB",
 }
 REGIONS = {"us-east-1": "Virginia, USA", "us-west-1": "California, USA"}
 NO_ACTION = {"available": False, "reason_code": "vm-has-not-launched", "reason_description": "not yet"}
@@ -73,7 +82,12 @@ class FakeLambda(OpenAPIFake):
         self.stock: dict[tuple[str, str], int] = {
             ("gpu_1x_a100_sxm4_80gb", "us-east-1"): 4, ("gpu_1x_a100_sxm4_80gb", "us-west-1"): 4,
             ("gpu_1x_h100_pcie", "us-west-1"): 2, ("gpu_1x_a6000", "us-east-1"): 8,
+            ("gpu_1x_a100_sxm4", "us-west-1"): 2, ("gpu_8x_a100", "us-west-1"): 1,
+            ("gpu_8x_a100_80gb_sxm4", "us-east-1"): 1,
         }
+        self.smi_next: list[str] = []
+        self.skew_next: list[float] = []
+        self.created: list[dict[str, Any]] = []
         self.create_500_made = 0
         self.create_500 = 0
         self.stuck = False
@@ -105,9 +119,9 @@ class FakeLambda(OpenAPIFake):
     # --- instances --------------------------------------------------------------------------------
 
     def _type(self, name: str) -> dict[str, Any]:
-        desc, gpu, cents = TYPES[name]
+        desc, gpu, cents, gpus = TYPES[name]
         return {"name": name, "description": desc, "gpu_description": gpu, "price_cents_per_hour": cents,
-                "specs": {"vcpus": 26, "memory_gib": 200, "storage_gib": 1000, "gpus": 1}}
+                "specs": {"vcpus": 26 * gpus, "memory_gib": 200 * gpus, "storage_gib": 1000 * gpus, "gpus": gpus}}
 
     def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in inst.items() if not k.startswith("_")}
@@ -141,7 +155,10 @@ class FakeLambda(OpenAPIFake):
         key = self.keys[body["ssh_key_names"][0]]["public_key"]
         address = f"127.0.0.{next(self._addresses)}"
         if not self.virtual:  # its sshd comes up after `active` (boot, in _advance)
-            self.boxes.plan(inst_id, key, address=address, port=self.port)
+            _, gpu, _, gpus = TYPES[body["instance_type_name"]]
+            tools = gpu_tools(SMI[gpu], gpus, fault=self.smi_next.pop(0) if self.smi_next else "",
+                              skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            self.boxes.plan(inst_id, key, address=address, port=self.port, tools=tools)
             user = self.boxes.user
         else:
             user = "ubuntu"
@@ -243,6 +260,7 @@ class FakeLambda(OpenAPIFake):
         @self.route("POST", "/api/v1/instance-operations/launch")
         def launch(req: Request) -> Response:
             body = req.get_json()
+            self.created.append(body)
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")
