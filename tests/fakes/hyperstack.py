@@ -7,7 +7,8 @@ Faults, as in fakes/runpod.py: `stock[(flavor, region)]`, `create_500_made`, `cr
 `error_builds` (the next n VMs go to ERROR); `vanish(id)`; `no_stock(gpu)`. `smi_next` / `skew_next`: the
 next VMs' nvidia-smi ("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
 Flavors have 1, 2 or 8 GPUs (`gpu_count`); images are listed per region (IMAGES), and a create whose
-`image_name` the region does not have is refused 404 as the document says.
+`image_name` the region does not have is refused 404 as the document says (one without `image_name`,
+which the document does not require, boots from a bootable volume and is made).
 `ssh_after_s` / `guest_before`: the guest's sshd opens that long after ACTIVE (the API reports a VM
 ready before its OS has booted); meanwhile its port refuses (or drops, or stays silent). Until an
 ingress rule for the port exists the port is filtered (hyperstack.md §8: inbound SSH is closed by
@@ -322,7 +323,7 @@ class FakeHyperstack(OpenAPIFake):
             self.created.append(body)
             if FLAVORS[body["flavor_name"]][1] != env["region"]:
                 return refusal(400, "Flavor is not available in the environment's region", "bad_request")
-            if body.get("image_name") not in IMAGES.get(env["region"], []):
+            if "image_name" in body and body["image_name"] not in IMAGES.get(env["region"], []):
                 return refusal(404, f"Image {body.get('image_name')} not found in {env['region']}", "not_found")
             if any(v["name"] == body["name"] for v in self.vms.values()):
                 return refusal(409, "A virtual machine with this name already exists", "already_exist")
