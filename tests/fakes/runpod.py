@@ -199,12 +199,14 @@ class FakeRunPod(OpenAPIFake):
             "_fail": False,
         }
         for mount in (body.get("mounts") or {}).get("network") or []:  # the volume, at its path
+            pod["mounts"] = {"network": [dict(mount)]}
+            if self.virtual:
+                continue  # no machine: nothing sees it
             link = Path(mount["path"])
             link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink():
                 link.unlink()
             link.symlink_to(self.volume_dir / mount["volumeId"])
-            pod["mounts"] = {"network": [dict(mount)]}
             pod["_links"] = [str(link)]
         self.pods[pod_id] = pod
         self.stock[(gpu_id, dc)] -= count

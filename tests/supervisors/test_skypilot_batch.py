@@ -17,9 +17,9 @@ import psutil
 import pytest
 from cli_inproc import CLI, run_cli
 from fake_sky import FakeSky, aws_env, power_off
+from fakes.machines import Box, gpu_tools
 from moto_ec2 import MotoEc2
 from moto_server import MotoServer
-from fakes.machines import Box, gpu_tools
 from sshd import Sshd
 
 from actor_run.protocols.names import parse_name

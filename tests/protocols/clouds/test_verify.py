@@ -1,11 +1,15 @@
 """protocols/clouds/verify.py and the GPU table's shapes and CUDA floor (protocols/clouds/gpus.py):
-what a machine's nvidia-smi and clock must say before a job runs there, and which image a GPU class
-can boot. Pure functions: no machine, no network."""
+what a machine's nvidia-smi and clock must say before a job runs there, which image a GPU class can
+boot, and which SSH hosts offer a shape and are checked. No machine, no network."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import trio
+
+from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.gpus import (
     CUDA_FLOOR,
     GPU_MEMORY_GB,
@@ -16,6 +20,9 @@ from actor_run.protocols.clouds.gpus import (
     smi_matches,
 )
 from actor_run.protocols.clouds.verify import MachineCheck, check_script, judge
+from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.specs import CandidateSpec
 
 T = 1_800_000_000.0
 
@@ -86,3 +93,24 @@ def test_check_gpu_false_asks_only_the_clock() -> None:
     want = MachineCheck(gpu="H100", check_gpu=False)
     assert "nvidia-smi" not in check_script(want)
     assert judge(want, f"actor-run-check clock {int(T)}\n", T, T) == ""
+
+
+def test_ssh_hosts_declare_their_gpus_slots_cannot_exceed_them_and_they_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"clouds\.ssh\.hosts\.box\.slots: 8 slots on a host with 4 GPUs"):
+        make_cloud("ssh", {"hosts": {"box": {"address": "127.0.0.1", "gpus": "A100:4", "slots": 8}}}, tmp_path)
+    with pytest.raises(SpecError, match=r"clouds\.ssh\.hosts\.box\.gpus"):
+        make_cloud("ssh", {"hosts": {"box": {"address": "127.0.0.1", "gpus": "A100:0"}}}, tmp_path)
+    cloud = make_cloud("ssh", {"hosts": {"box": {"address": "127.0.0.1", "gpus": "A100:4", "slots": 2},
+                                         "plain": {"address": "127.0.0.2"}}}, tmp_path)
+
+    def offered(gpu: str) -> list[tuple[str, str]]:
+        found = trio.run(cloud.offers, CandidateSpec(cloud="ssh", gpu=gpu), 0)
+        return [(o.host, o.gpu) for o in found]
+
+    assert offered("A100:4") == [("box", "A100:4"), ("plain", "A100:4")]  # a host that declares none: as before
+    assert offered("A100:8") == [("plain", "A100:8")]  # box has 4
+    assert offered("H100") == [("plain", "H100")]
+    assert offered("") == [("box", "A100:2"), ("plain", "")]  # a slot's share of the host's GPUs
+    box = cloud.machine_check(Offer(cloud="ssh", host="box", region="box", gpu="A100:2"))
+    assert (box.gpu, box.check_gpu, box.check_clock) == ("A100:2", True, True)
+    assert cloud.machine_check(Offer(cloud="ssh", host="plain", region="plain")) is None  # promises no GPU
