@@ -37,6 +37,7 @@ from actor_run.actors.lease import LeaseActor, wait_durable
 from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
+from actor_run.protocols.clouds.gpus import gpu_class, gpu_count
 from actor_run.protocols.failures import Code, MachineGone
 from actor_run.protocols.files import append_private
 from actor_run.protocols.hosts.workspace import Launch
@@ -160,7 +161,9 @@ class AttemptActor(Actor):
         if self.reattach is not None:
             self.lease.tell(Adopt(machine=self.reattach.machine))
         else:
-            self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline))
+            index = self.offer.candidate
+            cache = self.job.candidates[index].cache if 0 <= index < len(self.job.candidates) else None
+            self.lease.tell(Acquire(offer=self.offer, name=self.name, deadline=self.deadline, cache=cache))
 
     def _header(self) -> str:
         """The line that opens this attempt's part of log.txt: its run and number, place and start."""
@@ -309,7 +312,12 @@ class AttemptActor(Actor):
         ws = self.ctx.workspaces[self.machine.name]
         self.work = ws.work_dir(self.job.name, self.job.seed, self.attempt)
         env = {**self.job.env, "ACTOR_RUN_SEED": str(self.job.seed), "ACTOR_RUN_ATTEMPT": str(self.attempt),
-               "ACTOR_RUN_GPU": self.offer.gpu}
+               # the class and how many the machine has (`A100:8`: A100 and 8); CUDA_VISIBLE_DEVICES is
+               # the provider's, untouched
+               "ACTOR_RUN_GPU": gpu_class(self.offer.gpu),
+               "ACTOR_RUN_GPUS": str(gpu_count(self.offer.gpu)) if self.offer.gpu else "0"}
+        if self.machine.cache:  # the candidate's cache volume, attached (a cold start leaves it unset)
+            env["ACTOR_RUN_CACHE"] = self.machine.cache
         launch = Launch(
             work=self.work, command=self.job.command.replace("{seed}", str(self.job.seed)), code=up.code,
             inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s, resume=up.resume,

@@ -7,7 +7,9 @@ name to sweep; then launches on the reactor and connects a workspace. It answers
 
 On its way up it says where the machine is (`LeaseStage`): `booting` once the create goes out,
 `waiting for ssh` once the provider says ready and the cloud's connect (a wait with backoff, not
-one try) begins.
+one try) begins. A machine whose cloud asks for a check (`machine_check`: its GPUs and clock,
+clouds/verify.py) is checked right after the connect, before `Leased`: one that fails is
+`LeaseFailed(launch_failed)` naming what was wrong, and is deleted; nothing was uploaded to it.
 
 `Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
 stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do the same
@@ -33,7 +35,8 @@ from actor_run.actors.base import Actor, Context, Pending
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
-from actor_run.protocols.clouds import cloud_key
+from actor_run.protocols.clouds import cloud_key, verify_machine
+from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.failures import (
     ActorRunError,
     CallCancelled,
@@ -50,6 +53,8 @@ from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import (
     Acquire,
     Adopt,
+    CacheOpened,
+    CacheSpec,
     Leased,
     LeaseFailed,
     LeaseRequested,
@@ -77,6 +82,12 @@ class _Stage(Message, frozen=True, kw_only=True):
     """The launch task passed a point worth showing (told from the reactor)."""
 
     stage: str
+
+
+class _CacheNote(Message, frozen=True, kw_only=True):
+    """The cache was found or made (or the place starts cold): told from the launch task."""
+
+    event: CacheOpened
 
 
 class _GoneRecorded(Message, frozen=True, kw_only=True):
@@ -112,8 +123,10 @@ class LeaseActor(Actor):
 
     def handle(self, message: Any) -> Any:
         match message:
-            case Acquire(offer=offer, name=name, deadline=deadline):
-                self._acquire(offer, name, deadline)
+            case Acquire(offer=offer, name=name, deadline=deadline, cache=cache):
+                self._acquire(offer, name, deadline, cache)
+            case _CacheNote(event=event):
+                self._cache_note(event)
             case Adopt(machine=machine):
                 self._adopt(machine)
             case _Launched(result=result):
@@ -138,9 +151,26 @@ class LeaseActor(Actor):
 
     # --- acquire ---------------------------------------------------------------------------------
 
-    def _acquire(self, offer: Offer, name: str, deadline: float) -> None:
+    def _cache_note(self, event: CacheOpened) -> None:
+        """The cache's volume (its id, once the provider holds it) in the ledger, and the event."""
+        if event.volume:
+            self.ctx.ledger.record_cache(cloud=event.cloud, region=event.region, name=event.cache,
+                                         volume_id=event.volume, created_at=time.time())
+        self.ctx.emit(event)
+
+    def _acquire(self, offer: Offer, name: str, deadline: float, cache: CacheSpec | None = None) -> None:
         key = cloud_key(offer.cloud, offer.account)
         cloud = self.ctx.clouds[key]
+        head: dict[str, Any] = {"job": self.job, "seed": self.seed, "attempt": self.attempt}
+        opens = cache is not None and hasattr(cloud, "open_cache")
+        cache_row: Pending | None = None
+        if cache is not None and opens:  # its row before the provider is asked (it may make a volume)
+            cache_row = self.ctx.ledger.queue_cache(
+                cloud=key, region=offer.region, name=cache.volume_name, size_gb=cache.size_gb,
+                usd_per_gb_month=float(getattr(cloud, "cache_usd_per_gb_month", 0.0)))
+        elif cache is not None:
+            self.ctx.emit(CacheOpened(**head, cache=cache.volume_name, cloud=key, region=offer.region, cold=True,
+                                      detail=f"{offer.cloud} keeps no cache volumes: a cold start"))
         # queued, not waited for here: the launch below waits for it on the reactor before the create
         # goes out, so a thousand leases starting at once hold no thread while the ledger commits
         intent = self.ctx.ledger.queue_intent(name=name, cloud=key, job=self.job, seed=self.seed,
@@ -161,8 +191,16 @@ class LeaseActor(Actor):
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(_Stage(stage=what))
 
+        def note(event: CacheOpened) -> None:  # on the reactor
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_CacheNote(event=event))
+
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
             await wait_durable(intent, soon)
+            placed = offer
+            if cache is not None and cache_row is not None:
+                await wait_durable(cache_row, soon, "the cache's row")
+                placed = await _open_cache(cloud, offer, cache, key, head, note)
             stage("booting")
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
@@ -170,12 +208,14 @@ class LeaseActor(Actor):
             scope = trio.CancelScope(deadline=trio.current_time() + timeout)
             try:
                 with scope:
-                    machine = await cloud.launch(offer, name, deadline)
+                    machine = await cloud.launch(placed, name, deadline)
                     if machine.account != offer.account:  # the account it bills, whichever cloud made it
                         machine = msgspec.structs.replace(machine, account=offer.account)
                     scope.deadline = trio.current_time() + timeout
                     stage("waiting for ssh")
-                    return machine, await cloud.connect(machine), None
+                    workspace = await cloud.connect(machine)
+                    await _checked(cloud, offer, machine, workspace)
+                    return machine, workspace, None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
                 if machine is None:
                     raise LaunchAmbiguous(f"the create timed out: {exc}") from exc
@@ -487,6 +527,43 @@ async def wait_durable(pending: Pending, soon: Callable[[Callable[[], Any]], Non
             raise IntentNotRecorded(f"the ledger did not commit {what} within {INTENT_WAIT_S:.0f} s")
     if answers[0] is not None:
         raise IntentNotRecorded(f"the ledger could not record {what}: {answers[0]}")
+
+
+async def _open_cache(cloud: Any, offer: Offer, cache: CacheSpec, key: str, head: dict[str, Any],
+                      note: Callable[[CacheOpened], None]) -> Offer:
+    """Find or make the cache's volume in the offer's region (before the create: the machine is made
+    with it attached); the offer to launch, carrying it. A region that cannot host it is a cold start
+    (`note` says so), or with `cache.required` a clean refusal (`no_capacity`: the walk goes on, no
+    machine was made). Reactor thread."""
+    name = cache.volume_name
+    try:
+        volume = await cloud.open_cache(offer, cache)
+        why = "" if volume is not None else f"{offer.cloud} cannot keep a volume in {offer.region or 'this place'}"
+    except (NoAnswer, RateLimited) as exc:
+        volume, why = None, f"the provider did not answer for the volume: {exc}"
+    if volume is None:
+        if cache.required:
+            raise LaunchRefused(f"cache {name}: {why} (cache.required: this place is skipped)", code=Code.NO_CAPACITY)
+        note(CacheOpened(**head, cache=name, cloud=key, region=offer.region, cold=True, detail=f"{why}: a cold start"))
+        return offer
+    note(CacheOpened(**head, cache=name, cloud=key, region=offer.region, volume=volume.id, path=volume.path,
+                     created=volume.created))
+    return msgspec.structs.replace(offer, cache=volume.id, cache_path=volume.path)
+
+
+async def _checked(cloud: Any, offer: Offer, machine: Machine, workspace: Workspace) -> None:
+    """The machine's check before anything is uploaded (clouds/verify.py), where its cloud asks for
+    one; a machine that fails it is refused (`launch_failed`): its workspace is closed here, the
+    release deletes the machine. Reactor thread."""
+    want = cloud.machine_check(offer) if hasattr(cloud, "machine_check") else None
+    if want is None:
+        return
+    try:
+        await verify_machine(workspace, want, machine.name)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await workspace.aclose()
+        raise
 
 
 def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:

@@ -41,8 +41,44 @@ class AttemptHead(JobHead):
 # --- data carried by messages -------------------------------------------------------------------
 
 
+class CacheSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A persistent volume that outlives an attempt (a candidate's `cache = { name = "weights",
+    size_gb = 200, mount = "/cache" }`): found or made per region before
+    the launch (named `ar-cache-<name>`, recorded in the ledger before it is made), attached to the
+    machine at `mount`, its path in `$ACTOR_RUN_CACHE`. A place that cannot host it starts cold (said
+    in the events) unless `required`, which skips it. A run never deletes it: `actor-run sweep
+    --caches` does."""
+
+    name: str
+    size_gb: int = 100
+    mount: str = "/cache"
+    required: bool = False
+
+    @property
+    def volume_name(self) -> str:
+        """The provider's name for it (ours: `ar-cache-<name>`; not a machine name, so no machine sweep takes it)."""
+        return f"{CACHE_PREFIX}{self.name}"
+
+
+CACHE_PREFIX = "ar-cache-"
+
+
+class CacheVolume(msgspec.Struct, frozen=True, kw_only=True):
+    """A cache volume as its provider holds it, in our words."""
+
+    cloud: str
+    id: str
+    name: str
+    region: str = ""
+    size_gb: int = 0
+    path: str = ""  # where a machine sees it
+    created: bool = False  # made by this call (False: found)
+    created_at: float = 0.0
+
+
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
-    """A place with stock now, at its actual price; `candidate` is its index in the walk."""
+    """A place with stock now, at its actual price (the whole machine's, per hour); `candidate` is
+    its index in the walk. `gpu` is a shape: `A100` one GPU, `A100:8` a machine with eight."""
 
     cloud: str
     region: str = ""
@@ -53,6 +89,9 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
     kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
     stock: str = ""  # what the provider says of its stock: a count ("3"), its word ("high", "low"), or "" (silent)
+    image: str = ""  # what the machine boots (its CUDA meets the GPU class's floor); "" where the cloud takes none
+    cache: str = ""  # the cache volume's id at the provider, found before the launch ("" : none, a cold start)
+    cache_path: str = ""  # where the machine is to see it
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +111,7 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     taken_at: float = 0.0  # in a provider's listing: when it took the machine away (preempted); 0: it did not
     port: int = 0  # SSH port on `address` (0: the default, 22)
     user: str = ""  # SSH login (empty: the default of the cloud's host)
+    cache: str = ""  # where the candidate's cache volume is mounted on it ("" : none attached)
 
 
 class InputRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +168,21 @@ class LeaseStage(Event, frozen=True, kw_only=True):
 
     name: str
     stage: str
+
+
+class CacheOpened(Event, frozen=True, kw_only=True):
+    """The attempt's cache before its launch: the volume found or made (`created`) in the place's
+    region, to be attached at `path`; or `cold` (the region cannot host it: the job starts without,
+    `detail` says why)."""
+
+    cache: str  # the volume's name (ar-cache-<name>)
+    cloud: str = ""
+    region: str = ""
+    volume: str = ""  # the provider's id
+    path: str = ""
+    created: bool = False
+    cold: bool = False
+    detail: str = ""
 
 
 class Leased(Event, frozen=True, kw_only=True):
@@ -299,6 +354,7 @@ class Acquire(Message, frozen=True, kw_only=True):
     offer: Offer
     name: str
     deadline: float
+    cache: CacheSpec | None = None  # the candidate's cache: found or made before the create
 
 
 class Upload(Message, frozen=True, kw_only=True):
@@ -366,8 +422,8 @@ class ChildFailed(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (
-    AttemptStarted | LeaseRequested | LeaseStage | Leased | LeaseFailed | Uploaded | CheckpointSaved | TransferFailed
-    | JobStarted | Progress | Exited
+    AttemptStarted | LeaseRequested | LeaseStage | CacheOpened | Leased | LeaseFailed | Uploaded | CheckpointSaved
+    | TransferFailed | JobStarted | Progress | Exited
     | Stalled | Fetched | Metered | Released | AttemptEnded | Retrying | WaitingForCapacity | JobEnded | Reserved
     | Charged
 )

@@ -21,9 +21,12 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.messages import CacheSpec
 from actor_run.protocols.redact import REDACTED, add_secret
 
 NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
+GPU_SHAPE = re.compile(r"[^:\s][^:]*(:[1-9][0-9]{0,2})?")  # H100, H100:8 (clouds/gpus.py parse_shape reads it)
+CACHE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,29}")
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -93,11 +96,17 @@ ON_OOM = ("bigger", "fail")
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One place a job may run (`[[candidates]]`; public as `actor_run.Candidate`): a cloud and,
-    optionally, a GPU class, regions (or, for `ssh`, host names) and a price ceiling. A job walks
-    its candidates in order: when one has no capacity the next is tried."""
+    optionally, a GPU shape (`H100` is one H100, `H100:8` a machine with eight), regions (or, for
+    `ssh`, host names) and a price ceiling (the machine's, not one GPU's). A job walks its
+    candidates in order: when one has no capacity the next is tried. `image` is what the machine
+    boots (a cloud that takes one: RunPod and serverless container images, Hyperstack and Lambda
+    image names, SkyPilot image_id); unset, each cloud picks per region an image whose CUDA meets
+    the GPU class's floor (protocols/clouds/gpus.py `CUDA_FLOOR`)."""
 
     cloud: str = "local"
     gpu: str = ""
+    image: str = ""
+    cache: CacheSpec | None = None
     regions: list[str] = msgspec.field(default_factory=list)
     hosts: list[str] = msgspec.field(default_factory=list)
     max_hourly_usd: float | None = None
@@ -269,6 +278,8 @@ def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
         field = f"{at}.{unknown.group(1)}" if at else unknown.group(1)
+        if unknown.group(1) == "gpu_count":
+            return SpecError(field, 'unknown key (the count goes in gpu: gpu = "H100:8")')
         return SpecError(field, "unknown key")
     missing = re.match(r"Object missing required field `([^`]+)`", msg)
     if missing:
@@ -375,10 +386,18 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
             raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {known})")
         if c.max_hourly_usd is not None:
             _number(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd, 0, strict=False)
-        for field in ("gpu", "regions", "hosts", "accounts"):
+        for field in ("gpu", "regions", "hosts", "accounts", "image"):
             value = getattr(c, field)
             for text in [value] if isinstance(value, str) else value:
                 _no_nul(f"candidates[{i}].{field}", text)
+        _check(f"candidates[{i}].gpu", not c.gpu or bool(GPU_SHAPE.fullmatch(c.gpu)),
+               "<GPU> or <GPU>:<count> with a count of at least 1 (H100:8)", c.gpu)
+        if c.cache is not None:
+            _check(f"candidates[{i}].cache.name", bool(CACHE_NAME.fullmatch(c.cache.name)),
+                   "[a-z0-9-], 1 to 30 characters", c.cache.name)
+            _check(f"candidates[{i}].cache.size_gb", c.cache.size_gb >= 1, "int >= 1", c.cache.size_gb)
+            _check(f"candidates[{i}].cache.mount", c.cache.mount.startswith("/") and ".." not in c.cache.mount
+                   and bool(re.fullmatch(r"[A-Za-z0-9_./-]+", c.cache.mount)), "an absolute path", c.cache.mount)
 
 
 def nearest_names(value: str, known: Collection[str], n: int = 3) -> list[str]:
@@ -406,8 +425,9 @@ def check_candidate_names(candidates: list[CandidateSpec],
     finds no stock anywhere."""
     for i, c in enumerate(candidates):
         gpus = gpus_of(i, c)
-        if c.gpu and gpus is not None:
-            check_known_name(f"candidates[{i}].gpu", f"GPU for {c.cloud}", c.gpu, gpus, fold=True)
+        gpu = c.gpu.partition(":")[0]  # a shape's class; its count was checked with the candidate
+        if gpu and gpus is not None:
+            check_known_name(f"candidates[{i}].gpu", f"GPU for {c.cloud}", gpu, gpus, fold=True)
         regions = regions_of(i, c)
         if regions is not None:
             for j, region in enumerate(c.regions):

@@ -9,6 +9,8 @@ vendor's new GPU can be asked for before the table knows it).
 
 from __future__ import annotations
 
+import re
+
 # ours -> vendor -> the vendor's ids for one such GPU on a machine (single-GPU machines)
 GPUS: dict[str, dict[str, tuple[str, ...]]] = {
     "H100": {
@@ -74,11 +76,115 @@ GPU_MEMORY_GB: dict[str, float] = {
     "B200": 180,
 }
 
+# --- CUDA floor ---------------------------------------------------------------------------------
+# The oldest CUDA version that runs on each class: the first CUDA toolkit whose release notes add the
+# class's compute capability (its driver branch is the one that toolkit ships with). An image whose
+# CUDA is older cannot run a kernel built for the GPU; a place with no image at or above the floor is
+# skipped before any create. A100 (sm_80): CUDA 11.0; RTX A6000 (sm_86): CUDA 11.1; L40S and RTX 4090
+# (Ada, sm_89) and H100 (Hopper, sm_90): CUDA 11.8; H200 (sm_90, supported from the R550 data-center
+# driver): CUDA 12.4; B200 (Blackwell, sm_100): CUDA 12.8.
+# https://developer.nvidia.com/cuda-gpus (compute capability of each GPU)
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ (11.0: Ampere A100; 11.1: sm_86; 11.8: Ada and Hopper;
+#   12.8: Blackwell)
+# https://docs.nvidia.com/cuda/ampere-compatibility-guide/  https://docs.nvidia.com/cuda/hopper-compatibility-guide/
+# https://docs.nvidia.com/cuda/ada-compatibility-guide/  https://docs.nvidia.com/cuda/blackwell-compatibility-guide/
+# https://docs.nvidia.com/datacenter/tesla/tesla-release-notes-550-54-14/ (R550: H200 supported)
+CUDA_FLOOR: dict[str, tuple[int, int]] = {
+    "A100": (11, 0), "A100-80G": (11, 0), "A100-40G": (11, 0), "A6000": (11, 1), "L40S": (11, 8),
+    "RTX4090": (11, 8), "H100": (11, 8), "H200": (12, 4), "B200": (12, 8),
+}
+
+_CUDA_WORDS = re.compile(r"cuda[\s_-]*v?(\d{2}|\d)\.(\d+)", re.IGNORECASE)  # "CUDA 12.2", "cuda12.4", "cuda-12.8"
+_CUDA_TAG = re.compile(r"(?<![a-z0-9])cu(1\d)(\d)\d?(?![0-9])", re.IGNORECASE)  # "cu1281" (12.8.1), "cu124", "cu118"
+
+
+def cuda_floor(gpu: str) -> tuple[int, int] | None:
+    """The oldest CUDA (major, minor) the class of shape `gpu` runs on; None when the table does not
+    know the class (any image is taken)."""
+    ours = _FOLDED.get(gpu_class(gpu).lower())
+    return CUDA_FLOOR.get(ours) if ours is not None else None
+
+
+def image_cuda(image: str) -> tuple[int, int] | None:
+    """The CUDA (major, minor) an image's name says it carries ("Ubuntu Server 22.04 LTS R535 CUDA
+    12.2", "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"), or None when the name does not say."""
+    for pattern in (_CUDA_WORDS, _CUDA_TAG):
+        m = pattern.search(image)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def cuda_text(version: tuple[int, int] | None) -> str:
+    return "" if version is None else f"{version[0]}.{version[1]}"
+
+
+# What `nvidia-smi --query-gpu=name` prints for each class (a regular expression, searched without
+# regard to case), from the names NVIDIA's drivers give the boards: "NVIDIA H100 80GB HBM3", "NVIDIA
+# H100 PCIe", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA L40S", "NVIDIA GeForce RTX
+# 4090", "NVIDIA RTX A6000", "NVIDIA B200". Our plain "A100" is any A100 (40 GB is the least it may be).
+SMI_NAMES: dict[str, str] = {
+    "H100": r"\bH100\b", "H200": r"\bH200\b", "A100-80G": r"\bA100\b.*\b80\s?GB", "A100": r"\bA100\b",
+    "A100-40G": r"\bA100\b.*\b40\s?GB", "L40S": r"\bL40S\b", "RTX4090": r"\bRTX 4090\b", "A6000": r"\bRTX A6000\b",
+    "B200": r"\bB200\b",
+}
+
 _FOLDED = {name.lower(): name for name in GPUS}
 
 
+class ShapeError(ValueError):
+    """A GPU shape that is not `<class>` or `<class>:<count>` with a count of at least 1."""
+
+
+def parse_shape(gpu: str) -> tuple[str, int]:
+    """(class, count) of a GPU shape: `H100:8` is eight H100s on one machine, `H100` one, "" none
+    asked (any). Raises ShapeError on a count that is not a whole number of at least 1."""
+    name, sep, count = gpu.partition(":")
+    name = name.strip()
+    if not sep:
+        return name, 1
+    if not count.strip().isdigit() or int(count) < 1 or not name:
+        raise ShapeError(f"expected <GPU> or <GPU>:<count> (H100:8), got {gpu!r}")
+    return name, int(count)
+
+
+def shape(gpu: str, count: int) -> str:
+    """The shape for `count` GPUs of class `gpu`: `gpu` itself for one, `gpu:count` for more."""
+    return gpu if count == 1 or not gpu else f"{gpu}:{count}"
+
+
+def gpu_class(gpu: str) -> str:
+    """The class of a shape (`H100` of `H100:8`); a malformed count is left to the spec's check."""
+    return gpu.partition(":")[0].strip()
+
+
+def gpu_count(gpu: str) -> int:
+    """How many GPUs a shape asks for (1 when it names no count, or an unreadable one)."""
+    try:
+        return parse_shape(gpu)[1]
+    except ShapeError:
+        return 1
+
+
+def same_shape(a: str, b: str) -> bool:
+    """Whether two shapes name the same class (without regard to case) and count."""
+    return gpu_class(a).lower() == gpu_class(b).lower() and gpu_count(a) == gpu_count(b)
+
+
+def smi_matches(smi_name: str, gpu: str) -> bool:
+    """Whether a GPU `nvidia-smi` names `smi_name` is of our class `gpu` (a shape's class). A class the
+    table does not know matches a name that contains it (a vendor's own id), or any name for ""."""
+    ours = _FOLDED.get(gpu_class(gpu).lower())
+    if ours is None:
+        want = gpu_class(gpu).lower()
+        return not want or want in smi_name.lower()
+    return re.search(SMI_NAMES.get(ours, re.escape(ours)), smi_name, re.IGNORECASE) is not None
+
+
 def vendor_ids(gpu: str, vendor: str) -> tuple[str, ...]:
-    """The vendor's ids for our GPU `gpu` (preferred first); an unknown name is taken as the vendor's own id."""
+    """The vendor's ids for our GPU `gpu` (preferred first; a shape's class: `H100:8` gives H100's);
+    an unknown name is taken as the vendor's own id."""
+    gpu = gpu_class(gpu)
     ours = _FOLDED.get(gpu.lower())
     if ours is None:
         return (gpu,) if gpu else ()
@@ -93,7 +199,7 @@ def our_name(vendor_id: str, vendor: str) -> str:
     return vendor_id
 
 
-def gpu_names(vendor: str = "") -> frozenset[str]:
+def gpu_names(vendor: str = "") -> frozenset[str]:  # the classes: a shape's count is checked apart
     """The GPU names a candidate may say for `vendor`: ours, and the vendor's own ids."""
     return frozenset(GPUS) | {i for ids in GPUS.values() for i in ids.get(vendor, ())}
 
@@ -110,4 +216,8 @@ def gpu_memory_gb(gpu: str) -> float | None:
     return GPU_MEMORY_GB[ours] * n
 
 
-__all__ = ["GPUS", "GPU_MEMORY_GB", "gpu_memory_gb", "gpu_names", "our_name", "vendor_ids"]
+__all__ = [
+    "CUDA_FLOOR", "GPUS", "GPU_MEMORY_GB", "SMI_NAMES", "ShapeError", "cuda_floor", "cuda_text", "gpu_class",
+    "gpu_count", "gpu_memory_gb", "gpu_names", "image_cuda", "our_name", "parse_shape", "same_shape", "shape",
+    "smi_matches", "vendor_ids",
+]

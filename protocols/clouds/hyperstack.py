@@ -7,16 +7,21 @@ Settings (`[clouds.hyperstack]`), every field optional (and those of clouds/rent
     ssh_key = "~/.ssh/id_ed25519"        # imported once per environment as keypair actor-run-<hash>
     root = "~/.actor-run"
     environment = "actor-run-{region}"   # the environment per region ({region} filled in), made if missing
-    image = "Ubuntu Server 22.04 LTS R535 CUDA 12.2"
+    image = ""                           # default: per region, the image whose CUDA is newest, at or above
+                                         # the GPU class's floor (a candidate's `image` wins)
     user = "ubuntu"
     shutdown_command = "sudo -n shutdown -h now"
 
-Offers: `GET /core/flavors` (single-GPU flavors of our GPU with `stock_available`), `GET
-/core/stocks` (a model whose `available` bucket is "0" in a region is out there) and `GET
-/pricebook` (per GPU-hour, plus the public IP). A VM is ready when its status is ACTIVE and it has
-a `floating_ip`; SSH is opened by a port-22 rule added right after the create. Names are at most
-50 characters: a longer one of ours is cut and the whole name rides in the label `ar-name=<name>`.
-Every answer's `status` is checked, even on HTTP 200 (hyperstack.md §1). The deadline on the
+Offers: `GET /core/flavors` (the flavors of our GPU whose `gpu_count` is the shape's count, `H100:8`
+eight, with `stock_available`), `GET /core/stocks` (a model whose `available` bucket is "0" in a
+region is out there) and `GET /pricebook` (per GPU-hour, times the count, plus the public IP).
+Images: `GET /core/images?region=<region>` once per region; an image's CUDA is read from its name
+("... R535 CUDA 12.2"); a region with no image at or above the GPU class's CUDA floor
+(clouds/gpus.py `CUDA_FLOOR`), or without the image named, has no offer: skipped before any create.
+A VM is ready when its status is ACTIVE and it has a `floating_ip`; SSH is opened by a port-22 rule
+added right after the create. Names are at most 50 characters: a longer one of ours is cut and the
+whole name rides in the label `ar-name=<name>`. Every answer's `status` is checked, even on HTTP 200
+(hyperstack.md §1). The deadline on the
 machine is an OS shutdown (a SHUTOFF VM still bills: the sweep is the real backstop).
 """
 
@@ -30,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.gpus import cuda_floor, gpu_class, gpu_count, image_cuda, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -58,7 +63,7 @@ class HyperstackSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_f
     api_url: str = "https://infrahub-api.nexgencloud.com/v1"
     api_key_env: str = "HYPERSTACK_API_KEY"
     environment: str = "actor-run-{region}"
-    image: str = "Ubuntu Server 22.04 LTS R535 CUDA 12.2"
+    image: str = ""
 
 
 # What a create's answer means (status, words in its message, code, the contract line). Hyperstack
@@ -122,6 +127,7 @@ class HyperstackCloud(RentedCloud):
         self._ready_envs: set[str] = set()
         self._env_lock = trio.Lock()
         self._prices: dict[str, float] = {}
+        self._images: dict[str, list[str]] = {}  # region -> its image names, read once
 
     @functools.cached_property
     def _public_key(self) -> str:  # read when first needed: the read-only calls need no local key
@@ -145,6 +151,26 @@ class HyperstackCloud(RentedCloud):
 
     # --- offers -----------------------------------------------------------------------------------
 
+    async def _region_images(self, region: str) -> list[str]:
+        """The image names a region offers (`GET /core/images?region=`), read once per region."""
+        if region not in self._images:
+            body = await self._get(f"images of {region}", "/core/images", {"region": region})
+            self._images[region] = [str(i.get("name")) for group in body.get("images") or []
+                                    for i in group.get("images") or [] if i.get("name")]
+        return self._images[region]
+
+    async def image_for(self, gpu: str, region: str, named: str) -> str:
+        """The image a machine of `gpu` boots in `region`: `named` if the region has it (and its CUDA,
+        when its name says, meets the floor), else the region's image with the newest CUDA at or
+        above the floor; "" when there is none (the region is skipped)."""
+        floor = cuda_floor(gpu) or (0, 0)
+        images = await self._region_images(region)
+        if named:
+            ok = named in images and (image_cuda(named) or floor) >= floor
+            return named if ok else ""
+        fit = [(v, n) for n in images if (v := image_cuda(n)) is not None and v >= floor]
+        return max(fit)[1] if fit else ""
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         flavors = await self._get("flavors", "/core/flavors")
         stocks = await self._get("stocks", "/core/stocks")
@@ -154,20 +180,25 @@ class HyperstackCloud(RentedCloud):
                 for m in s.get("models") or []}
         empty = {place for place, n in left.items() if n == "0"}
         wanted = vendor_ids(candidate.gpu, VENDOR)
+        count = gpu_count(candidate.gpu)
         out = []
         for group in flavors.get("data") or []:
             for f in group.get("flavors") or []:
                 gpu, region = str(f.get("gpu") or ""), str(f.get("region_name") or group.get("region_name") or "")
-                if not f.get("stock_available") or int(f.get("gpu_count") or 0) != 1 or (region, gpu) in empty:
+                if not f.get("stock_available") or int(f.get("gpu_count") or 0) != count or (region, gpu) in empty:
                     continue
                 if (wanted and gpu not in wanted) or (candidate.regions and region not in candidate.regions):
                     continue
-                price = prices.get(gpu, 0.0) + prices.get("PublicIP", 0.0)
+                price = prices.get(gpu, 0.0) * count + prices.get("PublicIP", 0.0)  # the machine's
                 if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
                     continue
-                out.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu or our_name(gpu, VENDOR),
+                ours = gpu_class(candidate.gpu) or our_name(gpu, VENDOR)
+                image = await self.image_for(ours, region, candidate.image or self.settings.image)
+                if not image:
+                    continue  # no image this GPU can run here: skipped before any create
+                out.append(Offer(cloud=self.name, region=region, gpu=shape(ours, count),
                                  hourly_usd=round(price, 4), candidate=index, kind=str(f["name"]),
-                                 stock=left.get((region, gpu), "")))
+                                 stock=left.get((region, gpu), ""), image=image))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 
@@ -205,7 +236,8 @@ class HyperstackCloud(RentedCloud):
             raise LaunchRefused(f"hyperstack: {exc}", code=Code.LAUNCH_FAILED) from exc
         body = {
             "name": vendor_name(name, NAME_LIMIT), "environment_name": env, "flavor_name": offer.kind,
-            "image_name": self.settings.image, "key_name": self._key_name, "count": 1,
+            "image_name": offer.image or await self.image_for(offer.gpu, offer.region, self.settings.image),
+            "key_name": self._key_name, "count": 1,
             "assign_floating_ip": True, "enable_port_randomization": False, "labels": [NAME_LABEL + name],
         }
         try:

@@ -12,7 +12,17 @@ Settings (`[clouds.lambda]`), every field optional (and those of clouds/rented.p
     shutdown_command = "sudo -n shutdown -h now"
 
 Offers come from `GET /api/v1/instance-types`: one per region in `regions_with_capacity_available`
-of each instance type our GPU name maps to, at `price_cents_per_hour`. With a `file_system`, only
+of each instance type our GPU name maps to, at `price_cents_per_hour` (the instance's). A shape with
+a count (`A100:8`) takes the types whose `specs.gpus` is that count and whose `gpu_description` is
+the one the catalog gives our GPU's one-GPU types: found in the catalog, never by guessing names.
+`image` (the candidate's, or the settings') is launched as `{"family": image}`; unset, Lambda's own
+default (Lambda Stack, whose driver Lambda keeps current for every GPU it sells).
+
+A candidate's `cache` is a file system per region, named `ar-cache-<name>-<region>` (`GET
+/file-systems`, made with `POST /filesystems` when missing, never deleted by a run), attached at
+launch (`file_system_names`) and mounted at the cache's `mount` when Lambda allows that path
+(under /home, /lambda/nfs or /data: `file_system_mounts`), else at its own mount point
+(`/lambda/nfs/<name>`). A region that refuses one starts cold. With a `file_system`, only
 its region (read once from `GET /api/v1/file-systems`; a launch elsewhere is refused
 `file-system-in-wrong-region`); a file system the account does not have is a `SpecError`, raised
 by `check()` before anything starts. An instance is ready when
@@ -26,12 +36,14 @@ sweep deletes it; the README says so).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import trio
 
-from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -42,7 +54,7 @@ from actor_run.protocols.clouds.rented import (
     vendor_name,
 )
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused, SpecError
-from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.messages import CACHE_PREFIX, CacheSpec, CacheVolume, Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
 
 if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.py): none made, none loaded
@@ -51,12 +63,17 @@ if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.
 VENDOR = "lambda"
 NAME_LIMIT = 64  # lambda-v1.json InstanceLaunchRequest.name maxLength
 NAME_TAG = "actor-run-name"
+LAMBDA_MOUNT = re.compile(r"(/home|/lambda/nfs|/data)[/a-zA-Z0-9-]*")  # lambda-v1.json RequestedFilesystemMountEntry
 
 
 class LambdaSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     api_url: str = "https://cloud.lambda.ai"
     api_key_env: str = "LAMBDA_API_KEY"
     file_system: str = ""
+    image: str = ""  # an image family (GET /api/v1/images); default: Lambda's (Lambda Stack)
+    # file systems (a candidate's `cache`): $0.20 per GB-month (Lambda's pricing page, persistent
+    # storage); what `actor-run cost` shows for them
+    cache_usd_per_gb_month: float = 0.20
 
 
 # What a launch's refusal means: Lambda names each with `error.code` (branch on it, never on the
@@ -137,6 +154,7 @@ class LambdaCloud(RentedCloud):
         self._key_name = ""
         self._key_lock = trio.Lock()
         self._fs_region: str | None = None  # the file system's region, once read
+        self._fs_names: dict[str, str] = {}  # a cache file system's id -> its name (a launch names it)
         self._fs_lock = trio.Lock()
 
     def _refused(self, what: str, resp: httpx.Response) -> Exception:
@@ -173,9 +191,18 @@ class LambdaCloud(RentedCloud):
         if resp.status_code != 200:
             raise self._refused("instance types", resp)
         wanted = vendor_ids(candidate.gpu, VENDOR)
+        count = gpu_count(candidate.gpu)
+        catalog = dict((body_json(resp) or {}).get("data") or {})
+        # the GPU our name means, as this catalog describes it on the one-GPU types the table names
+        described = {str(item["instance_type"].get("gpu_description")) for name, item in catalog.items()
+                     if name in wanted}
         out = []
-        for type_name, item in ((body_json(resp) or {}).get("data") or {}).items():
-            if wanted and type_name not in wanted:
+        for type_name, item in catalog.items():
+            gpus = int((item["instance_type"].get("specs") or {}).get("gpus") or 1)
+            if wanted and not (type_name in wanted if count == 1 else
+                               gpus == count and str(item["instance_type"].get("gpu_description")) in described):
+                continue
+            if gpus != count:
                 continue
             price = float(item["instance_type"]["price_cents_per_hour"]) / 100.0
             if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
@@ -185,9 +212,9 @@ class LambdaCloud(RentedCloud):
                     continue
                 if fs_region and region["name"] != fs_region:  # the file system mounts only there
                     continue
-                ours = candidate.gpu or our_name(type_name, VENDOR)
+                ours = shape(gpu_class(candidate.gpu) or our_name(type_name, VENDOR), count)
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=type_name, stock="available"))
+                                 kind=type_name, stock="available", image=candidate.image or self.settings.image))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 
@@ -223,6 +250,12 @@ class LambdaCloud(RentedCloud):
         }
         if self.settings.file_system:
             body["file_system_names"] = [self.settings.file_system]
+        if offer.cache in self._fs_names:  # the cache's file system (lambda.md: at most one, in the launch's region)
+            body["file_system_names"] = [self._fs_names[offer.cache]]
+            if LAMBDA_MOUNT.fullmatch(offer.cache_path):
+                body["file_system_mounts"] = [{"mount_point": offer.cache_path, "file_system_id": offer.cache}]
+        if offer.image:
+            body["image"] = {"family": offer.image}
         try:
             resp = await self.api.call("POST", "/api/v1/instance-operations/launch", json=body)
         except NotSent as exc:  # it never left: nothing can have been made
@@ -238,6 +271,50 @@ class LambdaCloud(RentedCloud):
         if code is None:
             raise LaunchAmbiguous(f"lambda: the launch of {name}: {short(resp)}")
         raise LaunchRefused(f"lambda: the launch of {name} was refused: {short(resp)}", code=code)
+
+    # --- cache file systems ------------------------------------------------------------------------
+
+    @property
+    def cache_usd_per_gb_month(self) -> float:
+        return self.settings.cache_usd_per_gb_month
+
+    def _fs_volume(self, f: dict[str, Any], cache_name: str, path: str = "", created: bool = False) -> CacheVolume:
+        self._fs_names[str(f.get("id", ""))] = str(f.get("name", ""))
+        return CacheVolume(cloud=self.name, id=str(f.get("id", "")), name=cache_name,
+                           region=str((f.get("region") or {}).get("name", "")),
+                           path=path or str(f.get("mount_point", "")), created=created)
+
+    async def list_caches(self) -> list[CacheVolume]:
+        """Every file system of ours (ar-cache-<name>-<region>), as the cache it holds (`name`: ar-cache-<name>)."""
+        resp = await self.api.call("GET", "/api/v1/file-systems")
+        if resp.status_code != 200:
+            raise self._refused("file systems", resp)
+        out = []
+        for f in (body_json(resp) or {}).get("data") or []:
+            name, region = str(f.get("name", "")), str((f.get("region") or {}).get("name", ""))
+            if name.startswith(CACHE_PREFIX) and name.endswith(f"-{region}"):
+                out.append(self._fs_volume(f, name.removesuffix(f"-{region}")))
+        return out
+
+    async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
+        """The cache's file system in the offer's region: found, or made; None when the region refuses
+        one (a cold start there)."""
+        path = cache.mount if LAMBDA_MOUNT.fullmatch(cache.mount) else ""
+        for v in await self.list_caches():
+            if v.name == cache.volume_name and v.region == offer.region:
+                return msgspec.structs.replace(v, path=path or v.path)
+        fs_name = f"{cache.volume_name}-{offer.region}"
+        resp = await self.api.call("POST", "/api/v1/filesystems", json={"name": fs_name, "region": offer.region})
+        if resp.status_code == 200:
+            return self._fs_volume((body_json(resp) or {}).get("data") or {}, cache.volume_name, path, created=True)
+        if resp.status_code in (400, 404):
+            return None  # this region keeps no file system for us: nothing was made
+        raise self._refused(f"creating file system {fs_name}", resp)
+
+    async def delete_cache(self, volume_id: str) -> None:
+        resp = await self.api.call("DELETE", f"/api/v1/filesystems/{volume_id}")
+        if resp.status_code not in (200, 404):
+            raise self._refused(f"deleting file system {volume_id}", resp)
 
     def _seen(self, inst: dict[str, Any]) -> Seen:
         return seen_instance(inst, self.settings.user, self.settings.ssh_port)

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
@@ -30,6 +31,7 @@ from actor_run.protocols.specs import CandidateSpec
 class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     state_dir: str = ""  # default: <actor-run state>/local
     max_machines: int = 64
+    check_gpu: bool = False  # this computer promises no GPU; true: check it before each job (nvidia-smi)
 
 
 # a pid file is written just after its process was made; a process made later than this after the
@@ -126,6 +128,10 @@ class LocalCloud:
     def __init__(self, settings: LocalSettings, state_dir: Path) -> None:
         self.settings = settings
         self.dir = (Path(settings.state_dir).expanduser() if settings.state_dir else state_dir / "local").resolve()
+
+    def machine_check(self, offer: Offer) -> MachineCheck | None:
+        """This computer's GPUs are checked only when `check_gpu = true` (its clock is ours)."""
+        return MachineCheck(gpu=offer.gpu, check_clock=False) if self.settings.check_gpu else None
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         return [Offer(cloud=self.name, region="this-computer", gpu=candidate.gpu, hourly_usd=0.0, candidate=index)]

@@ -22,6 +22,8 @@ Rules kept here for all of them:
   lists, and lists again for `listing_lag_s`, before it concludes nothing was made.
 - A host call that cannot reach the machine asks the provider: a machine that is gone raises
   `MachineGone` (`preempted`), not `Unreachable`.
+- Before the job, the lease checks the machine (`machine_check`: nvidia-smi lists the offer's GPUs,
+  the clock within 60 s; clouds/verify.py); `check_gpu = false` keeps only the clock check.
 - Each machine's host key is pinned at its first successful login, in a known-hosts file of its
   own (a new machine may well reuse an address and port of an old one).
 """
@@ -41,6 +43,7 @@ import trio
 
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
+from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -80,6 +83,9 @@ class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     listing_lag_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0  # how long a new machine may be missing from reads
     delete_wait_s: Positive = 120.0  # delete to gone, before DeleteUnconfirmed (the lease retries)
     connect_timeout_s: Positive = 20.0  # one SSH try (the readiness wait is launch_timeout_s)
+    # before the job: nvidia-smi must list the GPUs asked (false: an image without nvidia-smi; the
+    # clock is checked all the same). clouds/verify.py
+    check_gpu: bool = True
 
 
 class VMSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -225,6 +231,11 @@ class RentedCloud:
         `offers`, a sweep) need no local key; `check_launchable` reads it before anything starts."""
         return public_key(self.name, self.settings.ssh_key)
 
+    def machine_check(self, offer: Offer) -> MachineCheck:
+        """What the lease checks on a new machine before the job: its GPUs (the offer's shape, unless
+        `check_gpu = false`) and its clock."""
+        return MachineCheck(gpu=offer.gpu, check_gpu=self.settings.check_gpu and bool(offer.gpu))
+
     def check_launchable(self) -> None:
         """Raise SpecError (naming `ssh_key`) when this cloud could not launch a machine we can reach."""
         _ = self._public_key
@@ -290,7 +301,7 @@ class RentedCloud:
             cloud=self.name, id=machine_id, name=name, region=seen.region or offer.region,
             gpu=offer.gpu or seen.gpu, hourly_usd=seen.hourly_usd or offer.hourly_usd, deadline=deadline,
             created_at=seen.created_at or time.time(), address=seen.address, port=seen.port, user=seen.user,
-            root=s.root, account=self.account,
+            root=s.root, account=self.account, cache=offer.cache_path if offer.cache else "",
         )
 
     def _known_hosts(self, name: str) -> Path:

@@ -6,12 +6,23 @@ Settings (`[clouds.runpod]`), every field optional (and those of clouds/rented.p
     api_key_env = "RUNPOD_API_KEY"     # the variable that holds the key (never the key itself)
     ssh_key = "~/.ssh/id_ed25519"      # its public half goes to the pod as env PUBLIC_KEY
     root = "~/.actor-run"
-    image = "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"
+    image = "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"   # a candidate's `image` wins
     cloud = "SECURE"                   # or COMMUNITY
     disk_gb = 50
 
-Offers come from `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=<cloud>`: one per
-data center whose availability is not NONE, at the GPU type's price for that cloud. A pod is
+Offers come from `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=<cloud>&count=<n>
+&minCudaVersion=<v>`: one per data center whose availability is not NONE, at the GPU type's price
+for that cloud times the shape's count (`gpu = "H100:8"`: a pod with eight, `gpu.count` on the
+create). The CUDA asked of the host is the higher of the GPU class's floor (clouds/gpus.py) and the
+image's own (its tag: `cu1281` is 12.8); the catalog lists only the data centers whose machines have
+it, so a data center without one is skipped before any create, and the create carries the same
+`gpu.minCudaVersion`. The candidate's `image` is used over the settings' one.
+
+A candidate's `cache` is a network volume named `ar-cache-<name>` in the pod's data center (`GET
+/v2/network-volumes`, made with `POST` when missing, never deleted by a run), mounted at the cache's
+`mount` (`mounts.network` on the create: the pod then lands in that data center). A data center
+that refuses the volume (400) starts cold; with `cache.required` only the data centers whose
+`networkVolumeTypes` are not empty (`GET /v2/catalog/datacenters`) are offered. A pod is
 ready when its `status` is RUNNING and `ssh.direct` is set. At its deadline a pod deletes itself:
 connect() starts a detached script on it that calls `DELETE /v2/pods/<id>` with the pod-scoped
 key RunPod injects into every pod (`RUNPOD_API_KEY`); our own key never goes there.
@@ -25,7 +36,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from actor_run.protocols.clouds.gpus import our_name, vendor_ids
+from actor_run.protocols.clouds.gpus import (
+    cuda_floor,
+    cuda_text,
+    gpu_class,
+    gpu_count,
+    image_cuda,
+    our_name,
+    shape,
+    vendor_ids,
+)
 from actor_run.protocols.clouds.http import (
     NoAnswer,
     NotSent,
@@ -37,7 +57,7 @@ from actor_run.protocols.clouds.http import (
 from actor_run.protocols.clouds.rented import RentedCloud, RentedSettings, Seen, api_key
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
 from actor_run.protocols.hosts.scripts import q
-from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.messages import CACHE_PREFIX, CacheSpec, CacheVolume, Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
 
 if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.py): none made, none loaded
@@ -52,6 +72,9 @@ class RunPodSettings(RentedSettings, frozen=True, kw_only=True, forbid_unknown_f
     image: str = "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"
     cloud: Literal["SECURE", "COMMUNITY"] = "SECURE"
     disk_gb: Annotated[int, msgspec.Meta(ge=1)] = 50
+    # network volumes (a candidate's `cache`): $0.07 per GB-month for the first TB (RunPod's pricing,
+    # https://docs.runpod.io/pods/storage/types); what `actor-run cost` shows for them
+    cache_usd_per_gb_month: Annotated[float, msgspec.Meta(ge=0)] = 0.07
 
 
 # What a create's answer means. RunPod says "no stock" with a 5xx, so the body decides, and only
@@ -159,8 +182,21 @@ class RunPodCloud(RentedCloud):
 
     # --- offers -----------------------------------------------------------------------------------
 
+    def _image(self, candidate_image: str) -> str:
+        return candidate_image or self.settings.image
+
+    def needed_cuda(self, gpu: str, image: str) -> tuple[int, int] | None:
+        """The host CUDA a pod of `gpu` booting `image` needs: the higher of the class's floor and the image's."""
+        wants = [v for v in (cuda_floor(gpu), image_cuda(image)) if v is not None]
+        return max(wants) if wants else None
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
-        params = {"include": "AVAILABILITY", "product": "POD", "cloud": self.settings.cloud}
+        count = gpu_count(candidate.gpu)
+        image = self._image(candidate.image)
+        params = {"include": "AVAILABILITY", "product": "POD", "cloud": self.settings.cloud, "count": str(count)}
+        need = self.needed_cuda(candidate.gpu, image)
+        if need is not None:
+            params["minCudaVersion"] = cuda_text(need)
         resp = await self.api.call("GET", "/v2/catalog/gpus", params=params)
         if is_auth_refusal(resp.status_code):
             raise LaunchRefused(f"runpod: the key was refused: {short(resp)}", code=Code.GUARD)
@@ -172,7 +208,9 @@ class RunPodCloud(RentedCloud):
         for gpu in (body_json(resp) or {}).get("gpus", []):
             if wanted and gpu.get("id") not in wanted:
                 continue
-            price = _price((gpu.get("price") or {}).get(price_key))
+            if int((gpu.get("maxCount") or {}).get(price_key) or 1) < count:
+                continue  # no machine of this type has that many
+            price = round(_price((gpu.get("price") or {}).get(price_key)) * count, 4)  # the pod's, not one GPU's
             if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
                 continue
             for dc in gpu.get("dataCenters") or []:
@@ -180,20 +218,37 @@ class RunPodCloud(RentedCloud):
                     continue
                 if candidate.regions and dc.get("id") not in candidate.regions:
                     continue
-                ours = candidate.gpu or our_name(gpu["id"], VENDOR)
+                ours = shape(gpu_class(candidate.gpu) or our_name(gpu["id"], VENDOR), count)
                 out.append(Offer(cloud=self.name, region=str(dc["id"]), gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=str(gpu["id"]), stock=str(dc.get("availability", "")).lower()))
+                                 kind=str(gpu["id"]), stock=str(dc.get("availability", "")).lower(), image=image))
+        if candidate.cache is not None and candidate.cache.required:  # only where a volume can be
+            hosts = await self._volume_data_centers()
+            out = [o for o in out if o.region in hosts]
         out.sort(key=lambda o: (o.hourly_usd, o.region))
         return out
+
+    async def _volume_data_centers(self) -> set[str]:
+        """The data centers that keep network volumes (`GET /v2/catalog/datacenters`: a non-empty
+        `networkVolumeTypes`)."""
+        resp = await self.api.call("GET", "/v2/catalog/datacenters")
+        if resp.status_code != 200:
+            raise self._refused_read("data centers", resp)
+        return {str(dc.get("id")) for dc in (body_json(resp) or {}).get("dataCenters") or []
+                if dc.get("networkVolumeTypes")}
 
     # --- the machine ------------------------------------------------------------------------------
 
     async def _create(self, offer: Offer, name: str, deadline: float) -> str:
         s = self.settings
+        image = offer.image or s.image
+        gpu: dict[str, Any] = {"id": offer.kind or vendor_ids(offer.gpu, VENDOR)[0], "count": gpu_count(offer.gpu)}
+        need = self.needed_cuda(offer.gpu, image)
+        if need is not None:
+            gpu["minCudaVersion"] = cuda_text(need)
         body = {
-            "name": name, "image": s.image, "cloud": s.cloud, "disk": s.disk_gb, "ports": ["22/tcp"],
-            "gpu": {"id": offer.kind or vendor_ids(offer.gpu, VENDOR)[0], "count": 1},
+            "name": name, "image": image, "cloud": s.cloud, "disk": s.disk_gb, "ports": ["22/tcp"], "gpu": gpu,
             "dataCenterIds": [offer.region] if offer.region else [],
+            **({"mounts": {"network": [{"volumeId": offer.cache, "path": offer.cache_path}]}} if offer.cache else {}),
             "env": {"PUBLIC_KEY": self._public_key}, "startSsh": True,
         }
         try:
@@ -211,6 +266,49 @@ class RunPodCloud(RentedCloud):
         if code is None:  # a 5xx that is not a refusal, or an answer we do not know: it may have made one
             raise LaunchAmbiguous(f"runpod: the create of {name}: {short(resp)}")
         raise LaunchRefused(f"runpod: the create of {name} was refused: {short(resp)}", code=code)
+
+    # --- cache volumes ----------------------------------------------------------------------------
+
+    @property
+    def cache_usd_per_gb_month(self) -> float:
+        return self.settings.cache_usd_per_gb_month
+
+    def _volume(self, v: dict[str, Any], path: str = "", created: bool = False) -> CacheVolume:
+        return CacheVolume(cloud=self.name, id=str(v.get("id", "")), name=str(v.get("name", "")),
+                           region=str(v.get("dataCenter", "")), size_gb=int(v.get("size") or 0), path=path,
+                           created=created)
+
+    async def list_caches(self) -> list[CacheVolume]:
+        """Every network volume of ours (named ar-cache-*) the account holds."""
+        resp = await self.api.call("GET", "/v2/network-volumes")
+        if resp.status_code != 200:
+            raise self._refused_read("network volumes", resp)
+        return [self._volume(v) for v in (body_json(resp) or {}).get("networkVolumes") or []
+                if str(v.get("name", "")).startswith(CACHE_PREFIX)]
+
+    async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
+        """The cache's volume in the offer's data center: found, or made; None when the data center
+        refuses one (a cold start there)."""
+        for v in await self.list_caches():
+            if v.name == cache.volume_name and v.region == offer.region:
+                return msgspec.structs.replace(v, path=cache.mount)
+        body = {"name": cache.volume_name, "size": max(10, cache.size_gb), "dataCenter": offer.region}
+        resp = await self.api.call("POST", "/v2/network-volumes", json=body)
+        if resp.status_code in (200, 201):
+            return self._volume(body_json(resp) or {}, cache.mount, created=True)
+        if resp.status_code in (400, 422):
+            return None  # this data center keeps no network volumes: nothing was made
+        raise self._refused_read(f"creating network volume {cache.volume_name}", resp)
+
+    async def delete_cache(self, volume_id: str) -> None:
+        resp = await self.api.call("DELETE", f"/v2/network-volumes/{volume_id}")
+        if resp.status_code not in (200, 204, 404):
+            raise self._refused_read(f"deleting network volume {volume_id}", resp)
+
+    def _refused_read(self, what: str, resp: httpx.Response) -> Exception:
+        if is_auth_refusal(resp.status_code):
+            return LaunchRefused(f"runpod: {what}: the key was refused: {short(resp)}", code=Code.GUARD)
+        return NoAnswer(f"runpod: {what}: {short(resp)}")
 
     async def _read(self, machine_id: str) -> Seen | None:
         resp = await self.api.call("GET", f"/v2/pods/{machine_id}")

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import msgspec
 
 from actor_run.protocols.clouds.base import Reclaim
-from actor_run.protocols.clouds.gpus import vendor_ids
+from actor_run.protocols.clouds.gpus import cuda_floor, cuda_text, gpu_class, gpu_count, shape, vendor_ids
 from actor_run.protocols.clouds.http import NotSent
 from actor_run.protocols.clouds.object_store import ObjectStore, ObjectStoreSettings
 from actor_run.protocols.clouds.rented import api_key
@@ -135,11 +135,16 @@ class ServerlessCloud:
         found = await self._catalog(candidate.gpu)
         if found is None:
             return []
-        hourly = found[1] * self.settings.gpu_count
+        count = self._count(candidate.gpu)
+        hourly = found[1] * count  # the worker's: the catalog's price is per GPU
         if candidate.max_hourly_usd is not None and hourly > candidate.max_hourly_usd:
             return []
-        return [Offer(cloud=self.name, region=",".join(candidate.regions), gpu=candidate.gpu, hourly_usd=hourly,
-                      candidate=index, kind=found[0])]
+        return [Offer(cloud=self.name, region=",".join(candidate.regions), gpu=shape(gpu_class(candidate.gpu), count),
+                      hourly_usd=hourly, candidate=index, kind=found[0], image=candidate.image)]
+
+    def _count(self, gpu: str) -> int:
+        """GPUs per worker: a shape's count (`A100:2`), else the settings' `gpu_count`."""
+        return gpu_count(gpu) if ":" in gpu else self.settings.gpu_count
 
     # --- launch ------------------------------------------------------------------------------------
 
@@ -154,7 +159,7 @@ class ServerlessCloud:
             pool = found[0]
         body: dict[str, Any] = {
             "name": name, "type": "QUEUE",
-            "gpu": {"pools": [pool], "count": s.gpu_count},
+            "gpu": {"pools": [pool], "count": self._count(offer.gpu)},
             "workers": {"min": 0, "max": s.workers_max, "idleTimeout": s.idle_timeout_s},
             "scaling": {"type": "QUEUE_DELAY", "queueDelay": 4},
             "timeout": max(5_000, int((deadline - time.time()) * 1000)),
@@ -162,10 +167,13 @@ class ServerlessCloud:
         }
         if offer.region:
             body["dataCenterIds"] = offer.region.split(",")
-        if s.template_id:
+        floor = cuda_floor(offer.gpu)
+        if floor is not None:  # workers only on hosts whose CUDA runs this GPU class (seed 002)
+            body["gpu"]["minCudaVersion"] = cuda_text(floor)
+        if s.template_id and not offer.image:
             body["templateId"] = s.template_id
         else:
-            body["image"] = s.image
+            body["image"] = offer.image or s.image
         return body
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:

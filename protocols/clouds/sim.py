@@ -27,9 +27,14 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     [clouds.sim.accounts.team-b]  # another account at the same provider: these settings over the above
     api_key_env = "SIM_TEAM_B_KEY"
 
-    [[clouds.sim.regions]]      # default: us-east, eu-west, ap-south with A100s and H100s
-    name = "us-east"
-    gpus = { A100 = { stock = 8, hourly_usd = 1.8 }, H100 = { stock = 4, hourly_usd = 2.9 } }
+    [[clouds.sim.regions]]      # default: us-east, eu-west, ap-south with A100s and H100s (and
+    name = "us-east"            # 8-GPU machines of each in us-east)
+    gpus = { A100 = { stock = 8, hourly_usd = 1.8 }, "A100:8" = { stock = 2, hourly_usd = 14.4 } }
+
+A key of `gpus` is a shape: `A100` is a one-GPU machine, `A100:8` a machine with eight, with its own
+stock (machines) and its own price (the machine's, per hour). A candidate's `gpu` names one shape;
+a candidate without `gpu` takes any one-GPU machine. The sim's machines have no GPU and promise none:
+`check_gpu = true` makes the lease check them as a rented machine is checked (clouds/verify.py).
 
 State lives in the sim's folder, not in the process, so a killed controller leaves its machines
 behind exactly as at a real provider, and two controllers share one sim cloud::
@@ -72,7 +77,7 @@ import msgspec
 import trio
 
 from actor_run.protocols.clouds.coalesce import Coalescer
-from actor_run.protocols.clouds.gpus import gpu_memory_gb, gpu_names
+from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, gpu_memory_gb, gpu_names, same_shape
 from actor_run.protocols.clouds.simstore import (
     SAFE_NAME,
     Billing,
@@ -87,6 +92,7 @@ from actor_run.protocols.clouds.simstore import (
     set_fail_deletes,
     sim_machines,
 )
+from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.clouds.virtual import MachineGuard, SimHost, VirtualMachine, VirtualWorkspace, write_files
 from actor_run.protocols.failures import (
     Code,
@@ -121,7 +127,9 @@ class SimRegion(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 def _default_regions() -> list[SimRegion]:
     return [
         SimRegion(name="us-east", gpus={"A100": SimGpu(stock=8, hourly_usd=1.8),
-                                        "H100": SimGpu(stock=4, hourly_usd=2.9)}),
+                                        "H100": SimGpu(stock=4, hourly_usd=2.9),
+                                        "A100:8": SimGpu(stock=2, hourly_usd=14.4),
+                                        "H100:8": SimGpu(stock=1, hourly_usd=23.2)}),
         SimRegion(name="eu-west", gpus={"A100": SimGpu(stock=4, hourly_usd=2.1),
                                         "H100": SimGpu(stock=2, hourly_usd=3.2)}),
         SimRegion(name="ap-south", gpus={"A100": SimGpu(stock=2, hourly_usd=1.5)}),
@@ -148,6 +156,7 @@ class SimSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     preempt_attempts: int = 0
     oom_below_gb: float = 0.0
     retriable_attempts: int = 0
+    check_gpu: bool = False  # the machines promise no GPU; true: check them (nvidia-smi, the clock) all the same
 
     def __post_init__(self) -> None:
         for field in _RATES:
@@ -216,12 +225,16 @@ class SimCloud:
     @property
     def gpu_names(self) -> frozenset[str]:
         """What a candidate's `gpu` may say here: the GPU table's names and the regions' own."""
-        return gpu_names() | {g for r in self.settings.regions for g in r.gpus}
+        return gpu_names() | {gpu_class(g) for r in self.settings.regions for g in r.gpus}
 
     @property
     def region_names(self) -> frozenset[str]:
         """The regions `[[clouds.sim.regions]]` configures."""
         return frozenset(r.name for r in self.settings.regions)
+
+    def machine_check(self, offer: Offer) -> MachineCheck | None:
+        """None: the sim's machines promise no GPU; `check_gpu = true` checks them as a rented one is."""
+        return MachineCheck(gpu=offer.gpu) if self.settings.check_gpu and not self.settings.virtual else None
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         held = self._store.held_advice()
@@ -231,7 +244,7 @@ class SimCloud:
         for key, (region, gpu, spec) in self._places.items():
             if candidate.regions and region not in candidate.regions:
                 continue
-            if candidate.gpu and gpu.lower() != candidate.gpu.lower():
+            if not (same_shape(gpu, candidate.gpu) if candidate.gpu else gpu_count(gpu) == 1):
                 continue
             left = spec.stock - held.get(key, 0)
             if left <= 0:

@@ -208,24 +208,24 @@ class SkyCli:
             raise SkyFailed(f"sky status --ip {name} exited {res.code}: {res.tail()}")
         return words[-1]
 
-    async def hourly_price(self, accelerator: str, infra: str, *, spot: bool) -> float | None:
-        """The lowest hourly price SkyPilot's catalog gives for one `accelerator` (exactly that
+    async def hourly_price(self, accelerator: str, infra: str, *, spot: bool, count: int = 1) -> float | None:
+        """The lowest hourly price SkyPilot's catalog gives for `count` of `accelerator` on one machine (exactly that
         name: its filter is a case-insensitive pattern, so `T4` also lists `T4g`, `A100` also
         `A100-80GB`) in `infra`, or None when it gives none. `sky gpus list -o json` where the CLI
         has it, else the table of the deprecated `sky show-gpus` (one table per matching name)."""
-        query = [f"{accelerator}:1", "--infra", infra]
+        query = [f"{accelerator}:{count}", "--infra", infra]
         if self._gpus != "show-gpus":
             res = await self.run("gpus", "list", *query, "-o", "json")
             if res.code == 0:
                 self._gpus = "gpus"
-                return lowest_json(strip(res.out), accelerator, infra, spot=spot)
+                return lowest_json(strip(res.out), accelerator, infra, spot=spot, count=count)
             if res.code != 2 or "No such command" not in res.err:  # exit 2: a usage error (click's)
                 raise SkyFailed(f"sky gpus list exited {res.code}: {res.tail()}")
             self._gpus = "show-gpus"  # before `sky gpus` existed
         res = await self.run("show-gpus", *query)
         if res.code != 0:
             raise SkyFailed(f"sky show-gpus exited {res.code}: {res.tail()}")
-        return lowest_table(strip(res.out), accelerator, spot=spot)
+        return lowest_table(strip(res.out), accelerator, spot=spot, count=count)
 
 
 def _region(infra: str) -> str:
@@ -233,9 +233,9 @@ def _region(infra: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def lowest_json(text: str, accelerator: str, infra: str, *, spot: bool) -> float | None:
+def lowest_json(text: str, accelerator: str, infra: str, *, spot: bool, count: int = 1) -> float | None:
     """From `sky gpus list -o json` ({name: [InstanceTypeInfo as a dict, ...]}): the lowest price of
-    one `accelerator` on one device in the region of `infra`; None when none has a price."""
+    a machine with `count` of `accelerator` in the region of `infra`; None when none has a price."""
     start = next((i for i, line in enumerate(text.splitlines()) if line.startswith("{")), None)
     if start is None:
         raise SkyFailed(f"sky gpus list: no JSON object in its output: {text.strip()[-200:]!r}")
@@ -249,7 +249,7 @@ def lowest_json(text: str, accelerator: str, infra: str, *, spot: bool) -> float
     region = _region(infra)
     prices = []
     for item in found.get(accelerator) or []:  # exactly that name: `T4` is not `T4g`
-        if not isinstance(item, dict) or item.get("accelerator_count") not in (1, 1.0):
+        if not isinstance(item, dict) or item.get("accelerator_count") not in (count, float(count)):
             continue
         if region and item.get("region") not in (region, None):
             continue
@@ -259,7 +259,7 @@ def lowest_json(text: str, accelerator: str, infra: str, *, spot: bool) -> float
     return min(prices) if prices else None
 
 
-def lowest_table(text: str, accelerator: str, *, spot: bool) -> float | None:
+def lowest_table(text: str, accelerator: str, *, spot: bool, count: int = 1) -> float | None:
     """From `sky show-gpus` (or `sky gpus list`) tables: the lowest HOURLY_PRICE (or
     HOURLY_SPOT_PRICE) of the rows for exactly `accelerator` on one device; None if absent (a
     missing price is printed as `-`)."""
@@ -274,8 +274,9 @@ def lowest_table(text: str, accelerator: str, *, spot: bool) -> float | None:
         if header is None or len(cells) != len(header):
             header = None if not line.strip() else header
             continue
-        if cells[header.index("GPU")] != accelerator or not re.fullmatch(r"1(?:\.0)?", cells[header.index("QTY")]):
-            continue  # another name the pattern matched, or more than one device (0.14 prints `1.0`)
+        qty = cells[header.index("QTY")]
+        if cells[header.index("GPU")] != accelerator or not re.fullmatch(rf"{count}(?:\.0)?", qty):
+            continue  # another name the pattern matched, or another count of devices (0.14 prints `1.0`)
         m = re.fullmatch(r"\$ ?(\d+(?:\.\d+)?)", cells[header.index(column)])
         if m and float(m.group(1)) > 0:
             prices.append(float(m.group(1)))

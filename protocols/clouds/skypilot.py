@@ -51,8 +51,10 @@ import msgspec
 import trio
 
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
+from actor_run.protocols.clouds.gpus import gpu_class, gpu_count
 from actor_run.protocols.clouds.skycli import ACTIVE, CLI_TIMEOUT_S, SkyCli, SkyFailed, SkyHung, submitted
 from actor_run.protocols.clouds.skydelete import Teardown
+from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -92,6 +94,8 @@ class SkyPilotSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     ssh_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 22
     root: str = "~/actor-run"  # the private folder on the head node
     use_spot: bool = False
+    check_gpu: bool = True  # before the job: nvidia-smi lists the GPUs asked (false: only the clock)
+    image_id: str = ""  # `sky launch --image-id` (an AMI, or docker:<image>); a candidate's `image` wins
     idle_minutes: Annotated[int, msgspec.Meta(ge=1)] = 15  # SkyPilot's autodown once idle this long
     ec2_endpoint: str = ""  # EC2's endpoint; default: AWS's own for the region
     regions: list[str] = msgspec.field(default_factory=list)  # where a sweep also looks for instances
@@ -182,13 +186,19 @@ class SkyPilotCloud:
         if cached is not None and time.monotonic() - cached[1] < PRICE_TTL_S:
             return cached[0]
         try:
-            price = await self.cli.hourly_price(GPUS.get(gpu, gpu), f"aws/{region}", spot=self.settings.use_spot)
+            name = gpu_class(gpu)
+            price = await self.cli.hourly_price(GPUS.get(name, name), f"aws/{region}", spot=self.settings.use_spot,
+                                                count=gpu_count(gpu))
         except (SkyHung, SkyFailed) as exc:
             logger.warning("skypilot: no price for {} in {}: {}", gpu, region, exc)
             return None
         if price is not None:
             self._prices[key] = (price, time.monotonic())
         return price
+
+    def machine_check(self, offer: Offer) -> MachineCheck:
+        """The head node is checked before the job: its GPUs (unless `check_gpu = false`) and clock."""
+        return MachineCheck(gpu=offer.gpu, check_gpu=self.settings.check_gpu and bool(offer.gpu))
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         found = []
@@ -207,7 +217,8 @@ class SkyPilotCloud:
             assert price is not None
             if candidate.max_hourly_usd is not None and price > candidate.max_hourly_usd:
                 continue
-            found.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu, hourly_usd=price, candidate=index))
+            found.append(Offer(cloud=self.name, region=region, gpu=candidate.gpu, hourly_usd=price, candidate=index,
+                               image=candidate.image or self.settings.image_id))
         return sorted(found, key=lambda o: o.hourly_usd)
 
     # --- launch ----------------------------------------------------------------------------------
@@ -218,8 +229,11 @@ class SkyPilotCloud:
         infra = "/".join(["aws", offer.region, *(zone if offer.region == _region_of(s.infra) else [])])
         args = ["launch", "--async", "-y", "-c", name, "--down", "-i", str(s.idle_minutes), "--infra", infra,
                 "--use-spot" if s.use_spot else "--no-use-spot"]
-        if offer.gpu:
-            args += ["--gpus", f"{GPUS.get(offer.gpu, offer.gpu)}:1"]
+        if offer.gpu:  # `A100:8`: eight on the one node
+            name = gpu_class(offer.gpu)
+            args += ["--gpus", f"{GPUS.get(name, name)}:{gpu_count(offer.gpu)}"]
+        if offer.image:
+            args += ["--image-id", offer.image]
         return [*args, hold_command(deadline)]
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:

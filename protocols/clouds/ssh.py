@@ -23,6 +23,8 @@ from typing import Annotated
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.gpus import ShapeError, gpu_class, gpu_count, parse_shape, shape
+from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -53,6 +55,10 @@ class SSHHostSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     root: str = "~/.actor-run"  # the private folder on the host where everything goes
     slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # how many attempts it takes at once
     connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # the GPUs it has ("A100:4"): a candidate asking for more, or another class, is not offered it;
+    # `slots` may not exceed the count; each attempt's machine is checked (nvidia-smi, the clock)
+    gpus: str = ""
+    check_gpu: bool = True  # false: only the clock is checked (a host without nvidia-smi)
 
 
 class SSHSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -161,6 +167,16 @@ class SSHCloud:
         self._loop = loop  # the asyncio loop for SSH, for calls whose context does not carry it
         self._control: dict[str, SSHHost] = {}  # per configured host: launch, delete, list
         self._machines: dict[str, SSHHost] = {}  # per machine: its workspace's connection
+        for name, cfg in settings.hosts.items():
+            if not cfg.gpus:
+                continue
+            try:
+                _, count = parse_shape(cfg.gpus)
+            except ShapeError as exc:
+                raise SpecError(f"clouds.ssh.hosts.{name}.gpus", str(exc)) from None
+            if cfg.slots > count:
+                raise SpecError(f"clouds.ssh.hosts.{name}.slots",
+                                f"{cfg.slots} slots on a host with {count} GPUs ({cfg.gpus}): at most {count}")
 
     def _new_host(self, host: str, label: str) -> SSHHost:
         cfg = self._settings(host)
@@ -191,8 +207,29 @@ class SSHCloud:
         for h in names:
             if h not in self.settings.hosts:
                 raise SpecError(f"candidates[{index}].hosts", f"unknown host '{h}'")
-        return [Offer(cloud=self.name, host=h, region=h, gpu=candidate.gpu, hourly_usd=0.0, candidate=index)
-                for h in names]
+        return [Offer(cloud=self.name, host=h, region=h, gpu=self._shape(h, candidate.gpu), hourly_usd=0.0,
+                      candidate=index) for h in names if self._fits(h, candidate.gpu)]
+
+    def _fits(self, host: str, gpu: str) -> bool:
+        """Whether `host` has the GPUs of shape `gpu` (a host that declares none: any shape, as before)."""
+        have = self.settings.hosts[host].gpus
+        if not gpu or not have:
+            return True
+        return gpu_class(gpu).lower() == gpu_class(have).lower() and gpu_count(gpu) <= gpu_count(have)
+
+    def _shape(self, host: str, gpu: str) -> str:
+        """What an attempt on `host` gets: the candidate's shape, or one slot's share of the host's GPUs."""
+        have = self.settings.hosts[host].gpus
+        if gpu or not have:
+            return gpu
+        return shape(gpu_class(have), max(1, gpu_count(have) // self.settings.hosts[host].slots))
+
+    def machine_check(self, offer: Offer) -> MachineCheck | None:
+        """A host that declares GPUs is checked before each job (its GPUs, its clock); one that does not, not."""
+        cfg = self.settings.hosts.get(offer.host or offer.region)
+        if cfg is None or not cfg.gpus:
+            return None
+        return MachineCheck(gpu=offer.gpu or cfg.gpus, check_gpu=cfg.check_gpu)
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
         host = offer.host or offer.region

@@ -13,12 +13,17 @@ machine-hours, what was reserved for them (and what is still held by attempts no
 part of the spend that went on attempts that did not succeed (retries and failures). A machine
 whose deletion was never confirmed is billed up to its deadline and shown as "at least": the
 provider may bill more, until someone deletes it (`actor-run sweep`).
+
+Cache volumes (a candidate's `cache`) are billed apart, whatever run made them: each row says its
+size, how long it has existed (to its deletion by `actor-run sweep --caches`, or to now) and what
+that cost at the cloud's storage price. Their sum is not in the total: it is not any run's.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,7 +32,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
-from actor_run.supervisors.ledger import MachineRow
+from actor_run.supervisors.ledger import CacheRow, MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account", "budget", "run", "user")
 
@@ -45,6 +50,36 @@ class CostRow(msgspec.Struct, frozen=True, kw_only=True):
     failed_usd: float = 0.0  # spent on attempts that did not succeed: the cost of retries and failures
     failed_attempts: int = 0
     at_least: bool = False  # an unconfirmed deletion is in it: the provider may bill more
+
+
+class StorageRow(msgspec.Struct, frozen=True, kw_only=True, tag="storage"):
+    """One cache volume's storage so far (`--json`: a line with `"type": "storage"`)."""
+
+    cache: str
+    cloud: str
+    region: str
+    volume: str
+    size_gb: int
+    hours: float
+    usd: float
+    deleted: bool
+
+
+def storage_rows(caches: Iterable[CacheRow], now: float | None = None) -> list[StorageRow]:
+    at = time.time() if now is None else now
+    return [StorageRow(cache=c.name, cloud=c.cloud, region=c.region, volume=c.volume_id, size_gb=c.size_gb,
+                       hours=round(max(0.0, (c.deleted if c.deleted is not None else at) - c.created) / 3600, 6),
+                       usd=round(c.usd(at), 6), deleted=c.deleted is not None)
+            for c in caches if c.volume_id]
+
+
+def render_storage(rows: list[StorageRow]) -> str:
+    lines = ["cache storage (not in the total: kept across runs until `actor-run sweep --caches`):"]
+    for r in rows:
+        state = "deleted" if r.deleted else "kept"
+        lines.append(f"  {r.cache} on {r.cloud} {r.region} ({r.volume}): {r.size_gb} GB for {r.hours:.3f} h, "
+                     f"{_money(r.usd)} ({state})")
+    return "\n".join(lines)
 
 
 class AtLeast(msgspec.Struct, frozen=True, kw_only=True):
@@ -198,15 +233,18 @@ def cmd_cost(args: argparse.Namespace) -> int:
         hosts = {o.id: o.host for o in reader.owners()}
         reservations = [{**r, "user": hosts.get(r["owner"] or "", "")} for r in reader.reservations()]
         groups, total, at_least = cost_rows(reservations, reader.machines(), run=run, by=args.by)
+        storage = storage_rows(reader.caches())
     except SpecError as exc:
         return usage_error(str(exc))
     finally:
         reader.close()
     if args.json:
-        for row in [*groups, total, *at_least]:
+        for row in [*groups, total, *at_least, *storage]:
             sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
     else:
         if run is not None:
             print(f"run {run}")
         print(render(groups, total, at_least, args.by))
+        if storage:
+            print(render_storage(storage))
     return Exit.OK

@@ -1,16 +1,18 @@
 """`actor-run offers [--gpu G] [--cloud NAME] [--region R] [--max-price USD] [--json]`: what every
-configured cloud would rent now, cheapest first, with what it says of its stock. No batch needed.
+configured cloud would rent now, cheapest first, with what it says of its stock, the machine's price
+per hour (an `H100:8` shape's is the whole machine's) and the image it would boot. No batch needed.
 
 Configured: `local` (unless a GPU class is asked for) and `sim` always; `ssh` and `skypilot` when
 the user config has their table; a rented cloud (runpod, lambda, hyperstack, runpod-serverless)
 when its key is set (each account of it too). Only read-only calls are made (the catalog); no local
 SSH key is needed. A cloud left out is named on stderr with why; one that does not answer is exit 1.
 
-Two clouds answer only some questions. The `ssh` cloud's hosts are the user's, at $0, one offer
-each (its region is the host's name); they declare no GPU class, so under `--gpu` they are left out
-(as `local` is), with a note. SkyPilot's catalog is asked for one GPU class in one region at a
-time (each a `sky gpus list`): without `--gpu`, or without a region (`--region`, or the region of
-`clouds.skypilot.infra`), it is not asked, and the note says what to add.
+Two clouds answer only some questions. The `ssh` cloud's hosts are the user's, at $0, one offer each
+(its region is the host's name); under `--gpu` only hosts that declare such GPUs (`gpus = "A100:4"`)
+are listed; with none that declare any, the cloud is left out (as `local` is), with a note.
+SkyPilot's catalog is asked for one GPU class in one region at a time (each a `sky gpus list`):
+without `--gpu`, or without a region (`--region`, or the region of `clouds.skypilot.infra`), it is
+not asked, and the note says what to add.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ WHEN_CONFIGURED = ("ssh", "skypilot")  # asked when the user config has their ta
 EXAMPLE = """examples:
   actor-run offers                       # every configured cloud, cheapest first
   actor-run offers --gpu H100 --max-price 3
+  actor-run offers --gpu H100:8          # 8-GPU machines, at the machine's price
   actor-run offers --cloud runpod --region EU-RO-1 --json
 """
 
@@ -43,7 +46,8 @@ EXAMPLE = """examples:
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("offers", help="what every configured cloud would rent now, cheapest first, with stock",
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpu", default="", help="one GPU class (H100, A100-80G, ...; default: every one)")
+    p.add_argument("--gpu", default="", help="one GPU class, or a machine's shape (H100, A100-80G, H100:8: eight "
+                   "on one machine; default: every one-GPU machine)")
     p.add_argument("--cloud", action="append", choices=sorted(known_clouds()), metavar="NAME",
                    help="only this cloud (repeat for more; default: every configured one)")
     p.add_argument("--region", action="append", metavar="R", help="only this region (repeat for more)")
@@ -163,8 +167,10 @@ def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
     name = key.partition("@")[0]
     if name == "local" and args.gpu:
         return ""  # this computer: whatever GPU it has, not one of a class
-    if name == "ssh" and args.gpu:
-        return f"its hosts declare no GPU class, so none is offered as {args.gpu} (without --gpu each host is listed)"
+    hosts = getattr(getattr(cloud, "settings", None), "hosts", {}) or {}
+    if name == "ssh" and args.gpu and not any(getattr(h, "gpus", "") for h in hosts.values()):
+        return (f"its hosts declare no GPU class, so none is offered as {args.gpu} (a host declares its GPUs "
+                "with clouds.ssh.hosts.<name>.gpus; without --gpu each host is listed)")
     if name == "skypilot":
         if not args.gpu:
             return ("SkyPilot's catalog is asked for one GPU class at a time: name one with --gpu "
@@ -180,9 +186,9 @@ def print_table(offers: list[Offer]) -> None:
     if not offers:
         print("no offers (nothing in stock that fits)")
         return
-    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND")]
+    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE")]
     rows += [(cloud_key(o.cloud, o.account), o.region, o.gpu or "-", f"{o.hourly_usd:.4f}", o.stock or "-",
-              o.kind or "-") for o in offers]
+              o.kind or "-", o.image or "-") for o in offers]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,

@@ -1,7 +1,9 @@
 """`actor-run sweep`: delete the machines a sweep can prove abandoned (sweep.py), list the rest
 (foreign ones with when their deadline takes them), or, with `--owner ID`, treat that owner as
 dead after showing what that deletes. It asks every cloud it can: each the ledger has seen, each
-in the user's config (`--config`), and each a batch file names (`--batch`), with a fresh ledger too."""
+in the user's config (`--config`), and each a batch file names (`--batch`), with a fresh ledger too.
+Cache volumes (`ar-cache-*`, a candidate's `cache`) are listed after the machines, never deleted but
+with `--caches` (cli/caches.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ EXAMPLE = """example:
   actor-run sweep --dry-run              # what would go, and whose machines stay (foreign owners)
   actor-run sweep --owner 1a2b3c4d       # that controller is dead: delete its machines too
   actor-run sweep --batch seeds.toml     # the clouds that batch names too (its own settings)
+  actor-run sweep --caches               # and delete the cache volumes (runs keep them)
 """
 _OWNER = re.compile(r"^[0-9a-f]{8}([0-9a-f]{24})?$")
 
@@ -38,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="treat this owner (8 hex digits as machine names show, or the full id) as dead")
     p.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
     p.add_argument("--batch", metavar="FILE", help="also ask the clouds this batch file names, with its settings")
+    p.add_argument("--caches", action="store_true", help="also delete the cache volumes (ar-cache-*): a run never does")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
@@ -77,6 +81,7 @@ def _print(actions: list[SweepAction], *, json_mode: bool, dry_run: bool) -> boo
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from actor_run.supervisors.api.runner import Runner  # the tree (trio, pykka, the clouds): only when it runs
+    from actor_run.supervisors.cli.caches import print_caches, sweep_caches
 
     for owner in args.owner:
         if not _OWNER.match(owner):
@@ -97,5 +102,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 for a in doomed:
                     print(_line(a))
         actions = runner.sweep(dry_run=args.dry_run, owners_dead=args.owner)
+        caches = sweep_caches(runner, delete=args.caches, dry_run=args.dry_run)
     failed = _print(actions, json_mode=args.json, dry_run=args.dry_run)
+    failed = print_caches(caches, runner.ledger_path, json_mode=args.json) or failed
     return Exit.FAILED if failed else Exit.OK

@@ -34,13 +34,14 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
     from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
     from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive, process_start_time
     from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
-    from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
+    from actor_run.supervisors.ledger.reader import CacheRow, LedgerReader, MachineRow, RunRow
     from actor_run.supervisors.ledger.runs import Claimed
     from actor_run.supervisors.ledger.writer import Ledger
 
 # public name -> the module it lives in. A reader (`actor-run status`) loads
 # reader.py and db.py only: the writer's machinery brings the actors' thread pool.
 _WHERE = {
+    "CacheRow": "actor_run.supervisors.ledger.reader",
     "Claimed": "actor_run.supervisors.ledger.runs",
     "Ledger": "actor_run.supervisors.ledger.writer",
     "LedgerCore": "actor_run.supervisors.ledger.core",
@@ -61,6 +62,7 @@ if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this pa
 
 
 __all__ = [
+    "CacheRow",
     "Claimed",
     "Ledger",
     "LedgerCore",

@@ -15,6 +15,31 @@ from actor_run.protocols.messages import Event, decode_event
 from actor_run.supervisors.ledger.db import open_backend
 from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive
 
+HOURS_PER_MONTH = 730.0  # 365 x 24 / 12: how providers turn a monthly storage price into an hourly one
+
+
+class CacheRow(msgspec.Struct, frozen=True, kw_only=True):
+    cloud: str
+    region: str
+    name: str
+    volume_id: str = ""
+    size_gb: int = 0
+    state: str = "requested"  # requested -> alive -> deleted
+    created: float = 0.0
+    deleted: float | None = None
+    usd_per_gb_month: float = 0.0
+    owner: str = ""
+
+    def usd(self, now: float | None = None) -> float:
+        """What its storage has cost so far (size x price x the hours it has existed)."""
+        end = self.deleted if self.deleted is not None else (now if now is not None else time.time())
+        hours = max(0.0, end - self.created) / 3600.0
+        return self.size_gb * self.usd_per_gb_month / HOURS_PER_MONTH * hours
+
+
+def cache_rows(rows: list[dict[str, Any]]) -> list[CacheRow]:
+    return [msgspec.convert(r, CacheRow) for r in rows]
+
 
 class MachineRow(msgspec.Struct, frozen=True, kw_only=True):
     name: str
@@ -120,6 +145,11 @@ class LedgerReader:
         if run is None:
             return list(self._rows(f"SELECT {cols} FROM jobs ORDER BY run, name, seed"))
         return list(self._rows(f"SELECT {cols} FROM jobs WHERE run=? ORDER BY name, seed", (run,)))
+
+    def caches(self, *, alive_only: bool = False) -> list[CacheRow]:
+        """The cache volumes this ledger knows (caches.py), oldest first."""
+        where = " WHERE state != 'deleted'" if alive_only else ""
+        return cache_rows(list(self._rows(f"SELECT * FROM caches{where} ORDER BY created, cloud, region, name")))
 
     def reservations(self, run: str | None = None) -> list[dict[str, Any]]:
         """Reservations (budget.py) of every run, or of `run`, in the order they were made."""

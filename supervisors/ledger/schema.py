@@ -194,6 +194,12 @@ MIGRATIONS: list[Migration] = [
     Migration(version=7, name="budgets: team budgets across runs; reservations.budget",
               statements=("CREATE TABLE budgets (name TEXT PRIMARY KEY, usd REAL NOT NULL, per TEXT NOT NULL,"
                           " updated REAL)", "ALTER TABLE reservations ADD COLUMN budget TEXT")),
+    # cache volumes (a candidate's `cache`): recorded before the provider makes one, never deleted by
+    # a run, listed and deleted by `actor-run sweep --caches`, their storage in `actor-run cost`
+    Migration(version=8, name="caches: volumes that outlive an attempt",
+              statements=("""CREATE TABLE caches (
+  cloud TEXT NOT NULL, region TEXT NOT NULL, name TEXT NOT NULL, volume_id TEXT, size_gb INTEGER, state TEXT,
+  created REAL, deleted REAL, usd_per_gb_month REAL, owner TEXT, PRIMARY KEY (cloud, region, name))""",)),
 ]
 
 

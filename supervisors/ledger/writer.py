@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from actor_run.supervisors.ledger.attempts import AttemptRecords
+from actor_run.supervisors.ledger.caches import CacheRecords
 from actor_run.supervisors.ledger.machines import MachineRecords
 from actor_run.supervisors.ledger.money import MoneyRecords
 from actor_run.supervisors.ledger.runs import RunRecords
 
 
-class Ledger(RunRecords, AttemptRecords, MachineRecords, MoneyRecords):
+class Ledger(RunRecords, AttemptRecords, MachineRecords, MoneyRecords, CacheRecords):
     """The write side: one thread, one connection, batched transactions.
 
     On a fenced backend (PostgreSQL) each transaction first reads, under a share lock, this owner's
@@ -18,4 +19,4 @@ class Ledger(RunRecords, AttemptRecords, MachineRecords, MoneyRecords):
     (on the writer thread: it must only hand the news on).
 
     Its records, by kind: runs and jobs (runs.py), attempts and events (attempts.py), owners,
-    machines and clouds (machines.py), reservations and charges (money.py)."""
+    machines and clouds (machines.py), reservations and charges (money.py), cache volumes (caches.py)."""

@@ -19,6 +19,7 @@ from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
+    CacheOpened,
     Event,
     Exited,
     Fetched,
@@ -86,6 +87,10 @@ def describe(e: Event) -> str | None:
             return f"create requested: {name}"
         case LeaseStage(name=name, stage=stage):
             return f"{name}: {stage}"
+        case CacheOpened(cache=cache, region=region, cold=True, detail=detail):
+            return f"cache {cache} in {region or 'this place'}: {detail}"
+        case CacheOpened(cache=cache, region=region, volume=volume, path=path, created=created):
+            return f"cache {cache} ({volume}) {'made' if created else 'found'} in {region}, mounted at {path}"
         case WaitingForCapacity(wanted=wanted, until=until):
             return f"waiting for capacity ({wanted}) until {time.strftime('%H:%M:%S', time.localtime(until))}"
         case Leased(machine=m):

@@ -4,7 +4,11 @@ address of its own and one port.
 
 Faults, as in fakes/runpod.py: `stock[(flavor, region)]`, `create_500_made`, `create_500`,
 `stuck` (BUILD for ever), `lag_reads`, `delete_fail`, `rate_limit(n, s)`, `token`, `ready_after`,
-`error_builds` (the next n VMs go to ERROR); `vanish(id)`; `no_stock(gpu)`.
+`error_builds` (the next n VMs go to ERROR); `vanish(id)`; `no_stock(gpu)`. `smi_next` / `skew_next`: the
+next VMs' nvidia-smi ("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
+Flavors have 1, 2 or 8 GPUs (`gpu_count`); images are listed per region (IMAGES), and a create whose
+`image_name` the region does not have is refused 404 as the document says (one without `image_name`,
+which the document does not require, boots from a bootable volume and is made).
 `ssh_after_s` / `guest_before`: the guest's sshd opens that long after ACTIVE (the API reports a VM
 ready before its OS has booted); meanwhile its port refuses (or drops, or stays silent). Until an
 ingress rule for the port exists the port is filtered (hyperstack.md §8: inbound SSH is closed by
@@ -27,7 +31,7 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "hyperstack-v1.yaml"
@@ -37,8 +41,18 @@ FLAVORS = {  # name -> (gpu, region)
     "n3-A100x1": ("A100-80G-PCIe", "NORWAY-1"),
     "n3-A100x1-ca": ("A100-80G-PCIe", "CANADA-1"),
     "n3-A100x2": ("A100-80G-PCIe", "NORWAY-1"),
+    "n3-A100x8": ("A100-80G-PCIe", "NORWAY-1"),
+    "n3-B200x1": ("B200-180G-SXM", "CANADA-1"),
 }
-PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "PublicIP": 0.00672}
+COUNTS = {"n3-A100x2": 2, "n3-A100x8": 8}  # a flavor's gpu_count (1 unless here)
+PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "B200-180G-SXM": 5.50, "PublicIP": 0.00672}
+SMI = {"H100-80G-PCIe": "NVIDIA H100 PCIe", "A100-80G-PCIe": "NVIDIA A100 80GB PCIe", "B200-180G-SXM": "NVIDIA B200"}
+# each region's OS images (GET /core/images): CANADA-1 has none with a CUDA new enough for Blackwell
+IMAGES = {
+    "CANADA-1": ["Ubuntu Server 22.04 LTS", "Ubuntu Server 22.04 LTS R535 CUDA 12.2"],
+    "NORWAY-1": ["Ubuntu Server 22.04 LTS R535 CUDA 12.2", "Ubuntu Server 24.04 LTS R570 CUDA 12.8"],
+    "US-1": ["Ubuntu Server 24.04 LTS R570 CUDA 12.8"],
+}
 
 
 def _iso(t: float) -> str:
@@ -86,6 +100,9 @@ class FakeHyperstack(OpenAPIFake):
         self.ssh_after_s = 0.3
         self.guest_before = "refuse"
         self.launch_answers: list[str] = []
+        self.smi_next: list[str] = []
+        self.skew_next: list[float] = []
+        self.created: list[dict[str, Any]] = []  # every create's body, as sent
         self.billed: list[tuple[str, float, float]] = []
         self._ids = itertools.count(1001)
         self._addresses = itertools.count(2)
@@ -145,11 +162,13 @@ class FakeHyperstack(OpenAPIFake):
         key = next(k for k in self.keypairs if k["name"] == body["key_name"]
                    and k["environment"]["name"] == env["name"])
         address = f"127.0.0.{next(self._addresses)}"
-        if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
-            self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port)
-            self.boxes.firewall(str(vm_id), closed=True)
         gpu, _ = FLAVORS[body["flavor_name"]]
-        count = 2 if body["flavor_name"].endswith("x2") else 1
+        count = COUNTS.get(body["flavor_name"], 1)
+        if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
+            tools = gpu_tools(SMI[gpu], count, fault=self.smi_next.pop(0) if self.smi_next else "",
+                              skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port, tools=tools)
+            self.boxes.firewall(str(vm_id), closed=True)
         vm = {
             "id": vm_id, "name": body["name"], "status": "CREATING", "vm_state": "building", "power_state": "NOSTATE",
             "created_at": _iso(time.time()), "environment": {"id": env["id"], "name": env["name"],
@@ -221,7 +240,7 @@ class FakeHyperstack(OpenAPIFake):
             for i, (name, (gpu, region)) in enumerate(FLAVORS.items()):
                 groups.setdefault((gpu, region), []).append({
                     "id": i + 1, "name": name, "display_name": name, "region_name": region, "cpu": 28, "ram": 120.0,
-                    "disk": 100, "ephemeral": 0, "gpu": gpu, "gpu_count": 2 if name.endswith("x2") else 1,
+                    "disk": 100, "ephemeral": 0, "gpu": gpu, "gpu_count": COUNTS.get(name, 1),
                     "stock_available": self.stock[(name, region)] > 0, "created_at": "2026-01-01T00:00:00Z",
                     "labels": [], "features": {}})
             data = [{"gpu": g, "region_name": r, "flavors": fs} for (g, r), fs in groups.items()]
@@ -236,9 +255,18 @@ class FakeHyperstack(OpenAPIFake):
                     n = sum(self.stock[(f, region)] for f, (g, r) in FLAVORS.items() if g == gpu and r == region)
                     models.append({"model": gpu, "available": str(n) if n < 10 else "10+", "planned_7_days": "0",
                                    "planned_30_days": "0", "planned_100_days": "0",
-                                   "configurations": {"1x": n, "2x": n // 2, "4x": 0, "8x": 0, "10x": 0}})
+                                   "configurations": {"1x": n, "2x": n // 2, "4x": n // 4, "8x": n // 8, "10x": 0}})
                 out.append({"region": region, "stock-type": "GPU", "models": models})
             return json_response({"stocks": out})
+
+        @self.route("GET", "/core/images")
+        def images(req: Request) -> Response:
+            regions = [req.args["region"]] if "region" in req.args else sorted(IMAGES)
+            groups = [{"region_name": r, "type": "Ubuntu", "logo": "", "images": [
+                {"id": 100 + i, "name": n, "region_name": r, "type": "Ubuntu", "version": n.split()[2],
+                 "size": 10, "display_size": "10 GB", "is_public": True, "description": n, "labels": []}
+                for i, n in enumerate(IMAGES.get(r, []))]} for r in regions]
+            return json_response({"status": True, "message": "Success", "images": groups})
 
         @self.route("GET", "/pricebook")
         def pricebook(req: Request) -> Response:
@@ -292,8 +320,11 @@ class FakeHyperstack(OpenAPIFake):
             env = self.environments.get(body["environment_name"])
             if env is None or body["flavor_name"] not in FLAVORS:
                 return refusal(404, "Environment or flavor not found", "not_found")
+            self.created.append(body)
             if FLAVORS[body["flavor_name"]][1] != env["region"]:
                 return refusal(400, "Flavor is not available in the environment's region", "bad_request")
+            if "image_name" in body and body["image_name"] not in IMAGES.get(env["region"], []):
+                return refusal(404, f"Image {body.get('image_name')} not found in {env['region']}", "not_found")
             if any(v["name"] == body["name"] for v in self.vms.values()):
                 return refusal(409, "A virtual machine with this name already exists", "already_exist")
             scripted = self.launch_answers.pop(0) if self.launch_answers else ""

@@ -9,7 +9,10 @@ Faults, as in fakes/runpod.py: `stock[(instance type, region)]`, `create_500_mad
 lag active by a few seconds"); meanwhile the port refuses (or drops, or stays silent).
 `launch_answers`: what the next launches answer first ("no_stock": insufficient-capacity; "fail": the
 instance is made and goes `unhealthy`, then terminated by Lambda). `file_systems[name] = region`
-(GET /file-systems; a launch with one in another region is refused as the document says).
+(GET /file-systems; a launch with one in another region is refused as the document says); `POST
+/filesystems` makes one in a region of `fs_regions`, `DELETE /filesystems/{id}` deletes one not in use.
+Instance types have 1 or 8 GPUs (`specs.gpus`); `smi_next` / `skew_next`: the next instances' nvidia-smi
+("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
 `stale(name)` puts an active instance named so on the account, as an earlier controller left it.
 """
 
@@ -27,15 +30,22 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "lambda-v1.json"
 
-TYPES = {  # name -> (description, gpu description, cents per hour)
-    "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249),
-    "gpu_1x_a100_sxm4_80gb": ("1x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 179),
-    "gpu_1x_a6000": ("1x A6000 (48 GB)", "RTX A6000 (48 GB)", 80),
+TYPES = {  # name -> (description, gpu description, cents per hour, GPUs)
+    "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249, 1),
+    "gpu_1x_a100_sxm4_80gb": ("1x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 179, 1),
+    "gpu_1x_a6000": ("1x A6000 (48 GB)", "RTX A6000 (48 GB)", 80, 1),
+    "gpu_1x_a100_sxm4": ("1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129, 1),
+    "gpu_8x_a100": ("8x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 1032, 8),
+    "gpu_8x_a100_80gb_sxm4": ("8x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 1432, 8),
+}
+SMI = {  # gpu description -> what nvidia-smi names it
+    "H100 (80 GB PCIe)": "NVIDIA H100 PCIe", "A100 (80 GB SXM4)": "NVIDIA A100-SXM4-80GB",
+    "RTX A6000 (48 GB)": "NVIDIA RTX A6000", "A100 (40 GB SXM4)": "NVIDIA A100-SXM4-40GB",
 }
 REGIONS = {"us-east-1": "Virginia, USA", "us-west-1": "California, USA"}
 NO_ACTION = {"available": False, "reason_code": "vm-has-not-launched", "reason_description": "not yet"}
@@ -73,7 +83,12 @@ class FakeLambda(OpenAPIFake):
         self.stock: dict[tuple[str, str], int] = {
             ("gpu_1x_a100_sxm4_80gb", "us-east-1"): 4, ("gpu_1x_a100_sxm4_80gb", "us-west-1"): 4,
             ("gpu_1x_h100_pcie", "us-west-1"): 2, ("gpu_1x_a6000", "us-east-1"): 8,
+            ("gpu_1x_a100_sxm4", "us-west-1"): 2, ("gpu_8x_a100", "us-west-1"): 1,
+            ("gpu_8x_a100_80gb_sxm4", "us-east-1"): 1,
         }
+        self.smi_next: list[str] = []
+        self.skew_next: list[float] = []
+        self.created: list[dict[str, Any]] = []
         self.create_500_made = 0
         self.create_500 = 0
         self.stuck = False
@@ -84,6 +99,8 @@ class FakeLambda(OpenAPIFake):
         self.guest_before = "refuse"
         self.launch_answers: list[str] = []
         self.file_systems: dict[str, str] = {}
+        self.fs_ids: dict[str, str] = {}  # a file system's id, by name
+        self.fs_regions = set(REGIONS)  # where POST /filesystems makes one
         self.billed: list[tuple[str, float, float]] = []
         self._addresses = itertools.count(2)
         self._routes()
@@ -105,9 +122,23 @@ class FakeLambda(OpenAPIFake):
     # --- instances --------------------------------------------------------------------------------
 
     def _type(self, name: str) -> dict[str, Any]:
-        desc, gpu, cents = TYPES[name]
+        desc, gpu, cents, gpus = TYPES[name]
         return {"name": name, "description": desc, "gpu_description": gpu, "price_cents_per_hour": cents,
-                "specs": {"vcpus": 26, "memory_gib": 200, "storage_gib": 1000, "gpus": 1}}
+                "specs": {"vcpus": 26 * gpus, "memory_gib": 200 * gpus, "storage_gib": 1000 * gpus, "gpus": gpus}}
+
+    def _fs_id(self, name: str) -> str:
+        return self.fs_ids.setdefault(name, secrets.token_hex(16))
+
+    def _fs_in_use(self, name: str) -> bool:
+        return any(name in i["file_system_names"] for i in self.instances.values()
+                   if i["status"] not in ("terminated", "terminating", "preempted"))
+
+    def _fs_view(self, name: str, region: str) -> dict[str, Any]:
+        return {"id": self._fs_id(name), "name": name, "mount_point": f"/lambda/nfs/{name}",
+                "created": "2026-01-01T00:00:00Z",
+                "created_by": {"id": "3da5a70a57a7422ea8a7203f98b2198b", "email": "me@example.com", "status": "active"},
+                "is_in_use": self._fs_in_use(name),
+                "region": {"name": region, "description": REGIONS.get(region, region)}, "bytes_used": 0}
 
     def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in inst.items() if not k.startswith("_")}
@@ -141,13 +172,17 @@ class FakeLambda(OpenAPIFake):
         key = self.keys[body["ssh_key_names"][0]]["public_key"]
         address = f"127.0.0.{next(self._addresses)}"
         if not self.virtual:  # its sshd comes up after `active` (boot, in _advance)
-            self.boxes.plan(inst_id, key, address=address, port=self.port)
+            _, gpu, _, gpus = TYPES[body["instance_type_name"]]
+            tools = gpu_tools(SMI[gpu], gpus, fault=self.smi_next.pop(0) if self.smi_next else "",
+                              skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            self.boxes.plan(inst_id, key, address=address, port=self.port, tools=tools)
             user = self.boxes.user
         else:
             user = "ubuntu"
         region = body["region_name"]
         inst = {
             "id": inst_id, "name": body.get("name", ""), "status": "booting", "ssh_key_names": body["ssh_key_names"],
+            **({"file_system_mounts": body["file_system_mounts"]} if body.get("file_system_mounts") else {}),
             "file_system_names": body.get("file_system_names", []), "region": {"name": region,
                                                                                "description": REGIONS[region]},
             "instance_type": self._type(body["instance_type_name"]), "hostname": f"host-{inst_id[:8]}",
@@ -214,12 +249,28 @@ class FakeLambda(OpenAPIFake):
     def _routes(self) -> None:
         @self.route("GET", "/api/v1/file-systems")
         def file_systems(req: Request) -> Response:
-            return json_response({"data": [{
-                "id": f"{i:032x}", "name": n, "mount_point": f"/lambda/nfs/{n}", "created": "2026-01-01T00:00:00Z",
-                "created_by": {"id": "3da5a70a57a7422ea8a7203f98b2198b", "email": "me@example.com",
-                               "status": "active"},
-                "is_in_use": False, "region": {"name": r, "description": REGIONS.get(r, r)}, "bytes_used": 0,
-            } for i, (n, r) in enumerate(sorted(self.file_systems.items()))]})
+            return json_response({"data": [self._fs_view(n, r) for n, r in sorted(self.file_systems.items())]})
+
+        @self.route("POST", "/api/v1/filesystems")
+        def add_file_system(req: Request) -> Response:
+            body = req.get_json()
+            if body["region"] not in self.fs_regions:
+                return error(400, "global/invalid-parameters", f"Filesystems are not available in {body['region']}.")
+            if body["name"] in self.file_systems:
+                return error(400, "global/invalid-parameters", "A filesystem with this name already exists.")
+            self.file_systems[body["name"]] = body["region"]
+            return json_response({"data": self._fs_view(body["name"], body["region"])})
+
+        @self.route("DELETE", "/api/v1/filesystems/{id}")
+        def delete_file_system(req: Request, id: str) -> Response:
+            name = next((n for n in self.file_systems if self._fs_id(n) == id), None)
+            if name is None:
+                return error(404, "global/object-does-not-exist", "Filesystem was not found.")
+            if self._fs_in_use(name):
+                return json_response({"error": {"code": "filesystems/filesystem-in-use",
+                                                "message": "Filesystem is in use."}}, 400)
+            del self.file_systems[name]
+            return json_response({"data": {"deleted_ids": [id]}})
 
         @self.route("GET", "/api/v1/instance-types")
         def types(req: Request) -> Response:
@@ -243,6 +294,7 @@ class FakeLambda(OpenAPIFake):
         @self.route("POST", "/api/v1/instance-operations/launch")
         def launch(req: Request) -> Response:
             body = req.get_json()
+            self.created.append(body)
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return error(500, "provider/internal-unavailable", "Provider unavailable", "Try again shortly")
@@ -257,6 +309,10 @@ class FakeLambda(OpenAPIFake):
                     return error(400, "instance-operations/launch/file-system-in-wrong-region",
                                  "File system is in a different region than the instance.",
                                  "Launch the instance in the file system's region")
+            for mount in body.get("file_system_mounts") or []:
+                if not any(self._fs_id(n) == mount["file_system_id"] for n in body.get("file_system_names") or []):
+                    return error(400, "global/invalid-parameters", "A mounted file system must be named in "
+                                 "file_system_names.")
             scripted = self.launch_answers.pop(0) if self.launch_answers else ""
             if scripted == "no_stock" or self.stock.get((body["instance_type_name"], body["region_name"]), 0) <= 0:
                 return error(400, "instance-operations/launch/insufficient-capacity",

@@ -17,6 +17,15 @@ is; Hyperstack's own integrators note it, and every vendor's document tells to r
     boxes.firewall("vm-1", closed=False)  # the ingress rule landed
     boxes.open_now()                      # every guest's sshd opens now, its timer or not
 
+A machine has the GPUs its provider sold: `tools` (made by `gpu_tools`) puts an `nvidia-smi` that
+lists them, and a `date` whose clock may be off, first on its logins' PATH:
+
+    boxes.plan("vm-1", public_key, tools=gpu_tools("NVIDIA A100-SXM4-80GB", 8))
+    gpu_tools("NVIDIA A100-SXM4-80GB", 8, fault="wrong")   # lists 8 of another class
+    gpu_tools("NVIDIA A100-SXM4-80GB", 8, fault="few")     # lists 7
+    gpu_tools("NVIDIA A100-SXM4-80GB", 8, fault="none")    # no driver: nvidia-smi fails
+    gpu_tools("NVIDIA A100-SXM4-80GB", 1, skew_s=300)      # `date +%s` 5 minutes ahead
+
 `before` is what the port does between ready and sshd: "refuse" (nothing listens), "drop" (TCP
 accepted and closed at once: sshd restarting after its host keys were made), "silent" (TCP
 accepted, no banner).
@@ -38,17 +47,45 @@ from typing import Any
 import psutil
 from sshd import Sshd, free_port
 
+WRONG_GPU = {"NVIDIA GeForce RTX 4090": "NVIDIA RTX A6000"}  # another class than the one sold
+
+
+def gpu_tools(smi_name: str, count: int, *, fault: str = "", skew_s: float = 0.0) -> dict[str, str]:
+    """The `nvidia-smi` and `date` of a machine with `count` GPUs that the driver names `smi_name`
+    (`nvidia-smi --query-gpu=name --format=csv,noheader` prints one name a line); `fault`: "wrong" (as
+    many of another class), "few" (one less), "none" (no driver: nvidia-smi fails as it does then);
+    `skew_s`: the machine's clock is that far off (`date +%s`; any other `date` is the real one)."""
+    if fault == "wrong":
+        smi_name = WRONG_GPU.get(smi_name, "NVIDIA GeForce RTX 4090")
+    n = count - 1 if fault == "few" else count
+    lines = "\n".join([smi_name] * n)
+    smi = ("#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\\''t communicate with the NVIDIA driver. Make "
+           "sure that the latest NVIDIA driver is installed and running.'\nexit 9\n" if fault == "none"
+           else f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
+    real = shutil.which("date", path="/usr/bin:/bin") or "/bin/date"
+    date = (f'#!/bin/sh\nif [ "$#" = 1 ] && [ "$1" = "+%s" ]; then echo $(( $({real} +%s) + {int(skew_s)} )); '
+            f'else exec {real} "$@"; fi\n')
+    return {"nvidia-smi": smi, "date": date}
+
 
 class Box(Sshd):
-    """One machine: an sshd whose sessions live in `home` with the vendor's environment."""
+    """One machine: an sshd whose sessions live in `home` with the vendor's environment (and, with
+    `tools`, those commands first on their PATH)."""
 
     def __init__(self, dir: Path, public_key: str, env: dict[str, str], *, address: str = "127.0.0.1",
-                 port: int | None = None) -> None:
+                 port: int | None = None, tools: dict[str, str] | None = None) -> None:
         self.env = dict(env)
         self._address = address
         self.home = Path(dir) / "home"
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.env["HOME"] = str(self.home)
+        if tools:
+            bin_dir = Path(dir) / "bin"
+            bin_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in tools.items():
+                (bin_dir / name).write_text(text)
+                (bin_dir / name).chmod(0o755)
+            self.env["PATH"] = f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         self._public_key = public_key
         super().__init__(dir, port=port)
         self.authorized_keys.write_text(public_key.strip() + "\n")
@@ -135,6 +172,7 @@ class _Guest:
     address: str
     port: int
     before: str = "refuse"
+    tools: dict[str, str] | None = None
     due: bool = False  # its sshd's time has come
     filtered: bool = False  # the provider's firewall drops the port (Hyperstack until its rule)
     porch: Porch | None = None
@@ -159,10 +197,10 @@ class Boxes:
         return getpass.getuser()
 
     def plan(self, machine_id: str, public_key: str, env: dict[str, str] | None = None, *,
-             address: str = "127.0.0.1", port: int | None = None) -> int:
+             address: str = "127.0.0.1", port: int | None = None, tools: dict[str, str] | None = None) -> int:
         """A machine the API has made whose guest is not up: nothing listens at its address (a
         connection is refused) until `boot`. Its port (a free one of its own by default)."""
-        guest = _Guest(self.foreign_key or public_key, dict(env or {}), address, port or free_port())
+        guest = _Guest(self.foreign_key or public_key, dict(env or {}), address, port or free_port(), tools=tools)
         with self._lock:
             self.guests[machine_id] = guest
         return guest.port
@@ -227,7 +265,8 @@ class Boxes:
             self.knocks[machine_id] = self.knocks.get(machine_id, 0) + porch.accepted
             porch.close()
         if want == "sshd":
-            box = Box(self.dir / machine_id, guest.public_key, guest.env, address=guest.address, port=guest.port)
+            box = Box(self.dir / machine_id, guest.public_key, guest.env, address=guest.address, port=guest.port,
+                      tools=guest.tools)
             with self._lock:
                 if self.guests.pop(machine_id, None) is not None:
                     self.boxes[machine_id] = box
@@ -254,10 +293,10 @@ class Boxes:
             guest.porch.close()
 
     def start(self, machine_id: str, public_key: str, env: dict[str, str] | None = None, *,
-              address: str = "127.0.0.1", port: int | None = None) -> Box:
+              address: str = "127.0.0.1", port: int | None = None, tools: dict[str, str] | None = None) -> Box:
         """A machine; `address` and `port` for a vendor whose machines each have an IP of their own
         and answer on one port (many loopback addresses, one port); by default a port of its own."""
-        box = Box(self.dir / machine_id, public_key, env or {}, address=address, port=port)
+        box = Box(self.dir / machine_id, public_key, env or {}, address=address, port=port, tools=tools)
         with self._lock:
             self.boxes[machine_id] = box
         return box

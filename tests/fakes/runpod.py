@@ -17,6 +17,19 @@ Faults, set on the instance (under `fake.lock` when a test runs):
     launch_answers = [...]              what the next creates answer before anything else: "no_stock"
                                         (the documented 500 "no instances available") or "fail" (the
                                         pod is made and goes EXITED: its container could not start)
+    cuda[dc] = "12.8"                   each data center's host CUDA (the catalog's `cudaVersions`; the
+                                        `minCudaVersion` filter and the create's gpu.minCudaVersion)
+    smi = {...}                         what `nvidia-smi` on the next pods lists (fakes/machines.py `gpu_tools`):
+    smi_next = [...]                    "wrong" (another class), "few" (one GPU less), "none"; skew_next = [s, ...]
+                                        the next pods' clocks that many seconds off
+Network volumes (`/v2/network-volumes`): made in a data center of `volume_dcs` (VOLUME_DCS) (elsewhere 400, as
+RunPod answers for a data center without network storage), each a folder of the fake's; a pod created
+with `mounts.network` must be in its volume's data center (400 otherwise), and sees it at the mount's
+path (an absolute path on this computer: a link to the volume's folder while the pod lives).
+`volumes` holds them by id.
+Stock is counted in GPUs: a pod of `gpu.count` takes that many from its data center; the catalog
+lists a data center for `count=n` only where n are free (runpod-rest-v2.json: dataCenters lists "only
+the datacenters that offer this GPU in the requested configuration").
 `stale(name)` puts a pod named so on the account, as an earlier controller left it (RUNNING).
 `vanish(pod_id)` takes a pod away (its sshd and folder) as a failed host would.
 `billed` keeps each deleted pod's (name, seconds it existed, cost per hour).
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -34,16 +48,21 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "runpod-rest-v2.json"
+VOLUME_DCS = ("EU-RO-1", "US-TX-3")  # the data centers with network storage here
 
 GPUS = {  # id -> (name, secure price, community price, memory)
     "NVIDIA H100 80GB HBM3": ("H100 SXM", 2.99, 2.69, 80),
     "NVIDIA A100-SXM4-80GB": ("A100 SXM", 1.89, 1.39, 80),
     "NVIDIA GeForce RTX 4090": ("RTX 4090", 0.69, 0.34, 24),
 }
+
+
+def _cuda(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
 
 
 def _iso(t: float) -> str:
@@ -70,12 +89,20 @@ class FakeRunPod(OpenAPIFake):
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
         super().__init__(DOCUMENT, token=token)
         self.boxes = Boxes(Path(dir) / "pods")
+        self.volume_dir = Path(dir) / "volumes"
+        self.volumes: dict[str, dict[str, Any]] = {}
+        self.volume_dcs = set(VOLUME_DCS)
         self.virtual = virtual  # pods without sshd (benches): ssh.direct points nowhere
         self.pods: dict[str, dict[str, Any]] = {}
         self.stock: dict[tuple[str, str], int] = {
-            ("NVIDIA A100-SXM4-80GB", "EU-RO-1"): 4, ("NVIDIA A100-SXM4-80GB", "US-TX-3"): 4,
+            ("NVIDIA A100-SXM4-80GB", "EU-RO-1"): 12, ("NVIDIA A100-SXM4-80GB", "US-TX-3"): 4,
             ("NVIDIA H100 80GB HBM3", "US-TX-3"): 2, ("NVIDIA GeForce RTX 4090", "EU-RO-1"): 8,
+            ("NVIDIA A100-SXM4-80GB", "CA-MTL-1"): 8,
         }
+        # each data center's host CUDA; CA-MTL-1's hosts run an old driver (12.2)
+        self.cuda: dict[str, str] = {"EU-RO-1": "12.8", "US-TX-3": "12.8", "CA-MTL-1": "12.2"}
+        self.smi_next: list[str] = []
+        self.skew_next: list[float] = []
         self.create_500_made = 0
         self.create_500 = 0
         self.stuck = False
@@ -145,36 +172,57 @@ class FakeRunPod(OpenAPIFake):
         n = next(self._ids)
         pod_id = f"pod{n:04d}x{int(time.time()) % 100000:05d}"
         gpu_id = body["gpu"]["id"]
-        price = GPUS[gpu_id][1 if body.get("cloud", "SECURE") == "SECURE" else 2]
+        count = int(body["gpu"].get("count", 1))
+        price = GPUS[gpu_id][1 if body.get("cloud", "SECURE") == "SECURE" else 2] * count
         key = f"pod-scoped-{pod_id}"
         pub = body.get("env", {}).get("PUBLIC_KEY", "")
         if self.virtual:
             port, user = 1, "root"
         else:  # its container's sshd comes up after RUNNING (boot, in _advance)
+            smi = self.smi_next.pop(0) if self.smi_next else ""
+            skew = self.skew_next.pop(0) if self.skew_next else 0.0
             port = self.boxes.plan(pod_id, pub, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key,
-                                                     "RUNPOD_DC_ID": dc})
+                                                     "RUNPOD_DC_ID": dc},
+                                   tools=gpu_tools(gpu_id, count, fault=smi, skew_s=skew))
             user = self.boxes.user
         now = time.time()
         pod = {
             "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ["stop", "terminate"],
             "image": body.get("image", ""), "args": "", "disk": body.get("disk", 50), "mounts": {},
             "ports": body.get("ports", []), "env": {k: v for k, v in body.get("env", {}).items()},
-            "registry": None, "cloud": body.get("cloud", "SECURE"), "dataCenterId": dc, "cudaVersion": "12.8",
+            "registry": None, "cloud": body.get("cloud", "SECURE"), "dataCenterId": dc,
+            "cudaVersion": self.cuda.get(dc, "12.8"),
             "ssh": {"proxy": None, "direct": None}, "template": None, "cost": price, "locked": False,
             "runtime": None, "createdAt": _iso(now), "startedAt": None, "globalNetworking": {"enabled": False},
-            "gpu": {"id": gpu_id, "count": body["gpu"].get("count", 1)},
+            "gpu": {"id": gpu_id, "count": count},
             "_reads": 0, "_lag": self.lag_reads, "_key": key, "_port": port, "_user": user, "_t0": now,
             "_fail": False,
         }
+        for mount in (body.get("mounts") or {}).get("network") or []:  # the volume, at its path
+            pod["mounts"] = {"network": [dict(mount)]}
+            if self.virtual:
+                continue  # no machine: nothing sees it
+            link = Path(mount["path"])
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(self.volume_dir / mount["volumeId"])
+            pod["_links"] = [str(link)]
         self.pods[pod_id] = pod
-        self.stock[(gpu_id, dc)] -= 1
+        self.stock[(gpu_id, dc)] -= count
         return pod
 
     def _gone(self, pod_id: str) -> None:
         pod = self.pods.pop(pod_id)
-        self.stock[(pod["gpu"]["id"], pod["dataCenterId"])] += 1
+        for link in pod.get("_links", []):  # its volume stays; the pod no longer sees it
+            if Path(link).is_symlink():
+                Path(link).unlink()
+        self.stock[(pod["gpu"]["id"], pod["dataCenterId"])] += pod["gpu"]["count"]
         self.billed.append((pod["name"], time.time() - pod["_t0"], pod["cost"]))
         self.boxes.vanish(pod_id)
+
+    def _volume_view(self, vol: dict[str, Any]) -> dict[str, Any]:
+        return dict(vol)
 
     def vanish(self, pod_id: str) -> None:
         """The host failed: the pod is gone without anyone deleting it (its sshd too)."""
@@ -208,32 +256,83 @@ class FakeRunPod(OpenAPIFake):
         @self.route("GET", "/v2/catalog/gpus")
         def catalog(req: Request) -> Response:
             cloud = req.args.get("cloud", "SECURE")
+            count = int(req.args.get("count", "1"))
+            floor = _cuda(req.args.get("minCudaVersion", "0"))
             gpus = []
             for gpu_id, (name, secure, community, memory) in GPUS.items():
-                dcs = sorted({dc for (g, dc) in self.stock if g == gpu_id})
+                # the data centers with this GPU in the asked configuration: `count` of them, on a host CUDA at
+                # or above the floor (a bare major "12" is any 12.x)
+                dcs = sorted({dc for (g, dc) in self.stock if g == gpu_id
+                              and _cuda(self.cuda.get(dc, "12.8"))[:len(floor)] >= floor})
+                free = {d: self.stock[(gpu_id, d)] >= count for d in dcs}
+                versions = sorted({self.cuda.get(d, "12.8") for d in dcs}, key=_cuda)
                 gpus.append({
                     "id": gpu_id, "name": name, "pool": None, "manufacturer": "NVIDIA", "memory": memory,
                     "secure": True, "community": True, "price": {"secure": secure, "community": community},
                     "maxCount": {"secure": 8, "community": 8},
-                    "availability": "HIGH" if any(self.stock[(gpu_id, d)] > 0 for d in dcs) else "NONE",
-                    "dataCenters": [{"id": d, "name": d, "availability": "HIGH" if self.stock[(gpu_id, d)] > 0
-                                     else "NONE"} for d in dcs],
+                    "availability": "HIGH" if any(free.values()) else "NONE",
+                    "dataCenters": [{"id": d, "name": d, "availability": "HIGH" if free[d] else "NONE"} for d in dcs],
+                    "cudaVersions": [{"version": v, "available": any(free[d] for d in dcs if self.cuda.get(d) == v)}
+                                     for v in versions],
                 })
             del cloud
             return json_response({"gpus": gpus})
+
+        @self.route("GET", "/v2/catalog/datacenters")
+        def data_centers(req: Request) -> Response:
+            dcs = sorted({dc for (_, dc) in self.stock} | set(self.volume_dcs))
+            return json_response({"dataCenters": [{
+                "id": dc, "name": dc, "region": "EUROPE" if dc.startswith("EU") else "NORTH_AMERICA",
+                "networkVolumeTypes": ["STANDARD"] if dc in self.volume_dcs else [], "compliance": [],
+                "globalNetwork": False} for dc in dcs]})
+
+        @self.route("GET", "/v2/network-volumes")
+        def volumes(req: Request) -> Response:
+            return json_response({"networkVolumes": [self._volume_view(v) for v in self.volumes.values()]})
+
+        @self.route("POST", "/v2/network-volumes")
+        def add_volume(req: Request) -> Response:
+            body = req.get_json()
+            if body["dataCenter"] not in self.volume_dcs:
+                return problem(400, "Bad Request", f"network volumes are not available in {body['dataCenter']}")
+            vol_id = f"vol{next(self._ids):04d}"
+            (self.volume_dir / vol_id).mkdir(parents=True)
+            self.volumes[vol_id] = {"id": vol_id, "name": body["name"], "size": body["size"],
+                                    "dataCenter": body["dataCenter"], "type": body.get("type", "STANDARD")}
+            return json_response(self._volume_view(self.volumes[vol_id]), 201)
+
+        @self.route("DELETE", "/v2/network-volumes/{id}")
+        def delete_volume(req: Request, id: str) -> Response:
+            if id not in self.volumes:
+                return problem(404, "Not Found", "network volume not found")
+            if any(m["volumeId"] == id for p in self.pods.values() for m in (p.get("mounts") or {}).get("network", [])):
+                return problem(400, "Bad Request", "network volume is attached to a pod")
+            del self.volumes[id]
+            shutil.rmtree(self.volume_dir / id, ignore_errors=True)
+            return Response(status=204)
 
         @self.route("POST", "/v2/pods")
         def create(req: Request) -> Response:
             body = req.get_json()
             self.created.append(body)
+            for mount in (body.get("mounts") or {}).get("network") or []:
+                vol = self.volumes.get(mount["volumeId"])
+                if vol is None:
+                    return problem(404, "Not Found", f"network volume {mount['volumeId']} not found")
+                if body.get("dataCenterIds") and vol["dataCenter"] not in body["dataCenterIds"]:
+                    return problem(400, "Bad Request", "the pod must be in its network volume's data center")
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return problem(500, "Internal Server Error", "create pod: upstream timeout")
             gpu_id = body["gpu"]["id"]
             if gpu_id not in GPUS:
                 return problem(400, "Bad Request", f"unknown gpu type {gpu_id}")
+            count = int(body["gpu"].get("count", 1))
+            floor = _cuda(body["gpu"].get("minCudaVersion", "0"))
             dcs = body.get("dataCenterIds") or sorted({dc for (g, dc) in self.stock if g == gpu_id})
-            dc = next((d for d in dcs if self.stock.get((gpu_id, d), 0) > 0), None)
+            # a host of the asked CUDA with `count` GPUs free (runpod-rest-v2.json CreateGpuConfig)
+            dc = next((d for d in dcs if self.stock.get((gpu_id, d), 0) >= count
+                       and _cuda(self.cuda.get(d, "12.8")) >= floor), None)
             scripted = self.launch_answers.pop(0) if self.launch_answers else ""
             if dc is None or scripted == "no_stock":  # runpod.md §5: no stock is a 500 with this message
                 return problem(500, "Internal Server Error", "create pod: There are no instances currently available")

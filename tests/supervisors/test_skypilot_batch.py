@@ -17,6 +17,7 @@ import psutil
 import pytest
 from cli_inproc import CLI, run_cli
 from fake_sky import FakeSky, aws_env, power_off
+from fakes.machines import Box, gpu_tools
 from moto_ec2 import MotoEc2
 from moto_server import MotoServer
 from sshd import Sshd
@@ -35,6 +36,18 @@ for step in range(steps):
     print("step", step, flush=True)
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(os.environ["ACTOR_RUN_SEED"])
 '''
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    """The clusters' head nodes: a real sshd whose logins have the GPU the cluster was launched with
+    (a g5's one A10G) in nvidia-smi, as SkyPilot's GPU images do: the lease checks it before the job."""
+    box = Box(tmp_path / "sshd", "", {}, tools=gpu_tools("NVIDIA A10G", 1))
+    box.authorized_keys.write_text(box.user_key.with_name(box.user_key.name + ".pub").read_text())
+    try:
+        yield box
+    finally:
+        box.stop()
 
 
 @pytest.fixture(scope="module")

@@ -330,6 +330,24 @@ def test_an_offer_without_its_pool_asks_the_catalog(fake: FakeRunPodServerless, 
     assert fake.live_endpoints() == []
 
 
+def test_a_shape_asks_workers_of_that_many_gpus_at_their_price_on_hosts_with_the_classs_cuda(
+        fake: FakeRunPodServerless, cloud_of: Any) -> None:
+    cloud = cloud_of()
+
+    async def main() -> None:
+        (one,) = await cloud.offers(CandidateSpec(cloud="runpod-serverless", gpu="H100"), 0)
+        (two,) = await cloud.offers(CandidateSpec(cloud="runpod-serverless", gpu="H100:2"), 0)
+        assert (two.gpu, two.hourly_usd) == ("H100:2", pytest.approx(2 * one.hourly_usd))  # the worker's price
+        machine = await cloud.launch(two, name(), DEADLINE)
+        gpu = fake.endpoints[machine.id]["gpu"]
+        assert (gpu["count"], gpu["minCudaVersion"]) == (2, "11.8")  # Hopper's floor (clouds/gpus.py CUDA_FLOOR)
+        await cloud.delete(machine.name, machine.id)
+        await cloud.aclose()
+
+    trio.run(main)
+    assert fake.live_endpoints() == []
+
+
 # --- under RunPod's SDK worker loop: failures classified, a cancel that stops the command, bounded chunks
 
 def pids_of(path: Path) -> list[psutil.Process] | None:

@@ -16,7 +16,7 @@ def test_offers_lists_the_sim_cheapest_first_with_stock(tmp_path: Path) -> None:
     done = cli(tmp_path, "offers", key_var="UNRELATED")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND"]
+    assert lines[0].split() == ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE"]
     rows = [line.split() for line in lines[1:]]
     assert rows[0][:2] == ["local", "this-computer"]
     sim = [r for r in rows if r[0] == "sim"]
@@ -77,8 +77,8 @@ def test_offers_of_the_ssh_cloud_list_each_configured_host(tmp_path: Path) -> No
     table = cli(tmp_path, "offers", "--cloud", "ssh", "--config", str(user), key_var="UNRELATED")
     assert table.returncode == 0, table.stderr
     assert [line.split() for line in table.stdout.splitlines()] == [
-        ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND"], ["ssh", "box", "-", "0.0000", "-", "-"],
-        ["ssh", "gpu2", "-", "0.0000", "-", "-"]]
+        ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE"], ["ssh", "box", "-", "0.0000", "-", "-", "-"],
+        ["ssh", "gpu2", "-", "0.0000", "-", "-", "-"]]
     every = cli(tmp_path, "offers", "--json", "--config", str(user), key_var="UNRELATED")
     assert every.returncode == 0, every.stderr
     offers = [json.loads(line) for line in every.stdout.splitlines()]
@@ -104,12 +104,13 @@ def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lack
     assert found.returncode == 0, found.stderr
     assert [json.loads(line) for line in found.stdout.splitlines()] == [
         {"cloud": "skypilot", "region": "us-west-2", "gpu": "A10G", "hourly_usd": 1.006, "candidate": 0, "host": "",
-         "account": "", "kind": "", "stock": ""}]  # the cheapest g5 with one A10G in SkyPilot's AWS catalog
+         "account": "", "kind": "", "stock": "", "image": "", "cache": "", "cache_path": ""}]
+    # (the cheapest g5 with one A10G in SkyPilot's AWS catalog)
     table = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "T4", "--config", str(user),
                 key_var="UNRELATED")  # the region of clouds.skypilot.infra
     assert table.returncode == 0, table.stderr
     assert [line.split() for line in table.stdout.splitlines()][1:] == [
-        ["skypilot", "us-east-1", "T4", "0.5260", "-", "-"]]
+        ["skypilot", "us-east-1", "T4", "0.5260", "-", "-", "-"]]
     assert sky.calls() == ["gpus list A10G:1 --infra aws/us-west-2 -o json",
                            "gpus list T4:1 --infra aws/us-east-1 -o json"]  # read-only
     no_gpu = cli(tmp_path, "offers", "--cloud", "skypilot", "--config", str(user), key_var="UNRELATED")

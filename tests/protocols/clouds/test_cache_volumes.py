@@ -1,0 +1,79 @@
+"""Cache volumes at the provider (issue 42), each adapter against its vendor's fake (real HTTP held to
+the vendor's OpenAPI document): RunPod network volumes and Lambda file systems are found or made per
+region, attached at the create, listed and deleted; a region that refuses one is a cold start (None).
+The whole path through a batch (the job's second attempt finds the first's file) is
+tests/supervisors/test_caches.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from fakes.keys import client_key
+from fakes.providers import FAKES
+
+from actor_run.actors.runtime import Reactor
+from actor_run.protocols.clouds import make_cloud
+from actor_run.protocols.messages import CacheSpec
+
+CACHE = CacheSpec(name="weights", size_gb=20, mount="/data/cache")  # a path Lambda takes; the fakes link nothing
+
+
+@pytest.fixture(params=["lambda", "runpod"])
+def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    server = FAKES[request.param](tmp_path / "fake", virtual=True).start()  # no sshd: only the API is asked
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert server.violations == []
+
+
+@pytest.fixture
+def cloud(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv(fake.KEY_VAR, "test-key")
+    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
+           "listing_lag_s": 1.0, "delete_wait_s": 10.0, **fake.settings()}
+    return make_cloud(fake.CLOUD, raw, tmp_path / "state")
+
+
+def attached(fake: Any, body: dict[str, Any]) -> str:
+    """The volume the create asked to attach, in the vendor's words (RunPod: its id; Lambda: its name)."""
+    if fake.CLOUD == "runpod":
+        return str(body["mounts"]["network"][0]["volumeId"])
+    assert body["file_system_mounts"][0]["mount_point"] == "/data/cache"
+    return str(body["file_system_names"][0])
+
+
+def test_a_cache_is_made_once_per_region_found_again_attached_listed_and_deleted(
+        reactor: Reactor, cloud: Any, fake: Any) -> None:
+    offer = fake.sample_offer()
+    made = reactor.call(cloud.open_cache, offer, CACHE, timeout=30)
+    assert (made.name, made.region, made.created) == ("ar-cache-weights", offer.region, True)
+    again = reactor.call(cloud.open_cache, offer, CACHE, timeout=30)
+    assert (again.id, again.created) == (made.id, False)  # found, not made twice
+    assert made.path == again.path == ("/data/cache" if fake.CLOUD == "lambda" else CACHE.mount)
+    placed = msgspec.structs.replace(offer, cache=made.id, cache_path=made.path)
+    name = f"ar-t-1-a0-0123abcd-d{int(time.time() + 3600)}"
+    machine = reactor.call(cloud.launch, placed, name, time.time() + 3600, timeout=30)
+    assert machine.cache == made.path  # what the job gets in ACTOR_RUN_CACHE
+    want = made.id if fake.CLOUD == "runpod" else f"ar-cache-weights-{offer.region}"
+    assert attached(fake, fake.created[-1]) == want
+    reactor.call(cloud.delete, name, machine.id, timeout=30)
+    listed = reactor.call(cloud.list_caches, timeout=30)
+    assert [(v.name, v.region, v.id) for v in listed] == [("ar-cache-weights", offer.region, made.id)]
+    reactor.call(cloud.delete_cache, made.id, timeout=30)
+    assert reactor.call(cloud.list_caches, timeout=30) == []
+
+
+def test_a_region_that_refuses_a_volume_is_a_cold_start(reactor: Reactor, cloud: Any, fake: Any) -> None:
+    if fake.CLOUD == "runpod":
+        fake.volume_dcs = set()
+    else:
+        fake.fs_regions = set()
+    assert reactor.call(cloud.open_cache, fake.sample_offer(), CACHE, timeout=30) is None
+    assert reactor.call(cloud.list_caches, timeout=30) == []

@@ -1,0 +1,108 @@
+"""Caches that outlive an attempt (issue 42), through `actor-run` against the RunPod fake (network
+volumes held to RunPod's OpenAPI document; pods that are real sshd logins which see their volume at
+the cache's mount): the second attempt finds what the first wrote, `sweep` lists the volume and
+`sweep --caches` deletes it, `cost` shows its storage; a place that cannot host it starts cold, or
+with `required` is skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.batch_kit import cli, events, write_batch
+from fakes.providers import serve
+
+CACHE_JOB = r'''
+import json, os
+cache = os.environ.get("ACTOR_RUN_CACHE", "")
+out = os.environ["ACTOR_RUN_OUT"]
+if not cache:
+    open(os.path.join(out, "found.txt"), "w").write("no cache")
+    raise SystemExit(0)
+weights = os.path.join(cache, "weights.bin")
+if os.environ["ACTOR_RUN_ATTEMPT"] == "0":  # the first attempt fills the cache, then asks for another
+    open(weights, "w").write("weights from attempt 0")
+    with open(os.environ["ACTOR_RUN_PROGRESS"], "a") as f:
+        f.write(json.dumps({"retriable": True, "reason": "a second attempt, to read the cache"}) + "\n")
+    raise SystemExit(1)
+open(os.path.join(out, "found.txt"), "w").write(open(weights).read())
+'''
+
+
+@pytest.fixture
+def runpod(tmp_path: Path) -> Iterator[Any]:
+    yield from serve("runpod", tmp_path)
+
+
+def cache_batch(tmp: Path, fake: Any, *, required: bool = False) -> Path:
+    batch = write_batch(tmp, "runpod", fake.url, gpus=["A100-80G"], seeds=[1], settings=fake.settings(), attempts=2)
+    (tmp / "code" / "job.py").write_text(CACHE_JOB)
+    mount = tmp / "mnt" / "cache"
+    cache = (f'regions = ["EU-RO-1"]\ncache = {{ name = "weights", size_gb = 20, mount = "{mount}", '
+             f'required = {str(required).lower()} }}\n')
+    text = batch.read_text().replace('gpu = "A100-80G"\n', 'gpu = "A100-80G"\n' + cache)
+    batch.write_text(text.replace("[policy]\n", "[policy]\ncapacity_wait_s = 0\n"))  # no stock: fail at once
+    return batch
+
+
+def found(tmp: Path) -> str:
+    return (tmp / "out" / "latest" / "rented" / "seed-1" / "out" / "found.txt").read_text()
+
+
+def test_the_second_attempt_finds_what_the_first_wrote_and_sweep_and_cost_show_the_volume(
+        tmp_path: Path, runpod: Any) -> None:
+    batch = cache_batch(tmp_path, runpod)
+    done = cli(tmp_path, "run", str(batch), "--json", "--out", str(tmp_path / "out"), key_var=runpod.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    evs = events(done.stdout)
+    assert [(e["outcome"], e.get("failure")) for e in evs if e["type"] == "AttemptEnded"] == [
+        ("failed", "retriable"), ("succeeded", None)]
+    assert found(tmp_path) == "weights from attempt 0"
+    opened = [(e["attempt"], e["cache"], e["created"], e["cold"]) for e in evs if e["type"] == "CacheOpened"]
+    assert opened == [(0, "ar-cache-weights", True, False), (1, "ar-cache-weights", False, False)]
+    (volume,) = runpod.volumes.values()  # one volume, made once, kept by the run
+    assert (volume["name"], volume["dataCenter"], volume["size"]) == ("ar-cache-weights", "EU-RO-1", 20)
+    assert [b["mounts"]["network"][0]["volumeId"] for b in runpod.created] == [volume["id"]] * 2
+    assert runpod.alive() == []
+
+    swept = cli(tmp_path, "sweep", key_var=runpod.KEY_VAR)
+    assert swept.returncode == 0, swept.stderr
+    line = next(x for x in swept.stdout.splitlines() if "ar-cache-weights" in x)
+    assert volume["id"] in line
+    assert "20 GB" in line
+    assert "kept" in line
+    assert runpod.volumes  # a plain sweep keeps it
+
+    cost = cli(tmp_path, "cost", key_var=runpod.KEY_VAR)
+    assert cost.returncode == 0, cost.stderr
+    assert "cache storage" in cost.stdout
+    assert f"ar-cache-weights on runpod EU-RO-1 ({volume['id']}): 20 GB" in cost.stdout
+
+    gone = cli(tmp_path, "sweep", "--caches", key_var=runpod.KEY_VAR)
+    assert gone.returncode == 0, gone.stderr
+    assert "deleted" in next(x for x in gone.stdout.splitlines() if "ar-cache-weights" in x)
+    assert runpod.volumes == {}
+
+
+def test_a_place_that_cannot_host_the_cache_starts_cold_and_says_so(tmp_path: Path, runpod: Any) -> None:
+    runpod.volume_dcs = set()
+    done = cli(tmp_path, "run", str(cache_batch(tmp_path, runpod)), "--json", "--out", str(tmp_path / "out"),
+               key_var=runpod.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    cold = [e for e in events(done.stdout) if e["type"] == "CacheOpened"]
+    assert [e["cold"] for e in cold] == [True]
+    assert "a cold start" in cold[0]["detail"]
+    assert found(tmp_path) == "no cache"
+    assert "mounts" not in runpod.created[0]
+
+
+def test_a_required_cache_skips_a_place_that_cannot_host_it_before_any_create(tmp_path: Path, runpod: Any) -> None:
+    runpod.volume_dcs = set()
+    done = cli(tmp_path, "run", str(cache_batch(tmp_path, runpod, required=True)), "--json", "--out",
+               str(tmp_path / "out"), key_var=runpod.KEY_VAR)
+    assert done.returncode == 1
+    evs = events(done.stdout)
+    assert [e["failure"] for e in evs if e["type"] == "JobEnded"] == ["no_capacity"]
+    assert runpod.created == []
