@@ -16,7 +16,9 @@ left waiting for the next tick. The parent hears `Exited` once the job ended, or
   the job reports a stage outside SETUP_STAGES, then `stall_after_s` from its last sign of life
   (a progress line or log output). Both are anchored at the launch, never at a (re)attach.
 - `unreachable`: no successful tick for `lost_after_s`; `preempted`: the provider took the machine;
-  `job_failed`: the job ran past its own `timeout_s`.
+  `job_failed`: the job ran past its own `timeout_s`; `deadline`: the machine's deadline came. Both
+  are reactor timers set at `Watch` (`_Due`), so they end the job within moments of passing,
+  whatever the poll interval (the polls check them too).
 After `Exited`, ticks go on (only the heartbeat) until the actor is stopped: a long fetch must not
 look like a lost controller to the host's watchdog.
 """
@@ -64,6 +66,13 @@ class _Polled(Message, frozen=True, kw_only=True):
     first: bool = False
     mtime: float = 0.0
     billed_s: float = -1.0
+
+
+class _Due(Message, frozen=True, kw_only=True):
+    """A deadline's timer fired (a reactor timer, not a poll: a quiet job's polls tell the actor only
+    now and then): `timeout` (the job's `timeout_s` from its launch) or `deadline` (the machine's)."""
+
+    what: str
 
 
 class _LoopEnded(Message, frozen=True, kw_only=True):
@@ -286,11 +295,12 @@ class HeartbeatActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  poll_s: float, setup_grace_s: float, stall_after_s: float, lost_after_s: float,
                  timeout_s: float, log_path: Path, log_header: str = "", log_from: int = 0,
-                 polls_off: Flag | None = None) -> None:
+                 polls_off: Flag | None = None, deadline: float = math.inf) -> None:
         super().__init__(ctx, parent, f"heartbeat:{job}/{seed}/a{attempt}")
         self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.poll_s, self.setup_grace_s, self.stall_after_s = poll_s, setup_grace_s, stall_after_s
         self.lost_after_s, self.timeout_s = lost_after_s, timeout_s
+        self.deadline = deadline  # unix time: the machine's own deadline (it is deleted then, job or not)
         self.log_path = log_path
         self.watch: Watch | None = None
         self.setup_done = False
@@ -323,6 +333,8 @@ class HeartbeatActor(Actor):
                 self.watch = w
                 self.last_life = w.launched_at
                 self.last_ok = time.time()
+                self._arm(w.launched_at + self.timeout_s, "timeout")
+                self._arm(self.deadline, "deadline")
                 ws = self.ctx.workspaces.get(w.machine)
                 if ws is not None:
                     ref = self.actor_ref
@@ -352,11 +364,27 @@ class HeartbeatActor(Actor):
             case _Polled() as polled:
                 if not self.stalled:
                     self._polled(polled)
+            case _Due(what=what):
+                if not (self.stalled or self.exited):
+                    self._overdue(what)
             case _LoopEnded(result=result):
                 raise result.error
             case _:
                 raise TypeError(f"HeartbeatActor cannot handle {message!r}")
         return None
+
+    def _arm(self, at: float, what: str) -> None:
+        """A timer that tells `_Due(what)` at `at` (unix time), so the deadline ends the job on time
+        whatever the poll interval; none for a moment beyond any run (a year away)."""
+        delay = at - time.time()
+        if delay < 365 * 86400.0:  # also false for nan and inf
+            self.later(max(0.0, delay), _Due(what=what))
+
+    def _overdue(self, what: str) -> None:
+        if what == "timeout":
+            self._stall(Code.JOB_FAILED, f"the job ran past its timeout_s ({self.timeout_s:.0f} s)")
+        else:
+            self._stall(Code.DEADLINE, "the machine's deadline came before the job ended")
 
     def cancel_tasks(self) -> None:
         """The poll loop, parked on the shared clock between polls, is told to end at its next beat
@@ -407,7 +435,10 @@ class HeartbeatActor(Actor):
             self._stall(Code.STALLED, "the job's process vanished without an exit code")
             return
         if now - w.launched_at > self.timeout_s:
-            self._stall(Code.JOB_FAILED, f"the job ran past its timeout_s ({self.timeout_s:.0f} s)")
+            self._overdue("timeout")
+            return
+        if now > self.deadline:
+            self._overdue("deadline")
             return
         window = self.stall_after_s if self.setup_done else self.setup_grace_s
         anchor = self.last_life if self.setup_done else w.launched_at
