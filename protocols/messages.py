@@ -189,6 +189,8 @@ class Exited(Event, frozen=True, kw_only=True):
 
     exit_code: int
     billed_s: float = -1.0  # a provider that bills the run by the second (serverless): its seconds; -1 not so
+    log_cut: int = 0  # bytes of the job's log cut from log.txt (the middle of a log longer than log_max_mb)
+    progress_dropped: int = 0  # progress lines never emitted (a job writing them faster than a report holds)
 
 
 class Stalled(Event, frozen=True, kw_only=True):
@@ -197,6 +199,7 @@ class Stalled(Event, frozen=True, kw_only=True):
     failure: Code = Code.STALLED
     detail: str = ""
     taken_at: float | None = None  # preempted: when the provider took the machine, if it says (its bill stops there)
+    progress_dropped: int = 0  # progress lines never emitted (a job writing them faster than a report holds)
 
 
 class Fetched(Event, frozen=True, kw_only=True):

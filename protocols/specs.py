@@ -65,6 +65,9 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # failing `no_capacity`; default: 0 for clouds, the job's timeout_s when a candidate is your own
     # SSH hosts (their slots free up as your own attempts finish)
     capacity_wait_s: float | None = None
+    # the most of a job's log kept in its log.txt per attempt (MB): a longer log keeps its head and
+    # its tail (the last lines always), with one line where the middle was cut
+    log_max_mb: float = 64.0
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -274,6 +277,9 @@ MAX_ENV_ENTRY = (128 << 10) - 1
 MAX_ENV_TOTAL = 256 << 10
 
 
+LOG_MAX_MB_MOST = 1 << 20  # a terabyte of log per attempt: more is a mistake
+
+
 def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _check(f"{at}.max_attempts", p.max_attempts >= 1, "int >= 1", p.max_attempts)
     _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
@@ -286,6 +292,8 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=False)
     _check(f"{at}.thrash_max", p.thrash_max >= 1, "int >= 1", p.thrash_max)
+    _number(f"{at}.log_max_mb", p.log_max_mb, 0, strict=True)
+    _check(f"{at}.log_max_mb", p.log_max_mb <= LOG_MAX_MB_MOST, f"a number <= {LOG_MAX_MB_MOST}", p.log_max_mb)
     _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False)
     # a host is judged lost only after several heartbeats could have reached it
     _check(f"{at}.lost_after_s", p.lost_after_s >= 3 * p.poll_s, f"a number >= 3 x poll_s ({3 * p.poll_s:g})",

@@ -255,9 +255,10 @@ SIZE = r"""size() { [ -f "$1" ] || { echo 0 0; return 0; }
 """
 
 
-def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> str:
+def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int, max_progress: int = 1 << 20) -> str:
     """Write the heartbeat, then say: `running`, `exited <code>` or `lost`; the sizes of the
-    progress file and log and their modification times; then the new bytes of each."""
+    progress file and log (as far as this read goes: at most `max_progress` and `max_log` new bytes)
+    and their modification times, and the log's whole size; then the new bytes of each."""
     return (
         f"w={q(work)}\n"
         f'[ -d "$w" ] || {{ echo gone; echo 0 0; exit 0; }}\n'
@@ -266,9 +267,10 @@ def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> st
         'elif [ -f "$w/response.json" ]; then echo "exited $(sed -n \'s/.*"exit_code": *\\(-\\{0,1\\}[0-9]*\\).*/\\1/p\' "$w/response.json")"\n'
         "else echo lost; fi\n"
         + SIZE +
-        'set -- $(size "$w/progress.jsonl") $(size "$w/log.txt"); p=$1 pm=$2 l=$3 lm=$4\n'
+        'set -- $(size "$w/progress.jsonl") $(size "$w/log.txt"); p=$1 pm=$2 l=$3 lm=$4 lt=$3\n'
+        f"[ $p -gt $(({progress_at} + {max_progress})) ] && p=$(({progress_at} + {max_progress}))\n"
         f"[ $l -gt $(({log_at} + {max_log})) ] && l=$(({log_at} + {max_log}))\n"
-        "echo $p $l $pm $lm\n"
+        "echo $p $l $pm $lm $lt\n"
         f'if [ $p -gt {progress_at} ]; then tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at})); fi\n'
         f'if [ $l -gt {log_at} ]; then tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at})); fi\n'
     )
