@@ -93,7 +93,7 @@ def _only_a_failure(result: Result[None]) -> _LoopEnded | None:
 PROGRESS_KEEP = 32 << 10  # bytes of the newest progress lines a report holds (lines naming a checkpoint
 # aside): a job that floods its progress file has its older lines dropped, counted, never held
 LOG_HELD_MAX = 1 << 20  # log bytes held for the actor: told at once past this
-HELD_TOTAL_MAX = 256 << 20  # told and not yet handled, all jobs: past this, polls read no log (it waits on the machine)
+HELD_TOTAL_MAX = 64 << 20  # told and not yet handled, all jobs: past this, polls read no log (it waits on the machine)
 SKIP_LINE_MAX = 64 << 10  # a cut log's tail starts at a line's start if one begins this near
 
 
@@ -205,12 +205,15 @@ class _Watch:
         """How much of the log the next poll reads. While the job runs (`total` None): its head, up to
         half the cap, and nothing while the process holds too much output already (HELD: it waits
         on the machine). After the exit (`total`: the log's whole size): the rest, if it fits in the
-        cap; else the cut is decided here (once) and the read jumps to the tail's start."""
+        cap; else the head is read up to its half of the cap, then the cut is decided here (once) and
+        the read jumps to the tail's start."""
         if total is None:
             return 0 if HELD.over() else max(0, min(MAX_LOG_PER_POLL, self.log_head - self.log_at))
         rest = total - self.log_at
         if self.cut_from is None and not self.cut and rest > max(0, self.log_head - self.log_at) + (
                 self.log_cap - self.log_head):
+            if self.log_at < self.log_head:  # the head first, up to its half of the cap
+                return min(MAX_LOG_PER_POLL, self.log_head - self.log_at)
             self.cut_from = self.log_at
             self.log_at = total - (self.log_cap - self.log_head)
             self.skip_line = True
