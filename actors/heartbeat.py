@@ -163,7 +163,7 @@ class _Watch:
         self.log_nl = True  # the last log bytes taken ended a line
         self.cut = 0  # bytes of the log cut so far
         self.dropped = 0  # progress lines dropped so far
-        self.told = self.acked = 0  # bytes of output told to the actor, and handled there (HELD)
+        self.told = 0  # bytes of output told to the actor (HELD; the actor counts what it handled)
         self.mtime = 0.0
         self.last_told = 0.0  # trio's clock, once the first step has told (it always does)
         self.busy = False  # a step is in flight (the loop's, or the exit hint's)
@@ -451,8 +451,9 @@ class HeartbeatActor(Actor):
                 self.watch = w
                 self.last_life = w.launched_at
                 self.last_ok = time.time()
-                self._arm(w.launched_at + self.timeout_s, "timeout")
-                self._arm(self.deadline, "deadline")
+                # one timer, for the earlier (a few objects per job the collector walks: issue 30's census)
+                timeout_at = w.launched_at + self.timeout_s
+                self._arm(*((timeout_at, "timeout") if timeout_at <= self.deadline else (self.deadline, "deadline")))
                 ws = self.ctx.workspaces.get(w.machine)
                 if ws is not None:
                     ref = self.actor_ref

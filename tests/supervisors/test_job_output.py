@@ -20,7 +20,7 @@ import psutil
 import pytest
 from cli_inproc import run_cli, start_cli
 
-# the README's bound (its "How much memory a job's output takes" section)
+# the bound README.md names (its paragraph "A job's output", under "The batch file")
 RSS_BOUND_MB = 400
 
 LOUD = r"""

@@ -21,12 +21,15 @@ from sshd import Sshd
 from waits import poll
 
 # two daemons that leave the job's session and group: a double fork (the grandchild in a session of
-# its own, its parent gone) and `setsid nohup`; then the job ends, hangs, or waits for a gate
+# its own, its parent gone) and `setsid nohup`; and one that clears its environment (no mark) but
+# stays in the job's session; then the job ends, hangs, or waits for a gate
 JOB = r"""
 sh -c 'setsid sh -c "sleep 300 & echo \$! >> \"$DAEMONS/pids\"" &'
 setsid nohup sleep 301 > /dev/null 2>&1 &
 echo $! >> "$DAEMONS/pids"
-while [ "$(wc -l < "$DAEMONS/pids")" -lt 2 ]; do sleep 0.05; done
+env -i sleep 302 > /dev/null 2>&1 &
+echo $! >> "$DAEMONS/pids"
+while [ "$(wc -l < "$DAEMONS/pids")" -lt 3 ]; do sleep 0.05; done
 echo started
 case "$MODE" in
   end) exit 0;;
@@ -87,20 +90,20 @@ def is_daemon(pid: int) -> bool:
     try:
         p = psutil.Process(pid)
         return p.status() != psutil.STATUS_ZOMBIE and p.cmdline()[:1] == ["sleep"] and p.cmdline()[1:] in (
-            ["300"], ["301"])
+            ["300"], ["301"], ["302"])
     except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
         return False
 
 
-def both_daemons_running(tmp: Path) -> list[int]:
+def all_daemons_running(tmp: Path) -> list[int]:
     found = pids(tmp)
-    return found if len(found) == 2 and all(is_daemon(p) for p in found) else []
+    return found if len(found) == 3 and all(is_daemon(p) for p in found) else []
 
 
 def assert_gone_soon(tmp: Path, ended: float) -> None:
     """Every daemon the job left is gone within GONE_S of `ended` (time.monotonic())."""
     found = pids(tmp)
-    assert len(found) == 2, f"the job wrote {found}"
+    assert len(found) == 3, f"the job wrote {found}"
     poll(lambda: not any(is_daemon(p) for p in found), max(0.1, ended + GONE_S - time.monotonic()),
          f"the job's daemons {found} to be gone within {GONE_S} s")
 
@@ -175,7 +178,7 @@ def test_daemons_end_with_a_cancel(tmp_path: Path, cloud: tuple[str, Sshd | None
     path = batch(tmp_path, *cloud, mode="hang")
     proc = start_run(tmp_path, path)
     try:
-        poll(lambda: both_daemons_running(tmp_path), 120, "the job's two daemons")
+        poll(lambda: all_daemons_running(tmp_path), 120, "the job's three daemons")
         done = cli(tmp_path, "cancel", "d/1")
         ended = time.monotonic()
         assert done.returncode == 0, done.stdout + done.stderr
@@ -197,7 +200,7 @@ def test_daemons_end_after_a_killed_controller(tmp_path: Path, cloud: tuple[str,
     path = batch(tmp_path, *cloud, mode="hang", timeout_s=20 if after == "resume" else 300)
     proc = start_run(tmp_path, path)
     try:
-        poll(lambda: both_daemons_running(tmp_path), 120, "the job's two daemons")
+        poll(lambda: all_daemons_running(tmp_path), 120, "the job's three daemons")
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
         if after == "sweep":
@@ -209,7 +212,7 @@ def test_daemons_end_after_a_killed_controller(tmp_path: Path, cloud: tuple[str,
         ended = time.monotonic()
         assert done.returncode in (0, 1), done.stdout + done.stderr
         assert_gone_soon(tmp_path, ended)
-        assert len(pids(tmp_path)) == 2, "a second pair was started"
+        assert len(pids(tmp_path)) == 3, "a second set was started"
         assert bystander.is_running()
     finally:
         _kill(proc)
@@ -225,7 +228,7 @@ def test_daemons_end_with_the_watchdog(tmp_path: Path, cloud: tuple[str, Sshd | 
     path = batch(tmp_path, *cloud, mode="hang", lost_after_s=lost)
     proc = start_run(tmp_path, path)
     try:
-        poll(lambda: both_daemons_running(tmp_path), 120, "the job's two daemons")
+        poll(lambda: all_daemons_running(tmp_path), 120, "the job's three daemons")
         proc.send_signal(how)
         silent = time.monotonic()
         # the watchdog gives up after lost + min(60, lost) s, checking every second; then TERM, 2 s, KILL
