@@ -194,6 +194,7 @@ class AttemptActor(Actor):
             ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
             log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._ending,
+            deadline=self.deadline, log_max_bytes=int(p.log_max_mb * 1e6),
         )
         self.children.append(self.heartbeat)
         self.heartbeat.tell(watch)

@@ -16,14 +16,15 @@ left waiting for the next tick. The parent hears `Exited` once the job ended, or
   the job reports a stage outside SETUP_STAGES, then `stall_after_s` from its last sign of life
   (a progress line or log output). Both are anchored at the launch, never at a (re)attach.
 - `unreachable`: no successful tick for `lost_after_s`; `preempted`: the provider took the machine;
-  `job_failed`: the job ran past its own `timeout_s`.
+  `job_failed`: the job ran past its own `timeout_s`; `deadline`: the machine's deadline came. Both
+  are reactor timers set at `Watch` (`_Due`), so they end the job within moments of passing,
+  whatever the poll interval (the polls check them too).
 After `Exited`, ticks go on (only the heartbeat) until the actor is stopped: a long fetch must not
 look like a lost controller to the host's watchdog.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -45,7 +46,7 @@ from actor_run.actors.flag import Flag
 from actor_run.actors.runtime import Result, Task
 from actor_run.actors.ticks import Subscription, Ticker, call_at, subscribe
 from actor_run.protocols.failures import CallCancelled, Code, HostError, MachineGone, Refused
-from actor_run.protocols.hosts.workspace import PollResult, PollsNow, Workspace
+from actor_run.protocols.hosts.workspace import MAX_LOG_PER_POLL, MAX_PROGRESS_PER_POLL, PollResult, PollsNow, Workspace
 from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
 from actor_run.protocols.specs import job_key
 from actor_run.protocols.verdict import REASON_MAX, TAIL_BYTES, oom_line
@@ -65,6 +66,17 @@ class _Polled(Message, frozen=True, kw_only=True):
     first: bool = False
     mtime: float = 0.0
     billed_s: float = -1.0
+    grew: bool = False  # the log grew on the machine (past the part read as it comes): a sign of life
+    cut: int = 0  # bytes of the log not read so far (the middle of a log longer than its cap)
+    dropped: int = 0  # progress lines not told so far (more than a report holds)
+    held: int = 0  # bytes of output this message holds (HELD's count)
+
+
+class _Due(Message, frozen=True, kw_only=True):
+    """A deadline's timer fired (a reactor timer, not a poll: a quiet job's polls tell the actor only
+    now and then): `timeout` (the job's `timeout_s` from its launch) or `deadline` (the machine's)."""
+
+    what: str
 
 
 class _LoopEnded(Message, frozen=True, kw_only=True):
@@ -77,6 +89,32 @@ def _only_a_failure(result: Result[None]) -> _LoopEnded | None:
     if isinstance(result, outcome.Error) and not isinstance(result.error, CallCancelled):
         return _LoopEnded(result=result)
     return None
+
+
+PROGRESS_KEEP = 32 << 10  # bytes of the newest progress lines a report holds (lines naming a checkpoint
+# aside): a job that floods its progress file has its older lines dropped, counted, never held
+LOG_HELD_MAX = 1 << 20  # log bytes held for the actor: told at once past this
+HELD_TOTAL_MAX = 64 << 20  # told and not yet handled, all jobs: past this, polls read no log (it waits on the machine)
+SKIP_LINE_MAX = 64 << 10  # a cut log's tail starts at a line's start if one begins this near
+
+
+class _Held:
+    """Bytes of job output told to heartbeat actors and not yet handled, for the whole process (any
+    thread): past HELD_TOTAL_MAX the polls read no more log until the actors catch up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+    def over(self) -> bool:
+        return self.bytes > HELD_TOTAL_MAX
+
+
+HELD = _Held()
 
 
 REPORT_S = 2.0  # new progress and log are handed to the actor at most this often (a line naming a
@@ -109,7 +147,7 @@ class _Watch:
     After the job exited, only the heartbeat goes on."""
 
     def __init__(self, ws: Workspace, work: str, pid: int, idle_every: int, tell: Callable[[Message], None],
-                 report_s: float, off: Flag | None = None) -> None:
+                 report_s: float, off: Flag | None = None, log_cap: int = 64_000_000) -> None:
         self.ws, self.work, self.pid = ws, work, pid
         self.off = off  # set by the attempt once it ends (its machine is being deleted): no more steps
         self.idle_every, self.tell, self.report_s = idle_every, tell, report_s
@@ -117,6 +155,16 @@ class _Watch:
         self.state, self.quiet, self.first = "running", 0, True
         self.lines = bytearray()  # whole progress lines not yet told
         self.log = bytearray()
+        # the log's cap: its head is read as it comes, its tail after the exit, the middle cut
+        self.log_cap, self.log_head = log_cap, log_cap // 2
+        self.log_total = 0  # the log's whole size on the machine, as last read (a workspace that says it)
+        self.grew = False  # the log grew since the last report
+        self.cut_from: int | None = None  # the cut's start (machine offset), its mark not yet written
+        self.skip_line = False  # the tail starts at the next line's start
+        self.log_nl = True  # the last log bytes taken ended a line
+        self.cut = 0  # bytes of the log cut so far
+        self.dropped = 0  # progress lines dropped so far
+        self.told = 0  # bytes of output told to the actor (HELD; the actor counts what it handled)
         self.mtime = 0.0
         self.last_told = 0.0  # trio's clock, once the first step has told (it always does)
         self.busy = False  # a step is in flight (the loop's, or the exit hint's)
@@ -133,7 +181,15 @@ class _Watch:
         self.busy = True
         try:
             if self.state == "running":
-                res = await self.ws.poll(self.work, self.pid, self.progress_at, self.log_at)
+                room = self.log_room()
+                res = await self.ws.poll(self.work, self.pid, self.progress_at, self.log_at, room)
+                # the job ended: the rest of its log (up to the cap: the tail) is read before the exit is told
+                while res.state == "exited" and 0 <= self.log_at + len(res.log) < res.log_total:
+                    self._take(msgspec.structs.replace(res, state=self.state), drain=True)
+                    room = self.log_room(res.log_total)  # first: it may move log_at to the tail's start
+                    res = await self.ws.poll(self.work, self.pid, self.progress_at, self.log_at, room)
+                    if not res.log:
+                        break  # nothing more to read (the file shrank): the exit is told
             else:
                 await self.ws.beat(self.work)
                 res = None
@@ -146,18 +202,81 @@ class _Watch:
         if res is not None:
             self._take(res)
 
-    def _take(self, res: PollResult, now: float | None = None) -> None:
+    def log_room(self, total: int | None = None) -> int:
+        """How much of the log the next poll reads. While the job runs (`total` None): its head, up to
+        half the cap, and nothing while the process holds too much output already (HELD: it waits
+        on the machine). After the exit (`total`: the log's whole size): the rest, if it fits in the
+        cap; else the head is read up to its half of the cap, then the cut is decided here (once) and
+        the read jumps to the tail's start."""
+        if total is None:
+            return 0 if HELD.over() else max(0, min(MAX_LOG_PER_POLL, self.log_head - self.log_at))
+        rest = total - self.log_at
+        if self.cut_from is None and not self.cut and rest > max(0, self.log_head - self.log_at) + (
+                self.log_cap - self.log_head):
+            if self.log_at < self.log_head:  # the head first, up to its half of the cap
+                return min(MAX_LOG_PER_POLL, self.log_head - self.log_at)
+            self.cut_from = self.log_at
+            self.log_at = total - (self.log_cap - self.log_head)
+            self.skip_line = True
+        return max(0, min(MAX_LOG_PER_POLL, total - self.log_at))
+
+    def _cut_mark(self, upto: int) -> bytes:
+        """The line that stands where the middle of the log was cut."""
+        assert self.cut_from is not None
+        n = upto - self.cut_from
+        self.cut += n
+        mark = (f"[actor-run] {n} bytes of this log were cut here (bytes {self.cut_from}-{upto} of "
+                f"{self.log_total}; log_max_mb = {self.log_cap / 1e6:g} keeps the head and the tail): the whole "
+                f"log stayed on the machine at {self.work}/log.txt, which is deleted with the machine\n")
+        self.cut_from = None
+        return (b"" if self.log_nl else b"\n") + mark.encode()
+
+    def _trim_lines(self) -> None:
+        """Keep the newest progress lines (about PROGRESS_KEEP bytes) and every line naming a
+        checkpoint; count the others as dropped."""
+        buf = bytes(self.lines)
+        cut = buf.rfind(b"\n", 0, len(buf) - PROGRESS_KEEP) + 1
+        if cut <= 0:
+            return
+        older = buf[:cut]
+        n = older.count(b"\n")
+        keep = b""
+        if b"checkpoint" in older:
+            kept = [line for line in older.split(b"\n") if b"checkpoint" in line]
+            keep = b"\n".join(kept) + b"\n"
+            n -= len(kept)
+        self.dropped += n
+        self.lines = bytearray(keep + buf[cut:])
+
+    def _take(self, res: PollResult, now: float | None = None, drain: bool = False) -> None:
         """Once per poll of every watched job (20,000 a second at N=10,000 in bench/load.py): whole
         lines are gathered as bytes and split only when told, and no object the collector tracks is
-        made unless the actor is told."""
+        made unless the actor is told. What is held for the actor is bounded: the newest progress
+        lines (PROGRESS_KEEP), the log until LOG_HELD_MAX (then told at once); `drain`: a part of the
+        log read after the exit, told at once."""
         progress, log = res.progress, res.log
         end = progress.rfind(b"\n") + 1  # a line still being written is read next time
         if end:
             self.progress_at += end
             self.lines += progress[:end]
+            if len(self.lines) > PROGRESS_KEEP:
+                self._trim_lines()
+        elif len(progress) >= MAX_PROGRESS_PER_POLL:  # one line longer than a poll reads: dropped
+            self.progress_at += len(progress)
+            self.dropped += 1
+        if res.log_total > self.log_total:
+            self.log_total, self.grew = res.log_total, True
         if log:
             self.log_at += len(log)
+            if self.skip_line:  # the tail's first bytes: from the next line's start
+                self.skip_line = False
+                nl = log.find(b"\n", 0, SKIP_LINE_MAX)
+                if 0 <= nl < len(log) - 1:
+                    log = log[nl + 1:]
+            if self.cut_from is not None:
+                self.log += self._cut_mark(self.log_at - len(log))
             self.log += log
+            self.log_nl = log.endswith(b"\n")
         if res.progress_mtime > self.mtime or res.log_mtime > self.mtime:
             self.mtime = max(self.mtime, res.progress_mtime, res.log_mtime)
         self.quiet += 1
@@ -166,10 +285,14 @@ class _Watch:
         # a checkpoint's line: "checkpoint" holds no newline, so it is in the new lines iff in one of them
         urgent = self.first or res.state != self.state or progress.find(b"checkpoint", 0, end) >= 0
         due = (self.lines or self.log) and now - self.last_told >= self.report_s
-        if urgent or due or self.quiet >= self.idle_every:
+        if urgent or due or drain or len(self.log) >= LOG_HELD_MAX or self.quiet >= self.idle_every:
+            n = len(self.lines) + len(self.log)
+            self.told += n
+            HELD.add(n)
             self.tell(_Polled(state=res.state, exit_code=res.exit_code, lines=bytes(self.lines).splitlines(),
-                              log=bytes(self.log), first=self.first, mtime=self.mtime, billed_s=res.billed_s))
-            self.lines, self.log = bytearray(), bytearray()
+                              log=bytes(self.log), first=self.first, mtime=self.mtime, billed_s=res.billed_s,
+                              grew=self.grew, cut=self.cut, dropped=self.dropped, held=n))
+            self.lines, self.log, self.grew = bytearray(), bytearray(), False
             self.quiet, self.first, self.last_told = 0, False, now
         self.state = res.state
 
@@ -287,11 +410,16 @@ class HeartbeatActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: str, seed: int, attempt: int,
                  poll_s: float, setup_grace_s: float, stall_after_s: float, lost_after_s: float,
                  timeout_s: float, log_path: Path, log_header: str = "", log_from: int = 0,
-                 polls_off: Flag | None = None) -> None:
+                 polls_off: Flag | None = None, deadline: float = math.inf, log_max_bytes: int = 64_000_000) -> None:
         super().__init__(ctx, parent, f"heartbeat:{job}/{seed}/a{attempt}")
         self.head: AttemptHead = {"job": job, "seed": seed, "attempt": attempt}
         self.poll_s, self.setup_grace_s, self.stall_after_s = poll_s, setup_grace_s, stall_after_s
         self.lost_after_s, self.timeout_s = lost_after_s, timeout_s
+        self.deadline = deadline  # unix time: the machine's own deadline (it is deleted then, job or not)
+        self.log_max_bytes = log_max_bytes
+        self.log_cut = 0  # bytes of the job's log cut from log.txt (its middle, past log_max_bytes)
+        self.dropped = 0  # progress lines never emitted (more than a report holds)
+        self._acked = 0  # bytes of output handled here (HELD)
         self.log_path = log_path
         self.watch: Watch | None = None
         self.setup_done = False
@@ -329,15 +457,22 @@ class HeartbeatActor(Actor):
                 self.watch = w
                 self.last_life = w.launched_at
                 self.last_ok = time.time()
+                # one timer, for the earlier (a few objects per job the collector walks: issue 30's census)
+                timeout_at = w.launched_at + self.timeout_s
+                self._arm(*((timeout_at, "timeout") if timeout_at <= self.deadline else (self.deadline, "deadline")))
                 ws = self.ctx.workspaces.get(w.machine)
                 if ws is not None:
                     ref = self.actor_ref
 
                     def tell(msg: Message) -> None:
-                        with contextlib.suppress(pykka.ActorDeadError):
+                        try:
                             ref.tell(msg)
+                        except pykka.ActorDeadError:
+                            if isinstance(msg, _Polled):
+                                HELD.add(-msg.held)
 
-                    watch = self._watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S, self.polls_off)
+                    watch = self._watch = _Watch(ws, w.work, w.pid, self.idle_every, tell, REPORT_S, self.polls_off,
+                                                 log_cap=self.log_max_bytes)
                     watch.log_at = self.log_from
                     # the exit hint: a task waiting for it only where nothing else can tell (about 25
                     # objects the collector walks per job: issue 30's census)
@@ -356,13 +491,32 @@ class HeartbeatActor(Actor):
                     if exit_at is None:
                         self.spawn(watch.step_on_exit, reply=_only_a_failure)
             case _Polled() as polled:
+                if polled.held:
+                    HELD.add(-polled.held)
+                    self._acked += polled.held
                 if not self.stalled:
                     self._polled(polled)
+            case _Due(what=what):
+                if not (self.stalled or self.exited):
+                    self._overdue(what)
             case _LoopEnded(result=result):
                 raise result.error
             case _:
                 raise TypeError(f"HeartbeatActor cannot handle {message!r}")
         return None
+
+    def _arm(self, at: float, what: str) -> None:
+        """A timer that tells `_Due(what)` at `at` (unix time), so the deadline ends the job on time
+        whatever the poll interval; none for a moment beyond any run (a year away)."""
+        delay = at - time.time()
+        if delay < 365 * 86400.0:  # also false for nan and inf
+            self.later(max(0.0, delay), _Due(what=what))
+
+    def _overdue(self, what: str) -> None:
+        if what == "timeout":
+            self._stall(Code.JOB_FAILED, f"the job ran past its timeout_s ({self.timeout_s:.0f} s)")
+        else:
+            self._stall(Code.DEADLINE, "the machine's deadline came before the job ended")
 
     def cancel_tasks(self) -> None:
         """The poll loop, parked on the shared clock between polls, is told to end at its next beat
@@ -380,7 +534,15 @@ class HeartbeatActor(Actor):
     def _stall(self, code: Code, detail: str, taken_at: float | None = None) -> None:
         self.stalled = True
         self.cancel_tasks()
-        self.tell_parent(Stalled(**self.head, failure=code, detail=detail, taken_at=taken_at))
+        self.tell_parent(Stalled(**self.head, failure=code, detail=detail, taken_at=taken_at,
+                                 progress_dropped=self.dropped))
+
+    def _release_held(self) -> None:
+        """At the stop: what was told and never handled (still in the inbox) no longer counts."""
+        watch = self._watch
+        if watch is not None and watch.told > self._acked:
+            HELD.add(self._acked - watch.told)
+            self._acked = watch.told
 
     def _polled(self, p: _Polled) -> None:
         now = time.time()
@@ -400,8 +562,11 @@ class HeartbeatActor(Actor):
         self.last_ok = now
         if self.exited:
             return
+        self.log_cut, self.dropped = p.cut, p.dropped
         # after a reattach, what the first poll reads was written before: life as of the files' times
         seen = max(p.mtime, w.launched_at) if (w.reattached and p.first) else now
+        if p.grew:  # the log grows on the machine past the part read as it comes: the job lives
+            self.last_life = max(self.last_life, seen)
         self._take_log(p.log, seen)
         self._take_progress(p.lines, seen)
         if p.state == "exited":
@@ -409,13 +574,17 @@ class HeartbeatActor(Actor):
             exit_code = p.exit_code if p.exit_code is not None else -1
             oom = (self.oom_flag or oom_line(self.tail, exit_code)) if exit_code != 0 else ""
             self.tell_parent(Exited(**self.head, exit_code=exit_code, billed_s=p.billed_s, retriable=self.retriable,
-                                    reason=self.reason, oom=oom))
+                                    reason=self.reason, oom=oom, log_cut=self.log_cut,
+                                    progress_dropped=self.dropped))
             return
         if p.state in ("lost", "gone"):
             self._stall(Code.STALLED, "the job's process vanished without an exit code")
             return
         if now - w.launched_at > self.timeout_s:
-            self._stall(Code.JOB_FAILED, f"the job ran past its timeout_s ({self.timeout_s:.0f} s)")
+            self._overdue("timeout")
+            return
+        if now > self.deadline:
+            self._overdue("deadline")
             return
         window = self.stall_after_s if self.setup_done else self.setup_grace_s
         anchor = self.last_life if self.setup_done else w.launched_at
@@ -471,11 +640,13 @@ class HeartbeatActor(Actor):
     def on_stop(self) -> None:
         """After stop(): the poll loop is cancelled and the log file closed."""
         super().on_stop()
+        self._release_held()
         self._close_log()
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:
         """After a raise: as on_stop, then the parent hears ChildFailed."""
+        self._release_held()
         self._close_log()
         super().on_failure(exception_type, exception_value, traceback)
 

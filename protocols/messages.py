@@ -248,6 +248,8 @@ class Exited(Event, frozen=True, kw_only=True):
     retriable: bool = False  # the job's last progress line saying "retriable" said true
     reason: str = ""  # the reason that line gave
     oom: str = ""  # the evidence that the job ran out of memory (its log's line, or its own flag)
+    log_cut: int = 0  # bytes of the job's log cut from log.txt (the middle of a log longer than log_max_mb)
+    progress_dropped: int = 0  # progress lines never emitted (a job writing them faster than a report holds)
 
 
 class Stalled(Event, frozen=True, kw_only=True):
@@ -256,6 +258,7 @@ class Stalled(Event, frozen=True, kw_only=True):
     failure: Code = Code.STALLED
     detail: str = ""
     taken_at: float | None = None  # preempted: when the provider took the machine, if it says (its bill stops there)
+    progress_dropped: int = 0  # progress lines never emitted (a job writing them faster than a report holds)
 
 
 class Fetched(Event, frozen=True, kw_only=True):

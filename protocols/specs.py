@@ -87,6 +87,9 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_launch_failures: int | None = None  # launch_failed and ambiguous_create
     max_retriable: int | None = None  # the job's own `retriable` verdicts
     max_oom_moves: int | None = None  # moves to a bigger GPU after `oom`
+    # the most of a job's log kept in its log.txt per attempt (MB): a longer log keeps its head and
+    # its tail (the last lines always), with one line where the middle was cut
+    log_max_mb: float = 64.0
 
 
 KIND_LIMITS = ("max_preemptions", "max_stalls", "max_unreachable", "max_launch_failures", "max_retriable",
@@ -310,6 +313,9 @@ MAX_ENV_ENTRY = (128 << 10) - 1
 MAX_ENV_TOTAL = 256 << 10
 
 
+LOG_MAX_MB_MOST = 1 << 20  # a terabyte of log per attempt: more is a mistake
+
+
 def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _check(f"{at}.max_attempts", p.max_attempts >= 1, "int >= 1", p.max_attempts)
     _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
@@ -331,6 +337,8 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _check(f"{at}.on_oom", p.on_oom in ON_OOM, " or ".join(repr(o) for o in ON_OOM), p.on_oom)
     for i, code in enumerate(p.retry_on_exit):
         _check(f"{at}.retry_on_exit[{i}]", 1 <= code <= 255, "an exit code from 1 to 255", code)
+    _number(f"{at}.log_max_mb", p.log_max_mb, 0, strict=True)
+    _check(f"{at}.log_max_mb", p.log_max_mb <= LOG_MAX_MB_MOST, f"a number <= {LOG_MAX_MB_MOST}", p.log_max_mb)
     _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False)
     # a host is judged lost only after several heartbeats could have reached it
     _check(f"{at}.lost_after_s", p.lost_after_s >= 3 * p.poll_s, f"a number >= 3 x poll_s ({3 * p.poll_s:g})",

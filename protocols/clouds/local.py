@@ -2,8 +2,9 @@
 its host is a local `sh`. It runs the job for real and costs nothing.
 
 Its machines live under `<state_dir>/local/`: `<name>/` is the machine's root, `<name>.json` its
-record. Deleting a machine stops the process groups started in its root (by the pids recorded at
-their start) and removes both.
+record. Deleting a machine stops every process of each attempt started in its root (the sessions
+and groups of the pids recorded at their start, and every process whose environment holds an
+attempt's mark, however it detached: hosts/scripts.py MEMBERS) and removes both.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import psutil
 
 from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
+from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.messages import Machine, Offer
@@ -60,26 +62,78 @@ def started_groups(root: Path) -> list[int]:
     return groups
 
 
-def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
-    """Stop the process groups started under `root` (`started_groups`: by the pid recorded at their
-    start, never by what a command line says), and wait (up to `wait_s`) until each member is dead:
-    a SIGKILL is delivered at the process's next scheduling, so a busy machine may still show one
-    running just after the kill."""
+def started_marks(root: Path) -> set[bytes]:
+    """The marks (`ACTOR_RUN_TAG=<tag>`, as the job's environment holds them) of the attempts
+    started under `root`: every process an attempt started inherits its mark, however it detached."""
+    marks = set()
+    for f in root.glob("work/*/*/a*/tag"):
+        try:
+            tag = f.read_text().strip()
+        except OSError:
+            continue
+        if tag.startswith("actor-run-") and tag[10:].isalnum():
+            marks.add(f"{scripts.MARK}={tag}".encode())
+    return marks
+
+
+def _marked(pid: int, marks: set[bytes]) -> bool:
+    """Whether the process's environment (as it was exec'd: /proc/<pid>/environ) holds one of `marks`."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return not marks.isdisjoint(f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def attempt_processes(root: Path) -> list[psutil.Process]:
+    """Every live process of the attempts started under `root`: the members of the sessions and
+    groups recorded at their start (`started_groups`), and, on Linux, every process of this user
+    whose environment holds an attempt's mark (`started_marks`). Never this process."""
     groups = set(started_groups(root))
-    if not groups:
-        return 0
+    marks = started_marks(root) if os.path.isdir("/proc/self") else set()
+    if not groups and not marks:
+        return []
+    uid = os.getuid()
     members: list[psutil.Process] = []
-    for proc in psutil.process_iter(["pid", "status"]):
+    for proc in psutil.process_iter(["pid", "status", "uids"]):
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
             # a group's members, and its leader itself: one just started may not have made its own
             # session yet (`setsid` runs after the fork that recorded its pid), its group then not
             # named by its pid, and a kill of the group alone would miss it
-            if proc.pid in groups or os.getpgid(proc.pid) in groups:
+            started = proc.pid in groups or os.getpgid(proc.pid) in groups or os.getsid(proc.pid) in groups
+            uids = proc.info["uids"]
+            if started or (marks and uids is not None and uids.real == uid and _marked(proc.pid, marks)):
                 members.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    return members
+
+
+def stop_processes_under(root: Path, wait_s: float = 10.0) -> int:
+    """Stop every process of the attempts started under `root` (`attempt_processes`: the groups and
+    sessions of the pids recorded at their start, never by what a command line says, and whatever
+    holds an attempt's mark), and wait (up to `wait_s`) until each is dead: a SIGKILL is delivered at
+    the process's next scheduling, so a busy machine may still show one running just after the
+    kill. Found again until none is left (one forking as it died made another), up to `wait_s`."""
+    groups = set(started_groups(root))
+    members = attempt_processes(root)
+    if not groups and not members:
+        return 0
+    found = {p.pid: p for p in members}
+    deadline = time.monotonic() + wait_s
+    while members and time.monotonic() < deadline:
+        for proc in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGSTOP)  # stopped first: none forks while its fellows die
+        for proc in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.01)
+        members = [p for p in attempt_processes(root) if p.pid not in found or _alive(p)]
+        found.update((p.pid, p) for p in members)
+    members = list(found.values())
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)

@@ -47,7 +47,7 @@ from actor_run.protocols.clouds.object_store import ObjectStore
 from actor_run.protocols.clouds.rp_api import RunPodApi
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import tree_size
-from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
+from actor_run.protocols.hosts.workspace import MAX_LOG_PER_POLL, HostBeat, Launch, PollResult, Record
 from actor_run.protocols.offload import to_thread
 from actor_run.protocols.serverless import (
     INLINE_LIMIT,
@@ -184,7 +184,9 @@ class ServerlessWorkspace:
             raise Refused(Code.INTERNAL, f"no queue job is known for {work}")
         return job
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
+                   log_max: int = MAX_LOG_PER_POLL) -> PollResult:
+        """All that is new (`log_max` aside: a queue job's stream is held here until read)."""
         job = self._job(work)
         if job.status not in TERMINAL:
             answer = await self.api.queue("GET", job.handle.endpoint_id, f"stream/{job.handle.job_id}")

@@ -67,7 +67,7 @@ from actor_run.protocols.failures import (
 )
 from actor_run.protocols.hosts.aio import AsyncioLoop
 from actor_run.protocols.hosts.ssh import SSHHost
-from actor_run.protocols.hosts.workspace import PollResult, ShellWorkspace, Workspace
+from actor_run.protocols.hosts.workspace import MAX_LOG_PER_POLL, PollResult, ShellWorkspace, Workspace
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
@@ -138,9 +138,10 @@ class SkyPilotWorkspace(ShellWorkspace):
         super().__init__(host, root)
         self._gone = gone
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
+                   log_max: int = MAX_LOG_PER_POLL) -> PollResult:
         try:
-            return await super().poll(work, pid, progress_at, log_at)
+            return await super().poll(work, pid, progress_at, log_at, log_max)
         except Unreachable as exc:
             why = await self._gone()
             if why:

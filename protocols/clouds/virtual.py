@@ -35,7 +35,7 @@ from actor_run.protocols.failures import MachineGone
 from actor_run.protocols.files import write_all
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
-from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
+from actor_run.protocols.hosts.workspace import MAX_LOG_PER_POLL, HostBeat, Launch, PollResult, Record
 from actor_run.protocols.offload import to_thread
 from actor_run.protocols.verdict import OOM_KILLER_LINE
 
@@ -277,7 +277,9 @@ class VirtualWorkspace:
         self._machine.jobs[launch.work] = job
         return job.pid
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
+                   log_max: int = MAX_LOG_PER_POLL) -> PollResult:
+        """All that is new (`log_max` aside: a virtual job's few lines are in memory already)."""
         await self._guard()
         return self._poll(work, pid, progress_at, log_at)
 

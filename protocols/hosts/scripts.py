@@ -85,6 +85,45 @@ running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
   case "$_r_s" in *"$tag"*) return 0;; esac; return 1; }
 """
 
+# The attempt's processes, however they detached: every process of the user whose environment holds
+# the attempt's mark (`ACTOR_RUN_TAG=<tag>`, put in the job's environment: every descendant inherits
+# it through setsid, nohup and double forks), and, while its leader runs (`$1`, the session leader's
+# pid: a session id is not reused while it names a live session), the members of the job's session
+# that cleared their environment (not this shell's own children: the pipeline asking is in the session
+# when the leader asks). Linux reads /proc (one grep over every environ, one cat of every
+# stat); elsewhere (macOS) `ps -E` prints the environments of the user's own processes. A GPU
+# process of the attempt is one of these (nvidia-smi's compute-apps list is checked the same way,
+# where the tool exists). `reap` stops then kills them all, and again until no one is left (a
+# process forking as it dies makes one more), never this shell itself; bounded, 20 rounds.
+MEMBERS = r"""members() {
+  if [ -r /proc/self/stat ]; then
+    { grep -lszxF "ACTOR_RUN_TAG=$tag" /proc/[0-9]*/environ; [ $? -gt 1 ] && grep -lsaF "ACTOR_RUN_TAG=$tag" /proc/[0-9]*/environ
+      if [ -n "$1" ]; then cat /proc/[0-9]*/stat 2>/dev/null |
+        awk -v s="$1" -v me="$$" '{ p = $1; sub(/^.*\) /, ""); if ($4 == s && $1 != "Z" && $1 != "X") up[p] = $2 }
+          END { for (p in up) { q = p; ours = 0; for (n = 0; n < 64 && (q in up); n++) { if (up[q] == me) { ours = 1; break }; q = up[q] }
+                if (!ours) print "/proc/" p "/" } }'; fi
+      if command -v nvidia-smi >/dev/null 2>&1; then
+        for _g in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
+          case "$_g" in ""|*[!0-9]*) continue;; esac
+          grep -qszxF "ACTOR_RUN_TAG=$tag" "/proc/$_g/environ" && echo "/proc/$_g/"
+        done
+      fi
+    } 2>/dev/null | sed -n 's|^/proc/\([0-9]*\)/.*|\1|p' | sort -u | grep -vx "$$"
+  else
+    ps -A -E -ww -o pid= -o command= 2>/dev/null | grep -F "ACTOR_RUN_TAG=$tag" | awk '{ print $1 }' | grep -vx "$$"
+  fi
+  return 0
+}
+reap() { _rp_n=0
+  while [ $_rp_n -lt 20 ]; do
+    _rp_m=$(members "$1"); [ -n "$_rp_m" ] || return 0
+    kill -s STOP $_rp_m 2>/dev/null; kill -s KILL $_rp_m 2>/dev/null
+    _rp_n=$((_rp_n + 1)); sleep 0.1
+  done
+  return 1
+}
+"""
+
 # The host's backstop for a job its controller lost: every `every` seconds, if no controller wrote
 # `alive` for `lost` seconds and the job still runs, stop its process group and remove the folder
 # (its outputs are partial). A finished job keeps its folder `keep` seconds for a controller that
@@ -96,13 +135,16 @@ running() { [ -r /proc/self/stat ] || { running_ps "$1"; return; }
 # heartbeat every `every`. A sandbox's delete by another process (a controller's resume) can race
 # a start still in flight on the host (its controller was killed meanwhile): the start records the
 # watchdog's pid after the delete has looked for the pids, and only the folder's absence ends that
-# watchdog and its job (they lived up to `every`, 15-30 s, after the delete).
+# watchdog and its job (they lived up to `every`, 15-30 s, after the delete). Whatever ends the job
+# here ends every process of the attempt (`reap`: its mark and its session), not only its group; a
+# finished job whose controller is lost keeps its folder, not what it left running.
 WATCHDOG = r"""w=$1 pid=$2 lost=$3 every=$4 keep=$5
-""" + RUNNING + r"""n=0
+""" + RUNNING + MEMBERS + r"""n=0
 while :; do
   sleep 1
   if [ ! -d "$w" ]; then
-    running "$pid" && kill -s KILL -- "-$pid" 2>/dev/null  # no grace: nothing it writes has anywhere to go
+    sid=; running "$pid" && sid=$pid && kill -s KILL -- "-$pid" 2>/dev/null  # no grace: nothing it writes has anywhere to go
+    reap "$sid"
     exit 0
   fi
   n=$((n + 1)); [ "$n" -lt "$every" ] && continue; n=0
@@ -112,9 +154,12 @@ while :; do
   if running "$pid"; then
     [ "$age" -gt "$lost" ] || continue
     kill -s TERM -- "-$pid" 2>/dev/null; sleep 2; kill -s KILL -- "-$pid" 2>/dev/null
+    reap "$pid"
   elif [ "$age" -le "$keep" ]; then
+    [ "$age" -gt "$lost" ] && reap ""
     continue
   fi
+  reap ""
   la=$(cat "$w/lost_after" 2>/dev/null)
   echo "$last ${la:--}" > "$w.lost" 2>/dev/null
   chmod -R u+w "$w" 2>/dev/null; rm -rf "$w"
@@ -124,7 +169,8 @@ done
 """
 
 # The job's own session leader: runs the command with its log, then writes response.json in one
-# step. Its command line holds the attempt's tag, which is how a pid is known to be ours. The
+# step, once it ended every process the command left (`reap`: a job's end is its processes' end).
+# Its command line holds the attempt's tag, which is how a pid is known to be ours. The
 # job's command and environment are files beside it (`command`, `env`), never the start script's
 # own variables or this shell's: the environment is read in a subshell just before the command
 # runs, with the wrapper's paths held in positional parameters it cannot assign, and `sh` found
@@ -145,11 +191,13 @@ k0=$(ooms)
 rc=$?
 if [ "$rc" = 137 ]; then k1=$(ooms); [ "$k1" != "$k0" ] &&
   echo "actor-run: the kernel's OOM killer ended the job (OOM kills, cgroup and kernel log: $k0 before, $k1 after)" >> "$w/log.txt"; fi
+""" + TAG + MEMBERS + r"""reap "$$"
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
 """
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MARK = "ACTOR_RUN_TAG"  # the attempt's mark in its job's environment (see MEMBERS)
 RESERVED_PREFIX = "ACTOR_RUN_"  # the wrapper's own variables (ACTOR_RUN_OUT, ...): a job's env may not set them
 
 
@@ -180,6 +228,8 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
     length limit) and reach no shell but the job's own, as data (see WRAPPER)."""
     if "\0" in command:
         raise ValueError("the command contains a NUL byte")
+    tag = f"actor-run-{secrets.token_hex(8)}"
+    env = {**env, MARK: tag}  # every process the job starts inherits it: how `reap` finds them
     link_lines = "".join(f"mkdir -p {q(dst.rsplit('/', 1)[0])} && ln -sfn {q(src)} {q(dst)}\n" for src, dst in links)
     return (
         "set -e\n"
@@ -192,7 +242,7 @@ def start(work: str, cwd: str, command: str, env: dict[str, str], links: list[tu
         + f"{ALIVE}"
         f"printf '%s' {q(command)} > \"$w/command\"\n"
         f"printf '%s' {q(env_file(env))} > \"$w/env\"\n"
-        f"tag=actor-run-{secrets.token_hex(8)}; echo \"$tag\" > \"$w/tag\"\n"
+        f"tag={tag}; echo \"$tag\" > \"$w/tag\"\n"
         "if command -v setsid >/dev/null 2>&1; then set -- setsid; "
         "else set -- perl -MPOSIX -e 'POSIX::setsid(); exec @ARGV or die'; fi\n"
         f'nohup "$@" sh -c {q(WRAPPER)} actor-run-job "$w" {q(cwd)} "$tag" > /dev/null 2>&1 < /dev/null &\n'
@@ -216,9 +266,10 @@ SIZE = r"""size() { [ -f "$1" ] || { echo 0 0; return 0; }
 """
 
 
-def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> str:
+def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int, max_progress: int = 1 << 20) -> str:
     """Write the heartbeat, then say: `running`, `exited <code>` or `lost`; the sizes of the
-    progress file and log and their modification times; then the new bytes of each."""
+    progress file and log (as far as this read goes: at most `max_progress` and `max_log` new bytes)
+    and their modification times, and the log's whole size; then the new bytes of each."""
     return (
         f"w={q(work)}\n"
         f'[ -d "$w" ] || {{ echo gone; echo 0 0; exit 0; }}\n'
@@ -227,9 +278,10 @@ def poll(work: str, pid: int, progress_at: int, log_at: int, max_log: int) -> st
         'elif [ -f "$w/response.json" ]; then echo "exited $(sed -n \'s/.*"exit_code": *\\(-\\{0,1\\}[0-9]*\\).*/\\1/p\' "$w/response.json")"\n'
         "else echo lost; fi\n"
         + SIZE +
-        'set -- $(size "$w/progress.jsonl") $(size "$w/log.txt"); p=$1 pm=$2 l=$3 lm=$4\n'
+        'set -- $(size "$w/progress.jsonl") $(size "$w/log.txt"); p=$1 pm=$2 l=$3 lm=$4 lt=$3\n'
+        f"[ $p -gt $(({progress_at} + {max_progress})) ] && p=$(({progress_at} + {max_progress}))\n"
         f"[ $l -gt $(({log_at} + {max_log})) ] && l=$(({log_at} + {max_log}))\n"
-        "echo $p $l $pm $lm\n"
+        "echo $p $l $pm $lm $lt\n"
         f'if [ $p -gt {progress_at} ]; then tail -c +{progress_at + 1} "$w/progress.jsonl" 2>/dev/null | head -c $((p - {progress_at})); fi\n'
         f'if [ $l -gt {log_at} ]; then tail -c +{log_at + 1} "$w/log.txt" 2>/dev/null | head -c $((l - {log_at})); fi\n'
     )
@@ -240,17 +292,19 @@ def alive(work: str) -> str:
 
 
 def stop(work: str) -> str:
-    """Stop the job's process group (if that pid is still our job), waiting up to 5 s before KILL."""
+    """Stop the job's process group (if that pid is still our job), waiting up to 5 s before KILL,
+    then every other process of the attempt (`reap`: its mark, its session), however it detached."""
     return (
         f"w={q(work)}\n"
         '[ -d "$w" ] || exit 0\n'
         'touch "$w/stop"\n'
-        'pid=$(cat "$w/pid" 2>/dev/null) || exit 0\n'
-        + RUNNING +
-        'running "$pid" || exit 0\n'
-        'kill -s TERM -- "-$pid" 2>/dev/null\n'
-        'n=0; while [ $n -lt 50 ] && running "$pid"; do sleep 0.1; n=$((n + 1)); done\n'
-        'kill -s KILL -- "-$pid" 2>/dev/null; exit 0\n'
+        'pid=$(cat "$w/pid" 2>/dev/null) || pid=0\n'
+        + RUNNING + MEMBERS +
+        'sid=; if running "$pid"; then sid=$pid\n'
+        '  kill -s TERM -- "-$pid" 2>/dev/null\n'
+        '  n=0; while [ $n -lt 50 ] && running "$pid"; do sleep 0.1; n=$((n + 1)); done\n'
+        '  kill -s KILL -- "-$pid" 2>/dev/null; fi\n'
+        'reap "$sid"; exit 0\n'
     )
 
 

@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # tarfile (and gzip, bz2, lzma) loads with the first fetch: a
 
 KEEP_S = 24 * 3600
 RESUME_LINE = "progress.json"  # in a checkpoint folder: the progress line that named it
-MAX_LOG_PER_POLL = 1 << 20
+MAX_LOG_PER_POLL = 1 << 20  # what one poll reads at most of each file: a job's output is never held whole
+MAX_PROGRESS_PER_POLL = 1 << 20
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +62,8 @@ class PollResult(msgspec.Struct, frozen=True, kw_only=True):
     progress_mtime: float = 0.0  # unix times of the last write to each (0: unknown)
     log_mtime: float = 0.0
     billed_s: float = -1.0  # at the end of a run the provider bills by the second: its seconds (-1: not so)
+    # the log's whole size on the machine, read or not (-1: this workspace reads it all, whatever `log_max`)
+    log_total: int = -1
 
 
 Record = Callable[[str], Awaitable[None]]  # makes a run's handle durable (the ledger) before start returns
@@ -111,7 +114,12 @@ class Workspace(Protocol):
         """Follow a run an earlier controller started, by the handle it recorded ("" for none)."""
         ...
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult: ...
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
+                   log_max: int = MAX_LOG_PER_POLL) -> PollResult:
+        """The job's state and what is new in its progress file and log (at most `log_max` bytes of
+        the log, where the workspace says `log_total`)."""
+        ...
+
     async def beat(self, work: str) -> None: ...
 
     async def wait_exit(self, work: str, pid: int) -> None:
@@ -247,8 +255,11 @@ class ShellWorkspace:
         )
         return int(out.split()[-1])
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
-        res = await self.host.run(scripts.poll(work, pid, progress_at, log_at, MAX_LOG_PER_POLL), timeout=60)
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
+                   log_max: int = MAX_LOG_PER_POLL) -> PollResult:
+        log_max = max(0, min(log_max, MAX_LOG_PER_POLL))
+        res = await self.host.run(scripts.poll(work, pid, progress_at, log_at, log_max, MAX_PROGRESS_PER_POLL),
+                                  timeout=60)
         if res.exit_code != 0:
             raise Unreachable(f"{self.host.name}: poll exited {res.exit_code}: {res.error_text()}")
         out = res.stdout
@@ -257,12 +268,13 @@ class ShellWorkspace:
         words = first.decode().split()
         state = words[0] if words else "lost"
         code = int(words[1]) if state == "exited" and len(words) > 1 and words[1].lstrip("-").isdigit() else None
-        nums = [int(x) for x in sizes.split()] + [0, 0, 0, 0]
-        p_size, l_size, p_mtime, l_mtime = nums[:4]
+        nums = [int(x) for x in sizes.split()] + [0, 0, 0, 0, -1]
+        p_size, l_size, p_mtime, l_mtime, l_total = nums[:5]
         n_progress = max(0, p_size - progress_at)
         return PollResult(
             state=state, exit_code=code, progress=body[:n_progress], log=body[n_progress:],
             progress_size=p_size, log_size=l_size, progress_mtime=float(p_mtime), log_mtime=float(l_mtime),
+            log_total=max(l_total, l_size),
         )
 
     async def beat(self, work: str) -> None:

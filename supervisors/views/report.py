@@ -57,6 +57,8 @@ class AttemptRow(msgspec.Struct, kw_only=True):
     usd: float = 0.0
     seconds: float = 0.0
     spans: list[Span] = msgspec.field(default_factory=list)
+    log_cut: int = 0  # bytes of the job's log cut from the middle of log.txt (Exited's; 0: whole)
+    progress_dropped: int = 0  # progress lines never emitted (Exited's or Stalled's)
 
     @property
     def place(self) -> str:
@@ -170,10 +172,12 @@ def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Even
                 m.mark("uploaded", e.t)
             case TransferFailed():
                 m.mark("transfer_failed", e.t)
-            case Exited():
+            case Exited(log_cut=cut, progress_dropped=dropped):
                 m.mark("exited", e.t)
-            case Stalled():
+                m.row.log_cut, m.row.progress_dropped = cut, dropped
+            case Stalled(progress_dropped=dropped):
                 m.mark("stalled", e.t)
+                m.row.progress_dropped = dropped
             case Fetched():
                 m.mark("fetched", e.t)
             case Released():

@@ -25,7 +25,7 @@ import urllib.parse
 
 import msgspec
 
-from actor_run.supervisors.views.report import JobRow, Money, Report
+from actor_run.supervisors.views.report import AttemptRow, JobRow, Money, Report
 
 
 def _money(usd: float) -> str:
@@ -79,7 +79,18 @@ def _logs(job: JobRow, href: str) -> str:
     if not href:
         return "-"
     return " ".join(f'<a class="log" data-attempt="{a.attempt}" href="{html.escape(href)}">attempt {a.attempt}</a>'
-                    for a in job.attempts) or f'<a class="log" href="{html.escape(href)}">log</a>'
+                    + _cut(a) for a in job.attempts) or f'<a class="log" href="{html.escape(href)}">log</a>'
+
+
+def _cut(a: AttemptRow) -> str:
+    """What an attempt's log lost: its middle, cut (a mark in log.txt says where the whole stayed),
+    and progress lines never emitted."""
+    said = []
+    if a.log_cut:
+        said.append(f"log cut: {a.log_cut / 1e6:.1f} MB of its middle, see the mark in log.txt")
+    if a.progress_dropped:
+        said.append(f"{a.progress_dropped} progress lines dropped")
+    return f' <span class="cut">({html.escape("; ".join(said))})</span>' if said else ""
 
 
 # JSON inside a <script> element: no `<` (no `</script>`, no `<!--` that would change how the

@@ -369,7 +369,7 @@ class _Broken:
     def beat_now(self, work: str) -> bool:
         return True
 
-    async def poll(self, work: str, pid: int, progress_at: int, log_at: int) -> PollResult:
+    async def poll(self, work: str, pid: int, progress_at: int, log_at: int, log_max: int = 0) -> PollResult:
         raise RuntimeError("a bug in the poll")
 
 
