@@ -208,7 +208,15 @@ def ledger_path(args: argparse.Namespace) -> Path | str:
 
 
 def open_reader(args: argparse.Namespace) -> LedgerReader:
-    return LedgerReader(ledger_path(args))
+    """The ledger, opened read-only: a reading command (status, runs, cost, logs, report, ...) makes
+    no folder or file. A path named (--ledger, $ACTOR_RUN_LEDGER) that is no ledger is
+    LedgerUnusable (exit 2, naming it); the default ledger not made yet reads as empty."""
+    import os
+
+    from actor_run.supervisors.ledger.db import ENV
+
+    named = bool(getattr(args, "ledger", None)) or bool(os.environ.get(ENV))
+    return LedgerReader(ledger_path(args), read_only=True, missing_ok=not named)
 
 
 def usage_error(message: str) -> int:

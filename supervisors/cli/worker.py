@@ -327,7 +327,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
     """`actor-run status [--run ID] --follow`: one line per job of the run (default: the latest)
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
-    reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
+    reader = LedgerReader(resolve(args.ledger, _state_dir(args)), read_only=True,
+                          missing_ok=not (args.ledger or os.environ.get(ENV)))
     seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:
         run = args.run

@@ -47,8 +47,11 @@ class LedgerReader:
     """A read side of its own (status, sweep, resume): a connection of its own on SQLite, one
     borrowed from the process's pool per query on PostgreSQL."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.backend = open_backend(path)
+    def __init__(self, path: str | Path, *, read_only: bool = False, missing_ok: bool = False) -> None:
+        """`read_only`: a reading command's reader, which makes no folder or file and raises
+        LedgerUnusable for a path that is no ledger (db.py's SqliteBackend); `missing_ok`: no file
+        yet reads as an empty ledger (the default ledger before the first run)."""
+        self.backend = open_backend(path, read_only=read_only, missing_ok=missing_ok)
         self.path = self.backend.location
         if not self.backend.fenced:
             with self.backend.reading():  # the file and its schema, as before
