@@ -372,6 +372,10 @@ def check_candidate_names(candidates: list[CandidateSpec],
     finds no stock anywhere."""
     for i, c in enumerate(candidates):
         gpus = gpus_of(i, c)
+        if c.gpu and gpus is not None and not gpus:
+            raise SpecError(f"candidates[{i}].gpu", f"{c.cloud} has no GPU {c.gpu!r}" + (
+                " (this computer claims none: name its GPUs with gpus = [...] under [clouds.local] in your settings,"
+                " or pass --cloud with a cloud that sells it)" if c.cloud == "local" else ""))
         if c.gpu and gpus is not None:
             check_known_name(f"candidates[{i}].gpu", f"GPU for {c.cloud}", c.gpu, gpus, fold=True)
         regions = regions_of(i, c)

@@ -30,6 +30,8 @@ from actor_run.protocols.specs import CandidateSpec
 class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     state_dir: str = ""  # default: <actor-run state>/local
     max_machines: int = 64
+    # this computer's GPUs, as a candidate names them: none unless said (a one-liner never runs here by default)
+    gpus: list[str] = msgspec.field(default_factory=list)
 
 
 # a pid file is written just after its process was made; a process made later than this after the
@@ -127,7 +129,14 @@ class LocalCloud:
         self.settings = settings
         self.dir = (Path(settings.state_dir).expanduser() if settings.state_dir else state_dir / "local").resolve()
 
+    @property
+    def gpu_names(self) -> frozenset[str]:
+        """What a candidate's `gpu` may say here: only the GPUs `gpus` names (this computer claims none it has not)."""
+        return frozenset(self.settings.gpus)
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        if candidate.gpu and candidate.gpu.lower() not in {g.lower() for g in self.settings.gpus}:
+            return []
         return [Offer(cloud=self.name, region="this-computer", gpu=candidate.gpu, hourly_usd=0.0, candidate=index)]
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:
