@@ -234,9 +234,35 @@ def _where(path: str) -> str:
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<at>[^`]*)`)?$")
 
 
-def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
+def _keys_at(root: Any, path: str) -> list[str]:
+    """The keys the table at `path` (`policy`, `candidates[0]`, ...) of the struct type `root` takes."""
+    import msgspec.inspect as mi
+
+    info: Any = mi.type_info(root)
+    for part in [p for p in re.split(r"\.|\[\d+\]", path) if p]:
+        while isinstance(info, mi.ListType | mi.UnionType):
+            info = info.item_type if isinstance(info, mi.ListType) else next(
+                (t for t in info.types if isinstance(t, mi.StructType | mi.ListType)), None)
+        if not isinstance(info, mi.StructType):
+            return []
+        info = next((f.type for f in info.fields if f.encode_name == part), None)
+    while isinstance(info, mi.ListType | mi.UnionType):
+        info = info.item_type if isinstance(info, mi.ListType) else next(
+            (t for t in info.types if isinstance(t, mi.StructType | mi.ListType)), None)
+    return [f.encode_name for f in info.fields] if isinstance(info, mi.StructType) else []
+
+
+def unknown_key(field: str, key: str, known: Collection[str]) -> SpecError:
+    """An unknown key, with the nearest known ones ("did you mean ...?")."""
+    close = nearest_names(key, known)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return SpecError(field, "unknown key" + hint)
+
+
+def spec_error(exc: msgspec.ValidationError, prefix: str = "", root: Any = None) -> SpecError:
     """msgspec's "Expected `int`, got `str` - at `$.policy.concurrency`" as a SpecError naming the
-    field (`prefix.policy.concurrency: expected int, got str`)."""
+    field (`prefix.policy.concurrency: expected int, got str`); an unknown key of the struct type
+    `root` (when given) with the nearest known keys."""
     m = _AT.match(str(exc))
     assert m is not None
     msg, at = m.group("msg"), _where(m.group("at") or "")
@@ -244,7 +270,8 @@ def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
         field = f"{at}.{unknown.group(1)}" if at else unknown.group(1)
-        return SpecError(field, "unknown key")
+        known = _keys_at(root, _where(m.group("at") or "")) if root is not None else []
+        return unknown_key(field, unknown.group(1), known)
     missing = re.match(r"Object missing required field `([^`]+)`", msg)
     if missing:
         field = f"{at}.{missing.group(1)}" if at else missing.group(1)
@@ -402,7 +429,7 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     try:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
-        raise spec_error(exc) from exc
+        raise spec_error(exc, root=BatchFile) from exc
     return _checked(spec, p.resolve().parent, known_clouds)
 
 
@@ -422,7 +449,7 @@ def batch_from_table(raw: dict[str, Any], base: Path, known_clouds: set[str] | N
     try:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
-        raise spec_error(exc) from exc
+        raise spec_error(exc, root=BatchFile) from exc
     return _checked(spec, base, known_clouds)
 
 

@@ -27,7 +27,7 @@ import platformdirs
 
 from actor_run.protocols.clouds import account_settings, accounts_of, cloud_key, known_clouds, parse_settings, split_key
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import is_secret_setting
+from actor_run.protocols.specs import is_secret_setting, nearest_names
 
 ENV_VAR = "ACTOR_RUN_CONFIG"
 MASK = "********"  # what `config show` prints for a setting whose name says it is a secret (is_secret_setting)
@@ -150,8 +150,10 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
     where = f" (in {path})"
     for key in raw:
         if key not in ("clouds", "confirm_above_usd"):
-            raise SpecError(key, f"unknown key{where}: a user config holds confirm_above_usd and [clouds.<name>]"
-                            " tables only")
+            close = nearest_names(key, ("clouds", "confirm_above_usd"))
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(key, f"unknown key{where}: {hint}a user config holds confirm_above_usd and "
+                            "[clouds.<name>] tables only")
     confirm = raw.get("confirm_above_usd")
     if confirm is not None and (isinstance(confirm, bool) or not isinstance(confirm, int | float) or confirm < 0):
         raise SpecError("confirm_above_usd", f"expected a number >= 0{where}, got {confirm!r}")

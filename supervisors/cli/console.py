@@ -45,7 +45,16 @@ class Exit(enum.IntEnum):
     OK = 0  # every job succeeded
     FAILED = 1  # some job failed
     USAGE = 2  # bad input or usage; nothing started
+    CANCELED = 3  # no job failed, but some were canceled from elsewhere (`actor-run cancel`, Runner.cancel)
     INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
+
+
+def exit_of(ended: list[JobEnded]) -> Exit:
+    """The exit code of jobs that ended so: 1 if one failed, else 3 if one was canceled, else 0."""
+    outcomes = {e.outcome for e in ended}
+    if outcomes <= {"succeeded"}:
+        return Exit.OK
+    return Exit.CANCELED if outcomes <= {"succeeded", "canceled"} else Exit.FAILED
 
 
 _stderr_sink: list[int] = []  # loguru's id of the stderr handler (watch() lends stderr to the live view)

@@ -14,6 +14,7 @@ from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    exit_of,
     open_reader,
     signals_restored,
     usage_error,
@@ -94,4 +95,4 @@ def cmd_resume(args: argparse.Namespace) -> int:
             logger.remove(handler)
     if interrupts.count:
         return Exit.INTERRUPTED
-    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
+    return exit_of(ended)

@@ -17,6 +17,7 @@ from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    exit_of,
     signals_restored,
     watch,
     where_state_lives,
@@ -110,4 +111,4 @@ def cmd_run(args: argparse.Namespace) -> int:
         return Exit.INTERRUPTED
     if unconfirmed:
         return Exit.FAILED  # a machine may still be running (and billing): not a clean success
-    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
+    return exit_of(ended)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
     from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
     from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive, process_start_time
     from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
-    from actor_run.supervisors.ledger.reader import LedgerReader, MachineRow, RunRow
+    from actor_run.supervisors.ledger.reader import WALK_STEPS, JobMoney, LedgerReader, MachineRow, RunRow, money_by_job
     from actor_run.supervisors.ledger.runs import Claimed
     from actor_run.supervisors.ledger.writer import Ledger
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
 # reader.py and db.py only: the writer's machinery brings the actors' thread pool.
 _WHERE = {
     "Claimed": "actor_run.supervisors.ledger.runs",
+    "JobMoney": "actor_run.supervisors.ledger.reader",
     "Ledger": "actor_run.supervisors.ledger.writer",
     "LedgerCore": "actor_run.supervisors.ledger.core",
     "LedgerError": "actor_run.supervisors.ledger.db",
@@ -51,8 +52,10 @@ _WHERE = {
     "OwnerRow": "actor_run.supervisors.ledger.owners",
     "RunRow": "actor_run.supervisors.ledger.reader",
     "StaleClaim": "actor_run.supervisors.ledger.queue",
+    "WALK_STEPS": "actor_run.supervisors.ledger.reader",
     "Waiter": "actor_run.supervisors.ledger.queue",
     "owner_is_alive": "actor_run.supervisors.ledger.owners",
+    "money_by_job": "actor_run.supervisors.ledger.reader",
     "process_start_time": "actor_run.supervisors.ledger.owners",
 }
 
@@ -61,7 +64,9 @@ if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this pa
 
 
 __all__ = [
+    "WALK_STEPS",
     "Claimed",
+    "JobMoney",
     "Ledger",
     "LedgerCore",
     "LedgerError",
@@ -72,6 +77,7 @@ __all__ = [
     "RunRow",
     "StaleClaim",
     "Waiter",
+    "money_by_job",
     "owner_is_alive",
     "process_start_time",
 ]

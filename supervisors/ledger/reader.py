@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +168,15 @@ class LedgerReader:
         sql = (
             "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
             " count(j.key) AS jobs, coalesce(sum(CASE WHEN j.state='succeeded' THEN 1 ELSE 0 END), 0) AS succeeded,"
-            " coalesce(sum(CASE WHEN j.state='failed' THEN 1 ELSE 0 END), 0) AS failed,"
+            " coalesce(sum(CASE WHEN j.state='failed' AND coalesce(j.failure, '') <> 'canceled' THEN 1 ELSE 0 END), 0)"
+            " AS failed,"
+            " coalesce(sum(CASE WHEN j.state='failed' AND j.failure = 'canceled' THEN 1 ELSE 0 END), 0) AS canceled,"
             " coalesce(sum(CASE WHEN j.state IN ('running', 'queued') THEN 1 ELSE 0 END), 0) AS unfinished,"
             " coalesce(sum(CASE WHEN j.state='queued' THEN 1 ELSE 0 END), 0) AS queued,"
-            f" {held} AS held, coalesce(sum(j.usd), 0.0) AS usd"
+            # what `cost` adds up: the charges of its released reservations (jobs' own figures only for
+            # a run that has none: a ledger written before reservations were)
+            f" {held} AS held, coalesce((SELECT sum(m.charged) FROM reservations m WHERE m.run = r.id"
+            "  AND m.state = 'released'), sum(j.usd), 0.0) AS usd"
             " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
         return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
 
@@ -191,6 +196,36 @@ class LedgerReader:
         return found
 
 
+WALK_STEPS = ("no_capacity", "quota")  # an attempt that ended so made no machine: a walk step, no attempt
+
+
+class JobMoney(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's money and attempts as `cost` reckons them (from its reservations): what its released
+    ones were charged, and which attempts it used (walk steps left out)."""
+
+    charged_usd: float = 0.0
+    attempts: frozenset[int] = frozenset()
+
+
+def money_by_job(reservations: Iterable[dict[str, Any]], attempts: Iterable[dict[str, Any]] = ()
+                 ) -> dict[str, JobMoney]:
+    """Each job's charges and attempts, from the same reservation rows `actor-run cost` adds up (a
+    sweep's charge of a dead controller's machine included), with the attempt rows' numbers too;
+    one figure for status, runs, cost and report."""
+    charged: dict[str, float] = {}
+    used: dict[str, set[int]] = {}
+    for r in reservations:
+        if r["state"] == "released":
+            charged[r["job"]] = charged.get(r["job"], 0.0) + (r["charged"] or 0.0)
+        if r.get("failure") not in WALK_STEPS:
+            used.setdefault(r["job"], set()).add(int(r["attempt"]))
+    for a in attempts:
+        if a.get("failure") not in WALK_STEPS:
+            used.setdefault(a["job"], set()).add(int(a["attempt"]))
+    return {job: JobMoney(charged_usd=charged.get(job, 0.0), attempts=frozenset(used.get(job, ())))
+            for job in charged.keys() | used.keys()}
+
+
 class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     """A run as `actor-run runs` lists it: `state` is what its controller last wrote (running |
     ended); whether it is finished or was abandoned is `unfinished` against its owner's liveness."""
@@ -208,4 +243,5 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     unfinished: int
     usd: float
     queued: int = 0  # waiting for a worker (a shared ledger)
+    canceled: int = 0  # ended `canceled` (not counted in `failed`)
     held: int = 0  # running under a live owner's lease (a shared ledger)

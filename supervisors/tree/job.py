@@ -56,6 +56,7 @@ from actor_run.protocols.messages import (
     Reserved,
     Retrying,
     WaitingForCapacity,
+    ended_outcome,
 )
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.ledger import Ledger
@@ -448,9 +449,11 @@ class JobSupervisor(Actor):
         # a folder this job made holds a checkpoint only if one of its attempts asked for one
         out_dir = tidy_seed_dir(self.seed_dir, self.history,
                                 checkpoint=not self.fresh or self.checkpoint_asked.is_set())
+        outcome_ = ended_outcome(failure) if outcome_ == "failed" else outcome_
         self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
-                         detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
+                         detail=detail, attempts=counted_attempts(self.history), usd=round(self.usd_done, 6),
+                         out_dir=str(out_dir))
         self.ctx.emit(event)
         self.tell_parent(event)
         self.stop_now()  # told and written: what is left of this actor is bookkeeping
@@ -485,6 +488,12 @@ class JobSupervisor(Actor):
                 self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
             except pykka.Timeout:
                 self.log.error("attempt did not stop in time")
+
+
+def counted_attempts(history: list[Any]) -> int:
+    """The attempts a job's history holds, walk steps left out: a place with no stock (`no_capacity`)
+    or an account out of quota (`quota`) made no machine and costs no attempt (max_attempts)."""
+    return sum(1 for h in history if h.get("failure") not in (Code.NO_CAPACITY, Code.QUOTA))
 
 
 class _TotalsDict(TypedDict):

@@ -94,7 +94,8 @@ def test_a_gpu_no_configured_cloud_sells_is_exit_2_naming_the_clouds_asked(tmp_p
     assert "did you mean 'H100'" in typo.stderr
     walked = cli("run", "--gpu", "a100", "--print-batch", "--", "nvidia-smi", cwd=tmp_path, env=env)
     assert walked.returncode == 0, walked.stderr
-    assert 'cloud = "sim"\ngpu = "a100"' in walked.stdout and 'cloud = "local"' not in walked.stdout
+    assert 'cloud = "sim"\ngpu = "a100"' in walked.stdout
+    assert 'cloud = "local"' not in walked.stdout
 
 
 def test_a_one_liner_runs_on_the_configured_cloud_that_sells_the_gpu(tmp_path: Path) -> None:
@@ -102,10 +103,12 @@ def test_a_one_liner_runs_on_the_configured_cloud_that_sells_the_gpu(tmp_path: P
                                  '[clouds.local]\ngpus = ["RTX4090"]\n')
     done = cli("run", "--gpu", "H100", "--json", "--", "true", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
-    assert '"cloud":"sim"' in done.stdout and '"cloud":"local"' not in done.stdout
+    assert '"cloud":"sim"' in done.stdout
+    assert '"cloud":"local"' not in done.stdout
     mine = cli("run", "--gpu", "RTX4090", "--json", "--", "true", cwd=tmp_path, env=env)
     assert mine.returncode == 0, mine.stderr
-    assert '"cloud":"local"' in mine.stdout and '"cloud":"sim"' not in mine.stdout
+    assert '"cloud":"local"' in mine.stdout
+    assert '"cloud":"sim"' not in mine.stdout
 
 
 def test_clouds_check_sim_names_every_gpu_it_sells_where(tmp_path: Path) -> None:
@@ -119,3 +122,265 @@ def test_clouds_check_sim_names_every_gpu_it_sells_where(tmp_path: Path) -> None
     assert [x for x in lines if x.startswith("  H100")] == [
         "  H100: in stock in us-east at $2.90/h, stock 4", "  H100: in stock in eu-west at $3.20/h, stock 2"]
     assert "out of stock" not in done.stdout  # it sells nothing else, so says nothing else
+
+
+# --- item 2: one cost figure everywhere ----------------------------------------------------------------
+
+
+SLOW_SIM = """
+[job]
+name = "slow"
+command = "sleep 60"
+seeds = [1, 2]
+timeout_s = 600
+
+[policy]
+poll_s = 0.1
+setup_grace_s = 60
+stall_after_s = 120
+
+[[candidates]]
+cloud = "sim"
+gpu = "H100"
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.0
+regions = [{ name = "us-east", gpus = { H100 = { stock = 4, hourly_usd = 36.0 } } }]
+"""
+
+
+def test_status_runs_cost_and_report_agree_after_a_sweep_charged_a_dead_controllers_machine(
+        tmp_path: Path) -> None:
+    import json
+    import re
+    import signal
+
+    from cli_inproc import start_cli
+
+    (tmp_path / "b.toml").write_text(SLOW_SIM)
+    env = settings_env(tmp_path, None)
+    proc = start_cli(["run", "b.toml", "--json"], cwd=tmp_path, env=env)
+    try:
+        assert proc.stdout is not None
+        started = 0
+        for line in proc.stdout:
+            started += json.loads(line)["type"] == "JobStarted"
+            if started == 2:
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    swept = cli("sweep", cwd=tmp_path, env=env)
+    assert swept.returncode == 0, swept.stderr
+    cost = [json.loads(x) for x in cli("cost", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    total = next(c for c in cost if c["group"] == "total")
+    assert total["spent_usd"] > 0.001  # the sweep charged what the machines cost ($36/h)
+    by_job = {c["group"]: c for c in cost if c["group"] != "total"}
+    runs = [json.loads(x) for x in cli("runs", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    assert [round(r["usd"], 6) for r in runs] == [round(total["spent_usd"], 6)]
+    assert runs[0]["state"] == "abandoned"
+    status = [json.loads(x) for x in cli("status", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    jobs = {d["key"]: d for d in status if d["kind"] == "job"}
+    assert {k: round(v["usd_now"], 6) for k, v in jobs.items()} == {
+        k: round(c["spent_usd"], 6) for k, c in by_job.items()}
+    human = cli("status", cwd=tmp_path, env=env).stdout
+    for key, c in by_job.items():
+        assert re.search(rf"{re.escape(key)} +\w+ +1 attempt\(s\) \${c['spent_usd']:.4f}", human), human
+    report = cli("report", "--out", tmp_path / "r.html", cwd=tmp_path, env=env)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert f"${total['spent_usd']:.4f}; started" in page
+
+
+# --- item 4: counts and words the ledger backs ------------------------------------------------------
+
+
+WALK = """
+[job]
+name = "walker"
+command = "true"
+seeds = [1, 2]
+
+[policy]
+max_attempts = 1
+poll_s = 0.1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+accounts = ["dry"]
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.0
+
+[clouds.sim.accounts.dry]
+no_capacity_rate = 1.0
+"""
+
+
+def test_walk_steps_are_not_attempts_anywhere(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "w.toml").write_text(WALK)
+    env = settings_env(tmp_path, None)
+    done = cli("run", "w.toml", cwd=tmp_path, env=env)
+    # max_attempts = 1 and both succeeded: the three places without stock before cost no attempt
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("│ walker/seed-")]
+    assert len(rows) == 2
+    assert all(line.split("│")[3].strip() == "1" for line in rows), done.stdout
+    status = [json.loads(x) for x in cli("status", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    assert [d["attempts"] for d in status if d["kind"] == "job"] == [1, 1]
+    assert cli("status", cwd=tmp_path, env=env).stdout.count(" 1 attempt(s) ") == 2
+    cost = [json.loads(x) for x in cli("cost", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    assert [c["attempts"] for c in cost] == [1, 1, 2]
+    responses = sorted((tmp_path / "actor-run-out" / "latest" / "walker").glob("seed-*/response.json"))
+    assert len(responses) == 2
+
+
+CANCELABLE = """
+[job]
+name = "held"
+command = "sleep 120"
+seeds = [1, 2]
+
+[policy]
+poll_s = 0.1
+"""
+
+
+def test_a_canceled_job_is_canceled_with_its_own_exit_code(tmp_path: Path) -> None:
+    import json
+
+    from cli_inproc import start_cli
+
+    (tmp_path / "c.toml").write_text(CANCELABLE)
+    env = settings_env(tmp_path, None)
+    proc = start_cli(["run", "c.toml", "--json"], cwd=tmp_path, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        run = proc.stderr.readline().split()[1].rstrip(":")
+        started = 0
+        for line in proc.stdout:
+            started += json.loads(line)["type"] == "JobStarted"
+            if started == 2:
+                break
+        canceled = cli("cancel", run, cwd=tmp_path, env=env)
+        assert canceled.returncode == 0, canceled.stderr
+        ended = [json.loads(x) for x in proc.stdout if '"JobEnded"' in x]
+        assert proc.wait(60) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    assert [(e["outcome"], e["failure"]) for e in ended] == [("canceled", "canceled")] * 2
+    runs = [json.loads(x) for x in cli("runs", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+    assert [(r["state"], r["failed"], r["canceled"]) for r in runs] == [("canceled", 0, 2)]
+    human = cli("status", cwd=tmp_path, env=env).stdout
+    import re
+
+    assert len(re.findall(r"held/seed-\d +canceled +1 attempt\(s\) ", human)) == 2, human
+    assert " failed " not in human
+
+
+# --- item 9: status shows what is running, whoever started it; did you mean ---------------------------
+
+
+def test_status_shows_every_unfinished_run_then_the_latest_ended_and_says_resume_for_an_abandoned_one(
+        tmp_path: Path) -> None:
+    import json
+    import signal
+
+    from cli_inproc import start_cli
+
+    env = settings_env(tmp_path, None)
+    (tmp_path / "long.toml").write_text('[job]\nname = "long"\ncommand = "sleep 120"\nseeds = [1]\n'
+                                        '[policy]\npoll_s = 0.1\n')
+    (tmp_path / "short.toml").write_text('[job]\nname = "short"\ncommand = "true"\nseeds = [1]\n'
+                                         '[policy]\npoll_s = 0.1\n')
+    first = cli("run", "short.toml", cwd=tmp_path, env=env)  # an older ended run: not shown any more
+    assert first.returncode == 0, first.stderr
+    proc = start_cli(["run", "long.toml", "--json"], cwd=tmp_path, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        long_run = proc.stderr.readline().split()[1].rstrip(":")
+        for line in proc.stdout:
+            if json.loads(line)["type"] == "JobStarted":
+                break
+        later = cli("run", "short.toml", cwd=tmp_path, env=env)  # someone's newer run, ended
+        assert later.returncode == 0, later.stderr
+        short_run = later.stdout.split()[1].rstrip(":")
+        shown = cli("status", cwd=tmp_path, env=env).stdout
+        heads = [line.split()[1] for line in shown.splitlines() if line.startswith("run ")]
+        assert heads == [long_run, short_run], shown
+        assert f"run {long_run} (running)" in shown
+        assert "long/seed-1" in shown
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        shown = cli("status", cwd=tmp_path, env=env).stdout
+        assert f"run {long_run} (abandoned)" in shown, shown
+        assert f"`actor-run resume {long_run}`" in shown, shown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+        swept = cli("sweep", cwd=tmp_path, env=env)  # the dead controller's sandbox goes
+        assert swept.returncode == 0, swept.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[job]\nname = "x"\ncommand = "true"\nseedz = [1]\n', "job.seedz: unknown key (did you mean 'seeds'?)"),
+    ('[job]\nname = "x"\ncommand = "true"\nseeds = [1]\n[polcy]\nmax_attempts = 2\n',
+     "polcy: unknown key (did you mean 'policy'?)"),
+    ('[job]\nname = "x"\ncommand = "true"\nseeds = [1]\n[policy]\nmax_attemps = 2\n',
+     "policy.max_attemps: unknown key (did you mean 'max_attempts'?)"),
+    ('[job]\nname = "x"\ncommand = "true"\nseeds = [1]\n[[candidates]]\ncloud = "sim"\ngpus = "A100"\n',
+     "candidates[0].gpus: unknown key (did you mean 'gpu'?)"),
+    ('[job]\nname = "x"\ncommand = "true"\nseeds = [1]\n[[candidates]]\ncloud = "sim"\n[clouds.sim]\n'
+     'launch_latncy_s = 1\n', "clouds.sim.launch_latncy_s: unknown key (did you mean 'launch_latency_s'?) (set in "
+                              "batch)"),
+])
+def test_an_unknown_key_in_a_batch_says_which_was_meant(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "b.toml").write_text(text)
+    done = cli("run", "b.toml", cwd=tmp_path, env=settings_env(tmp_path, None))
+    assert (done.returncode, done.stderr) == (2, f"actor-run: {message}\n")
+
+
+def test_unknown_settings_keys_and_commands_say_which_was_meant(tmp_path: Path) -> None:
+    env = settings_env(tmp_path, "confirm_abov_usd = 3\n")
+    done = cli("runs", cwd=tmp_path, env=env)  # a reading command does not read the settings
+    assert done.returncode == 0
+    done = cli("run", "--cloud", "sim", "--", "true", cwd=tmp_path, env=env)
+    assert done.returncode == 2
+    assert "confirm_abov_usd: unknown key" in done.stderr
+    assert "did you mean 'confirm_above_usd'?" in done.stderr
+    env = settings_env(tmp_path / "b", "[clouds.sim]\nlaunch_latncy_s = 1\n")
+    done = cli("run", "--cloud", "sim", "--", "true", cwd=tmp_path, env=env)
+    assert done.returncode == 2
+    assert "clouds.sim.launch_latncy_s: unknown key (did you mean 'launch_latency_s'?)" in done.stderr
+    for typo, meant in (("stauts", "status"), ("rnu", "run"), ("sweeep", "sweep")):
+        done = cli(typo, cwd=tmp_path, env=env)
+        assert done.returncode == 2
+        assert f"invalid choice: '{typo}' (did you mean '{meant}'" in done.stderr, done.stderr
+    done = cli("clouds", "chek", cwd=tmp_path, env=env)
+    assert "invalid choice: 'chek' (did you mean 'check'?" in done.stderr
