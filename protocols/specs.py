@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable, Collection
@@ -96,9 +97,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     `command` runs in a shell on the machine, in a copy of the folder `code`, with `$ACTOR_RUN_SEED`,
     `$ACTOR_RUN_ATTEMPT`, `$ACTOR_RUN_IN` (the `inputs`), `$ACTOR_RUN_OUT` (fetched back) and
     `$ACTOR_RUN_PROGRESS` set, plus `env`. Exit 0 is success; any other exit is the job's own
-    failure (`job_failed`, not retried). `code` and `inputs` are absolute paths on this computer
-    (`Batch` makes them so). `clouds` holds `[clouds.<name>]` tables, merged over the user's
-    settings. `key` (`name/seed-<seed>`) names the job in the Runner, the ledger and the events."""
+    failure (`job_failed`, not retried). `code` and `inputs` are paths on this computer: a relative
+    one is made absolute as the Job is made, from the caller's current folder (as the command line
+    takes `--code`; `Batch` makes a batch file's absolute from the file's folder). `clouds` holds
+    `[clouds.<name>]` tables, merged over the user's settings. `key` (`name/seed-<seed>`) names the
+    job in the Runner, the ledger and the events."""
 
     name: str
     command: str
@@ -112,6 +115,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     candidates: list[CandidateSpec] = msgspec.field(default_factory=lambda: [CandidateSpec()])
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     public_env: list[str] = msgspec.field(default_factory=list)  # env names the ledger keeps in clear
+
+    def __post_init__(self) -> None:
+        """`code` and `inputs` relative to the current folder made absolute (the caller's thread)."""
+        if self.code is not None and self.code and not os.path.isabs(self.code):
+            msgspec.structs.force_setattr(self, "code", os.path.abspath(os.path.expanduser(self.code)))
+        if any(not os.path.isabs(p) for p in self.inputs.values()):
+            msgspec.structs.force_setattr(self, "inputs", {
+                k: p if os.path.isabs(p) else os.path.abspath(os.path.expanduser(p)) for k, p in self.inputs.items()})
 
     @property
     def key(self) -> str:

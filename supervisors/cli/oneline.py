@@ -20,6 +20,7 @@ import msgspec
 from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.clouds.gpus import GPUS, vendor_ids
 from actor_run.protocols.failures import SpecError
+from actor_run.protocols.hosts.content import code_size
 from actor_run.protocols.specs import Batch, batch_from_table, load_batch, nearest_names, read_batch_table
 from actor_run.supervisors.api.config import UserConfig, config_path, load_config
 
@@ -125,6 +126,21 @@ def clouds_for_gpu(gpu: str, config: UserConfig) -> list[str]:
                     f"name it){hint}; pass --cloud to ask one")
 
 
+CWD_CODE_LIMIT = 100 * 1024 * 1024  # what a one-liner sends of the current folder by itself, at most
+
+
+def current_folder_as_code(cwd: Path) -> Path:
+    """A one-liner without --code sends the folder it is run in (as `python3 train.py` expects),
+    what `.actor-runignore` and `.gitignore` list, `.git` and `.venv` left out; SpecError (one line)
+    when that is more than CWD_CODE_LIMIT."""
+    size = code_size(cwd, stop_at=CWD_CODE_LIMIT)
+    if size > CWD_CODE_LIMIT:
+        raise SpecError("--code", f"the current folder {cwd} holds more than {CWD_CODE_LIMIT // 2**20} MB to send "
+                        "(a one-liner sends it as its code): list what stays here in .actor-runignore, or name "
+                        "the folder to send with --code DIR")
+    return cwd
+
+
 def batch_table(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """The batch table (from BATCH if given, the flags over it) and the folder its paths are from."""
     if args.batch:
@@ -145,6 +161,8 @@ def batch_table(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     job.setdefault("seeds", [1])
     if args.code is not None:
         job["code"] = str(Path(args.code).expanduser().resolve())
+    elif not args.batch and args.tail:
+        job["code"] = str(current_folder_as_code(Path.cwd()))
     if args.timeout is not None:
         job["timeout_s"] = parse_duration(args.timeout)
     if args.env:

@@ -384,3 +384,74 @@ def test_unknown_settings_keys_and_commands_say_which_was_meant(tmp_path: Path) 
         assert f"invalid choice: '{typo}' (did you mean '{meant}'" in done.stderr, done.stderr
     done = cli("clouds", "chek", cwd=tmp_path, env=env)
     assert "invalid choice: 'chek' (did you mean 'check'?" in done.stderr
+
+
+# --- item 6: a one-liner sends the folder it is run in ---------------------------------------------------
+
+
+def test_a_one_liner_sends_the_current_folder_without_what_the_ignore_files_list(tmp_path: Path) -> None:
+    env = settings_env(tmp_path / "home", None)
+    work = tmp_path / "project"
+    (work / "data").mkdir(parents=True)
+    (work / ".git").mkdir()
+    (work / ".git" / "HEAD").write_text("ref\n")
+    # (`.complete` is the published copy's own marker)
+    (work / "train.py").write_text("import os\nprint(sorted(set(os.listdir('.')) - {'.complete'}))\n"
+                                   "print(sorted(os.listdir('data')))\n")
+    (work / "data" / "keep.txt").write_text("k")
+    (work / "data" / "skip.bin").write_text("s")
+    (work / "model.ckpt").write_text("c")
+    (work / ".actor-runignore").write_text("# big files stay here\n*.ckpt\n")
+    (work / ".gitignore").write_text("data/*.bin\n")
+    done = cli("run", "--cloud", "sim", "--gpu", "A100", "--", "python3 train.py", cwd=work, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (work / "actor-run-out" / "latest" / "train" / "seed-1" / "log.txt").read_text()
+    assert "['.actor-runignore', '.gitignore', 'data', 'train.py']" in log, log
+    assert "['keep.txt']" in log, log
+    again = cli("run", "--cloud", "sim", "--gpu", "A100", "--", "python3 train.py", cwd=work, env=env)
+    assert again.returncode == 0  # the first run's results (actor-run-out/) are not sent back up
+    log = (work / "actor-run-out" / "latest" / "train" / "seed-1" / "log.txt").read_text()
+    assert "'actor-run-out'" not in log
+
+
+def test_a_one_liner_in_a_folder_too_big_to_send_says_so_in_one_line(tmp_path: Path) -> None:
+    from actor_run.supervisors.cli.oneline import CWD_CODE_LIMIT
+
+    env = settings_env(tmp_path / "home", None)
+    work = tmp_path / "big"
+    work.mkdir()
+    with (work / "weights.bin").open("wb") as f:
+        f.truncate(CWD_CODE_LIMIT + 1)  # sparse: no disk used
+    done = cli("run", "--cloud", "sim", "--", "true", cwd=work, env=env)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"actor-run: --code: the current folder {work} holds more than 100 MB to send (a one-liner sends it as its "
+        "code): list what stays here in .actor-runignore, or name the folder to send with --code DIR"]
+    (work / ".actor-runignore").write_text("*.bin\n")
+    done = cli("run", "--cloud", "sim", "--print-batch", "--", "true", cwd=work, env=env)
+    assert done.returncode == 0, done.stderr
+    assert f'code = "{work}"' in done.stdout
+
+
+# --- item 4: a relative path in the Python API is the caller's, as on the command line -----------------
+
+
+def test_a_jobs_relative_code_is_taken_from_the_callers_folder(tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "x.py").write_text("print('from the code folder')\n")
+    (tmp_path / "in.txt").write_text("input\n")
+    script = ("from actor_run import Job, Runner\n"
+              "with Runner(out_dir='out', state_dir='state') as r:\n"
+              "    h = r.submit(Job(name='demo', command='python3 x.py; cat $ACTOR_RUN_IN/data/in.txt', seed=1,"
+              " code='code', inputs={'data': 'in.txt'}))\n"
+              "    e = h.result()\n"
+              "    print(e.outcome, e.detail)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=settings_env(tmp_path, None), check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "succeeded", done.stdout + done.stderr
+    log = (tmp_path / "out" / "latest" / "demo" / "seed-1" / "log.txt").read_text()
+    assert "from the code folder" in log
+    assert "input" in log
