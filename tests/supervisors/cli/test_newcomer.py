@@ -455,3 +455,32 @@ def test_a_jobs_relative_code_is_taken_from_the_callers_folder(tmp_path: Path) -
     log = (tmp_path / "out" / "latest" / "demo" / "seed-1" / "log.txt").read_text()
     assert "from the code folder" in log
     assert "input" in log
+
+
+# --- item 8: env as users expect it ---------------------------------------------------------------------
+
+
+def test_plain_env_stays_plain_and_secrets_are_masked_and_taken_from_the_environment(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "e.toml").write_text(
+        '[job]\nname = "envs"\nseeds = [1]\n'
+        'command = "sh -c \'echo $PROJECT $WANDB_API_KEY $MY_PRIVATE > $ACTOR_RUN_OUT/seen.txt\'"\n'
+        'env = { PROJECT = "demo-project", WANDB_API_KEY = "sk-not-for-the-ledger" }\n'
+        'secret_env = ["MY_PRIVATE"]\n[policy]\npoll_s = 0.1\n')
+    env = {**settings_env(tmp_path, None), "MY_PRIVATE": "from-my-shell-only"}
+    done = cli("run", "e.toml", "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    seen = (tmp_path / "actor-run-out" / "latest" / "envs" / "seed-1" / "out" / "seen.txt").read_text()
+    assert seen == "demo-project sk-not-for-the-ledger from-my-shell-only\n"
+    ledger = b"".join(p.read_bytes() for p in (tmp_path / "state" / "actor-run").glob("ledger.sqlite*"))
+    assert b"demo-project" in ledger  # a plain value stays plain: a worker elsewhere gets it as it is
+    assert b"sk-not-for-the-ledger" not in ledger
+    assert b"from-my-shell-only" not in ledger
+    jobs = sqlite3.connect(tmp_path / "state" / "actor-run" / "ledger.sqlite").execute("SELECT spec FROM jobs")
+    kept = json.loads(jobs.fetchone()[0])
+    jobs.connection.close()
+    assert kept["env"]["PROJECT"] == "demo-project"
+    assert kept["env"]["WANDB_API_KEY"] != "sk-not-for-the-ledger"
+    assert kept["env"]["MY_PRIVATE"] == kept["env"]["WANDB_API_KEY"]  # the mask: a worker fills both from its env
+    assert "from-my-shell-only" not in done.stdout + done.stderr
