@@ -46,6 +46,7 @@ class Exit(enum.IntEnum):
     FAILED = 1  # some job failed
     USAGE = 2  # bad input or usage; nothing started
     CANCELED = 3  # no job failed, but some were canceled from elsewhere (`actor-run cancel`, Runner.cancel)
+    UNCONFIRMED = 4  # no job failed, but a machine's deletion could not be proven (`actor-run sweep` finishes it)
     INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
 
 
@@ -204,7 +205,8 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
         sys.stderr.write(line + "\n")
     for r in unconfirmed:
         sys.stderr.write(
-            f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "
+            f"actor-run: unconfirmed: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the "
+            "ledger for "
             f"`actor-run sweep`; to delete it by hand, delete the machine named {r.machine}"
             " in its provider's console\n")
     return [ended[k] for k in keys]

@@ -27,7 +27,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
-from actor_run.supervisors.ledger import WALK_STEPS, MachineRow
+from actor_run.supervisors.ledger import UNCOUNTED, MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account")
 
@@ -111,7 +111,7 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
         key = (r["run"] if run is None else "", _group_of(r, by))
         g = groups.setdefault(key, {"attempts": 0, "seconds": 0.0, "spent": 0.0, "reserved": 0.0, "held": 0.0,
                                     "failed": 0.0, "failed_attempts": 0, "at_least": False})
-        walk = r.get("failure") in WALK_STEPS  # a place without stock: reserved for, but no attempt used
+        walk = r.get("failure") in UNCOUNTED  # a place without stock: reserved for, but no attempt used
         g["attempts"] += 0 if walk else 1
         g["reserved"] += r["usd"] or 0.0
         if r["state"] != "released":

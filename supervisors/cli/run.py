@@ -109,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             logger.remove(log)
     if interrupts.count:
         return Exit.INTERRUPTED
-    if unconfirmed:
-        return Exit.FAILED  # a machine may still be running (and billing): not a clean success
-    return exit_of(ended)
+    code = exit_of(ended)
+    if unconfirmed and code != Exit.FAILED:
+        return Exit.UNCONFIRMED  # a machine may still be running (and billing): not a clean success
+    return code

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
     from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
     from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive, process_start_time
     from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
-    from actor_run.supervisors.ledger.reader import WALK_STEPS, JobMoney, LedgerReader, MachineRow, RunRow, money_by_job
+    from actor_run.supervisors.ledger.reader import UNCOUNTED, JobMoney, LedgerReader, MachineRow, RunRow, money_by_job
     from actor_run.supervisors.ledger.runs import Claimed
     from actor_run.supervisors.ledger.writer import Ledger
 
@@ -52,7 +52,7 @@ _WHERE = {
     "OwnerRow": "actor_run.supervisors.ledger.owners",
     "RunRow": "actor_run.supervisors.ledger.reader",
     "StaleClaim": "actor_run.supervisors.ledger.queue",
-    "WALK_STEPS": "actor_run.supervisors.ledger.reader",
+    "UNCOUNTED": "actor_run.supervisors.ledger.reader",
     "Waiter": "actor_run.supervisors.ledger.queue",
     "owner_is_alive": "actor_run.supervisors.ledger.owners",
     "money_by_job": "actor_run.supervisors.ledger.reader",
@@ -64,7 +64,7 @@ if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this pa
 
 
 __all__ = [
-    "WALK_STEPS",
+    "UNCOUNTED",
     "Claimed",
     "JobMoney",
     "Ledger",

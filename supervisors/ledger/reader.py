@@ -196,7 +196,10 @@ class LedgerReader:
         return found
 
 
-WALK_STEPS = ("no_capacity", "quota")  # an attempt that ended so made no machine: a walk step, no attempt
+# attempts that cost no attempt (max_attempts): walk steps (a place without stock, an account out of
+# quota: no machine made) and a create the provider failed to answer (its transient fault, not the
+# job's; whatever it made was found by name and deleted; the thrashing rule still bounds them)
+UNCOUNTED = ("no_capacity", "quota", "ambiguous_create")
 
 
 class JobMoney(msgspec.Struct, frozen=True, kw_only=True):
@@ -217,10 +220,10 @@ def money_by_job(reservations: Iterable[dict[str, Any]], attempts: Iterable[dict
     for r in reservations:
         if r["state"] == "released":
             charged[r["job"]] = charged.get(r["job"], 0.0) + (r["charged"] or 0.0)
-        if r.get("failure") not in WALK_STEPS:
+        if r.get("failure") not in UNCOUNTED:
             used.setdefault(r["job"], set()).add(int(r["attempt"]))
     for a in attempts:
-        if a.get("failure") not in WALK_STEPS:
+        if a.get("failure") not in UNCOUNTED:
             used.setdefault(a["job"], set()).add(int(a["attempt"]))
     return {job: JobMoney(charged_usd=charged.get(job, 0.0), attempts=frozenset(used.get(job, ())))
             for job in charged.keys() | used.keys()}

@@ -418,7 +418,7 @@ class JobSupervisor(Actor):
             self._next()  # no machine was made: at once, not counted
             return
         if code not in (Code.NO_CAPACITY, Code.QUOTA):
-            self.counted += 1
+            self.counted += code not in UNCOUNTED
             self.waiting_since = None  # it found a place: a wait for capacity after this is a new one
             self.offers.freed()  # it held a machine, now let go: jobs waiting for capacity ask again
         decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
@@ -490,10 +490,15 @@ class JobSupervisor(Actor):
                 self.log.error("attempt did not stop in time")
 
 
+UNCOUNTED = (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE)
+
+
 def counted_attempts(history: list[Any]) -> int:
-    """The attempts a job's history holds, walk steps left out: a place with no stock (`no_capacity`)
-    or an account out of quota (`quota`) made no machine and costs no attempt (max_attempts)."""
-    return sum(1 for h in history if h.get("failure") not in (Code.NO_CAPACITY, Code.QUOTA))
+    """The attempts a job's history holds that count against max_attempts: walk steps (a place with
+    no stock, `no_capacity`; an account out of quota, `quota`: no machine made) and creates the
+    provider failed to answer (`ambiguous_create`: its transient fault, not the job's; what it made
+    was found by name and deleted) are left out. The thrashing rule still bounds those."""
+    return sum(1 for h in history if h.get("failure") not in UNCOUNTED)
 
 
 class _TotalsDict(TypedDict):

@@ -219,7 +219,7 @@ class View:
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
             case AttemptEnded(usage=u, failure=failure):
                 self._machine_gone(line)
-                if failure not in (Code.NO_CAPACITY, Code.QUOTA):  # a walk step is no attempt (max_attempts)
+                if failure not in (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE):  # tree/job.py's UNCOUNTED
                     line.attempts += 1
                 line.usd_done += u.usd
                 self.usd_done += u.usd

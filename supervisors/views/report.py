@@ -33,7 +33,7 @@ from actor_run.protocols.messages import (
     Uploaded,
 )
 from actor_run.protocols.specs import job_key
-from actor_run.supervisors.ledger import WALK_STEPS, money_by_job
+from actor_run.supervisors.ledger import UNCOUNTED, money_by_job
 
 PHASES = ("lease", "upload", "run", "fetch", "release")
 
@@ -77,7 +77,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     @property
     def used(self) -> int:
         """The attempts it used: walk steps (a place without stock, an account out of quota) left out."""
-        return sum(1 for a in self.attempts if a.failure not in WALK_STEPS)
+        return sum(1 for a in self.attempts if a.failure not in UNCOUNTED)
 
 
 class Gap(msgspec.Struct, frozen=True, kw_only=True):
