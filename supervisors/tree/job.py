@@ -285,7 +285,9 @@ class JobSupervisor(Actor):
             if isinstance(error, LaunchError | Refused) and error.code is Code.GUARD:  # the key was refused
                 self._end("failed", Code.GUARD, str(error))
                 return
-            self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
+            # taken as no stock there this time (the walk asks again): the run's log, not a warning; a
+            # job that finds no place in the end says so when it ends
+            self.log.info("offers for candidate {} failed: {}", candidate, result.error)
             self.walk.set_offers(candidate, [])
         else:
             self.walk.set_offers(candidate, result.value)
