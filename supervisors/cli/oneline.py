@@ -20,7 +20,6 @@ import msgspec
 from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.clouds.gpus import GPUS, vendor_ids
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.hosts.content import code_size
 from actor_run.protocols.specs import Batch, batch_from_table, load_batch, nearest_names, read_batch_table
 from actor_run.supervisors.api.config import UserConfig, config_path, load_config
 
@@ -133,6 +132,8 @@ def current_folder_as_code(cwd: Path) -> Path:
     """A one-liner without --code sends the folder it is run in (as `python3 train.py` expects),
     what `.actor-runignore` and `.gitignore` list, `.git` and `.venv` left out; SpecError (one line)
     when that is more than CWD_CODE_LIMIT."""
+    from actor_run.protocols.hosts.content import code_size  # protocols.hosts loads trio: only for a run
+
     size = code_size(cwd, stop_at=CWD_CODE_LIMIT)
     if size > CWD_CODE_LIMIT:
         raise SpecError("--code", f"the current folder {cwd} holds more than {CWD_CODE_LIMIT // 2**20} MB to send "
