@@ -339,8 +339,10 @@ class WaitingForCapacity(Event, frozen=True, kw_only=True):
 
 
 class JobEnded(Event, frozen=True, kw_only=True):
-    """The job is over, exactly once per submitted job: `outcome` "succeeded" or "failed" (with its
-    `failure` code and `detail`), how many attempts it took, what it cost in all, where its outputs are."""
+    """The job is over, exactly once per submitted job: `outcome` "succeeded", "failed" (with its
+    `failure` code and `detail`) or "canceled" (failure `canceled`: stopped on purpose, by a cancel,
+    a Ctrl-C or another controller taking it over), how many attempts it took (walk steps to a place
+    without stock left out), what it cost in all, where its outputs are."""
 
     outcome: str
     failure: Code | None = None
@@ -348,6 +350,12 @@ class JobEnded(Event, frozen=True, kw_only=True):
     attempts: int = 0
     usd: float = 0.0
     out_dir: str = ""
+
+
+def ended_outcome(failure: Code | None) -> str:
+    """A job's outcome from how it ended: "succeeded" without a failure, "canceled" when it was
+    stopped on purpose (`Code.CANCELED`), else "failed"."""
+    return "succeeded" if failure is None else "canceled" if failure is Code.CANCELED else "failed"
 
 
 # --- commands ------------------------------------------------------------------------------------

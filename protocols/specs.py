@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable, Collection
@@ -38,7 +39,10 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     timeout_s: float = 3600.0
     env: dict[str, str] = msgspec.field(default_factory=dict)
     max_usd: float | None = None  # per seed: what all of one seed's attempts may cost together
-    # names in `env` whose values the ledger may keep as they are; every other value is masked there
+    # names whose values are secrets besides those that look secret (KEY, TOKEN, ...): masked in the
+    # ledger and every text, and taken from the environment of whoever runs the job when env lacks them
+    secret_env: list[str] = msgspec.field(default_factory=list)
+    # kept for batches written before secret_env: plain values are plain already (names here stay plain)
     public_env: list[str] = msgspec.field(default_factory=list)
 
 
@@ -133,9 +137,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     `$ACTOR_RUN_ATTEMPT`, `$ACTOR_RUN_GPU` (the GPU class it runs on), `$ACTOR_RUN_IN` (the `inputs`),
     `$ACTOR_RUN_OUT` (fetched back) and `$ACTOR_RUN_PROGRESS` set, plus `env`. Exit 0 is success; any
     other exit is the job's own failure (`job_failed`, not retried) unless the job's verdict says
-    `retriable` or `oom` (protocols/verdict.py). `code` and `inputs` are absolute paths on this computer
-    (`Batch` makes them so). `clouds` holds `[clouds.<name>]` tables, merged over the user's
-    settings. `key` (`name/seed-<seed>`) names the job in the Runner, the ledger and the events."""
+    `retriable` or `oom` (protocols/verdict.py). `code` and `inputs` are paths on this computer: a
+    relative one is made absolute as the Job is made, from the caller's current folder (as the command
+    line takes `--code`; `Batch` makes a batch file's absolute from the file's folder). `clouds` holds
+    `[clouds.<name>]` tables, merged over the user's settings. `key` (`name/seed-<seed>`) names the
+    job in the Runner, the ledger and the events."""
 
     name: str
     command: str
@@ -148,7 +154,21 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     policy: PolicySpec = msgspec.field(default_factory=PolicySpec)
     candidates: list[CandidateSpec] = msgspec.field(default_factory=lambda: [CandidateSpec()])
     clouds: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
-    public_env: list[str] = msgspec.field(default_factory=list)  # env names the ledger keeps in clear
+    public_env: list[str] = msgspec.field(default_factory=list)  # kept for older batches: plain is plain already
+    secret_env: list[str] = msgspec.field(default_factory=list)  # secrets besides names that look secret
+
+    def __post_init__(self) -> None:
+        """`code` and `inputs` relative to the current folder made absolute, and a `secret_env` name
+        that `env` lacks taken from this process's environment (the caller's thread; a worker
+        decoding the job from the ledger finds it masked there, and fills it from its own)."""
+        missing = [k for k in self.secret_env if k not in self.env and k in os.environ]
+        if missing:
+            msgspec.structs.force_setattr(self, "env", {**self.env, **{k: os.environ[k] for k in missing}})
+        if self.code is not None and self.code and not os.path.isabs(self.code):
+            msgspec.structs.force_setattr(self, "code", os.path.abspath(os.path.expanduser(self.code)))
+        if any(not os.path.isabs(p) for p in self.inputs.values()):
+            msgspec.structs.force_setattr(self, "inputs", {
+                k: p if os.path.isabs(p) else os.path.abspath(os.path.expanduser(p)) for k, p in self.inputs.items()})
 
     @property
     def key(self) -> str:
@@ -181,12 +201,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
               inputs: dict[str, str | Path] | None = None, timeout_s: float = 3600.0,
               env: dict[str, str] | None = None, policy: PolicySpec | None = None,
               candidates: list[CandidateSpec] | None = None, clouds: dict[str, dict[str, Any]] | None = None,
-              base: str | Path = ".", public_env: list[str] | None = None) -> Batch:
+              base: str | Path = ".", public_env: list[str] | None = None,
+              secret_env: list[str] | None = None) -> Batch:
         """A batch made in code, checked like a batch file (its cloud names where clouds are built);
         relative paths are taken from `base`."""
         job = JobSpec(name=name, command=command, seeds=list(seeds), code=None if code is None else str(code),
                       inputs={k: str(v) for k, v in (inputs or {}).items()}, timeout_s=timeout_s, env=dict(env or {}),
-                      public_env=list(public_env or []))
+                      public_env=list(public_env or []), secret_env=list(secret_env or []))
         spec = BatchFile(job=job, policy=policy or PolicySpec(), candidates=list(candidates or []),
                          clouds=dict(clouds or {}))
         return _checked(spec, Path(base).expanduser().resolve(), None)
@@ -202,13 +223,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
                 name=j.name, command=j.command, seed=seed, code=j.code, inputs=dict(j.inputs),
                 timeout_s=j.timeout_s, env=dict(j.env), max_usd=j.max_usd, policy=p,
                 candidates=list(self.spec.candidates) or [CandidateSpec()], clouds=self.spec.clouds,
-                public_env=list(j.public_env),
+                public_env=list(j.public_env), secret_env=list(j.secret_env),
             )
             for seed in j.seeds
         ]
 
 
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|(?:^|_)PAT(?:_|$))", re.IGNORECASE)
 
 
 # a cloud setting holding a secret (an API key, a key's passphrase); `key` alone is a key's path,
@@ -240,23 +261,32 @@ def without_secrets(table: dict[str, Any]) -> dict[str, Any]:
             if not is_secret_setting(k)}
 
 
+def is_secret_env(name: str, secret_env: Collection[str]) -> bool:
+    """Whether an env value is a secret: its name looks secret (KEY, TOKEN, SECRET, PASSWORD,
+    CREDENTIAL, AUTH) or `secret_env` lists it."""
+    return name in secret_env or bool(SECRET_NAME.search(name))
+
+
 def redacted(job: Job) -> Job:
-    """The job as the ledger may keep it: env values are replaced unless their names are in
-    `public_env` (and do not look secret), cloud settings whose names look secret are left out."""
-    public = set(job.public_env)
-    env = {k: (v if k in public and not SECRET_NAME.search(k) else REDACTED) for k, v in job.env.items()}
+    """The job as the ledger may keep it: plain env values as they are, secret ones (`is_secret_env`)
+    replaced (a `secret_env` name the job lacks too: whoever runs it takes it from its own
+    environment), cloud settings whose names look secret left out."""
+    env = {k: (REDACTED if is_secret_env(k, job.secret_env) else v) for k, v in job.env.items()}
+    env.update({k: REDACTED for k in job.secret_env if k not in env})
     add_secret(*(v for k, v in job.env.items() if env[k] == REDACTED))  # and masked in any text
     clouds = {name: without_secrets(table) for name, table in job.clouds.items()}
     return msgspec.structs.replace(job, env=env, clouds=clouds)
 
 
 def unredacted(job: Job, environ: dict[str, str]) -> tuple[Job, list[str]]:
-    """Fill redacted env values from `environ`; the names still missing are returned."""
+    """Fill redacted env values from `environ` (registered with the redactor); the names still
+    missing are returned."""
     env, missing = {}, []
     for k, v in job.env.items():
         if v == REDACTED:
             if k in environ:
                 v = environ[k]
+                add_secret(v)
             else:
                 missing.append(k)
         env[k] = v
@@ -271,9 +301,35 @@ def _where(path: str) -> str:
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<at>[^`]*)`)?$")
 
 
-def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
+def _keys_at(root: Any, path: str) -> list[str]:
+    """The keys the table at `path` (`policy`, `candidates[0]`, ...) of the struct type `root` takes."""
+    import msgspec.inspect as mi
+
+    info: Any = mi.type_info(root)
+    for part in [p for p in re.split(r"\.|\[\d+\]", path) if p]:
+        while isinstance(info, mi.ListType | mi.UnionType):
+            info = info.item_type if isinstance(info, mi.ListType) else next(
+                (t for t in info.types if isinstance(t, mi.StructType | mi.ListType)), None)
+        if not isinstance(info, mi.StructType):
+            return []
+        info = next((f.type for f in info.fields if f.encode_name == part), None)
+    while isinstance(info, mi.ListType | mi.UnionType):
+        info = info.item_type if isinstance(info, mi.ListType) else next(
+            (t for t in info.types if isinstance(t, mi.StructType | mi.ListType)), None)
+    return [f.encode_name for f in info.fields] if isinstance(info, mi.StructType) else []
+
+
+def unknown_key(field: str, key: str, known: Collection[str]) -> SpecError:
+    """An unknown key, with the nearest known ones ("did you mean ...?")."""
+    close = nearest_names(key, known)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return SpecError(field, "unknown key" + hint)
+
+
+def spec_error(exc: msgspec.ValidationError, prefix: str = "", root: Any = None) -> SpecError:
     """msgspec's "Expected `int`, got `str` - at `$.policy.concurrency`" as a SpecError naming the
-    field (`prefix.policy.concurrency: expected int, got str`)."""
+    field (`prefix.policy.concurrency: expected int, got str`); an unknown key of the struct type
+    `root` (when given) with the nearest known keys."""
     m = _AT.match(str(exc))
     assert m is not None
     msg, at = m.group("msg"), _where(m.group("at") or "")
@@ -283,7 +339,8 @@ def spec_error(exc: msgspec.ValidationError, prefix: str = "") -> SpecError:
         field = f"{at}.{unknown.group(1)}" if at else unknown.group(1)
         if unknown.group(1) == "gpu_count":
             return SpecError(field, 'unknown key (the count goes in gpu: gpu = "H100:8")')
-        return SpecError(field, "unknown key")
+        known = _keys_at(root, _where(m.group("at") or "")) if root is not None else []
+        return unknown_key(field, unknown.group(1), known)
     missing = re.match(r"Object missing required field `([^`]+)`", msg)
     if missing:
         field = f"{at}.{missing.group(1)}" if at else missing.group(1)
@@ -345,7 +402,7 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
            p.lost_after_s)
 
 
-def check_env(env: dict[str, str], public: list[str], at: str = "job") -> None:
+def check_env(env: dict[str, str], public: list[str], at: str = "job", secret: Collection[str] = ()) -> None:
     """Names a shell can take and actor-run does not own; no NUL; sizes an exec accepts."""
     from actor_run.protocols.hosts.scripts import env_name_problem  # hosts/ imports nothing of specs
 
@@ -363,6 +420,10 @@ def check_env(env: dict[str, str], public: list[str], at: str = "job") -> None:
     for name in public:
         if name not in env:
             raise SpecError(f"{at}.public_env", f"{name!r} is not a name in {at}.env")
+    for name in secret:
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise SpecError(f"{at}.secret_env", problem)
 
 
 def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
@@ -372,7 +433,7 @@ def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
     _number(f"{at}.timeout_s", job.timeout_s, 0, strict=True)
     if job.max_usd is not None:
         _number(f"{at}.max_usd", job.max_usd, 0, strict=True)
-    check_env(job.env, job.public_env, at)
+    check_env(job.env, job.public_env, at, job.secret_env)
     if job.code is not None:
         code = base / job.code
         if not code.is_dir():
@@ -434,6 +495,10 @@ def check_candidate_names(candidates: list[CandidateSpec],
     for i, c in enumerate(candidates):
         gpus = gpus_of(i, c)
         gpu = c.gpu.partition(":")[0]  # a shape's class; its count was checked with the candidate
+        if gpu and gpus is not None and not gpus:
+            raise SpecError(f"candidates[{i}].gpu", f"{c.cloud} has no GPU {c.gpu!r}" + (
+                " (this computer claims none: name its GPUs with gpus = [...] under [clouds.local] in your settings,"
+                " or pass --cloud with a cloud that sells it)" if c.cloud == "local" else ""))
         if gpu and gpus is not None:
             check_known_name(f"candidates[{i}].gpu", f"GPU for {c.cloud}", gpu, gpus, fold=True)
         regions = regions_of(i, c)
@@ -460,7 +525,7 @@ def load_batch(path: str | Path, known_clouds: set[str] | None = None) -> Batch:
     try:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
-        raise spec_error(exc) from exc
+        raise spec_error(exc, root=BatchFile) from exc
     return _checked(spec, p.resolve().parent, known_clouds)
 
 
@@ -480,7 +545,7 @@ def batch_from_table(raw: dict[str, Any], base: Path, known_clouds: set[str] | N
     try:
         spec = msgspec.convert(raw, BatchFile)
     except msgspec.ValidationError as exc:
-        raise spec_error(exc) from exc
+        raise spec_error(exc, root=BatchFile) from exc
     return _checked(spec, base, known_clouds)
 
 

@@ -44,3 +44,19 @@ def test_the_commands_block_names_every_command_and_the_options_people_look_for(
                             ("sweep", "--grace"), ("run", "--dry-run"), ("run", "--print-batch"), ("run", "--gpu"),
                             ("run", "--yes"), ("offers", "--max-price"), ("status", "--follow"), ("logs", "--attempt")]:
         assert any(line.startswith(f"actor-run {command}") and option in line for line in lines), (command, option)
+
+
+def test_ci_runs_the_readmes_try_it_line_from_a_fresh_clone() -> None:
+    """.ci/run runs scripts/readme_first_run.sh, which runs the README's own "Try it" line (read
+    from the README, so the two never part) in a fresh clone, then `actor-run status`."""
+    root = Path(__file__).resolve().parents[1]
+    ci = (root / ".ci" / "run").read_text()
+    script = (root / "scripts" / "readme_first_run.sh").read_text()
+    assert "sh scripts/readme_first_run.sh" in ci
+    m = re.search(r"## Try it.*?```sh\n(.*?)\n```", README, re.S)
+    assert m is not None
+    line = m.group(1)
+    assert line.startswith("python3 -m venv .venv && ")
+    assert line.endswith(" && .venv/bin/actor-run run examples/seeds.toml")
+    assert "git clone" in script
+    assert ".venv/bin/actor-run status" in script

@@ -93,7 +93,7 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
     try:
         return msgspec.convert(raw, cls)
     except msgspec.ValidationError as exc:
-        raise spec_error(exc, f"clouds.{name}") from exc
+        raise spec_error(exc, f"clouds.{name}", root=cls) from exc
 
 
 def known_gpus(cloud: Cloud) -> frozenset[str] | None:

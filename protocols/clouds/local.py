@@ -34,6 +34,8 @@ class LocalSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     state_dir: str = ""  # default: <actor-run state>/local
     max_machines: int = 64
     check_gpu: bool = False  # this computer promises no GPU; true: check it before each job (nvidia-smi)
+    # this computer's GPUs, as a candidate names them: none unless said (a one-liner never runs here by default)
+    gpus: list[str] = msgspec.field(default_factory=list)
 
 
 # a pid file is written just after its process was made; a process made later than this after the
@@ -187,7 +189,14 @@ class LocalCloud:
         """This computer's GPUs are checked only when `check_gpu = true` (its clock is ours)."""
         return MachineCheck(gpu=offer.gpu, check_clock=False) if self.settings.check_gpu else None
 
+    @property
+    def gpu_names(self) -> frozenset[str]:
+        """What a candidate's `gpu` may say here: only the GPUs `gpus` names (this computer claims none it has not)."""
+        return frozenset(self.settings.gpus)
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
+        if candidate.gpu and candidate.gpu.lower() not in {g.lower() for g in self.settings.gpus}:
+            return []
         return [Offer(cloud=self.name, region="this-computer", gpu=candidate.gpu, hourly_usd=0.0, candidate=index)]
 
     async def launch(self, offer: Offer, name: str, deadline: float) -> Machine:

@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 import msgspec
 import trio
@@ -66,6 +66,8 @@ if TYPE_CHECKING:  # asyncssh (about 0.3 s of CPU) loads with a machine's first 
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 
+
+T = TypeVar("T")
 
 class RentedSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`[clouds.<name>]` fields every rented cloud has (a provider's struct adds its own)."""
@@ -379,6 +381,21 @@ class RentedCloud:
         seen = await self._read(machine_id)
         return seen is None or seen.state == "gone"
 
+    async def _patiently(self, what: str, call: Callable[[], Awaitable[T]], end: float) -> T:
+        """`call()`, asked again with backoff (0.5 s doubling to 8 s) while the provider fails for a
+        while (a 5xx, no answer, a 429 past its waits) until trio time `end`: a transient error
+        while proving a machine gone is no verdict. The last error goes on up past `end`."""
+        pause = 0.5
+        while True:
+            try:
+                return await call()
+            except (NoAnswer, RateLimited) as exc:
+                if trio.current_time() + pause >= end:
+                    raise
+                logger.bind(cloud=self.name).info("{}: {} failed ({}); again in {:.1f} s", self.name, what, exc, pause)
+            await trio.sleep(pause)
+            pause = min(pause * 2, 8.0)
+
     async def _find(self, name: str) -> list[str]:
         """The ids of every machine named `name`; a listing may lag a create, so an empty answer is
         asked again until `listing_lag_s` has passed."""
@@ -390,12 +407,17 @@ class RentedCloud:
             await trio.sleep(min(self.settings.poll_s, max(0.0, end - trio.current_time())))
 
     async def delete(self, name: str, machine_id: str = "") -> None:
+        """Delete `name` and prove it gone by a read. A transient error of the provider (a 5xx, no
+        answer, a 429) while finding or reading it is asked again with backoff for up to
+        `delete_wait_s`; only then is it DeleteUnconfirmed (the machine stays in the ledger for
+        the lease's retries and `actor-run sweep`)."""
         ids = [machine_id] if machine_id else ([self._ids[name]] if name in self._ids else [])
+        end = trio.current_time() + self.settings.delete_wait_s
         try:
-            if not ids:
-                ids = await self._find(name)  # an ambiguous create: adopt what it made, by name
+            if not ids:  # an ambiguous create: adopt what it made, by name
+                ids = await self._patiently(f"listing machines to find {name}", lambda: self._find(name), end)
             for mid in ids:
-                await self._delete_one(name, mid)
+                await self._delete_one(name, mid, end)
         except (NoAnswer, RateLimited) as exc:
             raise DeleteUnconfirmed(f"{self.name}: {name}: {exc}") from exc
         self._ids.pop(name, None)
@@ -404,8 +426,7 @@ class RentedCloud:
         if not self.settings.known_hosts:
             with_known.unlink(missing_ok=True)
 
-    async def _delete_one(self, name: str, machine_id: str) -> None:
-        end = trio.current_time() + self.settings.delete_wait_s
+    async def _delete_one(self, name: str, machine_id: str, end: float) -> None:
         asked = False
         while True:
             if not asked:
@@ -414,7 +435,7 @@ class RentedCloud:
                     asked = True
                 except NoAnswer as exc:  # a 5xx or no answer: did it work? the read says
                     logger.bind(cloud=self.name).info("{}: delete of {} unanswered: {}", self.name, name, exc)
-            if await self._is_gone(machine_id):
+            if await self._patiently(f"reading {name} to prove it gone", lambda: self._is_gone(machine_id), end):
                 return
             if trio.current_time() >= end:
                 raise DeleteUnconfirmed(f"{self.name}: {name} ({machine_id}) still there "

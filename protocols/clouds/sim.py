@@ -228,6 +228,11 @@ class SimCloud:
         return gpu_names() | {gpu_class(g) for r in self.settings.regions for g in r.gpus}
 
     @property
+    def sold_gpus(self) -> tuple[str, ...]:
+        """The GPUs its regions sell (`[[clouds.sim.regions]]`), each once, in the order they are named."""
+        return tuple(dict.fromkeys(g for r in self.settings.regions for g in r.gpus))
+
+    @property
     def region_names(self) -> frozenset[str]:
         """The regions `[[clouds.sim.regions]]` configures."""
         return frozenset(r.name for r in self.settings.regions)

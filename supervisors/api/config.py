@@ -36,7 +36,7 @@ from actor_run.protocols.clouds import (
     split_key,
 )
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import is_secret_setting
+from actor_run.protocols.specs import is_secret_setting, nearest_names
 from actor_run.supervisors.api.notify import NotifySettings, parse_notify
 
 ENV_VAR = "ACTOR_RUN_CONFIG"
@@ -161,8 +161,10 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
     where = f" (in {path})"
     for key in raw:
         if key not in ("clouds", "confirm_above_usd", "notify"):
-            raise SpecError(key, f"unknown key{where}: a user config holds confirm_above_usd, [notify] and"
-                            " [clouds.<name>] tables only")
+            close = nearest_names(key, ("clouds", "confirm_above_usd", "notify"))
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(key, f"unknown key{where}: {hint}a user config holds confirm_above_usd, [notify] and "
+                            "[clouds.<name>] tables only")
     confirm = raw.get("confirm_above_usd")
     if confirm is not None and (isinstance(confirm, bool) or not isinstance(confirm, int | float) or confirm < 0):
         raise SpecError("confirm_above_usd", f"expected a number >= 0{where}, got {confirm!r}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
+from actor_run.protocols.clouds.gpus import GPUS as TABLE
 from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX
@@ -25,7 +26,7 @@ from actor_run.supervisors.api.config import load_config
 
 RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "skypilot")  # asked about GPU classes
 WHEN_CONFIGURED = ("ssh", "skypilot")  # checked without a NAME only when the user config or batch has their table
-GPUS = ("H100", "H200", "A100-80G", "L40S", "RTX4090")  # what is asked for without a batch
+GPUS = tuple(TABLE)  # what a rented cloud is asked for without a batch: the GPU table, every name
 CALL_TIMEOUT_S = 60.0
 
 EXAMPLE = """examples:
@@ -60,7 +61,7 @@ def _plan(args: argparse.Namespace, configured: set[str]
     names = [args.name] if args.name else (sorted(candidates) or sorted(known_clouds()))
     unconfigured = [] if args.name else [n for n in WHEN_CONFIGURED if n not in configured | set(settings)]
     for name in names:
-        gpus = GPUS if name in RENTED or name == "sim" else ("",)
+        gpus = GPUS if name in RENTED else ("",)  # the sim: what its regions sell (cmd_clouds)
         candidates.setdefault(name, [CandidateSpec(cloud=name, gpu=g) for g in gpus])
     return names, settings, candidates, unconfigured
 
@@ -119,6 +120,9 @@ def cmd_clouds(args: argparse.Namespace) -> int:
             print(f"  cannot check: {exc.problem}")
             missing = True
             continue
+        sold: tuple[str, ...] | None = getattr(cloud, "sold_gpus", None)  # the sim's regions say what it sells
+        if sold is not None and candidates[name] == [CandidateSpec(cloud=name)]:
+            candidates[name] = [CandidateSpec(cloud=name, gpu=g) for g in sold]
 
         async def run(cloud: Cloud = cloud, name: str = name) -> tuple[list[str], bool]:
             try:

@@ -48,7 +48,17 @@ class Exit(enum.IntEnum):
     OK = 0  # every job succeeded
     FAILED = 1  # some job failed
     USAGE = 2  # bad input or usage; nothing started
+    CANCELED = 3  # no job failed, but some were canceled from elsewhere (`actor-run cancel`, Runner.cancel)
+    UNCONFIRMED = 4  # no job failed, but a machine's deletion could not be proven (`actor-run sweep` finishes it)
     INTERRUPTED = 130  # after a Ctrl-C whose cleanup finished
+
+
+def exit_of(ended: list[JobEnded]) -> Exit:
+    """The exit code of jobs that ended so: 1 if one failed, else 3 if one was canceled, else 0."""
+    outcomes = {e.outcome for e in ended}
+    if outcomes <= {"succeeded"}:
+        return Exit.OK
+    return Exit.CANCELED if outcomes <= {"succeeded", "canceled"} else Exit.FAILED
 
 
 _stderr_sink: list[int] = []  # loguru's id of the stderr handler (watch() lends stderr to the live view)
@@ -293,7 +303,8 @@ def watch(runner: Runner, keys: list[str], events: collections.deque[Event], *, 
         sys.stderr.write(line + "\n")
     for r in unconfirmed:
         sys.stderr.write(
-            f"actor-run: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the ledger for "
+            f"actor-run: unconfirmed: machine {r.machine} could not be confirmed deleted ({r.detail}); it stays in the "
+            "ledger for "
             f"`actor-run sweep`; to delete it by hand, delete the machine named {r.machine}"
             " in its provider's console\n")
     return [ended[k] for k in keys]
@@ -306,7 +317,15 @@ def ledger_path(args: argparse.Namespace) -> Path | str:
 
 
 def open_reader(args: argparse.Namespace) -> LedgerReader:
-    return LedgerReader(ledger_path(args))
+    """The ledger, opened read-only: a reading command (status, runs, cost, logs, report, ...) makes
+    no folder or file. A path named (--ledger, $ACTOR_RUN_LEDGER) that is no ledger is
+    LedgerUnusable (exit 2, naming it); the default ledger not made yet reads as empty."""
+    import os
+
+    from actor_run.supervisors.ledger.db import ENV
+
+    named = bool(getattr(args, "ledger", None)) or bool(os.environ.get(ENV))
+    return LedgerReader(ledger_path(args), read_only=True, missing_ok=not named)
 
 
 def usage_error(message: str) -> int:

@@ -32,7 +32,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
-from actor_run.supervisors.ledger import CacheRow, MachineRow
+from actor_run.supervisors.ledger import UNCOUNTED, CacheRow, MachineRow
 
 GROUPS = ("job", "cloud", "gpu", "account", "budget", "run", "user")
 
@@ -153,7 +153,8 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
         key = (r["run"] if run is None else "", _group_of(r, by))
         g = groups.setdefault(key, {"attempts": 0, "seconds": 0.0, "spent": 0.0, "reserved": 0.0, "held": 0.0,
                                     "failed": 0.0, "failed_attempts": 0, "at_least": False})
-        g["attempts"] += 1
+        walk = r.get("failure") in UNCOUNTED  # a place without stock: reserved for, but no attempt used
+        g["attempts"] += 0 if walk else 1
         g["reserved"] += r["usd"] or 0.0
         if r["state"] != "released":
             g["held"] += r["usd"] or 0.0
@@ -163,7 +164,7 @@ def cost_rows(reservations: list[dict[str, Any]], machines: list[MachineRow], *,
         g["seconds"] += r["seconds"] or 0.0
         if r["outcome"] != "succeeded":
             g["failed"] += charged
-            g["failed_attempts"] += 1
+            g["failed_attempts"] += 0 if walk else 1
         if r["at_least"] or (r["job"], r["attempt"]) in unconfirmed:
             g["at_least"] = True
     out = [CostRow(group=k, run=in_run, attempts=g["attempts"], machine_hours=round(g["seconds"] / 3600, 6),

@@ -68,8 +68,24 @@ class _Parser(argparse.ArgumentParser):
                 isinstance(a, argparse._SubParsersAction) for a in self._actions):
             sys.stderr.write(self.format_help())  # `actor-run`, `actor-run clouds`: no command named, its usage
             raise SystemExit(Exit.USAGE)
-        sys.stderr.write(f"actor-run: {message}\n")
+        sys.stderr.write(f"actor-run: {_did_you_mean(message)}\n")
         raise SystemExit(Exit.USAGE)
+
+
+def _did_you_mean(message: str) -> str:
+    """argparse's "invalid choice: 'stauts' (choose from ...)" with the nearest choice first."""
+    import difflib
+    import re
+
+    m = re.match(r"(?P<head>.*)invalid choice: '(?P<got>[^']*)' \(choose from (?P<choices>.*)\)$", message)
+    if m is None:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group("choices")) or [c.strip() for c in m.group("choices").split(",")]
+    close = difflib.get_close_matches(m.group("got"), choices, n=2, cutoff=0.5)
+    if not close:
+        return message
+    return (f"{m.group('head')}invalid choice: {m.group('got')!r} (did you mean "
+            f"{' or '.join(repr(c) for c in close)}?; choose from {m.group('choices')})")
 
 
 class _Version(argparse._VersionAction):

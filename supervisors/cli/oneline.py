@@ -17,9 +17,11 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds import known_clouds
+from actor_run.protocols.clouds import known_clouds, parse_settings
+from actor_run.protocols.clouds.gpus import GPUS, vendor_ids
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import Batch, batch_from_table, load_batch, read_batch_table
+from actor_run.protocols.specs import Batch, batch_from_table, load_batch, nearest_names, read_batch_table
+from actor_run.supervisors.api.config import UserConfig, config_path, load_config
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -88,6 +90,58 @@ def name_of(tail: list[str]) -> str:
     return stem or "job"
 
 
+def sells(cloud: str, gpu: str, settings: dict[str, Any]) -> bool:
+    """Whether `cloud`, with the user's `settings` for it, sells the GPU `gpu`: `local` only what its
+    `gpus` names, the sim what its regions list, a rented cloud what the GPU table maps to its ids;
+    `ssh` hosts and SkyPilot say nothing of their GPUs (name them with --cloud)."""
+    folded = gpu.lower()
+    try:
+        parsed = parse_settings(cloud, {k: v for k, v in settings.items() if k != "accounts"})
+    except SpecError:
+        parsed = None
+    if cloud == "local":
+        return folded in {g.lower() for g in getattr(parsed, "gpus", [])}
+    if cloud == "sim":
+        regions = getattr(parsed, "regions", None) or []
+        return any(folded == g.lower() for r in regions for g in r.gpus)
+    if cloud in ("runpod", "runpod-serverless", "hyperstack", "lambda"):
+        known = {g.lower() for g in GPUS}
+        return folded in known and bool(vendor_ids(gpu, cloud.split("-")[0]))
+    return False
+
+
+def clouds_for_gpu(gpu: str, config: UserConfig) -> list[str]:
+    """The clouds a one-liner with --gpu and no --cloud walks: those of the user's settings that sell
+    `gpu`, in the order the settings name them. SpecError (exit 2) naming the clouds asked when none does."""
+    asked = list(config.clouds)
+    found = [c for c in asked if c in known_clouds() and sells(c, gpu, config.cloud_settings(c, {}))]
+    if found:
+        return found
+    close = nearest_names(gpu, GPUS)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close and gpu not in GPUS else ""
+    where = (f"asked: {', '.join(asked)}" if asked
+             else f"your settings {config.path or config_path()[0]} name no [clouds.<name>]")
+    raise SpecError("--gpu", f"no configured cloud sells {gpu!r} ({where}; `local` has none unless its gpus "
+                    f"name it){hint}; pass --cloud to ask one")
+
+
+CWD_CODE_LIMIT = 100 * 1024 * 1024  # what a one-liner sends of the current folder by itself, at most
+
+
+def current_folder_as_code(cwd: Path) -> Path:
+    """A one-liner without --code sends the folder it is run in (as `python3 train.py` expects),
+    what `.actor-runignore` and `.gitignore` list, `.git` and `.venv` left out; SpecError (one line)
+    when that is more than CWD_CODE_LIMIT."""
+    from actor_run.protocols.hosts.content import code_size  # protocols.hosts loads trio: only for a run
+
+    size = code_size(cwd, stop_at=CWD_CODE_LIMIT)
+    if size > CWD_CODE_LIMIT:
+        raise SpecError("--code", f"the current folder {cwd} holds more than {CWD_CODE_LIMIT // 2**20} MB to send "
+                        "(a one-liner sends it as its code): list what stays here in .actor-runignore, or name "
+                        "the folder to send with --code DIR")
+    return cwd
+
+
 def batch_table(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """The batch table (from BATCH if given, the flags over it) and the folder its paths are from."""
     if args.batch:
@@ -108,6 +162,8 @@ def batch_table(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     job.setdefault("seeds", [1])
     if args.code is not None:
         job["code"] = str(Path(args.code).expanduser().resolve())
+    elif not args.batch and args.tail:
+        job["code"] = str(current_folder_as_code(Path.cwd()))
     if args.timeout is not None:
         job["timeout_s"] = parse_duration(args.timeout)
     if args.env:
@@ -121,6 +177,8 @@ def batch_table(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     raw["job"] = job
     if args.budget is not None:
         raw["policy"] = {**(raw.get("policy") or {}), "budget_usd": args.budget}
+    if args.gpu and args.cloud is None and not raw.get("candidates"):  # a one-liner: the clouds that sell it
+        raw["candidates"] = [{"cloud": c} for c in clouds_for_gpu(args.gpu, load_config(getattr(args, "config", None)))]
     if args.gpu is not None or args.cloud is not None or args.region:
         candidates = [dict(c) for c in raw.get("candidates") or [{}]]
         for c in candidates:

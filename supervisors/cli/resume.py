@@ -13,6 +13,7 @@ from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    exit_of,
     on_stop,
     open_reader,
     signals_restored,
@@ -93,4 +94,4 @@ def cmd_resume(args: argparse.Namespace) -> int:
             logger.remove(handler)
     if interrupts.count:
         return Exit.INTERRUPTED
-    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
+    return exit_of(ended)

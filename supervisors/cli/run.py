@@ -17,6 +17,7 @@ from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    exit_of,
     on_stop,
     signals_restored,
     stderr_lines_off,
@@ -137,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             logger.remove(log)
     if interrupts.count:
         return Exit.INTERRUPTED
-    if unconfirmed:
-        return Exit.FAILED  # a machine may still be running (and billing): not a clean success
-    return Exit.OK if all(e.outcome == "succeeded" for e in ended) else Exit.FAILED
+    code = exit_of(ended)
+    if unconfirmed and code != Exit.FAILED:
+        return Exit.UNCONFIRMED  # a machine may still be running (and billing): not a clean success
+    return code

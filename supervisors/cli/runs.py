@@ -13,7 +13,7 @@ import msgspec
 from actor_run.protocols.failures import Code
 from actor_run.protocols.specs import Job, PolicySpec
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
-from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.ledger import JobMoney, LedgerReader, RunRow, money_by_job
 from actor_run.supervisors.tree import counts
 from actor_run.supervisors.views.runlog import run_log_path
 
@@ -22,7 +22,8 @@ RUNS_EXAMPLE = """example:
   actor-run runs
   actor-run runs --json | jq -r 'select(.state == "abandoned") | .id'
 """
-STATUS_HELP = "show the jobs of the latest run (or of --run ID) and every machine still alive"
+STATUS_HELP = ("show the jobs of every run still running (whoever started it) and of the latest ended one (or of "
+               "--run ID), and every machine still alive")
 STATUS_EXAMPLE = """example:
   actor-run status
   actor-run status --run 3f2a9c1d --json
@@ -47,14 +48,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def run_state(run: RunRow, live: set[str]) -> str:
     """running (its controller is alive, or on a shared ledger a live worker holds a job of it),
     queued (on a shared ledger: jobs wait for a worker), abandoned (unfinished, its controller
-    gone: `actor-run resume` takes it), succeeded, failed (some job failed), or empty (no job)."""
+    gone: `actor-run resume` takes it), succeeded, failed (some job failed), canceled (none failed,
+    some canceled), or empty (no job)."""
     if run.unfinished:
         if (run.owner in live and run.state == "running") or run.held:
             return "running"
         return "queued" if run.queued else "abandoned"
     if run.jobs == 0:
         return "running" if run.owner in live and run.state == "running" else "empty"
-    return "failed" if run.failed else "succeeded"
+    return "failed" if run.failed else "canceled" if run.canceled else "succeeded"
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +98,7 @@ def _reason(detail: str) -> str:
 def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: float) -> list[JobView]:
     machines = [m for m in reader.machines(alive_only=True) if m.run == run]
     attempts = reader.attempts(run)
+    money = money_by_job(reader.reservations(run), attempts)  # the figures `actor-run cost` adds up
     stages: dict[str, str] = {}
     for e in reader.events(run=run):
         if e["type"] == "Progress":
@@ -104,9 +107,13 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
     out = []
     for j in jobs:
         ended = [a for a in attempts if a["job"] == j["key"]]
-        spent = sum(a["usd"] or 0.0 for a in ended)
+        paid = money.get(j["key"])
+        spent = paid.charged_usd if paid is not None else j["usd"] or 0.0
+        paid = paid or JobMoney()
         mine = [m for m in machines if m.job == j["name"] and m.seed == j["seed"]]
-        state, place, usd = j["state"], "", j["usd"] or spent
+        state, place, usd = j["state"], "", spent
+        if state == "failed" and j["failure"] == "canceled":
+            state = "canceled"
         if state == "running":
             if mine:
                 m = max(mine, key=lambda m: m.attempt)
@@ -119,7 +126,7 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
         if j["state"] == "running" and j["key"] in waits:
             stage = waits[j["key"]]
         out.append(JobView(key=j["key"], state=state, place=place, stage=stage, usd=usd,
-                           attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
+                           attempts=len(paid.attempts | {m.attempt for m in mine}),
                            failure=j["failure"] or "", detail=j["detail"] or "",
                            counts=_counts(j.get("spec"), [a["failure"] for a in ended]),
                            reason=next((_reason(a["detail"] or "") for a in reversed(ended)
@@ -162,10 +169,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print("no run in the ledger")
         return Exit.OK
-    print(f"{'run':<9} {'started':<19} {'state':<10} {'ok':>4} {'fail':>4} {'left':>4} {'cost':>10}  batch")
+    print(f"{'run':<9} {'started':<19} {'state':<10} {'ok':>4} {'fail':>4} {'canc':>4} {'left':>4} {'cost':>10}  batch")
     for r in runs:
         print(f"{r.id:<9} {_when(r.started):<19} {run_state(r, live):<10} {r.succeeded:>4} {r.failed:>4} "
-              f"{r.unfinished:>4} {'$' + format(r.usd, '.4f'):>10}  {r.batch or '-'}")
+              f"{r.canceled:>4} {r.unfinished:>4} {'$' + format(r.usd, '.4f'):>10}  {r.batch or '-'}")
     print(f"each run's controller log: {run_log_path(args.state_dir, '<run>')}")
     return Exit.OK
 
@@ -178,38 +185,54 @@ def cmd_status(args: argparse.Namespace) -> int:
         reader.close()
 
 
+UNFINISHED = ("running", "queued", "abandoned")
+
+
+def shown_runs(runs: list[RunRow], live: set[str]) -> list[RunRow]:
+    """What `status` without --run shows: every run not finished (running, queued or abandoned,
+    whoever started it), oldest first, then the latest of the others."""
+    ordered = sorted(runs, key=lambda r: (r.started or 0.0, r.id))
+    unfinished = [r for r in ordered if run_state(r, live) in UNFINISHED]
+    ended = [r for r in ordered if run_state(r, live) not in UNFINISHED]
+    return unfinished + ended[-1:]
+
+
 def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
     runs = reader.runs()
+    machines, live = reader.machines(), reader.live_owners()
     if args.run is not None:
         chosen = [r for r in runs if r.id == args.run]
         if not chosen:
             return usage_error(f"--run: no run {args.run!r} in this ledger (see `actor-run runs`)")
-        run: RunRow | None = chosen[0]
     else:
-        run = max(runs, key=lambda r: (r.started or 0.0)) if runs else None
-    jobs = reader.jobs(run.id) if run is not None else []
-    machines, live = reader.machines(), reader.live_owners()
+        chosen = shown_runs(runs, live)
+    now = time.time()
     if args.json:
         out = []
-        if run is not None:
+        for run in chosen:
+            jobs = reader.jobs(run.id)
             out.append({"kind": "run", **_run_dict(run, live)})
-        views = {v.key: v for v in job_views(reader, run.id, jobs, time.time())} if run is not None else {}
-        for j in jobs:
-            v = views[j["key"]]
-            out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"},
-                        "now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd,
-                        "counts": v.counts, "reason": v.reason})
+            views = {v.key: v for v in job_views(reader, run.id, jobs, now)}
+            for j in jobs:
+                v = views[j["key"]]
+                out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"}, "now": v.state,
+                            "place": v.place, "stage": v.stage, "usd_now": v.usd, "attempts": v.attempts,
+                            "counts": v.counts, "reason": v.reason})
         for m in machines:
             out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
         for d in out:
             sys.stdout.write(msgspec.json.encode(d).decode() + "\n")
         return Exit.OK
-    if run is None:
+    if not chosen:
         print("no run in the ledger")
-    else:
-        print(f"run {run.id} ({run_state(run, live)}), started {_when(run.started)}, batch {run.batch or '-'},"
+    for run in chosen:
+        state = run_state(run, live)
+        print(f"run {run.id} ({state}), started {_when(run.started)}, batch {run.batch or '-'},"
               f" results in {run.out_dir or '-'}")
-        for v in job_views(reader, run.id, jobs, time.time()):
+        if state == "abandoned":
+            print(f"  its controller is gone with {run.unfinished} job(s) unfinished: `actor-run resume {run.id}`"
+                  " picks them up")
+        for v in job_views(reader, run.id, reader.jobs(run.id), now):
             print("  " + view_line(v))
     alive = [m for m in machines if m.state == "alive"]
     if not alive:

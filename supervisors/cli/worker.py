@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the tree (trio, pykka, the clouds) loads when a worker or a
     from actor_run.supervisors.api.handle import JobHandle
     from actor_run.supervisors.api.runner import Runner
 
-OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+OK, FAILED, USAGE, CANCELED, INTERRUPTED = 0, 1, 2, 3, 130  # the values of console.py's Exit
 ENDED = ("succeeded", "failed")
 
 
@@ -108,6 +108,17 @@ def _ledger_states(runner: Runner, run: str | None = None) -> dict[str, str]:
     reader = LedgerReader(runner.ledger_path)
     try:
         return reader.job_states(run)
+    finally:
+        reader.close()
+
+
+def _ledger_outcomes(runner: Runner, run: str) -> dict[str, str]:
+    """Job key -> how it stands in the ledger: succeeded, failed, canceled (failed with failure
+    `canceled`), or running / queued."""
+    reader = LedgerReader(runner.ledger_path)
+    try:
+        return {j["key"]: "canceled" if j["state"] == "failed" and j["failure"] == "canceled" else j["state"]
+                for j in reader.jobs(run)}
     finally:
         reader.close()
 
@@ -335,21 +346,22 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
             if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel"):
                 return FAILED  # its lease expired: the other workers finish the batch
-            states = _ledger_states(runner, run)
+            outcomes = _ledger_outcomes(runner, run)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return USAGE
-    keys = [j.key for j in jobs]
-    if any(states.get(k) not in ENDED for k in keys):
+    ended = [outcomes.get(j.key, "") for j in jobs]
+    if any(o not in ("succeeded", "failed", "canceled") for o in ended):
         return INTERRUPTED
-    return OK if all(states.get(k) == "succeeded" for k in keys) else FAILED
+    return OK if set(ended) <= {"succeeded"} else FAILED if "failed" in ended else CANCELED
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
     """`actor-run status [--run ID] --follow`: one line per job of the run (default: the latest)
     whose state changes, whoever runs it, until none is queued or running; the exit code says
     whether every job succeeded."""
-    reader = LedgerReader(resolve(args.ledger, _state_dir(args)))
+    reader = LedgerReader(resolve(args.ledger, _state_dir(args)), read_only=True,
+                          missing_ok=not (args.ledger or os.environ.get(ENV)))
     seen: dict[str, tuple[str, str, str]] = {}  # job key -> (state, owner, what status shows): a change is a line
     try:
         run = args.run

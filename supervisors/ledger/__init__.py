@@ -34,7 +34,15 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
     from actor_run.supervisors.ledger.db import LedgerError, LedgerUnusable
     from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive, process_start_time
     from actor_run.supervisors.ledger.queue import StaleClaim, Waiter
-    from actor_run.supervisors.ledger.reader import CacheRow, LedgerReader, MachineRow, RunRow
+    from actor_run.supervisors.ledger.reader import (
+        UNCOUNTED,
+        CacheRow,
+        JobMoney,
+        LedgerReader,
+        MachineRow,
+        RunRow,
+        money_by_job,
+    )
     from actor_run.supervisors.ledger.runs import Claimed
     from actor_run.supervisors.ledger.writer import Ledger
 
@@ -43,6 +51,7 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
 _WHERE = {
     "CacheRow": "actor_run.supervisors.ledger.reader",
     "Claimed": "actor_run.supervisors.ledger.runs",
+    "JobMoney": "actor_run.supervisors.ledger.reader",
     "Ledger": "actor_run.supervisors.ledger.writer",
     "LedgerCore": "actor_run.supervisors.ledger.core",
     "LedgerError": "actor_run.supervisors.ledger.db",
@@ -52,8 +61,10 @@ _WHERE = {
     "OwnerRow": "actor_run.supervisors.ledger.owners",
     "RunRow": "actor_run.supervisors.ledger.reader",
     "StaleClaim": "actor_run.supervisors.ledger.queue",
+    "UNCOUNTED": "actor_run.supervisors.ledger.reader",
     "Waiter": "actor_run.supervisors.ledger.queue",
     "owner_is_alive": "actor_run.supervisors.ledger.owners",
+    "money_by_job": "actor_run.supervisors.ledger.reader",
     "process_start_time": "actor_run.supervisors.ledger.owners",
 }
 
@@ -62,8 +73,10 @@ if not TYPE_CHECKING:  # hidden from mypy, which then still flags a name this pa
 
 
 __all__ = [
+    "UNCOUNTED",
     "CacheRow",
     "Claimed",
+    "JobMoney",
     "Ledger",
     "LedgerCore",
     "LedgerError",
@@ -74,6 +87,7 @@ __all__ = [
     "RunRow",
     "StaleClaim",
     "Waiter",
+    "money_by_job",
     "owner_is_alive",
     "process_start_time",
 ]

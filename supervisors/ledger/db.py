@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.redact import add_url_password
-from actor_run.supervisors.ledger.schema import SchemaError, migrate
+from actor_run.supervisors.ledger.schema import SchemaError, current_version, migrate, version_of
 
 ENV = "ACTOR_RUN_LEDGER"  # a ledger's path or URL, when --ledger does not name one
 READ_WAIT_S = 5.0  # how long a read waits for a connection to a PostgreSQL ledger
@@ -200,15 +200,62 @@ class SqliteBackend(Backend):
     errors = (sqlite3.Error,)
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, *, read_only: bool = False, missing_ok: bool = False) -> None:
         super().__init__(Path(location))
         self.path = Path(location)
+        self.read_only = read_only  # a reading command: opens the file as it is, makes nothing
+        self.missing_ok = missing_ok  # (read_only) no file yet reads as an empty ledger (the default one)
         self._reader: sqlite3.Connection | None = None
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """The file opened read-only (SQLite's `mode=ro`): no folder, no file is made. LedgerUnusable,
+        naming the path, for a missing file (unless `missing_ok`: an empty ledger in memory), an
+        empty one, a file that is not SQLite or not actor-run's. A ledger an older actor-run wrote is
+        opened for writing once, to be upgraded in place as any opener does."""
+        if self.path.is_dir():
+            raise LedgerUnusable(f"--ledger {self.path} is a folder, not a ledger file")
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            if not self.missing_ok:
+                raise LedgerUnusable(f"--ledger {self.path}: no such ledger file") from None
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            self.migrate(conn)  # the tables, empty: every read finds no run
+            return conn
+        except OSError as exc:
+            raise LedgerUnusable(f"--ledger {self.path}: cannot open it: {exc.strerror}") from exc
+        if size == 0:
+            raise LedgerUnusable(f"--ledger {self.path} is an empty file, not a ledger")
+        try:
+            with self.path.open("rb") as f:
+                head = f.read(16)
+        except OSError as exc:
+            raise LedgerUnusable(f"--ledger {self.path}: cannot open it: {exc.strerror}") from exc
+        if head != b"SQLite format 3\0":
+            raise LedgerUnusable(f"--ledger {self.path} is not an actor-run ledger (not an SQLite file)")
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout=30000")
+            version = version_of(conn)
+        except sqlite3.Error as exc:
+            raise LedgerUnusable(f"--ledger {self.path} is not an actor-run ledger (or is damaged): {exc}") from exc
+        if version == 0:
+            conn.close()
+            raise LedgerUnusable(f"--ledger {self.path} is an SQLite file but not an actor-run ledger")
+        if version < current_version():
+            conn.close()
+            return self._connect_writing()
+        self.migrate(conn)  # refuses a newer actor-run's ledger, changes nothing here
+        return conn
 
     def connect(self) -> sqlite3.Connection:
         """A connection to the file, made private (0600: SQLite gives its -wal and -shm files the
         same mode) if it is new. LedgerUnusable for a folder, a file that is not SQLite or is
-        damaged, or a newer actor-run's ledger."""
+        damaged, or a newer actor-run's ledger. Read-only (`read_only`): see _connect_read_only."""
+        return self._connect_read_only() if self.read_only else self._connect_writing()
+
+    def _connect_writing(self) -> sqlite3.Connection:
         if self.path.is_dir():
             raise LedgerUnusable(f"--ledger {self.path} is a folder, not a ledger file")
         try:
@@ -398,8 +445,12 @@ def close_pools() -> None:
         pool.close()
 
 
-def open_backend(location: str | Path) -> Backend:
-    return PostgresBackend(location) if is_url(location) else SqliteBackend(location)
+def open_backend(location: str | Path, *, read_only: bool = False, missing_ok: bool = False) -> Backend:
+    """The backend of `location`. `read_only` (SQLite): open the file as it is and make nothing,
+    LedgerUnusable for a path that is no ledger (`missing_ok`: no file reads as an empty ledger)."""
+    if is_url(location):
+        return PostgresBackend(location)
+    return SqliteBackend(location, read_only=read_only, missing_ok=missing_ok)
 
 
 # --- translation to PostgreSQL ---------------------------------------------------------------------

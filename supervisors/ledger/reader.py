@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,11 @@ class LedgerReader:
     """A read side of its own (status, sweep, resume): a connection of its own on SQLite, one
     borrowed from the process's pool per query on PostgreSQL."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.backend = open_backend(path)
+    def __init__(self, path: str | Path, *, read_only: bool = False, missing_ok: bool = False) -> None:
+        """`read_only`: a reading command's reader, which makes no folder or file and raises
+        LedgerUnusable for a path that is no ledger (db.py's SqliteBackend); `missing_ok`: no file
+        yet reads as an empty ledger (the default ledger before the first run)."""
+        self.backend = open_backend(path, read_only=read_only, missing_ok=missing_ok)
         self.path = self.backend.location
         if not self.backend.fenced:
             with self.backend.reading():  # the file and its schema, as before
@@ -216,10 +219,15 @@ class LedgerReader:
         sql = (
             "SELECT r.id, r.owner, r.batch, r.out_dir, r.started, r.ended, r.state,"
             " count(j.key) AS jobs, coalesce(sum(CASE WHEN j.state='succeeded' THEN 1 ELSE 0 END), 0) AS succeeded,"
-            " coalesce(sum(CASE WHEN j.state='failed' THEN 1 ELSE 0 END), 0) AS failed,"
+            " coalesce(sum(CASE WHEN j.state='failed' AND coalesce(j.failure, '') <> 'canceled' THEN 1 ELSE 0 END), 0)"
+            " AS failed,"
+            " coalesce(sum(CASE WHEN j.state='failed' AND j.failure = 'canceled' THEN 1 ELSE 0 END), 0) AS canceled,"
             " coalesce(sum(CASE WHEN j.state IN ('running', 'queued') THEN 1 ELSE 0 END), 0) AS unfinished,"
             " coalesce(sum(CASE WHEN j.state='queued' THEN 1 ELSE 0 END), 0) AS queued,"
-            f" {held} AS held, coalesce(sum(j.usd), 0.0) AS usd"
+            # what `cost` adds up: the charges of its released reservations (jobs' own figures only for
+            # a run that has none: a ledger written before reservations were)
+            f" {held} AS held, coalesce((SELECT sum(m.charged) FROM reservations m WHERE m.run = r.id"
+            "  AND m.state = 'released'), sum(j.usd), 0.0) AS usd"
             " FROM runs r LEFT JOIN jobs j ON j.run = r.id GROUP BY r.id ORDER BY r.started, r.id")
         return [msgspec.convert(r, RunRow) for r in self._rows(sql)]
 
@@ -239,6 +247,39 @@ class LedgerReader:
         return found
 
 
+# attempts that cost no attempt (max_attempts): walk steps (a place without stock, an account out of
+# quota: no machine made) and a create the provider failed to answer (its transient fault, not the
+# job's; whatever it made was found by name and deleted; the thrashing rule still bounds them)
+UNCOUNTED = ("no_capacity", "quota", "ambiguous_create")
+
+
+class JobMoney(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's money and attempts as `cost` reckons them (from its reservations): what its released
+    ones were charged, and which attempts it used (walk steps left out)."""
+
+    charged_usd: float = 0.0
+    attempts: frozenset[int] = frozenset()
+
+
+def money_by_job(reservations: Iterable[dict[str, Any]], attempts: Iterable[dict[str, Any]] = ()
+                 ) -> dict[str, JobMoney]:
+    """Each job's charges and attempts, from the same reservation rows `actor-run cost` adds up (a
+    sweep's charge of a dead controller's machine included), with the attempt rows' numbers too;
+    one figure for status, runs, cost and report."""
+    charged: dict[str, float] = {}
+    used: dict[str, set[int]] = {}
+    for r in reservations:
+        if r["state"] == "released":
+            charged[r["job"]] = charged.get(r["job"], 0.0) + (r["charged"] or 0.0)
+        if r.get("failure") not in UNCOUNTED:
+            used.setdefault(r["job"], set()).add(int(r["attempt"]))
+    for a in attempts:
+        if a.get("failure") not in UNCOUNTED:
+            used.setdefault(a["job"], set()).add(int(a["attempt"]))
+    return {job: JobMoney(charged_usd=charged.get(job, 0.0), attempts=frozenset(used.get(job, ())))
+            for job in charged.keys() | used.keys()}
+
+
 class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     """A run as `actor-run runs` lists it: `state` is what its controller last wrote (running |
     ended); whether it is finished or was abandoned is `unfinished` against its owner's liveness."""
@@ -256,4 +297,5 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     unfinished: int
     usd: float
     queued: int = 0  # waiting for a worker (a shared ledger)
+    canceled: int = 0  # ended `canceled` (not counted in `failed`)
     held: int = 0  # running under a live owner's lease (a shared ledger)

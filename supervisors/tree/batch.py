@@ -17,7 +17,7 @@ from actor_run.actors import Context, Reattach
 from actor_run.actors.pool import PooledActor
 from actor_run.protocols.failures import Code
 from actor_run.protocols.logs import logger
-from actor_run.protocols.messages import Cancel, ChildFailed, JobEnded, Message, Offer
+from actor_run.protocols.messages import Cancel, ChildFailed, JobEnded, Message, Offer, ended_outcome
 from actor_run.protocols.specs import (
     Job,
     job_key,
@@ -172,7 +172,7 @@ class BatchSupervisor(PooledActor):
         self._fill()
 
     def _end_unstarted(self, job: Job, c: Cancel) -> None:
-        e = JobEnded(job=job.name, seed=job.seed, outcome="failed", failure=c.failure,
+        e = JobEnded(job=job.name, seed=job.seed, outcome=ended_outcome(c.failure), failure=c.failure,
                      detail=c.detail or "canceled before it started", attempts=0)
         self.ctx.emit(e)
         self.on_end(e)
@@ -202,7 +202,7 @@ class BatchSupervisor(PooledActor):
             with contextlib.suppress(pykka.ActorDeadError):
                 self.leaving.append(ref.stop(block=False))
             name, _, seed = key.rpartition("/seed-")
-            e = JobEnded(job=name, seed=int(seed), outcome="failed", failure=Code.CANCELED,
+            e = JobEnded(job=name, seed=int(seed), outcome="canceled", failure=Code.CANCELED,
                          detail="taken over by another controller (this controller's lease expired)")
             self.on_end(e)
         self._fill()

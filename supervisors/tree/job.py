@@ -63,6 +63,7 @@ from actor_run.protocols.messages import (
     Reserved,
     Retrying,
     WaitingForCapacity,
+    ended_outcome,
 )
 from actor_run.protocols.offload import to_thread
 from actor_run.protocols.specs import Job
@@ -316,7 +317,9 @@ class JobSupervisor(Actor):
             if isinstance(error, LaunchError | Refused) and error.code is Code.GUARD:  # the key was refused
                 self._end("failed", Code.GUARD, str(error))
                 return
-            self.log.warning("offers for candidate {} failed: {}", candidate, result.error)
+            # taken as no stock there this time (the walk asks again): the run's log, not a warning; a
+            # job that finds no place in the end says so when it ends
+            self.log.info("offers for candidate {} failed: {}", candidate, result.error)
             self.walk.set_offers(candidate, [])
         else:
             self.walk.set_offers(candidate, result.value)
@@ -525,7 +528,7 @@ class JobSupervisor(Actor):
             self._next()  # no machine was made: at once, not counted
             return
         if code not in (Code.NO_CAPACITY, Code.QUOTA):
-            self.counted += 1
+            self.counted += code not in UNCOUNTED
             self.waiting_since = None  # it found a place: a wait for capacity after this is a new one
             self.offers.freed()  # it held a machine, now let go: jobs waiting for capacity ask again
         tally = counts([h["failure"] for h in self.history], self.job.policy)
@@ -574,9 +577,11 @@ class JobSupervisor(Actor):
         # a folder this job made holds a checkpoint only if one of its attempts asked for one
         out_dir = tidy_seed_dir(self.seed_dir, self.history,
                                 checkpoint=not self.fresh or self.checkpoint_asked.is_set())
+        outcome_ = ended_outcome(failure) if outcome_ == "failed" else outcome_
         self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
-                         detail=detail, attempts=len(self.history), usd=round(self.usd_done, 6), out_dir=str(out_dir))
+                         detail=detail, attempts=counted_attempts(self.history), usd=round(self.usd_done, 6),
+                         out_dir=str(out_dir))
         self.ctx.emit(event)
         self.tell_parent(event)
         self.stop_now()  # told and written: what is left of this actor is bookkeeping
@@ -613,6 +618,17 @@ class JobSupervisor(Actor):
                 self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
             except pykka.Timeout:
                 self.log.error("attempt did not stop in time")
+
+
+UNCOUNTED = (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE)
+
+
+def counted_attempts(history: list[Any]) -> int:
+    """The attempts a job's history holds that count against max_attempts: walk steps (a place with
+    no stock, `no_capacity`; an account out of quota, `quota`: no machine made) and creates the
+    provider failed to answer (`ambiguous_create`: its transient fault, not the job's; what it made
+    was found by name and deleted) are left out. The thrashing rule still bounds those."""
+    return sum(1 for h in history if h.get("failure") not in UNCOUNTED)
 
 
 class _TotalsDict(TypedDict):

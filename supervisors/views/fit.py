@@ -30,11 +30,12 @@ def header_line(counts: Mapping[str, int], n: int, *, spent_usd: float, reserved
     no budget's reservations to show), `elapsed` and the time left `eta`; cut to `width` (None: whole)
     in the order the module docstring states."""
     c = counts
-    done = c["succeeded"] + c["failed"]
+    done = c["succeeded"] + c["failed"] + c.get("canceled", 0)
     text = ""
     for level in range(6):
         long = level == 0
         named = [("succeeded" if long else "ok", c["succeeded"], 5), ("failed", c["failed"], 5),
+                 *([("canceled", c["canceled"], 5)] if c.get("canceled") else []),
                  ("running", c["running"], 5), ("waiting for capacity" if long else "waiting", c["waiting"], 4),
                  ("queued", c["queued"], 4)]
         shown = [f"{v} {name}" for name, v, drop_at in named if level < drop_at and (level < 3 or v)]

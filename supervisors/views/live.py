@@ -94,6 +94,12 @@ if TYPE_CHECKING:  # rich loads on a terminal (and for a summary plain.py cannot
     from rich.console import Console
 
 
+# the time left is said only once it can be honest: after ETA_AFTER_S, and once a job has ended
+# or ETA_FRACTION of the batch is done (a tenth: at step 9 of 120 it says "-", not "~0:01")
+ETA_AFTER_S = 10.0
+ETA_FRACTION = 0.1
+
+
 class View:
     def __init__(self, keys: list[str], *, json_mode: bool, out: TextIO | None = None,
                  budget_usd: float | None = None, budget: Callable[[], BudgetStatistics] | None = None,
@@ -114,7 +120,7 @@ class View:
         self.budget = budget
         self.began = time.time()
         self.failed_order: list[str] = []
-        self.count = {"succeeded": 0, "failed": 0, "running": 0, "waiting": 0, "queued": len(self.lines)}
+        self.count = {"succeeded": 0, "failed": 0, "canceled": 0, "running": 0, "waiting": 0, "queued": len(self.lines)}
         self.recent: dict[str, JobLine] = {}  # running and waiting jobs, the most recently changed last
         self.progress = 0.0  # the sum of the running jobs' fractions done
         self.usd_done = 0.0  # ended attempts' cost
@@ -213,6 +219,8 @@ class View:
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
             case AttemptEnded(usage=u, failure=failure, detail=detail):
                 self._machine_gone(line)
+                if failure not in (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE):  # tree/job.py's UNCOUNTED
+                    line.attempts += 1
                 line.usd_done += u.usd
                 self.usd_done += u.usd
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
@@ -220,16 +228,17 @@ class View:
                 if failure is not None and failure not in (Code.NO_CAPACITY, Code.QUOTA):
                     # why the job is retried (a retriable verdict's reason, the out-of-memory line), until it ends
                     line.failure, line.detail = str(failure), printable(detail)
-            case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd):
+            case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd, attempts=attempts):
                 self._machine_gone(line)
                 self.progress -= _fraction(line)
+                line.attempts = attempts
                 line.state = outcome
                 line.failure = str(failure) if failure else ""
                 line.detail = printable(detail)
                 line.ended = e.t
                 line.usd = usd
                 line.waiting = False
-                if outcome != "succeeded":
+                if outcome == "failed":  # (a canceled job is counted apart, and not listed as failed)
                     self.failed_order.append(line.key)
             case _:
                 pass
@@ -340,15 +349,35 @@ class View:
         b = self.budget() if self.budget is not None else None  # the batch's reservations (budget.py)
         limit = b.limit_usd if b is not None and b.limit_usd is not None else self.budget_usd
         elapsed = now - self.began
-        done = c["succeeded"] + c["failed"]
+        done = c["succeeded"] + c["failed"] + c["canceled"]
         fraction = done + self.progress
         eta = "-"
         if done == n:
             eta = "0:00"
-        elif fraction > 0.01:
-            eta = _clock(elapsed * (n - fraction) / fraction)
+        elif elapsed >= ETA_AFTER_S and (done or fraction >= ETA_FRACTION * n):
+            batch_left = elapsed * (n - fraction) / fraction
+            left = self._tail_left(now, batch_left) if not c["queued"] and not c["waiting"] else batch_left
+            eta = "-" if left is None else _clock(left)
         return header_line(c, n, spent_usd=self.spent_usd(now), reserved_usd=b.reserved_usd if b is not None else None,
                            limit_usd=limit, elapsed=_clock(elapsed), eta=eta, width=width)
+
+    def _tail_left(self, now: float, batch_left: float) -> float | None:
+        """The time left once every job left is running: the longest of their own (the time in the
+        attempt over its share done; None while one whose progress gives a total is under
+        ETA_FRACTION of it), at least `batch_left`."""
+        left = batch_left
+        for line in self.recent.values():
+            if line.ended is not None:
+                continue
+            if line.fresh:
+                self._progress(line)
+            f = line.fraction()
+            if f is None:
+                continue
+            if f < ETA_FRACTION:
+                return None
+            left = max(left, (now - line.attempt_at) * (1 - f) / f)
+        return left
 
     def _screen(self, now: float, height: int, width: int | None = None) -> list[list[tuple[str, str | None]]]:
         height = max(8, height - 1)

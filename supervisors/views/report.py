@@ -33,6 +33,7 @@ from actor_run.protocols.messages import (
     Uploaded,
 )
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.ledger import UNCOUNTED, money_by_job
 
 PHASES = ("lease", "upload", "run", "fetch", "release")
 
@@ -74,6 +75,11 @@ class JobRow(msgspec.Struct, kw_only=True):
     log: str = ""  # the seed's log.txt (every attempt's part of it, each under its header), "" if unknown
     gaps: list[Gap] = msgspec.field(default_factory=list)
     attempts: list[AttemptRow] = msgspec.field(default_factory=list)
+
+    @property
+    def used(self) -> int:
+        """The attempts it used: walk steps (a place without stock, an account out of quota) left out."""
+        return sum(1 for a in self.attempts if a.failure not in UNCOUNTED)
 
 
 class Gap(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,8 +146,8 @@ def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Even
     `jobs` rows and its `events` in the order they were recorded; its `reservations` rows (the
     budget and the money set aside), and `owned`: the events' rows (job, attempt, owner, t) in the
     order they were recorded, whose change of owner marks a resume's gap."""
-    rows = {j["key"]: JobRow(key=j["key"], state=j["state"] or "running", failure=j["failure"] or "",
-                             detail=j["detail"] or "", usd=j["usd"] or 0.0,
+    rows = {j["key"]: JobRow(key=j["key"], state="canceled" if j["failure"] == "canceled" else j["state"] or "running",
+                             failure=j["failure"] or "", detail=j["detail"] or "", usd=j["usd"] or 0.0,
                              log=os.path.join(j["out_dir"], "log.txt") if j.get("out_dir") else "") for j in jobs}
     marks: dict[tuple[str, int], _Marks] = {}
     first, last = float("inf"), 0.0
@@ -191,6 +197,10 @@ def build(run: dict[str, Any], jobs: list[dict[str, Any]], events: Iterable[Even
                 pass
     for m in marks.values():
         m.row.spans = m.spans()
+    reservations = list(reservations)
+    for key, paid in money_by_job(reservations).items():  # one cost figure: the charges `actor-run cost` adds up
+        if key in rows:
+            rows[key].usd = paid.charged_usd
     started = run.get("started") or (first if first != float("inf") else 0.0)
     ended = run.get("ended") or last or started
     _gaps(rows, owned)

@@ -140,14 +140,16 @@ def render(report: Report, base: str | None = None) -> str:
     jobs_table = _table(
         ["job", "state", "attempts", "cost", "failure", "path across candidates", "logs"],
         [[html.escape(j.key), f'<span class="state {html.escape(j.state)}">{html.escape(j.state)}</span>',
-          str(len(j.attempts)), _money(j.usd),
+          str(j.used), _money(j.usd),
           html.escape(f"{j.failure}: {j.detail}" if j.failure else ""), _path(j), _logs(j, logs[j.key])]
          for j in report.jobs], "jobs")
     n = len(report.jobs)
     ok = sum(j.state == "succeeded" for j in report.jobs)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.started)) if report.started else "-"
+    canceled = sum(j.state == "canceled" for j in report.jobs)
     summary = (f"{n} jobs: {ok} succeeded, {sum(j.state == 'failed' for j in report.jobs)} failed; "
-               f"{sum(len(j.attempts) for j in report.jobs)} attempts; "
+               + (f"{canceled} canceled; " if canceled else "") +
+               f"{sum(j.used for j in report.jobs)} attempts; "
                f"{_money(sum(j.usd for j in report.jobs))}; started {when}, "
                f"{report.ended - report.started:.1f} s")
     return fill(_PAGE, {

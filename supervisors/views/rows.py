@@ -41,7 +41,8 @@ BAR = 12
 class JobLine(msgspec.Struct, kw_only=True):
     key: str
     state: str = "queued"
-    attempt: int = 0
+    attempt: int = 0  # the attempt's number (walk steps count here: they are numbered attempts)
+    attempts: int = 0  # the attempts it used (walk steps to a place without stock or quota left out)
     place: str = ""
     started: float = 0.0  # the job's first AttemptStarted
     ended: float | None = None
@@ -105,7 +106,7 @@ _STATES: dict[type, str] = {
     JobStarted: "running", Exited: "fetching", Fetched: "fetched", Stalled: "stopping", Retrying: "retrying",
     LeaseFailed: "lease failed", TransferFailed: "stopping", Released: "released",
 }
-_END_STATES = ("succeeded", "failed")
+_END_STATES = ("succeeded", "failed", "canceled")
 
 # styles as rich's style definitions: parsed by `_Screen` (rich) when a frame first uses one
 DIM, BOLD = "dim", "bold"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actor_run.protocols.failures import Code
 from actor_run.protocols.files import private_opener
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -123,16 +124,29 @@ def describe(e: Event) -> str | None:
             return type(e).__name__
 
 
+def level_of(e: Event) -> str:
+    """WARNING for what a user should act on: a job that ended failed (not one canceled on purpose),
+    a machine whose deletion was not confirmed. Everything the batch rides out by itself (a place
+    without stock, a launch that failed and was retried, a stall retried) is INFO: in the run's log,
+    not on the terminal."""
+    match e:
+        case JobEnded(outcome=outcome, failure=failure):
+            return "WARNING" if outcome != "succeeded" and failure is not Code.CANCELED else "INFO"
+        case Released(confirmed=confirmed):
+            return "INFO" if confirmed else "WARNING"
+        case _:
+            return "INFO"
+
+
 def event_logger(run_of: Callable[[str], str]) -> Callable[[Event], None]:
     """A Runner subscriber (`runner.subscribe(event_logger(runner.run_of))`): each event as one line
-    (a failure as a WARNING) with its job, attempt and run bound."""
+    (what a user should act on as a WARNING: `level_of`) with its job, attempt and run bound."""
     from loguru import logger
 
     def log_event(e: Event) -> None:
         text = describe(e)
         if text is not None:
             key = job_key(e.job, e.seed)
-            failed = getattr(e, "failure", None) is not None and not isinstance(e, Retrying)
-            logger.bind(job=key, attempt=f"a{e.attempt}", run=run_of(key)).log("WARNING" if failed else "INFO", text)
+            logger.bind(job=key, attempt=f"a{e.attempt}", run=run_of(key)).log(level_of(e), text)
 
     return log_event

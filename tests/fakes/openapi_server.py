@@ -15,7 +15,10 @@ that start fakes assert `violations` is empty, so a violation fails the test.
 
 `calls` logs each request (method, path template, status); `rate_limit(n, retry_after)` answers
 the next n requests 429 with a Retry-After header (the vendor's own response shape is up to the
-subclass via `too_many`).
+subclass via `too_many`); `transient_errors(fraction, seed)` answers that fraction of the requests
+(drawn from a seeded generator) with a 500, half of them doing nothing and half doing the work
+first (as a vendor whose gateway fails after its backend acted), `faults` logging each
+(method, template, "before" | "after").
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import copy
 import functools
 import json
 import logging
+import random
 import re
 import threading
 from collections.abc import Callable
@@ -105,6 +109,8 @@ class OpenAPIFake:
         # statuses the vendor sends that its document does not describe, each with the contract
         # line that says so: their bodies are not checked (requests still are)
         self.undocumented: dict[int, str] = {}
+        self._transient: tuple[float, random.Random] | None = None
+        self.faults: list[tuple[str, str, str]] = []
 
     # --- routes -----------------------------------------------------------------------------------
 
@@ -140,6 +146,16 @@ class OpenAPIFake:
         with self.lock:
             self._limited.extend([retry_after] * times)
 
+    def transient_errors(self, fraction: float, seed: int = 0) -> None:
+        """Answer `fraction` of the requests from now on with a transient 500 (see the module docstring)."""
+        with self.lock:
+            self._transient = (fraction, random.Random(seed))
+            # every vendor's gateway sends a 5xx now and then, documented or not
+            self.undocumented.setdefault(500, "a transient server error (any HTTP API; injected by the test)")
+
+    def server_error(self) -> Response:
+        return json_response({"error": "internal server error"}, 500)
+
     # --- the server -------------------------------------------------------------------------------
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
@@ -167,6 +183,12 @@ class OpenAPIFake:
                     self.rate_limited_sent += 1
                 elif not self.authorized(req) and not self.authorized_other(req, template, m.groupdict()):
                     resp = self.unauthorized()
+                elif self._transient is not None and self._transient[1].random() < self._transient[0]:
+                    when = self._transient[1].choice(("before", "after"))
+                    if when == "after":
+                        fn(req, **m.groupdict())  # the work is done, the answer lost
+                    self.faults.append((req.method, template, when))
+                    resp = self.server_error()
                 else:
                     resp = fn(req, **m.groupdict())
             if resp.status_code in self.undocumented:

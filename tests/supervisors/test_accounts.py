@@ -38,7 +38,7 @@ def test_quota_on_the_first_account_moves_to_the_same_place_on_the_next(
         ended = r.submit(job).result(60)
         assert {"sim", "sim@team-b"} <= set(r.clouds)  # every account is a cloud the sweep lists
         swept = r.sweep(dry_run=True)
-    assert (ended.outcome, ended.attempts) == ("succeeded", 2)
+    assert (ended.outcome, ended.attempts) == ("succeeded", 1)  # the quota refusal made no machine: no attempt
     (refused,) = events.of(LeaseFailed)
     assert refused.failure is Code.QUOTA
     places = [(e.offer.account, e.offer.region) for e in events.of(AttemptStarted)]
@@ -60,7 +60,7 @@ def test_quota_on_the_first_account_moves_to_the_same_place_on_the_next(
                                                                            ("team-b", "released", True)]
     # the cost report splits the spend by account, and team-b's is what the provider billed it
     groups, total, _ = cost_rows(rows, [refused_row, machine], by="account")
-    assert [(g.group, g.attempts) for g in groups] == [("sim/main", 1), ("sim/team-b", 1)]
+    assert [(g.group, g.attempts) for g in groups] == [("sim/main", 0), ("sim/team-b", 1)]  # the refusal: no attempt
     assert groups[0].spent_usd == 0
     assert abs(groups[1].spent_usd - bill.usd) < 0.005
     assert total.spent_usd == groups[1].spent_usd

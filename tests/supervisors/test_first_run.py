@@ -99,7 +99,7 @@ def test_no_stock_first_then_launch_failures_get_every_attempt(tmp_path: Path, r
     assert retrying == [2, 3]  # one for each retried attempt, and each of them ran
     assert set(retrying) <= started
     [job] = [e for e in evs if e["type"] == "JobEnded"]
-    assert (job["failure"], job["attempts"]) == ("launch_failed", 4)
+    assert (job["failure"], job["attempts"]) == ("launch_failed", 3)  # no-stock walk step: no attempt
     assert runpod.alive() == []
 
 

@@ -213,7 +213,7 @@ def test_cancel_sends_the_queue_cancel_before_the_endpoint_goes(
         command = psutil.Process(int(pids.read_text()))
         handle.cancel()
         ended = handle.result(30)
-    assert (ended.outcome, ended.failure) == ("failed", Code.CANCELED)
+    assert (ended.outcome, ended.failure) == ("canceled", Code.CANCELED)
     # the worker (RunPod's SDK) heard the cancel on its stop channel and the command went with it
     fake.wait_for(lambda: fake.submitted[0] in fake.stop_delivered)
     psutil.wait_procs([command], timeout=max(0.0, fake.stop_delivered[fake.submitted[0]] + 5 - time.monotonic()))

@@ -158,7 +158,7 @@ def test_close_with_a_running_job_cancels_it_and_deletes_every_machine(
     for h in handles:
         assert h.done()
         ended = h.result(0)
-        assert (ended.outcome, ended.failure) == ("failed", Code.CANCELED)
+        assert (ended.outcome, ended.failure) == ("canceled", Code.CANCELED)
     assert sim_machines(sim_dir) == []
     rows = ledger_machines()
     assert len(rows) == 3

@@ -110,7 +110,7 @@ def test_cancel_one_seed_from_another_terminal(tmp_path: Path, ledger_location: 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 1, out + err  # one job canceled
+    assert proc.returncode == 3, out + err  # one job canceled, none failed: its own exit code
     said = out + err
     assert f"controller pid {proc.pid}" in said
     assert "actor-run cancel " in said
@@ -143,6 +143,7 @@ def test_cancel_of_a_dead_controllers_run_deletes_its_machines(tmp_path: Path) -
 
 
 def test_cancel_of_nothing_known_is_one_line(tmp_path: Path) -> None:
+    LedgerReader(tmp_path / "l.sqlite").close()  # a ledger without the run (a missing one is exit 2 as well)
     done = cancel(tmp_path, tmp_path / "l.sqlite", "nosuch/3")
     assert done.returncode == 2
     assert done.stderr.strip() == "actor-run: cancel: no run, job or job/seed 'nosuch/3' in the ledger"
@@ -174,7 +175,7 @@ def test_cancel_of_a_queued_seed_ends_it_without_a_machine_and_the_others_go_on(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 1, out + err  # one job canceled, the others succeeded
+    assert proc.returncode == 3, out + err  # one job canceled, the others succeeded
     jobs = {j["key"]: j for j in read(ledger_location, "jobs")}
     assert {k: (j["state"], j["failure"]) for k, j in jobs.items()} == {
         "t/seed-1": ("succeeded", None), "t/seed-2": ("failed", "canceled"), "t/seed-3": ("succeeded", None)}

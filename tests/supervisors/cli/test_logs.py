@@ -104,6 +104,7 @@ def test_logs_follows_a_job_across_a_retry_and_ends_with_it(paths: Paths) -> Non
     ("nope/1", "job: no job nope/1 in any run of this ledger"),
 ])
 def test_logs_of_a_bad_target_exits_2_with_one_line(paths: Paths, target: str, message: str) -> None:
+    LedgerReader(paths.ledger).close()  # a ledger with no run (a missing one is its own exit 2: test_newcomer.py)
     done = cli([*CLI, "logs", target, *paths.common()])
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"actor-run: {message}"]

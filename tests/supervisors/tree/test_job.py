@@ -282,7 +282,7 @@ def test_cancel_of_a_running_job(
         assert sim_machines(sim_dir) == []
         assert sleeping("33.917", tmp_path) == []
     assert isinstance(ended, JobEnded)
-    assert (ended.outcome, ended.failure, ended.attempts) == ("failed", Code.CANCELED, 1)
+    assert (ended.outcome, ended.failure, ended.attempts) == ("canceled", Code.CANCELED, 1)
     assert [e.confirmed for e in events.of(Released)] == [True]
     assert events.of(Retrying) == []
     assert [m.state for m in ledger_machines()] == ["deleted"]

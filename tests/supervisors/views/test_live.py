@@ -195,7 +195,7 @@ def test_more_running_jobs_than_rows_show_the_latest_changed_and_count_the_rest(
     view.event(JobEnded(job="t", seed=4, outcome="succeeded", t=t + 2, usd=0.01))
     view.event(LeaseFailed(job="t", seed=9, failure=Code.NO_CAPACITY, t=t + 3))
     view._take_pending()
-    assert view.count == {"succeeded": 1, "failed": 1, "running": 57, "waiting": 1, "queued": 40}
+    assert view.count == {"succeeded": 1, "failed": 1, "canceled": 0, "running": 57, "waiting": 1, "queued": 40}
     screen = ["".join(text for text, _ in line) for line in view._screen(t + 10, 20)]
     assert len(screen) <= 20
     header = screen[0]

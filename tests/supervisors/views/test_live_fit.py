@@ -49,10 +49,10 @@ launch_failure_rate = 0.6
 '''
 
 
-def run_on_a_terminal(tmp: Path, rows: int, cols: int) -> tuple[int, str]:
+def run_on_a_terminal(tmp: Path, rows: int, cols: int, batch: str = BATCH) -> tuple[int, str]:
     main, side = pty.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    (tmp / "b.toml").write_text(BATCH)
+    (tmp / "b.toml").write_text(batch)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env.update({"TERM": "xterm-256color", "NO_COLOR": "1"})
     proc = subprocess.Popen([*CLI, "run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--out",

@@ -15,6 +15,8 @@ import pytest
 from chromium import chromium_dom
 from test_cli import CLI, Paths, batch, cli
 
+from actor_run.supervisors.ledger import LedgerReader
+
 BATCH = """\
 [job]
 name = "t"
@@ -102,6 +104,7 @@ def test_the_report_of_a_batch_with_a_walk_and_a_retry_in_chromium(paths: Paths)
 
 
 def test_report_of_an_unknown_run_exits_2_with_one_line(paths: Paths) -> None:
+    LedgerReader(paths.ledger).close()  # a ledger with no run (a missing one is its own exit 2: test_newcomer.py)
     done = cli([*CLI, "report", "nosuchrun", *paths.common()])
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["actor-run: RUN: no run 'nosuchrun' in this ledger (see `actor-run runs`)"]
