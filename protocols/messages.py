@@ -53,6 +53,8 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     account: str = ""  # which of the cloud's accounts ("" is the cloud's own settings)
     kind: str = ""  # the vendor's id of what is rented (a RunPod GPU type, a Lambda instance type, a flavor)
     stock: str = ""  # what the provider says of its stock: a count ("3"), its word ("high", "low"), or "" (silent)
+    interruptible: bool = False  # rented as interruptible capacity (a Vast bid, a Shadeform spot instance)
+    interruptible_usd: float = 0.0  # the place's interruptible price beside its on-demand one (0: none sold)
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,9 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
     "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
     "hyperstack": ("actor_run.protocols.clouds.hyperstack", "HyperstackSettings", "HyperstackCloud"),
+    # issue 45: the marketplace (Vast bids) and the many clouds behind Shadeform
+    "vastai": ("actor_run.protocols.clouds.vastai", "VastSettings", "VastCloud"),
+    "shadeform": ("actor_run.protocols.clouds.shadeform", "ShadeformSettings", "ShadeformCloud"),
 }
 
 

@@ -123,6 +123,10 @@ class Seen(msgspec.Struct, frozen=True, kw_only=True):
     region: str = ""
     gpu: str = ""
     created_at: float = 0.0
+    # the provider took it from us (a Vast instance outbid, a Shadeform spot instance reclaimed, a
+    # host gone offline) though a read does not say gone yet: a host call that fails then is
+    # `preempted`, and its deletion is still proven by a read that says gone
+    taken: bool = False
 
 
 def api_key(cloud: str, env_var: str) -> str:
@@ -319,7 +323,7 @@ class RentedCloud:
         self._ids.setdefault(machine.name, machine.id)
 
         async def gone() -> bool:
-            return await self._is_gone(machine.id)
+            return await self._is_lost(machine.id)
 
         watched = WatchedHost(ssh, gone)
         ws = ShellWorkspace(watched, machine.root or s.root)
@@ -367,6 +371,11 @@ class RentedCloud:
     async def _is_gone(self, machine_id: str) -> bool:
         seen = await self._read(machine_id)
         return seen is None or seen.state == "gone"
+
+    async def _is_lost(self, machine_id: str) -> bool:
+        """Whether a machine we could not reach is no longer ours to use: gone, or taken (`Seen.taken`)."""
+        seen = await self._read(machine_id)
+        return seen is None or seen.state == "gone" or seen.taken
 
     async def _find(self, name: str) -> list[str]:
         """The ids of every machine named `name`; a listing may lag a create, so an empty answer is
