@@ -321,6 +321,11 @@ class FakeShadeform(OpenAPIFake):
         def listing(req: Request) -> Response:
             live = [self._view(i) for i in list(self.instances.values())
                     if i["status"] != "deleted" and not self._hidden(i)]
+            for inst in self.instances.values():  # listed once while deleting, then deleted (and unlisted)
+                if inst["status"] == "deleting":
+                    if inst.get("_seen_deleting"):
+                        inst["status"], inst["deleted_at"] = "deleted", _iso(time.time())
+                    inst["_seen_deleting"] = True
             return json_response({"instances": live})
 
         @self.route("GET", "/instances/{id}/info")

@@ -18,6 +18,7 @@ As untidy as the contract says Vast is:
 - `outbid(id)`: a running bid instance is stopped (cur/intended/next `stopped`, its processes
   killed, §6); `vanish(id)`: its host goes `offline`;
 - `stuck`: never past `loading`; `delete_fail`: the next destroy answers 500;
+- each offer is one GPU of a host with two free (`_free`): a third rent of it is `no_such_ask`;
 - `page_size`: the v1 list's page (25 at Vast, §8); `foreign(label)`: an instance not ours;
   `stale(name)`: one of ours an earlier controller left; `no_stock(gpu)`: that GPU's offers rented.
 A container's `CONTAINER_ID` / `CONTAINER_API_KEY` (§10) are in its sessions' environment; that key
@@ -156,7 +157,7 @@ class FakeVast(OpenAPIFake):
                 "verified": ver == "verified", "rentable": True, "rented": False, "external": False,
                 "direct_port_count": 16, "disk_space": 500.0, "geolocation": geo, "compute_cap": 800,
                 "driver_version": "550.54.15", "duration": 2592000.0, "end_date": time.time() + 2592000,
-                "score": 100.0 - i,
+                "score": 100.0 - i, "_free": 2,
             }
         self.instances: dict[int, dict[str, Any]] = {}
         self.keys: list[dict[str, Any]] = []
@@ -240,7 +241,8 @@ class FakeVast(OpenAPIFake):
             "_ask": ask["id"], "_port": port, "_address": address, "_key": key, "_reads": 0, "_null": self.null_reads,
             "_lag": self.lag_reads, "_t0": time.time(), "_dead": "", "_ended": False,
         }
-        ask["rented"] = True
+        ask["_free"] -= 1  # one GPU of the host's (an offer is one GPU of a machine that has `gpus`)
+        ask["rented"] = ask["_free"] <= 0
         self.instances[inst_id] = inst
         return inst
 
@@ -275,7 +277,9 @@ class FakeVast(OpenAPIFake):
         if inst["_ended"]:
             return
         inst["_ended"] = True
-        self.asks[inst["_ask"]]["rented"] = False
+        ask = self.asks[inst["_ask"]]
+        ask["_free"] += 1
+        ask["rented"] = False
         self.billed.append((str(inst["label"] or ""), time.time() - inst["_t0"], inst["dph_total"]))
         self.boxes.vanish(str(inst["id"]))
         self.instances.pop(inst["id"], None)
@@ -303,7 +307,7 @@ class FakeVast(OpenAPIFake):
         with self.lock:
             for ask in self.asks.values():
                 if ask["gpu_name"] in vendor_ids(gpu, "vastai"):
-                    ask["rented"] = True
+                    ask["rented"], ask["_free"] = True, 0
 
     def alive(self) -> list[str]:
         """Labels of the instances the account holds (and pays for: stopped ones bill their disk)."""
@@ -365,7 +369,8 @@ class FakeVast(OpenAPIFake):
                     view["dph_total"] = round(ask["min_bid"] + ask["dph_total"] - ask["dph_base"], 6)
                 if all(_passes(view.get(k), c) for k, c in filters.items()
                        if k not in ("type", "order", "limit", "allocated_storage")):
-                    found.append({**ask, "dph_total": view["dph_total"], "is_bid": bid})
+                    found.append({**{k: v for k, v in ask.items() if not k.startswith("_")},
+                                  "dph_total": view["dph_total"], "is_bid": bid})
             for col, way in reversed(body.get("order") or [["score", "desc"]]):
                 found.sort(key=lambda a, c=col: a.get(c) or 0, reverse=way == "desc")
             return json_response({"offers": found[: int(body.get("limit") or 64)]})
