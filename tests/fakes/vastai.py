@@ -437,6 +437,17 @@ class FakeVast(OpenAPIFake):
                 self._stop(inst)
             return json_response({"success": True})
 
+        @self.route("PUT", "/api/v0/instances/bid_price/{id}")
+        def change_bid(req: Request, id: str) -> Response:
+            inst = self.instances.get(int(id))
+            if inst is None:
+                return error(404, "no_such_instance", "Instance with that ID does not exist.")
+            price = float(req.get_json()["price"])
+            if price < inst["min_bid"]:
+                return error(400, "invalid_args", f"Please set a bid price >= {inst['min_bid']}.")
+            inst["dph_base"], inst["is_bid"] = price, True
+            return json_response({"success": True})
+
         @self.route("DELETE", "/api/v0/instances/{id}")
         def destroy(req: Request, id: str) -> Response:
             if self.delete_fail > 0:
