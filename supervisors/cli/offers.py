@@ -183,21 +183,21 @@ def print_table(offers: list[Offer]) -> None:
     if not offers:
         print("no offers (nothing in stock that fits)")
         return
-    rows = [("CLOUD", "REGION", "GPU", "$/H", "INTERRUPTIBLE $/H", "STOCK", "KIND")]
-    rows += [(cloud_key(o.cloud, o.account), o.region, o.gpu or "-", f"{o.hourly_usd:.4f}", interruptible(o),
-              o.stock or "-", o.kind or "-") for o in offers]
+    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "INTERRUPTIBLE")]
+    rows += [(cloud_key(o.cloud, o.account), o.region.replace(" ", ""), o.gpu or "-", f"{o.hourly_usd:.4f}",
+              o.stock or "-", o.kind or "-", interruptible(o)) for o in offers]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.rjust(w) if i in (3, 4) else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,
+        print("  ".join(cell.rjust(w) if i in (3, 6) else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,
                                                                                                          strict=True)))
               .rstrip())
 
 
 def interruptible(o: Offer) -> str:
-    """The place's interruptible price beside its on-demand one (issue 45): `-` where none is sold;
-    an offer that is itself interruptible says so."""
+    """The place's interruptible $/h beside its on-demand one (issue 45): `-` where none is sold;
+    an offer that is itself interruptible (a bid, spot) says `=` (its $/H is that price)."""
     if o.interruptible:
-        return f"{o.hourly_usd:.4f} (this)"
+        return "="
     return f"{o.interruptible_usd:.4f}" if o.interruptible_usd else "-"
 
 
