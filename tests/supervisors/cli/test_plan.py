@@ -158,7 +158,8 @@ def test_plan_of_a_vast_batch_shows_on_demand_and_interruptible_prices_side_by_s
 
     fake = FakeVast(tmp_path / "fake").start()
     try:
-        batch = write_batch(tmp_path, "vastai", fake.url, gpus=["A100-80G", "H100"], seeds=[1], settings=fake.settings())
+        batch = write_batch(tmp_path, "vastai", fake.url, gpus=["A100-80G", "H100"], seeds=[1],
+                            settings=fake.settings())
         batch.write_text(batch.read_text().replace('gpu = "H100"\n', 'gpu = "H100"\ninterruptible = true\n', 1))
         done = run_cli(["plan", str(batch), "--state-dir", str(tmp_path / "state")], timeout=120,
                        env={**os.environ, "VAST_API_KEY": "test-key"}, cwd=tmp_path)
