@@ -17,7 +17,8 @@ Rules kept here for all of them:
   (refused, reset, timed out, no route, no banner yet, a host key not yet made) until
   `launch_timeout_s` from the create; only our key refused, or that time passing, ends it
   (`Refused(LAUNCH_FAILED)` / `Unreachable`: the lease says launch_failed and deletes it).
-- A machine not found right after its create is waited for (`listing_lag_s`): listings lag.
+- A machine not found right after its create is waited for (`listing_lag_s`): listings lag; one
+  still not found then is ambiguous (`launch_failed`), deleted by name, never taken as not made.
 - Delete is proven by a read: `_read` must say gone. Deleting by name alone (an ambiguous create)
   lists, and lists again for `listing_lag_s`, before it concludes nothing was made.
 - A host call that cannot reach the machine asks the provider: a machine that is gone raises
@@ -277,9 +278,11 @@ class RentedCloud:
                 seen = Seen(id=machine_id, name=name, state="pending", detail=str(exc))
             waited = trio.current_time() - started
             if seen is None and waited > s.listing_lag_s:
-                # made, then gone before it was ever ready: the place could not keep it
-                raise LaunchRefused(f"{self.name}: {name} ({machine_id}) vanished while starting",
-                                    code=self.failed_code)
+                # made, then not seen for longer than reads may lag: the place could not keep it, or
+                # its reads lag longer still (a Vast instance reads null for a while after its
+                # create). Ambiguous, never a clean refusal: the lease deletes it by name
+                raise LaunchAmbiguous(f"{self.name}: {name} ({machine_id}) not seen since its create "
+                                      f"(listing_lag_s = {s.listing_lag_s:g} s)", code=self.failed_code)
             if seen is not None and seen.state == "ready":
                 break
             if seen is not None and seen.state in ("failed", "gone"):

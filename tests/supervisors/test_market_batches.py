@@ -8,6 +8,7 @@ run on both in test_rented_batches.py and test_first_run.py (FAKES holds them)."
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,13 @@ def interruptible(batch: Path, gpu: str) -> Path:
     return batch
 
 
+def lag(batch: Path) -> Path:
+    """Reads may lag a create by seconds on a loaded machine: the settings allow for it, as Vast's
+    default (60 s) does."""
+    batch.write_text(batch.read_text().replace("listing_lag_s = 1.0", "listing_lag_s = 30"))
+    return batch
+
+
 def start(tmp: Path, batch: Path, key_var: str, key: str) -> Any:
     return start_cli(["run", str(batch), "--json", "--out", str(tmp / "out"), "--state-dir", str(tmp / "state")],
                      cwd=tmp, env=env(key_var, key))
@@ -63,6 +71,7 @@ def test_a_3_seed_vast_batch_through_vast_s_traps_leaves_only_someone_else_s_ins
         vast.lag_reads = 2  # new instances read null, and are missing from the list, a while
     vast.rate_limit(2)  # plain text, no Retry-After
     batch = write_batch(tmp_path, "vastai", vast.url, gpus=list(vast.GPUS), seeds=[1, 2, 3], settings=vast.settings())
+    lag(batch)
     done = cli(tmp_path, "run", str(batch), "--json", "--out", str(tmp_path / "out"), key_var="VAST_API_KEY",
                key=VAST_KEY)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -76,8 +85,17 @@ def test_a_3_seed_vast_batch_through_vast_s_traps_leaves_only_someone_else_s_ins
     assert vast.alive() == ["team-notebook"]  # none of ours left; theirs untouched
     assert vast.instances[int(theirs)]["actual_status"] == "running"
     assert all(b["label"].startswith("ar-") for b in vast.created)
+    cost = cli(tmp_path, "cost", "--by", "cloud", "--json", key_var="VAST_API_KEY", key=VAST_KEY)
+    assert cost.returncode == 0, cost.stderr
+    rows = [json.loads(line) for line in cost.stdout.splitlines()]
+    assert [r["group"] for r in rows] == ["vastai", "total"]
+    assert rows[0]["spent_usd"] > 0
+    report = cli(tmp_path, "report", "--out", str(tmp_path / "report.html"), key_var="VAST_API_KEY", key=VAST_KEY)
+    assert report.returncode == 0, report.stderr
+    assert "vastai" in (tmp_path / "report.html").read_text()
     assert files_holding(tmp_path / "state", VAST_KEY) == []
     assert files_holding(tmp_path / "out", VAST_KEY) == []
+    assert VAST_KEY not in (tmp_path / "report.html").read_text()
     assert VAST_KEY not in done.stdout + done.stderr
 
 
@@ -152,6 +170,9 @@ def test_a_2_seed_shadeform_batch_with_provider_deadlines_and_a_spot_reclaim(tmp
         threshold = datetime.datetime.fromisoformat(body["auto_delete"]["date_threshold"]).timestamp()
         assert abs(threshold - deadlines[body["name"]]) < 60, body
         assert f"actor-run-name={body['name']}" in body["tags"]
+    cost = cli(tmp_path, "cost", "--by", "cloud", "--json", key_var="SHADEFORM_API_KEY", key=SHADE_KEY)
+    assert cost.returncode == 0, cost.stderr
+    assert [json.loads(line)["group"] for line in cost.stdout.splitlines()] == ["shadeform", "total"]
     for out_dir in ("state", "out"):
         assert files_holding(tmp_path / out_dir, SHADE_KEY) == []
     assert SHADE_KEY not in out + err

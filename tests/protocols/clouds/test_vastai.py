@@ -128,6 +128,20 @@ def test_a_new_instance_that_reads_null_for_a_while_is_waited_for(reactor: React
     assert fake.alive() == []
 
 
+def test_an_instance_still_null_past_listing_lag_is_ambiguous_and_deleted_by_label(
+        reactor: Reactor, fake: FakeVast, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made, then `show` null longer than reads may lag: never a clean refusal (the instance bills)."""
+    cloud = make(fake, tmp_path, monkeypatch, listing_lag_s=0.5)
+    fake.null_reads = 10_000
+    n = name()
+    with pytest.raises(LaunchAmbiguous) as info:
+        reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=60)
+    assert info.value.code is Code.LAUNCH_FAILED
+    assert fake.alive() == [n]
+    reactor.call(cloud.delete, n, "", timeout=60)  # what the lease does after an ambiguous launch
+    assert fake.alive() == []
+
+
 def test_a_plain_text_429_waits_the_endpoint_s_documented_interval(reactor: Reactor, cloud: Any,
                                                                   fake: FakeVast) -> None:
     assert pace("PUT", "/api/v0/asks/24817000/") == 4.5
