@@ -177,3 +177,20 @@ def test_a_2_seed_shadeform_batch_with_provider_deadlines_and_a_spot_reclaim(tmp
         assert files_holding(tmp_path / out_dir, SHADE_KEY) == []
     assert SHADE_KEY not in out + err
     assert time.time() < min(deadlines.values())  # nothing here waited for a deadline: each was set ahead
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ('cloud = "sim"\ngpu = "A100"\ninterruptible = true',
+     "candidates[0].interruptible: sim sells no interruptible capacity here (clouds that do: shadeform, vastai)"),
+    ('cloud = "vastai"\ngpu = "A100"\nmax_bid_usd = 0.5',
+     "candidates[0].max_bid_usd: a bid is for a vastai candidate with interruptible = true"),
+    ('cloud = "vastai"\ngpu = "A100"\ninterruptible = true\nmax_bid_usd = -1',
+     "candidates[0].max_bid_usd"),
+])
+def test_interruptible_where_it_is_not_sold_is_bad_input(tmp_path: Path, line: str, want: str) -> None:
+    batch = tmp_path / "bad.toml"
+    batch.write_text(f'[job]\nname = "bad"\ncommand = "true"\nseeds = [1]\n\n[[candidates]]\n{line}\n')
+    done = cli(tmp_path, "run", str(batch), "--out", str(tmp_path / "out"), key_var="VAST_API_KEY")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert want in done.stderr
