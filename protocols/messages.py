@@ -55,6 +55,9 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     stock: str = ""  # what the provider says of its stock: a count ("3"), its word ("high", "low"), or "" (silent)
     interruptible: bool = False  # rented as interruptible capacity (a Vast bid, a Shadeform spot instance)
     interruptible_usd: float = 0.0  # the place's interruptible price beside its on-demand one (0: none sold)
+    # the attempt's reserved dollars where a budget caps the batch (the job sets it before the lease): a
+    # provider that enforces a spend limit of its own (Shadeform's auto_delete.spend_threshold) gets it (0: none)
+    spend_cap_usd: float = 0.0
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):

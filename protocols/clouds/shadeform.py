@@ -18,9 +18,10 @@ underlying cloud that sells it (`kind` = `<cloud>/<type>`), at the type's `hourl
 for on-demand, or the region's spot entry (`hourly_price`, a dollar string) for an
 `interruptible = true` candidate; each shows the other price beside its own. A create carries our
 name, our key, the tags `actor-run` and `actor-run-name=<name>`, and `auto_delete.date_threshold`
-= the machine's deadline (RFC 3339): Shadeform deletes it then even if every process of ours is
-gone (§7). Statuses: `creating` -> `pending_provider` -> `pending` -> `active` (ready once `ip` and
-`ssh_port` are set) or `error` (`launch_failed`); `deleting` -> `deleted` (deletion is proven by
+= the machine's deadline (RFC 3339), and `spend_threshold` = the attempt's reserved dollars where
+a budget caps the batch: Shadeform deletes it then even if every process of ours is gone (§7).
+Statuses: `creating` -> `pending_provider` -> `pending` -> `active` (ready once `ip` and `ssh_port`
+are set) or `error` (`launch_failed`); `deleting` -> `deleted` (deletion is proven by
 `deleted` or a 404); a spot instance reclaimed (`deleting`, `status_details` `preempted`, §6) is
 taken: the attempt is `preempted`. Shadeform documents no error shape (§4): 401/403 are `guard`,
 400/422 created nothing (`launch_failed`); every other answer to a create is ambiguous, and the
@@ -241,6 +242,8 @@ class ShadeformCloud(RentedCloud):
             "auto_delete": {"date_threshold": rfc3339(deadline)},
             "rental_type": "spot" if offer.interruptible else "on_demand",
         }
+        if offer.spend_cap_usd > 0:  # the attempt's reserved dollars, where a budget caps the batch
+            body["auto_delete"]["spend_threshold"] = f"{offer.spend_cap_usd:.2f}"
         if self.settings.os:
             body["os"] = self.settings.os
         return body

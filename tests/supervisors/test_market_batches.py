@@ -148,6 +148,7 @@ def test_a_2_seed_shadeform_batch_with_provider_deadlines_and_a_spot_reclaim(tmp
     shadeform.token = SHADE_KEY
     batch = interruptible(write_batch(tmp_path, "shadeform", shadeform.url, gpus=["H100", "A100-80G"], seeds=[1, 2],
                                       first_steps=60, settings=shadeform.settings()), "H100")
+    batch.write_text(batch.read_text().replace("[policy]\n", "[policy]\nbudget_usd = 50\n", 1))
     proc = start(tmp_path, batch, "SHADEFORM_API_KEY", SHADE_KEY)
     try:
         seen = read_until(proc, "Progress")
@@ -166,9 +167,12 @@ def test_a_2_seed_shadeform_batch_with_provider_deadlines_and_a_spot_reclaim(tmp
     deadlines = {e["machine"]["name"]: e["machine"]["deadline"] for e in evs if e["type"] == "Leased"}
     assert len(deadlines) == 3
     assert shadeform.created[0]["rental_type"] == "spot"
+    reserved = {round(e["usd"], 2) for e in evs if e["type"] == "Reserved"}
     for body in shadeform.created:
         threshold = datetime.datetime.fromisoformat(body["auto_delete"]["date_threshold"]).timestamp()
         assert abs(threshold - deadlines[body["name"]]) < 60, body
+        # the batch has a budget: Shadeform also ends the machine once it cost what the attempt holds
+        assert float(body["auto_delete"]["spend_threshold"]) in reserved, (body, reserved)
         assert f"actor-run-name={body['name']}" in body["tags"]
     cost = cli(tmp_path, "cost", "--by", "cloud", "--json", key_var="SHADEFORM_API_KEY", key=SHADE_KEY)
     assert cost.returncode == 0, cost.stderr
