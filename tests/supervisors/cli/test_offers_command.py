@@ -105,7 +105,8 @@ def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lack
     # the cheapest g5 with one A10G in SkyPilot's AWS catalog
     assert [json.loads(line) for line in found.stdout.splitlines()] == [
         {"cloud": "skypilot", "region": "us-west-2", "gpu": "A10G", "hourly_usd": 1.006, "candidate": 0, "host": "",
-         "account": "", "kind": "", "stock": "", "interruptible": False, "interruptible_usd": 0.0}]
+         "account": "", "kind": "", "stock": "", "interruptible": False, "interruptible_usd": 0.0,
+         "spend_cap_usd": 0.0}]
     table = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "T4", "--config", str(user),
                 key_var="UNRELATED")  # the region of clouds.skypilot.infra
     assert table.returncode == 0, table.stderr
