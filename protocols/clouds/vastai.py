@@ -356,13 +356,14 @@ class VastCloud(RentedCloud):
             return None  # destroyed, or just created and not shown yet (the launch waits listing_lag_s)
         return seen_instance(clean(inst), self.settings.user)
 
-    async def _list(self) -> list[Seen]:
-        """Every instance of the account, page by page through the v1 list (the v0 list answers 410:
-        an error, never an empty list, vastai.md §5)."""
+    async def _list(self, filters: dict[str, Any] | None = None) -> list[Seen]:
+        """Every instance of the account (or those `filters` select, §8), page by page through the v1
+        list (the v0 list answers 410: an error, never an empty list, vastai.md §5)."""
         out: list[Seen] = []
         token: str | None = None
         for _ in range(10_000):  # bounded: 25 a page
-            params = {"limit": 25, "order_by": json.dumps([{"col": "id", "dir": "asc"}]), "select_filters": "{}"}
+            params = {"limit": 25, "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+                      "select_filters": json.dumps(filters or {})}
             if token:
                 params["after_token"] = token
             resp = await self.api.call("GET", "/api/v1/instances/", params=params)
@@ -382,7 +383,8 @@ class VastCloud(RentedCloud):
         """Gone when `show` answers null (or 404) and the v1 list has it no more (vastai.md §3)."""
         if not await super()._is_gone(machine_id):
             return False
-        return all(m.id != machine_id or m.state == "gone" for m in await self._list())
+        listed = await self._list({"id": {"eq": int(machine_id)}})
+        return all(m.id != machine_id or m.state == "gone" for m in listed)
 
     async def _delete_call(self, machine_id: str) -> None:
         resp = await self.api.call("DELETE", f"/api/v0/instances/{machine_id}/", json={})
