@@ -92,6 +92,11 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     image: str = ""  # what the machine boots (its CUDA meets the GPU class's floor); "" where the cloud takes none
     cache: str = ""  # the cache volume's id at the provider, found before the launch ("" : none, a cold start)
     cache_path: str = ""  # where the machine is to see it
+    interruptible: bool = False  # rented as interruptible capacity (a Vast bid, a Shadeform spot instance)
+    interruptible_usd: float = 0.0  # the place's interruptible price beside its on-demand one (0: none sold)
+    # the attempt's reserved dollars where a budget caps the batch (the job sets it before the lease): a
+    # provider that enforces a spend limit of its own (Shadeform's auto_delete.spend_threshold) gets it (0: none)
+    spend_cap_usd: float = 0.0
 
 
 class Machine(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ import re
 import tomllib
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -121,6 +121,11 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # cloud's own settings. A refusal meaning an account is out of quota or balance tries the same
     # place on the next one
     accounts: list[str] = msgspec.field(default_factory=list)
+    # --- interruptible capacity (Vast bids, Shadeform spot): rented cheaper, taken back at any time
+    # (the attempt ends `preempted`); `max_bid_usd` caps a Vast bid ($/h per machine; default: the
+    # offer's minimum bid and a margin)
+    interruptible: bool = False
+    max_bid_usd: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
 class BatchFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -62,6 +62,16 @@ if [ "$(cat .venv-prefect/pin 2>/dev/null)" != "$prefect_stamp" ]; then
   echo "$prefect_stamp" > .venv-prefect/pin
 fi
 export ACTOR_RUN_PREFECT_PYTHON="$PWD/.venv-prefect/bin/python"
+# Vast.ai's own CLI, pointed at the project's Vast fake by a test (tests/protocols/clouds/test_vastai_own.py:
+# the fake speaks what Vast's own client expects): pinned, in a venv of its own, made once
+VAST_PIN="vastai==1.9.1"
+if [ "$(cat .venv-vast/pin 2>/dev/null)" != "$VAST_PIN" ]; then
+  rm -rf .venv-vast
+  python3 -m venv .venv-vast
+  .venv-vast/bin/python -m pip install -q "$VAST_PIN"
+  echo "$VAST_PIN" > .venv-vast/pin
+fi
+export ACTOR_RUN_VAST_PYTHON="$PWD/.venv-vast/bin/python"
 # the suite starts hundreds of Python processes (`actor-run` commands, fakes' workers): the first
 # writes the package's compiled bytecode and the others read it, even where the environment says not
 # to write it (with PYTHONDONTWRITEBYTECODE every process compiled every module: 0.25 s of CPU each)

@@ -32,9 +32,13 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "runpod": ("actor_run.protocols.clouds.runpod", "RunPodSettings", "RunPodCloud"),
     "lambda": ("actor_run.protocols.clouds.lambdacloud", "LambdaSettings", "LambdaCloud"),
     "hyperstack": ("actor_run.protocols.clouds.hyperstack", "HyperstackSettings", "HyperstackCloud"),
+    # issue 45: the marketplace (Vast bids) and the many clouds behind Shadeform
+    "vastai": ("actor_run.protocols.clouds.vastai", "VastSettings", "VastCloud"),
+    "shadeform": ("actor_run.protocols.clouds.shadeform", "ShadeformSettings", "ShadeformCloud"),
 }
 
 
+INTERRUPTIBLE = frozenset({"vastai", "shadeform"})  # clouds whose candidates may say `interruptible = true`
 MAIN = "main"  # the account that is the cloud's own settings (unless `accounts.main` says otherwise)
 
 
@@ -48,6 +52,12 @@ def check_cloud_names(candidates: list[CandidateSpec], tables: Iterable[str]) ->
     field (`candidates[1].cloud`, `clouds.nimbus`)."""
     known = known_clouds()
     check_candidates(candidates, known)
+    for i, c in enumerate(candidates):  # issue 45: interruptible capacity is sold where a cloud says so
+        if c.interruptible and c.cloud not in INTERRUPTIBLE:
+            raise SpecError(f"candidates[{i}].interruptible", f"{c.cloud} sells no interruptible capacity here "
+                            f"(clouds that do: {', '.join(sorted(INTERRUPTIBLE))})")
+        if c.max_bid_usd is not None and not (c.interruptible and c.cloud == "vastai"):
+            raise SpecError(f"candidates[{i}].max_bid_usd", "a bid is for a vastai candidate with interruptible = true")
     for name in tables:
         if name not in known:
             raise SpecError(f"clouds.{name}", f"unknown cloud (known: {', '.join(sorted(known))})")

@@ -17,21 +17,29 @@ GPUS: dict[str, dict[str, tuple[str, ...]]] = {
         "runpod": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL"),
         "hyperstack": ("H100-80G-PCIe", "H100-80G-SXM5", "H100-80G-PCIe-NVLink"),
         "lambda": ("gpu_1x_h100_pcie", "gpu_1x_h100_sxm5"),
+        "vastai": ("H100 SXM", "H100 PCIE", "H100 NVL"),
+        "shadeform": ("H100",),
     },
     "H200": {
         "runpod": ("NVIDIA H200",),
         "hyperstack": ("H200-141G-SXM5",),
         "lambda": ("gpu_1x_h200_sxm5",),
+        "vastai": ("H200", "H200 NVL"),
+        "shadeform": ("H200",),
     },
     "A100-80G": {
         "runpod": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
         "hyperstack": ("A100-80G-PCIe", "A100-80G-PCIe-NVLink"),
         "lambda": ("gpu_1x_a100_sxm4_80gb",),
+        "vastai": ("A100 SXM4", "A100 PCIE"),
+        "shadeform": ("A100_80G",),
     },
     "A100": {
         "runpod": ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
         "hyperstack": ("A100-80G-PCIe",),
         "lambda": ("gpu_1x_a100_sxm4", "gpu_1x_a100"),
+        "vastai": ("A100 SXM4", "A100 PCIE", "A100X"),
+        "shadeform": ("A100_80G", "A100"),
     },
     "A100-40G": {
         "runpod": (),
@@ -42,21 +50,29 @@ GPUS: dict[str, dict[str, tuple[str, ...]]] = {
         "runpod": ("NVIDIA L40S",),
         "hyperstack": ("L40",),
         "lambda": (),
+        "vastai": ("L40S",),
+        "shadeform": ("L40S",),
     },
     "RTX4090": {
         "runpod": ("NVIDIA GeForce RTX 4090",),
         "hyperstack": (),
         "lambda": (),
+        "vastai": ("RTX 4090",),
+        "shadeform": ("RTX4090",),
     },
     "A6000": {
         "runpod": ("NVIDIA RTX A6000",),
         "hyperstack": ("RTX-A6000",),
         "lambda": ("gpu_1x_a6000",),
+        "vastai": ("RTX A6000",),
+        "shadeform": ("A6000",),
     },
     "B200": {
         "runpod": ("NVIDIA B200",),
         "hyperstack": ("B200-180G-SXM",),
         "lambda": ("gpu_1x_b200_sxm6",),
+        "vastai": ("B200",),
+        "shadeform": ("B200",),
     },
 }
 
@@ -130,6 +146,27 @@ SMI_NAMES: dict[str, str] = {
 }
 
 _FOLDED = {name.lower(): name for name in GPUS}
+
+# --- the CUDA floor of each GPU class (kept apart from GPUS: one column, one merge) -----------------
+# ours -> the oldest CUDA toolkit that builds for its compute capability: a host whose driver tops
+# out below it (Vast's `cuda_max_good`) cannot run a job built for the GPU. From NVIDIA's own pages:
+# the CUDA GPUs table (developer.nvidia.com/cuda-gpus) gives each GPU's compute capability; the CUDA
+# toolkit release notes give the first release for it: sm_80 in CUDA 11.0, sm_86 in 11.1, sm_89 and
+# sm_90 in 11.8 ("support for the NVIDIA Hopper and Ada Lovelace architectures"), sm_100 in 12.8
+# ("support for the NVIDIA Blackwell architecture").
+MIN_CUDA: dict[str, float] = {
+    "A100": 11.0, "A100-80G": 11.0,  # compute capability 8.0
+    "A6000": 11.1,  # 8.6
+    "L40S": 11.8, "RTX4090": 11.8,  # 8.9
+    "H100": 11.8, "H200": 11.8,  # 9.0
+    "B200": 12.8,  # 10.0
+}
+
+
+def min_cuda(gpu: str) -> float:
+    """The CUDA floor of our GPU class `gpu` (0.0 for a name the table does not know)."""
+    ours = _FOLDED.get(gpu.lower())
+    return MIN_CUDA.get(ours, 0.0) if ours else 0.0
 
 
 class ShapeError(ValueError):
@@ -217,7 +254,7 @@ def gpu_memory_gb(gpu: str) -> float | None:
 
 
 __all__ = [
-    "CUDA_FLOOR", "GPUS", "GPU_MEMORY_GB", "SMI_NAMES", "ShapeError", "cuda_floor", "cuda_text", "gpu_class",
-    "gpu_count", "gpu_memory_gb", "gpu_names", "image_cuda", "our_name", "parse_shape", "same_shape", "shape",
-    "smi_matches", "vendor_ids",
+    "CUDA_FLOOR", "GPUS", "GPU_MEMORY_GB", "MIN_CUDA", "SMI_NAMES", "ShapeError", "cuda_floor", "cuda_text",
+    "gpu_class", "gpu_count", "gpu_memory_gb", "gpu_names", "image_cuda", "min_cuda", "our_name", "parse_shape",
+    "same_shape", "shape", "smi_matches", "vendor_ids",
 ]

@@ -22,6 +22,7 @@ import email.utils
 import functools
 import ssl
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -118,7 +119,10 @@ class ProviderAPI:
     def __init__(
         self, provider: str, base_url: str, headers: dict[str, str], *, timeout_s: float = 30.0,
         max_rate_limited: int = MAX_RATE_LIMITED, transport: httpx.AsyncBaseTransport | None = None,
+        pace: Callable[[str, str], float] | None = None,
     ) -> None:
+        """`pace(method, path)`: the first wait after a 429 that names none (no Retry-After), for a
+        vendor that documents a minimum interval per endpoint (Vast); DEFAULT_RETRY_AFTER_S else."""
         self.provider = provider
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
@@ -126,6 +130,7 @@ class ProviderAPI:
         self._headers = headers
         add_secret(*headers.values())  # a key echoed back in any text is masked (protocols/redact.py)
         self._transport = transport
+        self._pace = pace
         self._client: httpx.AsyncClient | None = None
         self._calls = 0
         self._rate_limited = 0
@@ -150,7 +155,7 @@ class ProviderAPI:
         import httpx
 
         client = self._open()
-        fallback = DEFAULT_RETRY_AFTER_S
+        fallback = self._pace(method, path) if self._pace is not None else DEFAULT_RETRY_AFTER_S
         for _ in range(self.max_rate_limited + 1):
             self._calls += 1
             try:

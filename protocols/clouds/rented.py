@@ -17,7 +17,8 @@ Rules kept here for all of them:
   (refused, reset, timed out, no route, no banner yet, a host key not yet made) until
   `launch_timeout_s` from the create; only our key refused, or that time passing, ends it
   (`Refused(LAUNCH_FAILED)` / `Unreachable`: the lease says launch_failed and deletes it).
-- A machine not found right after its create is waited for (`listing_lag_s`): listings lag.
+- A machine not found right after its create is waited for (`listing_lag_s`): listings lag; one
+  still not found then is ambiguous (`launch_failed`), deleted by name, never taken as not made.
 - Delete is proven by a read: `_read` must say gone. Deleting by name alone (an ambiguous create)
   lists, and lists again for `listing_lag_s`, before it concludes nothing was made.
 - A host call that cannot reach the machine asks the provider: a machine that is gone raises
@@ -131,6 +132,10 @@ class Seen(msgspec.Struct, frozen=True, kw_only=True):
     region: str = ""
     gpu: str = ""
     created_at: float = 0.0
+    # the provider took it from us (a Vast instance outbid, a Shadeform spot instance reclaimed, a
+    # host gone offline) though a read does not say gone yet: a host call that fails then is
+    # `preempted`, and its deletion is still proven by a read that says gone
+    taken: bool = False
 
 
 def api_key(cloud: str, env_var: str) -> str:
@@ -286,9 +291,11 @@ class RentedCloud:
                 seen = Seen(id=machine_id, name=name, state="pending", detail=str(exc))
             waited = trio.current_time() - started
             if seen is None and waited > s.listing_lag_s:
-                # made, then gone before it was ever ready: the place could not keep it
-                raise LaunchRefused(f"{self.name}: {name} ({machine_id}) vanished while starting",
-                                    code=self.failed_code)
+                # made, then not seen for longer than reads may lag: the place could not keep it, or
+                # its reads lag longer still (a Vast instance reads null for a while after its
+                # create). Ambiguous, never a clean refusal: the lease deletes it by name
+                raise LaunchAmbiguous(f"{self.name}: {name} ({machine_id}) not seen since its create "
+                                      f"(listing_lag_s = {s.listing_lag_s:g} s)", code=self.failed_code)
             if seen is not None and seen.state == "ready":
                 break
             if seen is not None and seen.state in ("failed", "gone"):
@@ -332,7 +339,7 @@ class RentedCloud:
         self._ids.setdefault(machine.name, machine.id)
 
         async def gone() -> bool:
-            return await self._is_gone(machine.id)
+            return await self._is_lost(machine.id)
 
         watched = WatchedHost(ssh, gone)
         ws = ShellWorkspace(watched, machine.root or s.root)
@@ -395,6 +402,11 @@ class RentedCloud:
                 logger.bind(cloud=self.name).info("{}: {} failed ({}); again in {:.1f} s", self.name, what, exc, pause)
             await trio.sleep(pause)
             pause = min(pause * 2, 8.0)
+
+    async def _is_lost(self, machine_id: str) -> bool:
+        """Whether a machine we could not reach is no longer ours to use: gone, or taken (`Seen.taken`)."""
+        seen = await self._read(machine_id)
+        return seen is None or seen.state == "gone" or seen.taken
 
     async def _find(self, name: str) -> list[str]:
         """The ids of every machine named `name`; a listing may lag a create, so an empty answer is

@@ -24,7 +24,8 @@ from actor_run.protocols.names import PREFIX
 from actor_run.protocols.specs import CandidateSpec, load_batch
 from actor_run.supervisors.api.config import load_config
 
-RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "skypilot")  # asked about GPU classes
+# asked about GPU classes
+RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "shadeform", "skypilot", "vastai")
 WHEN_CONFIGURED = ("ssh", "skypilot")  # checked without a NAME only when the user config or batch has their table
 GPUS = tuple(TABLE)  # what a rented cloud is asked for without a batch: the GPU table, every name
 CALL_TIMEOUT_S = 60.0

@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="only this cloud (repeat for more; default: every configured one)")
     p.add_argument("--region", action="append", metavar="R", help="only this region (repeat for more)")
     p.add_argument("--max-price", type=float, metavar="USD", help="only offers at most this many $/h")
+    p.add_argument("--interruptible", action="store_true",
+                   help="interruptible capacity (Vast bids, Shadeform spot) at its own price")
     p.add_argument("--json", action="store_true", help="one offer per line (JSON)")
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
@@ -134,7 +136,8 @@ def cmd_offers(args: argparse.Namespace) -> int:
 
         async def one(key: str, cloud: Cloud) -> None:
             candidate = CandidateSpec(cloud=key.partition("@")[0], gpu=args.gpu, regions=list(args.region or []),
-                                      max_hourly_usd=args.max_price)
+                                      max_hourly_usd=args.max_price,
+                                      interruptible=bool(getattr(args, "interruptible", False)))
             answers[key] = await ask(cloud, candidate, 0)
 
         try:
@@ -186,14 +189,22 @@ def print_table(offers: list[Offer]) -> None:
     if not offers:
         print("no offers (nothing in stock that fits)")
         return
-    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE")]
-    rows += [(cloud_key(o.cloud, o.account), o.region, o.gpu or "-", f"{o.hourly_usd:.4f}", o.stock or "-",
-              o.kind or "-", o.image or "-") for o in offers]
+    rows = [("CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "INTERRUPTIBLE", "IMAGE")]
+    rows += [(cloud_key(o.cloud, o.account), o.region.replace(" ", ""), o.gpu or "-", f"{o.hourly_usd:.4f}",
+              o.stock or "-", o.kind or "-", interruptible(o), o.image or "-") for o in offers]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,
-                                                                                                    strict=True)))
+        print("  ".join(cell.rjust(w) if i in (3, 6) else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths,
+                                                                                                         strict=True)))
               .rstrip())
 
 
-__all__ = ["add_parser", "ask", "cmd_offers", "not_asked", "open_clouds"]
+def interruptible(o: Offer) -> str:
+    """The place's interruptible $/h beside its on-demand one (issue 45): `-` where none is sold;
+    an offer that is itself interruptible (a bid, spot) says `=` (its $/H is that price)."""
+    if o.interruptible:
+        return "="
+    return f"{o.interruptible_usd:.4f}" if o.interruptible_usd else "-"
+
+
+__all__ = ["add_parser", "ask", "cmd_offers", "interruptible", "not_asked", "open_clouds"]

@@ -182,8 +182,11 @@ def render(plan: Plan) -> str:
         for o in c.offers:
             stock = f"  stock {o.stock}" if o.stock else ""
             image = f"  image {o.image}" if o.image else ""
+            # on-demand and interruptible prices side by side
+            other = (" interruptible" if o.interruptible else
+                     f" (interruptible {usd(o.interruptible_usd)}/h)" if o.interruptible_usd else "")
             lines.append(f"    {cloud_key(o.cloud, o.account)}  {o.region or '-'}  {o.gpu or '-'}  "
-                         f"{usd(o.hourly_usd)}/h{stock}{image}  (an attempt reserves "
+                         f"{usd(o.hourly_usd)}/h{other}{stock}{image}  (an attempt reserves "
                          f"{usd(reservation_usd(o.hourly_usd, c.hold_s))})")
     lines.append("  then, if every place refused: every cloud is asked once more before a job fails no_capacity")
     if plan.on_oom == "fail":

@@ -449,6 +449,10 @@ class JobSupervisor(Actor):
                                   at_least=e.usage.at_least, **_totals(change)))
 
     def _launch(self, offer: Offer, reserved_usd: float | None = None) -> None:
+        capped = self.budget.statistics().limit_usd is not None or (
+            self.seed_budget is not None and self.seed_budget.statistics().limit_usd is not None)
+        if reserved_usd and capped:  # issue 45: a provider's own spend limit at what the attempt holds
+            offer = msgspec.structs.replace(offer, spend_cap_usd=round(reserved_usd, 2))
         checkpoint = self.seed_dir / ".checkpoint"
         resume = checkpoint if self.attempt_no > 0 and (checkpoint / RESUME_LINE).is_file() else None
         # nothing to replace at the fetch: a folder this job made, that no attempt of it ran in (and so fetched into)

@@ -9,8 +9,11 @@ from typing import Any
 from fakes.hyperstack import FakeHyperstack
 from fakes.lambdacloud import FakeLambda
 from fakes.runpod import FakeRunPod
+from fakes.shadeform import FakeShadeform
+from fakes.vastai import FakeVast
 
-FAKES: dict[str, Any] = {"hyperstack": FakeHyperstack, "lambda": FakeLambda, "runpod": FakeRunPod}
+FAKES: dict[str, Any] = {"hyperstack": FakeHyperstack, "lambda": FakeLambda, "runpod": FakeRunPod,
+                         "shadeform": FakeShadeform, "vastai": FakeVast}
 
 
 def serve(name: str, tmp_path: Path) -> Iterator[Any]:

@@ -178,6 +178,7 @@ def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: React
     assert not isinstance(info.value, LaunchAmbiguous)
 
 
+# shadeform's own deadline is its auto_delete (test_shadeform.py), which would race an OS shutdown here
 @pytest.mark.parametrize("fake", ["hyperstack", "lambda"], indirect=True)
 def test_a_vm_shuts_itself_down_at_its_deadline(reactor: Reactor, cloud: Any, fake: Any) -> None:
     n = name(deadline=time.time() + 2)

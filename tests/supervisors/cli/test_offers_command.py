@@ -16,7 +16,7 @@ def test_offers_lists_the_sim_cheapest_first_with_stock(tmp_path: Path) -> None:
     done = cli(tmp_path, "offers", key_var="UNRELATED")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE"]
+    assert lines[0].split() == ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "INTERRUPTIBLE", "IMAGE"]
     rows = [line.split() for line in lines[1:]]
     assert rows[0][:2] == ["local", "this-computer"]
     sim = [r for r in rows if r[0] == "sim"]
@@ -77,8 +77,8 @@ def test_offers_of_the_ssh_cloud_list_each_configured_host(tmp_path: Path) -> No
     table = cli(tmp_path, "offers", "--cloud", "ssh", "--config", str(user), key_var="UNRELATED")
     assert table.returncode == 0, table.stderr
     assert [line.split() for line in table.stdout.splitlines()] == [
-        ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "IMAGE"], ["ssh", "box", "-", "0.0000", "-", "-", "-"],
-        ["ssh", "gpu2", "-", "0.0000", "-", "-", "-"]]
+        ["CLOUD", "REGION", "GPU", "$/H", "STOCK", "KIND", "INTERRUPTIBLE", "IMAGE"],
+        ["ssh", "box", "-", "0.0000", "-", "-", "-", "-"], ["ssh", "gpu2", "-", "0.0000", "-", "-", "-", "-"]]
     every = cli(tmp_path, "offers", "--json", "--config", str(user), key_var="UNRELATED")
     assert every.returncode == 0, every.stderr
     offers = [json.loads(line) for line in every.stdout.splitlines()]
@@ -102,10 +102,11 @@ def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lack
     found = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "A10G", "--region", "us-west-2", "--json",
                 "--config", str(user), key_var="UNRELATED")
     assert found.returncode == 0, found.stderr
+    # the cheapest g5 with one A10G in SkyPilot's AWS catalog
     assert [json.loads(line) for line in found.stdout.splitlines()] == [
         {"cloud": "skypilot", "region": "us-west-2", "gpu": "A10G", "hourly_usd": 1.006, "candidate": 0, "host": "",
-         "account": "", "kind": "", "stock": "", "image": "", "cache": "", "cache_path": ""}]
-    # (the cheapest g5 with one A10G in SkyPilot's AWS catalog)
+         "account": "", "kind": "", "stock": "", "image": "", "cache": "", "cache_path": "", "interruptible": False,
+         "interruptible_usd": 0.0, "spend_cap_usd": 0.0}]
     table = cli(tmp_path, "offers", "--cloud", "skypilot", "--gpu", "T4", "--config", str(user),
                 key_var="UNRELATED")  # the region of clouds.skypilot.infra
     assert table.returncode == 0, table.stderr
@@ -123,3 +124,39 @@ def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lack
     assert "not asked: skypilot: SkyPilot's catalog is asked for one region at a time: name one with --region" in (
         no_region.stderr)
     assert len(sky.calls()) == 2  # not asked
+
+
+def test_offers_of_vast_and_shadeform_show_on_demand_and_interruptible_prices_side_by_side(tmp_path: Path) -> None:
+    from fakes.shadeform import FakeShadeform
+    from fakes.vastai import FakeVast
+
+    vast, shade = FakeVast(tmp_path / "vast").start(), FakeShadeform(tmp_path / "shade").start()
+    try:
+        user = tmp_path / "user.toml"
+        user.write_text(f'[clouds.vastai]\napi_url = "{vast.url}"\n[clouds.shadeform]\napi_url = "{shade.url}"\n')
+        import os
+
+        from cli_inproc import run_cli
+
+        env = {**os.environ, "VAST_API_KEY": "test-key", "SHADEFORM_API_KEY": "test-key"}
+        state = ["--state-dir", str(tmp_path / "state"), "--config", str(user)]
+        done = run_cli(["offers", "--cloud", "vastai", "--cloud", "shadeform", "--gpu", "A100-80G", *state],
+                       env=env, cwd=tmp_path, timeout=120)
+        bids = run_cli(["offers", "--cloud", "vastai", "--gpu", "A100-80G", "--interruptible", "--json", *state],
+                       env=env, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = {(r[0], r[5]): r for r in (line.split() for line in done.stdout.splitlines()[1:])}
+        assert rows[("vastai", "24817000")][3:4] + rows[("vastai", "24817000")][6:] == ["1.1200", "0.4700"]
+        assert rows[("shadeform", "hyperstack/A100_80G")][6] in ("1.1000", "-")  # canada-1 sells spot, norway-1 not
+        assert rows[("shadeform", "lambdalabs/A100_80G")][6] == "-"
+        assert bids.returncode == 0, bids.stdout + bids.stderr
+        offers = [json.loads(line) for line in bids.stdout.splitlines()]
+        assert offers
+        assert all(o["interruptible"] for o in offers)
+        assert offers[0]["hourly_usd"] == 0.495  # min_bid 0.45 and the 10 % margin
+        assert {m for m, _, _ in shade.calls} == {"GET"}
+        assert {(m, t) for m, t, _ in vast.calls if m != "GET"} <= set(FakeVast.SEARCHES)
+    finally:
+        vast.stop()
+        shade.stop()
+    assert vast.violations == shade.violations == []

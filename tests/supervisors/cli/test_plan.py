@@ -148,3 +148,26 @@ def test_a_bad_threshold_in_the_user_config_is_one_line(tmp_path: Path) -> None:
     done = cli(tmp_path, "plan", str(write(tmp_path)), "--config", str(user))
     assert done.returncode == 2
     assert done.stderr.startswith("actor-run: confirm_above_usd: expected a number >= 0")
+
+
+def test_plan_of_a_vast_batch_shows_on_demand_and_interruptible_prices_side_by_side(tmp_path: Path) -> None:
+    import os
+
+    from fakes.batch_kit import write_batch
+    from fakes.vastai import FakeVast
+
+    fake = FakeVast(tmp_path / "fake").start()
+    try:
+        batch = write_batch(tmp_path, "vastai", fake.url, gpus=["A100-80G", "H100"], seeds=[1],
+                            settings=fake.settings())
+        batch.write_text(batch.read_text().replace('gpu = "H100"\n', 'gpu = "H100"\ninterruptible = true\n', 1))
+        done = run_cli(["plan", str(batch), "--state-dir", str(tmp_path / "state")], timeout=120,
+                       env={**os.environ, "VAST_API_KEY": "test-key"}, cwd=tmp_path)
+    finally:
+        fake.stop()
+    assert fake.violations == []
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "vastai  Texas, US  A100-80G  $1.12/h (interruptible $0.4700/h)" in out  # on-demand, the bid price beside
+    assert "vastai  Texas, US  H100  $0.9900/h interruptible" in out  # a bid: min_bid 0.90 and the margin
+    assert fake.created == []  # a plan rents nothing
