@@ -5,6 +5,9 @@ team-b]` in a batch file): each is the same provider reached with other settings
 `api_key_env`, any other field overriding the cloud's). One Cloud object serves one account; it is
 named by its *key*: the cloud's name for its own settings (account "" or "main"), `<cloud>@<account>`
 for the others. Ledger rows and sweeps name clouds by key, so every account is listed and swept.
+
+A cloud's optional capabilities (boot stages, GPU and region names, checks before a run, a login
+shell, reclaiming quota) are runtime-checkable protocols in capabilities.py, asked with isinstance.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
+from actor_run.protocols.clouds.base import Cloud
+from actor_run.protocols.clouds.capabilities import (
+    Booting,
+    Cataloged,
+    Checking,
+    LaunchChecking,
+    Reclaim,
+    Reclaiming,
+    SSHLogin,
+)
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import CandidateSpec, add_secret_settings, check_candidates, spec_error
 
@@ -96,15 +108,13 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
 
 def known_gpus(cloud: Cloud) -> frozenset[str] | None:
     """The GPU names a candidate for `cloud` may say (its `gpu_names`), or None where the cloud
-    does not say (local, ssh: any name passes)."""
-    names: frozenset[str] | None = getattr(cloud, "gpu_names", None)
-    return names
+    does not say (not `Cataloged`: local, ssh; any name passes)."""
+    return cloud.gpu_names if isinstance(cloud, Cataloged) else None
 
 
 def known_regions(cloud: Cloud) -> frozenset[str] | None:
     """The region names a candidate for `cloud` may say (its `region_names`), or None."""
-    names: frozenset[str] | None = getattr(cloud, "region_names", None)
-    return names
+    return cloud.region_names if isinstance(cloud, Cataloged) else None
 
 
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
@@ -125,6 +135,7 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 
 __all__ = [
-    "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
+    "MAIN", "Booting", "Cataloged", "Checking", "Cloud", "LaunchChecking", "Reclaim", "Reclaiming", "SSHLogin",
+    "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
     "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key",
 ]

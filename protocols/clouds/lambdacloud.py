@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from actor_run.protocols.clouds.capabilities import Checking
 from actor_run.protocols.clouds.gpus import our_name, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
@@ -117,7 +118,7 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
     )
 
 
-class LambdaCloud(RentedCloud):
+class LambdaCloud(RentedCloud, Checking):
     # Lambda's region codes (lambda.md §2, GET /regions):
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({

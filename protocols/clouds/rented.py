@@ -40,6 +40,7 @@ import msgspec
 import trio
 from loguru import logger
 
+from actor_run.protocols.clouds.capabilities import Booting, Cataloged, LaunchChecking, SSHLogin
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.failures import (
@@ -194,7 +195,7 @@ class WatchedHost:
         await self._host.aclose()
 
 
-class RentedCloud:
+class RentedCloud(Booting, Cataloged, LaunchChecking, SSHLogin):
     """The shared half of a rented cloud (see the module docstring); subclasses speak the API."""
 
     name = "rented"

@@ -66,6 +66,7 @@ from pathlib import Path
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import Cataloged
 from actor_run.protocols.clouds.coalesce import Coalescer
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.simstore import (
@@ -158,7 +159,7 @@ def _machine(rec: SimRecord, now: float | None = None) -> Machine:
     return m
 
 
-class SimCloud:
+class SimCloud(Cataloged):
     """The simulated provider (see the module docstring); its state is in `self.dir`."""
 
     name = "sim"

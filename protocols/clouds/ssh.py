@@ -24,6 +24,7 @@ import msgspec
 import trio
 from loguru import logger
 
+from actor_run.protocols.clouds.capabilities import SSHLogin
 from actor_run.protocols.failures import (
     Code,
     DeleteUnconfirmed,
@@ -149,7 +150,7 @@ class SSHWorkspace(ShellWorkspace):
         return f"{self.root}/work/{self.machine}"
 
 
-class SSHCloud:
+class SSHCloud(SSHLogin):
     name = "ssh"
     account = ""
 

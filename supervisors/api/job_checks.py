@@ -18,7 +18,9 @@ from loguru import logger
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import (
     MAIN,
+    Checking,
     Cloud,
+    LaunchChecking,
     Reclaiming,
     accounts_of,
     check_cloud_names,
@@ -99,9 +101,8 @@ class JobChecks:
         for c in job.candidates:
             key = cloud_key(c.cloud, c.accounts[0] if c.accounts else "")
             cloud = self.clouds[key]
-            check = getattr(cloud, "check", None)
-            if check is not None and key not in self._checked:
-                self.reactor.call(check, timeout=120)
+            if isinstance(cloud, Checking) and key not in self._checked:
+                self.reactor.call(cloud.check, timeout=120)
                 self._checked.add(key)
 
     def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
@@ -123,9 +124,8 @@ class JobChecks:
                                                         "Runner leases with; run it in a Runner of its own")
             self.config.parse(name, settings)  # a bad value names its field and its file
             cloud = make_cloud(name, merged, self.state_dir)
-            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
-            if launchable is not None:
-                launchable()
+            if isinstance(cloud, LaunchChecking):  # a rented cloud's ssh_key, before a start
+                cloud.check_launchable()
             if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
                 cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
                                                   grace_s=self.sweep_grace_s, keep_owner=self.owner)

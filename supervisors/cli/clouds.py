@@ -20,8 +20,9 @@ from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
 from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX
-from actor_run.protocols.specs import CandidateSpec, load_batch
+from actor_run.protocols.specs import CandidateSpec
 from actor_run.supervisors.api.config import load_config
+from actor_run.supervisors.cli import batch_file
 
 RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "skypilot")  # asked about GPU classes
 WHEN_CONFIGURED = ("ssh", "skypilot")  # checked without a NAME only when the user config or batch has their table
@@ -53,7 +54,7 @@ def _plan(args: argparse.Namespace, configured: set[str]
     settings: dict[str, dict[str, Any]] = {}
     candidates: dict[str, list[CandidateSpec]] = {}
     if args.batch:
-        batch = load_batch(args.batch, known_clouds())
+        batch = batch_file.load_file(args.batch)
         settings = dict(batch.spec.clouds)
         for c in batch.spec.candidates:
             candidates.setdefault(c.cloud, []).append(c)

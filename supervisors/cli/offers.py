@@ -84,7 +84,7 @@ async def ask(cloud: Cloud, candidate: CandidateSpec, index: int) -> list[Offer]
         return f"no answer in {CALL_TIMEOUT_S:.0f} s"
     except (ActorRunError, SpecError) as exc:
         return str(exc)
-    account = getattr(cloud, "account", "")
+    account = cloud.account
     return [o if o.account or not account else msgspec.structs.replace(o, account=account) for o in found]
 
 
@@ -169,7 +169,9 @@ def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
         if not args.gpu:
             return ("SkyPilot's catalog is asked for one GPU class at a time: name one with --gpu "
                     "(for example --gpu A10G)")
-        infra = str(getattr(getattr(cloud, "settings", None), "infra", ""))
+        from actor_run.protocols.clouds.skypilot import SkyPilotCloud  # made already: the key says skypilot
+
+        infra = cloud.settings.infra if isinstance(cloud, SkyPilotCloud) else ""
         if not args.region and len(infra.split("/")) < 2:
             return (f"SkyPilot's catalog is asked for one region at a time: name one with --region (or set "
                     f"clouds.skypilot.infra = 'aws/<region>'; it is {infra!r})")
