@@ -28,7 +28,7 @@ import trio_asyncio
 from loguru import logger
 
 from actor_run.protocols.hosts.ssh import SSHHost
-from tests.sshd import Sshd
+from tests.support.sshd import Sshd
 
 
 def spawn_ms(sshd: Sshd, samples: int) -> list[float]:

@@ -13,7 +13,7 @@ import psutil
 import pykka
 import pytest
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, wait_actors_stopped, wait_until
-from waits import poll
+from support.waits import poll
 
 from actor_run.actors import AttemptActor, Context, CostMeterActor, HeartbeatActor, LeaseActor, TransferActor
 from actor_run.protocols.attempt_time import AttemptTime

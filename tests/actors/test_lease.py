@@ -11,7 +11,7 @@ from typing import Any
 import pykka
 import trio
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
-from waits import poll
+from support.waits import poll
 
 from actor_run.actors import Context, LeaseActor
 from actor_run.actors.lease import LeaseState

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sshd import Sshd, free_port
+from support.sshd import Sshd, free_port
 
 
 class Box(Sshd):

@@ -22,14 +22,14 @@ import trio
 import trio_asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import waits
+from support.sshd import Sshd
 
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace
-from tests import waits
-from tests.sshd import Sshd
 
 T = TypeVar("T")
 

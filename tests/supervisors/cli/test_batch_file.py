@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 from actor_run.protocols.specs import load_batch
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fake_sky import FakeSky
 from fakes.batch_kit import cli
 from fakes.runpod import FakeRunPod
+from fakes.sky import FakeSky
 
 
 def test_offers_lists_the_sim_cheapest_first_with_stock(tmp_path: Path) -> None:
