@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name 
     from actor_run.protocols.messages import (
         AttemptEnded,
         AttemptStarted,
+        CacheOpened,
         Charged,
         CheckpointSaved,
         Event,
@@ -79,7 +80,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE read; at run time each name 
 _WHERE = {
     **{name: ("actor_run.protocols.failures", name) for name in ("ActorRunError", "Code", "SpecError")},
     **{name: ("actor_run.protocols.messages", name) for name in (
-        "AttemptEnded", "AttemptStarted", "Charged", "CheckpointSaved", "Event", "Exited", "Fetched", "InputRef",
+        "AttemptEnded", "AttemptStarted", "CacheOpened", "Charged", "CheckpointSaved", "Event", "Exited", "Fetched",
+        "InputRef",
         "JobEnded", "JobStarted", "LeaseFailed", "LeaseRequested", "LeaseStage", "Leased", "Machine", "Metered",
         "Offer", "Progress", "Released", "Reserved", "Retrying", "Stalled", "TransferFailed", "Uploaded", "Usage",
         "WaitingForCapacity", "decode_event", "encode")},
@@ -104,6 +106,7 @@ __all__ = [
     "AttemptEnded",
     "AttemptStarted",
     "Batch",
+    "CacheOpened",
     "Candidate",
     "Charged",
     "CheckpointSaved",

@@ -31,12 +31,14 @@ import outcome
 import pykka
 
 from actor_run.actors.base import Actor, Context, error_text, failure_text
+from actor_run.actors.durable import wait_durable
 from actor_run.actors.flag import Flag
 from actor_run.actors.heartbeat import HeartbeatActor
-from actor_run.actors.lease import LeaseActor, wait_durable
+from actor_run.actors.lease import LeaseActor
 from actor_run.actors.meter import CostMeterActor, usage_between
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
+from actor_run.protocols.attempt_time import AttemptTime
 from actor_run.protocols.clouds.gpus import gpu_class, gpu_count
 from actor_run.protocols.failures import Code, MachineGone
 from actor_run.protocols.files import append_private
@@ -98,18 +100,18 @@ def _billed_from(machine: Machine) -> float:
 
 class AttemptActor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, attempt: int, offer: Offer,
-                 setup_grace_s: float, seed_dir: Path, resume_dir: Path | None = None,
+                 timebox: AttemptTime, seed_dir: Path, resume_dir: Path | None = None,
                  reattach: Reattach | None = None, seed_dir_clean: bool = False,
                  reserved_usd: float | None = None, checkpoint_asked: Flag | None = None) -> None:
         super().__init__(ctx, parent, f"attempt:{job.name}/{job.seed}/a{attempt}")
         self.job, self.attempt, self.offer = job, attempt, offer
         self.head: AttemptHead = {"job": job.name, "seed": job.seed, "attempt": attempt}
-        self.setup_grace_s = setup_grace_s
+        self.timebox = timebox  # its setup grace and its machine's deadline (protocols/attempt_time.py)
         self.seed_dir = seed_dir
         # the parent made seed_dir and nothing was fetched into it yet: the fetch has nothing to replace
         self.seed_dir_clean = seed_dir_clean
         self.began = time.time()
-        self.deadline = self.began + job.timeout_s + setup_grace_s + job.policy.deadline_margin_s
+        self.deadline = timebox.deadline(self.began)
         self.resume_dir = resume_dir
         self.reattach = reattach
         self.reserved_usd = reserved_usd  # the meter's guard stops the attempt before its spend crosses it
@@ -155,7 +157,8 @@ class AttemptActor(Actor):
         `_start_heartbeat` once the job started)."""
         if not self.seed_dir_clean:
             self.seed_dir.mkdir(parents=True, exist_ok=True)
-        self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head, launch_timeout_s=self.setup_grace_s)
+        self.lease = LeaseActor.start(self.ctx, self.actor_ref, **self.head,
+                                      launch_timeout_s=self.timebox.setup_grace_s)
         self.children.append(self.lease)
         self.ctx.emit(AttemptStarted(**self.head, offer=self.offer))
         if self.reattach is not None:
@@ -191,7 +194,7 @@ class AttemptActor(Actor):
         if self.reattach is not None:  # an adopted attempt goes on in its part of log.txt, if this one has it
             header, log_from = taken_over(self.seed_dir / "log.txt", self.attempt, self.ctx.owner, header)
         self.heartbeat = HeartbeatActor.start(
-            ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.setup_grace_s,
+            ctx, parent, **self.head, poll_s=p.poll_s, setup_grace_s=self.timebox.setup_grace_s,
             stall_after_s=p.stall_after_s, lost_after_s=p.lost_after_s, timeout_s=self.job.timeout_s,
             log_path=self.seed_dir / "log.txt", log_header=header, log_from=log_from, polls_off=self._ending,
             deadline=self.deadline, log_max_bytes=int(p.log_max_mb * 1e6),

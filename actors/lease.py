@@ -16,11 +16,25 @@ stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do
 deletion on the actor's thread, waiting for it (the one place an actor waits on the network: after
 this hook the actor is gone). A deletion the provider never confirms leaves the ledger row open
 for the next sweep and says so in `Released(confirmed=False)`.
+
+Its lifecycle is one `LeaseState` (the actor's thread reads and writes it):
+
+    IDLE --Acquire/Adopt--> LAUNCHING --launch answered--> LAUNCHED
+    LAUNCHING --Release, create still out--> CANCELLING --launch answered--> CHECKING (or RELEASED: refused)
+    IDLE, LAUNCHED, LAUNCHING (answer on its way) --Release--> CHECKING (or RELEASED: nothing named)
+    CHECKING --still ours--> DELETING; --another controller took the job--> RELEASED (left as it is)
+    DELETING --confirmed--> RECORDING --the ledger has it--> RELEASED
+    DELETING --unconfirmed--> RELEASED (the row stays open for the next sweep)
+    any --stop or a raise--> RELEASED (on_stop / on_failure delete on the actor's thread, waiting)
+
+`Released` is said once, on entering RELEASED. CHECKING asks a shared ledger (without holding a
+thread) whether the job is still this controller's; on a local ledger it passes at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -32,10 +46,11 @@ import pykka
 import trio
 
 from actor_run.actors.base import Actor, Context, Pending
+from actor_run.actors.durable import INTENT_WAIT_S, IntentNotRecorded, wait_durable
 from actor_run.actors.flag import Flag
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
-from actor_run.protocols.clouds import cloud_key, verify_machine
+from actor_run.protocols.clouds import Booting, Caching, MachineChecking, cloud_key, verify_machine
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.failures import (
     ActorRunError,
@@ -67,7 +82,29 @@ from actor_run.protocols.messages import (
 )
 
 DELETE_TRIES = 5
-INTENT_WAIT_S = 60.0  # the bound Waiter.wait puts on any waited ledger write
+
+
+class LeaseState(enum.Enum):
+    """Where a lease is in its life (the transitions are in the module docstring)."""
+
+    IDLE = "idle"  # no Acquire or Adopt yet: nothing to delete
+    LAUNCHING = "launching"  # the create (or an adopted machine's connect) is out on the reactor
+    LAUNCHED = "launched"  # the launch answered: Leased, or LeaseFailed (a machine may exist all the same)
+    CANCELLING = "cancelling"  # a Release came while the create was out: cancelled, deleted once it answers
+    CHECKING = "checking"  # releasing: asking a shared ledger whether the job is still ours
+    DELETING = "deleting"  # the delete is out on the reactor
+    RECORDING = "recording"  # the provider confirmed the delete: the ledger is writing it down
+    RELEASED = "released"  # `Released` said: nothing left to hold
+
+    @property
+    def releasing(self) -> bool:
+        """A Release is under way (or done): a second one changes nothing."""
+        return self not in (LeaseState.IDLE, LeaseState.LAUNCHING, LeaseState.LAUNCHED)
+
+    @property
+    def deleting(self) -> bool:
+        """The delete task went out: finishing it is this controller's, whatever the ledger says."""
+        return self in (LeaseState.DELETING, LeaseState.RECORDING)
 
 
 class _Launched(Message, frozen=True, kw_only=True):
@@ -111,14 +148,12 @@ class LeaseActor(Actor):
         self.name: str | None = None  # set once the intent is in the ledger: from then on, delete by it
         self.offer: Offer | None = None
         self.machine: Machine | None = None
-        self._released = Flag()
-        self._releasing = False
+        self.state = LeaseState.IDLE
+        self._launching: Task | None = None  # the launch task, while LAUNCHING or CANCELLING
+        # the delete task's answer, kept where a stopping actor can wait for it (the reactor sets
+        # them; its _Deleted message is dropped once pykka has unregistered the actor)
         self._delete_done = Flag()
-        self._launching: Task | None = None
-        self._release_wanted = False
         self._delete_result: tuple[bool, str] | None = None
-        self._hold_checked = False
-        self._deleting = False  # the delete task was spawned: its answer sets _delete_done
         self._delete_asked_at: float | None = None  # when the delete that the provider confirmed went out
 
     def handle(self, message: Any) -> Any:
@@ -136,7 +171,7 @@ class LeaseActor(Actor):
             case _Deleted(result=result):
                 self._finish_release(result)
             case _Stage(stage=stage):
-                if self.name is not None and not self._releasing:
+                if self.name is not None and not self.state.releasing:
                     self.ctx.emit(LeaseStage(job=self.job, seed=self.seed, attempt=self.attempt, name=self.name,
                                              stage=stage))
             case _GoneRecorded(at=at):
@@ -162,12 +197,12 @@ class LeaseActor(Actor):
         key = cloud_key(offer.cloud, offer.account)
         cloud = self.ctx.clouds[key]
         head: dict[str, Any] = {"job": self.job, "seed": self.seed, "attempt": self.attempt}
-        opens = cache is not None and hasattr(cloud, "open_cache")
+        opens = cache is not None and isinstance(cloud, Caching)
         cache_row: Pending | None = None
         if cache is not None and opens:  # its row before the provider is asked (it may make a volume)
             cache_row = self.ctx.ledger.queue_cache(
                 cloud=key, region=offer.region, name=cache.volume_name, size_gb=cache.size_gb,
-                usd_per_gb_month=float(getattr(cloud, "cache_usd_per_gb_month", 0.0)))
+                usd_per_gb_month=cloud.cache_usd_per_gb_month if isinstance(cloud, Caching) else 0.0)
         elif cache is not None:
             self.ctx.emit(CacheOpened(**head, cache=cache.volume_name, cloud=key, region=offer.region, cold=True,
                                       detail=f"{offer.cloud} keeps no cache volumes: a cold start"))
@@ -184,7 +219,7 @@ class LeaseActor(Actor):
         ref = self.actor_ref
         # a cloud whose machines boot (a rented VM) has stages worth showing; a sandbox does not,
         # and a thousand of them should not pay two events each
-        boots = bool(getattr(cloud, "boots", False))
+        boots = isinstance(cloud, Booting) and cloud.boots
 
         def stage(what: str) -> None:  # on the reactor: the actor says it (or is gone: nobody to tell)
             if boots:
@@ -230,6 +265,7 @@ class LeaseActor(Actor):
             return machine, None, trio.TooSlowError(f"no connection within {timeout:.0f} s")
 
         self._launching = self.spawn(launch, reply=lambda r: _Launched(result=r))
+        self.state = LeaseState.LAUNCHING
 
     def _adopt(self, machine: Machine) -> None:
         """A machine an earlier controller leased: connect to it; deleting it is ours now."""
@@ -247,14 +283,17 @@ class LeaseActor(Actor):
                 return machine, None, exc
 
         self._launching = self.spawn(connect, reply=lambda r: _Launched(result=r))
+        self.state = LeaseState.LAUNCHING
 
     def _launched(self, result: Result[tuple[Machine, Workspace | None, BaseException | None]]) -> None:
         assert self.name is not None
         self._launching = None
         exc: BaseException
-        if self._release_wanted:
+        if self.state is LeaseState.CANCELLING:
             self._launched_after_release(result)
             return
+        if self.state is LeaseState.LAUNCHING:  # (a Release that came as this answer was on its way: releasing)
+            self.state = LeaseState.LAUNCHED
         if isinstance(result, outcome.Value):
             machine, workspace, error = result.value
             self.machine = machine
@@ -364,12 +403,11 @@ class LeaseActor(Actor):
             self._done_releasing(True, "", time.time())
             self.stop()
             return
-        if self._releasing:
+        if self.state.releasing:
             return
-        self._releasing = True
-        if self._launching is not None and not self._launching.done:
+        if self.state is LeaseState.LAUNCHING and self._launching is not None and not self._launching.done:
             # the create is out: cancel it and delete by name once it has answered
-            self._release_wanted = True
+            self.state = LeaseState.CANCELLING
             self._launching.cancel()
             return
         self._begin_delete()
@@ -385,9 +423,9 @@ class LeaseActor(Actor):
     def _begin_delete(self) -> None:
         assert self.name is not None
         assert self.offer is not None
-        if not self._hold_checked:
+        if self.state is not LeaseState.CHECKING:
             # on a shared ledger, ask it first (without holding a thread) whether the job is still ours
-            self._hold_checked = True
+            self.state = LeaseState.CHECKING
             pending = self.ctx.ledger.check_hold(self.name)
             if pending is not None:
                 self._tell_self_when(pending, _HoldChecked())
@@ -395,7 +433,7 @@ class LeaseActor(Actor):
         if self._let_go():
             self.stop()
             return
-        self._deleting = True
+        self.state = LeaseState.DELETING
         self.cancel_tasks()
         machine_id = self.machine.id if self.machine else ""
         self.spawn(self._delete_recorded, self.name, machine_id, self._cloud_key(), reply=lambda r: _Deleted(result=r))
@@ -403,9 +441,10 @@ class LeaseActor(Actor):
     def _finish_release(self, result: Result[tuple[bool, str]]) -> None:
         confirmed, detail = result.unwrap() if isinstance(result, outcome.Value) else (False, str(result.error))
         at = self._gone_at()
-        if confirmed and self.name is not None and not self._released.is_set():
+        if confirmed and self.name is not None and self.state is LeaseState.DELETING:
             # `Released` once the ledger has it, without holding a thread meanwhile (a thousand
             # releases at once); stopped before that, on_stop records and answers it itself
+            self.state = LeaseState.RECORDING
             self._tell_self_when(self.ctx.ledger.queue_gone(self.name, at, "deleted"), _GoneRecorded(at=at))
             return
         self._done_releasing(confirmed, detail, at)
@@ -426,7 +465,7 @@ class LeaseActor(Actor):
         pending.when_done(recorded)
 
     def _done_releasing(self, confirmed: bool, detail: str, at: float) -> None:
-        if self._released.is_set():
+        if self.state is LeaseState.RELEASED:
             return
         if self.name is not None:
             if confirmed:
@@ -436,10 +475,10 @@ class LeaseActor(Actor):
         self._announce_released(confirmed, detail, at)
 
     def _announce_released(self, confirmed: bool, detail: str, at: float) -> None:
-        if self._released.is_set():
+        if self.state is LeaseState.RELEASED:
             return
         name = self.name or ""
-        self._released.set()
+        self.state = LeaseState.RELEASED
         event = Released(job=self.job, seed=self.seed, attempt=self.attempt, machine=name, confirmed=confirmed,
                          detail=detail, t=at)
         self.ctx.emit(event)
@@ -449,9 +488,9 @@ class LeaseActor(Actor):
         """On the actor's thread: make sure the machine is gone before this actor is (unless the
         shared ledger says the job is another controller's now: asked here, waiting up to the
         bound on any waited ledger write)."""
-        if self._released.is_set():
+        if self.state is LeaseState.RELEASED:
             return
-        if not self._deleting:  # (once the delete is out, it is this controller's to finish)
+        if not self.state.deleting:  # (once the delete is out, it is this controller's to finish)
             pending = self.ctx.ledger.check_hold(self.name) if self.name is not None else None
             if pending is not None:
                 checked = Flag()
@@ -460,7 +499,7 @@ class LeaseActor(Actor):
                     checked.wait(INTENT_WAIT_S)
             if self._let_go():
                 return
-        if self._deleting:
+        if self.state.deleting:
             # the reactor is already deleting it: its answer cannot reach a stopped actor, so wait here
             with blocking():
                 finished = self._delete_done.wait(self.ctx.delete_timeout_s + 10)
@@ -499,36 +538,6 @@ class LeaseActor(Actor):
         self._release_blocking()
 
 
-class IntentNotRecorded(ActorRunError):
-    """The ledger could not record a row the next step waits for (a lease's intent: no create call
-    went out; a queue job's handle: the attempt ends, and deleting its endpoint ends the job)."""
-
-
-async def wait_durable(pending: Pending, soon: Callable[[Callable[[], Any]], None], what: str = "the intent") -> None:
-    """Wait (on the reactor) until the ledger has `pending`; raise IntentNotRecorded if it failed.
-    Under load the commit is often in before the launch task runs: then nothing is waited for.
-    `what` names the row in the error (a lease's intent, a queue job's handle)."""
-    committed = trio.Event()
-    answers: list[BaseException | None] = []
-    inline = True  # when_done is calling back at once, on this thread
-
-    def done(error: BaseException | None) -> None:  # on the ledger's thread, or at once on this one
-        answers.append(error)
-        if not inline:
-            with contextlib.suppress(CallCancelled):  # the reactor stopped: nobody waits any more
-                soon(committed.set)
-
-    pending.when_done(done)
-    inline = False
-    if not answers:  # a callback from the ledger's thread after this check also sets `committed`
-        with trio.move_on_after(INTENT_WAIT_S) as waited:
-            await committed.wait()
-        if waited.cancelled_caught:
-            raise IntentNotRecorded(f"the ledger did not commit {what} within {INTENT_WAIT_S:.0f} s")
-    if answers[0] is not None:
-        raise IntentNotRecorded(f"the ledger could not record {what}: {answers[0]}")
-
-
 async def _open_cache(cloud: Any, offer: Offer, cache: CacheSpec, key: str, head: dict[str, Any],
                       note: Callable[[CacheOpened], None]) -> Offer:
     """Find or make the cache's volume in the offer's region (before the create: the machine is made
@@ -555,7 +564,7 @@ async def _checked(cloud: Any, offer: Offer, machine: Machine, workspace: Worksp
     """The machine's check before anything is uploaded (clouds/verify.py), where its cloud asks for
     one; a machine that fails it is refused (`launch_failed`): its workspace is closed here, the
     release deletes the machine. Reactor thread."""
-    want = cloud.machine_check(offer) if hasattr(cloud, "machine_check") else None
+    want = cloud.machine_check(offer) if isinstance(cloud, MachineChecking) else None
     if want is None:
         return
     try:

@@ -26,7 +26,7 @@ import pykka
 import trio
 
 from actor_run.actors.base import Actor, Context
-from actor_run.actors.lease import IntentNotRecorded, wait_durable
+from actor_run.actors.durable import IntentNotRecorded, wait_durable
 from actor_run.actors.runtime import Result
 from actor_run.protocols.failures import Code, MachineGone, Refused, Unreachable
 from actor_run.protocols.hosts.content import input_sha256, snapshot_code

@@ -30,7 +30,7 @@ from loguru import logger
 
 from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.ssh import SSHHost
-from tests.sshd import Sshd
+from tests.support.sshd import Sshd
 
 
 def spawn_ms(sshd: Sshd, samples: int) -> list[float]:

@@ -5,7 +5,7 @@
 Part 1, events per second: one controller's Ledger takes `--events` Progress events from one
 thread as fast as `record_event` returns, then `flush()`; the figure is events / (time from the
 first call until the flush returns), for an SQLite file (WAL, synchronous=NORMAL, in a temporary
-folder) and for a PostgreSQL database on the same computer (a throwaway cluster, tests/pg.py,
+folder) and for a PostgreSQL database on the same computer (a throwaway cluster, tests/support/pg.py,
 with PostgreSQL's durable defaults: fsync on, synchronous_commit on), over its unix socket.
 
 Part 2, `--controllers` controllers x `--attempts` attempts each on PostgreSQL: the batch
@@ -145,7 +145,7 @@ def shared(url: str, server_pid: int | None, k: int, n: int, job_s: float, root:
         for p in procs:
             assert p.stdout is not None
             assert p.stdout.readline().strip() == "ready"
-        with Runner(ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
+        with Runner(out_dir=root / "out", ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
             for job in make_jobs(k * n, job_s, sim_dir):
                 submitter.enqueue(job)
             submitter.ledger.flush()
@@ -327,7 +327,7 @@ def across_restart(server: Any, root: Path, each: int, job_s: float, restart: bo
 
 
 def team_day(each: int, job_s: float, root: Path) -> dict[str, Any]:
-    from pg import Postgres
+    from support.pg import Postgres
 
     from actor_run.supervisors.ledger.db import close_pools
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.add(sys.stderr, level="ERROR")
     if args.child:
         return child(args.child, args.concurrency, Path(args.dir))
-    from pg import Postgres
+    from support.pg import Postgres
 
     from actor_run.supervisors.ledger.db import close_pools
 

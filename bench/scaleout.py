@@ -8,7 +8,7 @@ Each worker is what `actor-run worker --until-idle` runs (supervisors/cli/worker
 the worker's concurrency and lease, and its `serve` loop: claim up to the free slots every `--poll`
 seconds, adopt the jobs of owners whose lease ran out), in a process of its own; the only addition
 is a timer around each claim. Concurrency is jobs / workers, so the batch fits at once. The
-database is a throwaway cluster (tests/pg.py) with PostgreSQL's durable defaults and
+database is a throwaway cluster (tests/support/pg.py) with PostgreSQL's durable defaults and
 pg_stat_statements, over its unix socket. Intervals are bench/load.py's at --scale 10: launch 2 s,
 delete 0.5 s, poll of a job 0.5 s; each job runs --job-seconds.
 
@@ -123,7 +123,7 @@ class Cluster:
 
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        with Runner(ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
+        with Runner(out_dir=root / "out", ledger=url, state_dir=root / "submitter", sweep_on_start=False) as submitter:
             for job in make_jobs(n, job_s, root / "sim"):
                 submitter.enqueue(job)
             submitter.ledger.flush()
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child, args.concurrency, args.lease, args.poll, Path(args.dir))
     if args.workers < 1 or args.jobs < args.workers or args.job_seconds < 0:
         ap.error("--workers >= 1, --jobs >= --workers, --job-seconds >= 0")
-    from pg import Postgres
+    from support.pg import Postgres
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the workers and the server
     root = Path(tempfile.mkdtemp(prefix="actor-run-bench-scaleout-", dir=args.dir))

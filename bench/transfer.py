@@ -34,7 +34,7 @@ from actor_run.protocols.hosts.aio import open_asyncio_loop
 from actor_run.protocols.hosts.content import file_sha256
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import ShellWorkspace
-from tests.sshd import Sshd
+from tests.support.sshd import Sshd
 
 
 def make_file(path: Path, mib: int) -> None:

@@ -2,7 +2,7 @@
 # The whole test suite on a fresh Debian machine: installs what the tests need (OpenSSH server,
 # rsync, Chromium (for the report's page), PostgreSQL and zsh (for the completion test) through apt
 # when missing; the package and its test extras in .venv), then runs ruff, mypy and pytest. The
-# tests start their own sshd and their own throwaway PostgreSQL cluster (tests/pg.py).
+# tests start their own sshd and their own throwaway PostgreSQL cluster (tests/support/pg.py).
 set -eu
 cd "$(dirname "$0")/.."
 need=""
@@ -11,7 +11,7 @@ command -v rsync >/dev/null 2>&1 || need="$need rsync"
 command -v ssh >/dev/null 2>&1 || need="$need openssh-client"
 command -v ps >/dev/null 2>&1 || need="$need procps"
 command -v chromium >/dev/null 2>&1 || need="$need chromium"  # opens `actor-run report`'s page in a test
-# Debian keeps initdb and pg_ctl in /usr/lib/postgresql/<version>/bin, off PATH (tests/pg.py looks there)
+# Debian keeps initdb and pg_ctl in /usr/lib/postgresql/<version>/bin, off PATH (tests/support/pg.py looks there)
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
 command -v zsh >/dev/null 2>&1 || need="$need zsh"  # the zsh completion script is run by a test
 if [ -n "$need" ]; then
@@ -38,7 +38,7 @@ if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat
   echo "$stamp" > .venv/.installed
 fi
-# SkyPilot itself, for the tests that run its own parser and outputs (tests/sky_own.py): pinned, in a venv of
+# SkyPilot itself, for the tests that run its own parser and outputs (tests/support/sky_own.py): pinned, in a venv of
 # its own (its dependencies are heavy: about 460 MB, 5-7 minutes to install on a loaded 2-core machine),
 # made once and reused while its pin matches
 SKY_PIN="skypilot==0.14.1"

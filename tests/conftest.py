@@ -10,7 +10,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,10 @@ os.environ.pop("ACTOR_RUN_CONFIG", None)
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="actor-run-test-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
-import schedule  # noqa: E402  (tests/ is on the path only from here)
-from pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
-from sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
+from support import schedule  # noqa: E402  (tests/ is on the path only from here)
+from support.pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
+from support.sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
+from support.waits import settled  # noqa: E402  (tests/ is on the path only from here)
 
 from actor_run.actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
 
@@ -48,7 +48,7 @@ from actor_run.actors import Reactor  # noqa: E402  (the project's root is on th
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the order of what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist every worker collects the same list and reorders it the same way
-    (tests/schedule.py): the long tests first in each worker's share, the tests of a costly session
+    (tests/support/schedule.py): the long tests first in each worker's share, the tests of a costly session
     fixture (moto, SkyPilot's own interpreter) in a few shares."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     names, durations = [i.nodeid for i in items], schedule.load()
@@ -87,12 +87,7 @@ def _processes_under(path: Path) -> list[str]:
 
 
 def _wait_until(check, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if not value or time.monotonic() > end:
-            return value
-        time.sleep(0.05)
+    return settled(check, timeout)
 
 
 def _is_trio_worker(t: threading.Thread) -> bool:
@@ -103,7 +98,7 @@ def _is_trio_worker(t: threading.Thread) -> bool:
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    """A real OpenSSH sshd on 127.0.0.1 (tests/sshd.py), always stopped afterwards."""
+    """A real OpenSSH sshd on 127.0.0.1 (tests/support/sshd.py), always stopped afterwards."""
     server = Sshd(tmp_path / "sshd")
     try:
         yield server
@@ -113,7 +108,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
-    """A real PostgreSQL server (tests/pg.py), one for the session, stopped and removed afterwards."""
+    """A real PostgreSQL server (tests/support/pg.py), one for the session, stopped and removed afterwards."""
     server = Postgres()
     try:
         yield server
@@ -123,9 +118,9 @@ def postgres() -> Iterator[Postgres]:
 
 @pytest.fixture(scope="session")
 def moto() -> Iterator[Any]:
-    """moto's server on loopback (tests/moto_server.py), one for the session, started when a test
+    """moto's server on loopback (tests/fakes/moto_server.py), one for the session, started when a test
     first asks for it; each test's MotoEc2 or MotoS3 resets it."""
-    from moto_server import MotoServer
+    from fakes.moto_server import MotoServer
 
     server = MotoServer()
     try:
@@ -137,7 +132,7 @@ def moto() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def runpod_zygote() -> Any:
     """This test process's zygote (tests/fakes/zygote.py), started: the fake RunPod serverless forks
-    its workers from it. Its tests are dealt to one worker (tests/schedule.py), which pays for its
+    its workers from it. Its tests are dealt to one worker (tests/support/schedule.py), which pays for its
     imports once."""
     from fakes.zygote import zygote
 

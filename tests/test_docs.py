@@ -65,3 +65,29 @@ def test_the_checker_sees_broken_links(tmp_path: Path) -> None:
         "README.md -> docs/a.md#nothing: no such heading",
         "README.md -> #missing: no such heading",
     ]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+NAMED_PATH = re.compile(r"\b((?:protocols|actors|supervisors)/[\w/]*\w(?:\.py|/))")
+
+
+def test_the_architecture_map_names_the_folders_of_supervisors() -> None:
+    """docs/architecture.md's map of folders has every part of supervisors/ (and nothing loose at its
+    root), and every path it names exists."""
+    text = ARCHITECTURE.read_text()
+    parts = sorted(p.name for p in (ROOT / "supervisors").iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert parts == ["api", "cli", "ledger", "tree", "views"]
+    for part in parts:
+        assert f"\n  {part}/ " in text, f"the map of folders has no supervisors/{part}/"
+    missing = sorted({m for m in NAMED_PATH.findall(text) if not (ROOT / m).exists()})
+    assert missing == [], f"docs/architecture.md names paths that are gone: {missing}"
+
+
+def test_the_architecture_walk_goes_down_the_floors() -> None:
+    """The newcomer's walk from `actor-run run` to the create call visits cli, api, tree, actors and
+    the clouds in that order, never back up."""
+    text = ARCHITECTURE.read_text()
+    walk = text[text.index("## A walk down the floors"):]
+    walk = walk[:walk.index("\n## ", 1)] if "\n## " in walk[1:] else walk
+    floors = re.findall(r"^\d+\. \*\*([\w/]+)\*\*", walk, re.MULTILINE)
+    assert floors == ["cli/", "api/", "tree/", "actors/", "protocols/clouds/"]

@@ -5,6 +5,9 @@ team-b]` in a batch file): each is the same provider reached with other settings
 `api_key_env`, any other field overriding the cloud's). One Cloud object serves one account; it is
 named by its *key*: the cloud's name for its own settings (account "" or "main"), `<cloud>@<account>`
 for the others. Ledger rows and sweeps name clouds by key, so every account is listed and swept.
+
+A cloud's optional capabilities (boot stages, GPU and region names, checks before a run, a login
+shell, reclaiming quota) are runtime-checkable protocols in capabilities.py, asked with isinstance.
 """
 
 from __future__ import annotations
@@ -16,7 +19,19 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
+from actor_run.protocols.clouds.base import Cloud
+from actor_run.protocols.clouds.capabilities import (
+    Booting,
+    Caching,
+    Cataloged,
+    Checking,
+    LaunchChecking,
+    MachineChecking,
+    Reclaim,
+    Reclaiming,
+    SellsGpus,
+    SSHLogin,
+)
 from actor_run.protocols.clouds.gpus import gpu_memory_gb
 from actor_run.protocols.clouds.verify import MachineCheck, verify_machine
 from actor_run.protocols.failures import SpecError
@@ -108,15 +123,13 @@ def parse_settings(name: str, raw: dict[str, Any]) -> Any:
 
 def known_gpus(cloud: Cloud) -> frozenset[str] | None:
     """The GPU names a candidate for `cloud` may say (its `gpu_names`), or None where the cloud
-    does not say (local, ssh: any name passes)."""
-    names: frozenset[str] | None = getattr(cloud, "gpu_names", None)
-    return names
+    does not say (not `Cataloged`: local, ssh; any name passes)."""
+    return cloud.gpu_names if isinstance(cloud, Cataloged) else None
 
 
 def known_regions(cloud: Cloud) -> frozenset[str] | None:
     """The region names a candidate for `cloud` may say (its `region_names`), or None."""
-    names: frozenset[str] | None = getattr(cloud, "region_names", None)
-    return names
+    return cloud.region_names if isinstance(cloud, Cataloged) else None
 
 
 def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
@@ -137,7 +150,8 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 
 __all__ = [
-    "MAIN", "Cloud", "MachineCheck", "Reclaim", "Reclaiming", "account_settings", "accounts_of",
-    "check_cloud_names", "cloud_key", "gpu_memory_gb", "known_clouds", "known_gpus", "known_regions", "make_cloud",
-    "parse_settings", "split_key", "verify_machine",
+    "MAIN", "Booting", "Caching", "Cataloged", "Checking", "Cloud", "LaunchChecking", "MachineCheck",
+    "MachineChecking", "Reclaim", "Reclaiming", "SSHLogin", "SellsGpus", "account_settings", "accounts_of",
+    "check_cloud_names", "cloud_key", "gpu_memory_gb",
+    "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key", "verify_machine",
 ]

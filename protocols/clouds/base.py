@@ -4,13 +4,13 @@ A cloud answers offers for a candidate, launches a named machine (a clean refusa
 `LaunchRefused`, anything that may have made a machine raises `LaunchAmbiguous`), connects a
 workspace to it, deletes it (idempotent: an unknown name is already gone; returns only once the
 provider confirms it is gone, else raises `DeleteUnconfirmed`) and lists ours by name prefix.
-Every method is a trio coroutine that runs on the reactor.
+Every method is a trio coroutine that runs on the reactor. What a cloud may do besides (boot
+stages, a login shell, checks before a run) is declared in capabilities.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
@@ -45,14 +45,3 @@ class Cloud(Protocol):
 
     async def aclose(self) -> None:
         ...
-
-
-Reclaim = Callable[[list[Machine]], Awaitable[list[Machine]]]
-
-
-@runtime_checkable
-class Reclaiming(Protocol):
-    """A cloud that may free quota by deleting machines of ours nobody needs: the Runner installs
-    `reclaim`, which answers which of the given machines the sweep's rules let go."""
-
-    reclaim: Reclaim | None

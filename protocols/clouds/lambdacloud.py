@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import Caching, Checking
 from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
@@ -134,7 +135,7 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
     )
 
 
-class LambdaCloud(RentedCloud):
+class LambdaCloud(RentedCloud, Checking, Caching):
     # Lambda's region codes (lambda.md §2, GET /regions):
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({

@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from actor_run.protocols.clouds.capabilities import MachineChecking
 from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
 from actor_run.protocols.hosts import scripts
@@ -177,7 +178,7 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-class LocalCloud:
+class LocalCloud(MachineChecking):
     name = "local"
     account = ""
 

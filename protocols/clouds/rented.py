@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import Booting, Cataloged, LaunchChecking, MachineChecking, SSHLogin
 from actor_run.protocols.clouds.gpus import gpu_names
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.clouds.verify import MachineCheck
@@ -207,7 +208,7 @@ class WatchedHost:
         await self._host.aclose()
 
 
-class RentedCloud:
+class RentedCloud(Booting, Cataloged, LaunchChecking, SSHLogin, MachineChecking):
     """The shared half of a rented cloud (see the module docstring); subclasses speak the API."""
 
     name = "rented"

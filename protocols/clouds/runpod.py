@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
+from actor_run.protocols.clouds.capabilities import Caching
 from actor_run.protocols.clouds.gpus import (
     cuda_floor,
     cuda_text,
@@ -161,7 +162,7 @@ done
 """
 
 
-class RunPodCloud(RentedCloud):
+class RunPodCloud(RentedCloud, Caching):
     # runpod.md §3: dataCenterIds:
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({

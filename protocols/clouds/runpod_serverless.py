@@ -30,7 +30,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from actor_run.protocols.clouds.base import Reclaim
+from actor_run.protocols.clouds.capabilities import Reclaim, Reclaiming
 from actor_run.protocols.clouds.gpus import cuda_floor, cuda_text, gpu_class, gpu_count, shape, vendor_ids
 from actor_run.protocols.clouds.http import NotSent
 from actor_run.protocols.clouds.object_store import ObjectStore, ObjectStoreSettings
@@ -94,7 +94,7 @@ class ServerlessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     inline_limit: Annotated[int, msgspec.Meta(ge=1, le=INLINE_LIMIT)] = INLINE_LIMIT
 
 
-class ServerlessCloud:
+class ServerlessCloud(Reclaiming):
     name = "runpod-serverless"
     account = ""  # make_cloud sets it for an account of [clouds.runpod-serverless.accounts]
 

@@ -76,6 +76,7 @@ from pathlib import Path
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import Cataloged, MachineChecking, SellsGpus
 from actor_run.protocols.clouds.coalesce import Coalescer
 from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, gpu_memory_gb, gpu_names, same_shape
 from actor_run.protocols.clouds.simstore import (
@@ -177,7 +178,7 @@ def _machine(rec: SimRecord, now: float | None = None) -> Machine:
     return m
 
 
-class SimCloud:
+class SimCloud(Cataloged, MachineChecking, SellsGpus):
     """The simulated provider (see the module docstring); its state is in `self.dir`."""
 
     name = "sim"

@@ -50,6 +50,7 @@ from typing import Annotated, NoReturn
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import MachineChecking
 from actor_run.protocols.clouds.ec2 import LIVE, Ec2, Ec2Error, Ec2Instance
 from actor_run.protocols.clouds.gpus import gpu_class, gpu_count
 from actor_run.protocols.clouds.skycli import ACTIVE, CLI_TIMEOUT_S, SkyCli, SkyFailed, SkyHung, submitted
@@ -149,7 +150,7 @@ class SkyPilotWorkspace(ShellWorkspace):
             raise
 
 
-class SkyPilotCloud:
+class SkyPilotCloud(MachineChecking):
     name = "skypilot"
     account = ""  # make_cloud sets it for an account of [clouds.skypilot.accounts]
 

@@ -23,6 +23,7 @@ from typing import Annotated
 import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import MachineChecking, SSHLogin
 from actor_run.protocols.clouds.gpus import ShapeError, gpu_class, gpu_count, parse_shape, shape
 from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import (
@@ -156,7 +157,7 @@ class SSHWorkspace(ShellWorkspace):
         return f"{self.root}/work/{self.machine}"
 
 
-class SSHCloud:
+class SSHCloud(SSHLogin, MachineChecking):
     name = "ssh"
     account = ""
 

@@ -21,7 +21,9 @@ import msgspec
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import (
     MAIN,
+    Checking,
     Cloud,
+    LaunchChecking,
     Reclaiming,
     accounts_of,
     check_cloud_names,
@@ -77,9 +79,8 @@ class Clouds:
                 raise SpecError(f"clouds.{cloud_name}", f"differs from the [clouds.{cloud_name}] another job of this "
                                                         "Runner leases with; run it in a Runner of its own")
             cloud, digest = build_cloud(name, table, self.config, self.state_dir)
-            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
-            if launchable is not None:
-                launchable()
+            if isinstance(cloud, LaunchChecking):  # a rented cloud's ssh_key, before a start
+                cloud.check_launchable()
             if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
                 cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
                                                   grace_s=self.sweep_grace_s, keep_owner=self.owner)
@@ -144,9 +145,8 @@ class JobChecks:
         for c in job.candidates:
             key = cloud_key(c.cloud, c.accounts[0] if c.accounts else "")
             cloud = by_key[key]
-            check = getattr(cloud, "check", None)
-            if check is not None and key not in self._checked:
-                self.reactor.call(check, timeout=120)
+            if isinstance(cloud, Checking) and key not in self._checked:
+                self.reactor.call(cloud.check, timeout=120)
                 self._checked.add(key)
 
 

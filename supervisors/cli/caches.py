@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from actor_run.protocols.clouds import accounts_of, cloud_key
+from actor_run.protocols.clouds import Caching, accounts_of, cloud_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import CacheVolume
 from actor_run.supervisors.api.config import build_cloud
@@ -67,7 +67,7 @@ def sweep_caches(runner: Runner, *, delete: bool, dry_run: bool) -> list[CacheAc
     clouds, built = _clouds(runner)
     try:
         for key, cloud in sorted(clouds.items()):
-            if hasattr(cloud, "list_caches"):
+            if isinstance(cloud, Caching):
                 out += _sweep_one(runner, key, cloud, delete=delete, dry_run=dry_run)
     finally:
         for key in built:

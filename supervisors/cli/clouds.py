@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actor_run.protocols.clouds import Cloud, known_clouds, make_cloud
+from actor_run.protocols.clouds import Cloud, SellsGpus, known_clouds, make_cloud
 from actor_run.protocols.clouds.gpus import GPUS as TABLE
 from actor_run.protocols.failures import ActorRunError, LaunchError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import PREFIX
-from actor_run.protocols.specs import CandidateSpec, load_batch
+from actor_run.protocols.specs import CandidateSpec
 from actor_run.supervisors.api.config import load_config
+from actor_run.supervisors.cli import batch_file
 
 # asked about GPU classes
 RENTED = ("hyperstack", "lambda", "runpod", "runpod-serverless", "shadeform", "skypilot", "vastai")
@@ -55,7 +56,7 @@ def _plan(args: argparse.Namespace, configured: set[str]
     settings: dict[str, dict[str, Any]] = {}
     candidates: dict[str, list[CandidateSpec]] = {}
     if args.batch:
-        batch = load_batch(args.batch, known_clouds())
+        batch = batch_file.load_file(args.batch)
         settings = dict(batch.spec.clouds)
         for c in batch.spec.candidates:
             candidates.setdefault(c.cloud, []).append(c)
@@ -121,7 +122,7 @@ def cmd_clouds(args: argparse.Namespace) -> int:
             print(f"  cannot check: {exc.problem}")
             missing = True
             continue
-        sold: tuple[str, ...] | None = getattr(cloud, "sold_gpus", None)  # the sim's regions say what it sells
+        sold = cloud.sold_gpus if isinstance(cloud, SellsGpus) else None  # the sim's regions say what it sells
         if sold is not None and candidates[name] == [CandidateSpec(cloud=name)]:
             candidates[name] = [CandidateSpec(cloud=name, gpu=g) for g in sold]
 

@@ -9,9 +9,8 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds import known_clouds
-from actor_run.protocols.specs import load_batch
 from actor_run.supervisors.api.config import config_path, load_config, show
+from actor_run.supervisors.cli import batch_file
 
 EPILOG = """\
 examples:
@@ -36,7 +35,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     batch_clouds = {}
     batch_source = "batch"
     if args.batch:
-        batch = load_batch(args.batch, known_clouds())
+        batch = batch_file.load_file(args.batch)
         batch_clouds = batch.spec.clouds
         batch_source = f"batch {args.batch}"
     rows = show(config, batch_clouds, batch_source)

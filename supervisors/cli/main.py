@@ -3,7 +3,7 @@
 console.py. It parses, the command builds specs, calls the Runner, renders. Nothing else.
 
     actor-run run BATCH.toml [--json] [--concurrency N] [--ledger PATH] [--out DIR] [--detach]  (detach.py)
-    actor-run run [BATCH.toml] --gpu H100 [--cloud C] [--seeds 1-8] ... [--print-batch] -- CMD  (oneline.py)
+    actor-run run [BATCH.toml] --gpu H100 [--cloud C] [--seeds 1-8] ... [--print-batch] -- CMD  (batch_file.py)
     actor-run runs [--json] [--ledger PATH]
     actor-run status [--run ID] [--json] [--ledger PATH]
     actor-run sweep [--json] [--dry-run] [--owner ID] [--grace S] [--ledger PATH]

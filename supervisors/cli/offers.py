@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds
+from actor_run.protocols.clouds.ssh import SSHCloud
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
@@ -90,7 +91,7 @@ async def ask(cloud: Cloud, candidate: CandidateSpec, index: int) -> list[Offer]
         return f"no answer in {CALL_TIMEOUT_S:.0f} s"
     except (ActorRunError, SpecError) as exc:
         return str(exc)
-    account = getattr(cloud, "account", "")
+    account = cloud.account
     return [o if o.account or not account else msgspec.structs.replace(o, account=account) for o in found]
 
 
@@ -170,15 +171,17 @@ def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
     name = key.partition("@")[0]
     if name == "local" and args.gpu:
         return ""  # this computer: whatever GPU it has, not one of a class
-    hosts = getattr(getattr(cloud, "settings", None), "hosts", {}) or {}
-    if name == "ssh" and args.gpu and not any(getattr(h, "gpus", "") for h in hosts.values()):
+    hosts = cloud.settings.hosts if isinstance(cloud, SSHCloud) else {}
+    if name == "ssh" and args.gpu and not any(h.gpus for h in hosts.values()):
         return (f"its hosts declare no GPU class, so none is offered as {args.gpu} (a host declares its GPUs "
                 "with clouds.ssh.hosts.<name>.gpus; without --gpu each host is listed)")
     if name == "skypilot":
         if not args.gpu:
             return ("SkyPilot's catalog is asked for one GPU class at a time: name one with --gpu "
                     "(for example --gpu A10G)")
-        infra = str(getattr(getattr(cloud, "settings", None), "infra", ""))
+        from actor_run.protocols.clouds.skypilot import SkyPilotCloud  # made already: the key says skypilot
+
+        infra = cloud.settings.infra if isinstance(cloud, SkyPilotCloud) else ""
         if not args.region and len(infra.split("/")) < 2:
             return (f"SkyPilot's catalog is asked for one region at a time: name one with --region (or set "
                     f"clouds.skypilot.infra = 'aws/<region>'; it is {infra!r})")

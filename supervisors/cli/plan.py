@@ -3,8 +3,8 @@ before anything is leased.
 
 For each candidate, the live offers it resolves to now (cloud, account, region, GPU, $/h, stock),
 in the order the walk tries them; then the money: an attempt on an offer holds `$/h x (timeout_s +
-setup grace)` (never past the machine's deadline; the last candidate's grace is `last_grace_factor`
-times longer), the batch at once holds up to `concurrency` such reservations, and the worst case of
+setup grace)` (protocols/attempt_time.py; the last candidate's grace is `last_grace_factor` times
+longer), the batch at once holds up to `concurrency` such reservations, and the worst case of
 the whole batch is every seed spending every attempt on its most expensive offer (a seed's
 `max_usd` caps its share). That worst case is set against `budget_usd`.
 
@@ -21,16 +21,17 @@ from typing import Any
 
 import msgspec
 
+from actor_run.protocols.attempt_time import attempt_time
 from actor_run.protocols.clouds import Cloud, cloud_key, gpu_memory_gb
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import Batch, CandidateSpec
 from actor_run.supervisors.api.config import UserConfig, load_config
-from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import Exit
 from actor_run.supervisors.cli.offers import ask, open_clouds
 from actor_run.supervisors.tree import oom_ladder
-from actor_run.supervisors.tree.budget import hold_seconds, reservation_usd
+from actor_run.supervisors.tree.budget import reservation_usd
 
 EXAMPLE = """examples:
   actor-run plan examples/sim.toml
@@ -141,9 +142,7 @@ def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
     answers = trio.run(gather)
     plans = []
     for i, (c, got) in enumerate(zip(candidates, answers, strict=True)):
-        grace = policy.setup_grace_s * (policy.last_grace_factor if i == len(candidates) - 1 else 1.0)
-        hold = hold_seconds(timeout_s=spec.job.timeout_s, setup_grace_s=grace,
-                            until_deadline_s=spec.job.timeout_s + grace + policy.deadline_margin_s)
+        hold = attempt_time(policy, spec.job.timeout_s, last=i == len(candidates) - 1).hold_s
         offers = got if isinstance(got, list) else []
         prices = [o.hourly_usd for o in offers] or ([c.max_hourly_usd] if c.max_hourly_usd is not None else [])
         plans.append(CandidatePlan(index=i, cloud=c.cloud, gpu=c.gpu, accounts=list(c.accounts), offers=offers,
@@ -208,7 +207,7 @@ def render(plan: Plan) -> str:
 def cmd_plan(args: argparse.Namespace, batch: Batch | None = None) -> int:
     try:
         if batch is None:
-            batch = oneline.load(args)
+            batch = batch_file.load(args)
         config = load_config(args.config)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")

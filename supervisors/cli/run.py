@@ -11,7 +11,7 @@ import sys
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
-from actor_run.supervisors.cli import detach, oneline
+from actor_run.supervisors.cli import batch_file, detach
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
@@ -48,19 +48,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
     detach.add_flags(run)
-    oneline.add_flags(run)
+    batch_file.add_flags(run)
     return run
 
 
 def cmd_print_batch(args: argparse.Namespace) -> int:
     """`run ... --print-batch`: the batch the flags make, as a TOML file, checked first."""
     try:
-        oneline.load(args)
-        raw, _ = oneline.batch_table(args)
+        batch_file.load(args)
+        raw, _ = batch_file.batch_table(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE
-    sys.stdout.write(oneline.toml_text(raw))
+    sys.stdout.write(batch_file.toml_text(raw))
     return Exit.OK
 
 
@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     controller = detach.is_controller(args)
     word = detach.become_controller(args) if controller else None
     try:
-        batch = oneline.load(args)
+        batch = batch_file.load(args)
         if args.concurrency is not None and args.concurrency < 1:
             raise SpecError("--concurrency", f"expected int >= 1, got {args.concurrency}")
     except SpecError as exc:
@@ -95,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or batch.spec.policy.concurrency
     events: collections.deque[Event] = collections.deque()
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=concurrency,
-                    budget_usd=batch.spec.policy.budget_usd, batch=oneline.label(args, batch),
+                    budget_usd=batch.spec.policy.budget_usd, batch=batch_file.label(args, batch),
                     config=args.config, run=args.detached_run)
     interrupts = Interrupts(runner)
     unconfirmed: list[Released] = []

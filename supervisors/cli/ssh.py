@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds import make_cloud, split_key
+from actor_run.protocols.clouds import SSHLogin, make_cloud, split_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
 from actor_run.supervisors.api.config import load_config
@@ -90,10 +90,9 @@ def cmd_ssh(args: argparse.Namespace) -> int:
                            Path(args.state_dir))
     except SpecError as exc:
         return usage_error(str(exc))
-    login = getattr(cloud, "login", None)
-    if login is None:
+    if not isinstance(cloud, SSHLogin):
         return usage_error(f"ssh: {row.cloud} machines take no shell from actor-run")
-    ssh: list[str] = login(machine)
+    ssh = cloud.login(machine)
     remote = f"cd {shlex.quote(row.work)} && " + (
         (command[0] if len(command) == 1 else shlex.join(command)) if command else 'exec "${SHELL:-sh}" -l')
     interactive = command is None and sys.stdin.isatty()

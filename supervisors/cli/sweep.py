@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actor_run.protocols.clouds import known_clouds
-from actor_run.protocols.specs import load_batch
+from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
 
 if TYPE_CHECKING:  # the sweep's machinery (trio, the clouds, the tree) loads when it runs
@@ -87,7 +86,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not _OWNER.match(owner):
             return usage_error(f"--owner: expected 8 or 32 hex digits (as machine names and `sweep` show), "
                                f"got {owner!r}")
-    jobs = load_batch(args.batch, known_clouds()).jobs()[:1] if args.batch else []  # one job names its clouds
+    jobs = batch_file.load_file(args.batch).jobs()[:1] if args.batch else []  # one job names its clouds
     runner = Runner(ledger=args.ledger, state_dir=args.state_dir, sweep_on_start=False, sweep_grace_s=args.grace,
                     config=args.config, register=not args.dry_run)  # a dry run leaves no owner row behind
     with runner:

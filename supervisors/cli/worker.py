@@ -40,7 +40,7 @@ import msgspec
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
 from actor_run.supervisors.api.places import default_state_dir
-from actor_run.supervisors.cli import oneline
+from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import on_stop, signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
@@ -315,7 +315,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     with the other workers until every job of it has ended; the exit code is the batch's."""
     try:
         _check(args)
-        batch = oneline.load(args)
+        batch = batch_file.load(args)
         wait_for_ledger(args)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
@@ -325,7 +325,7 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     jobs = batch.jobs()
     args.concurrency = args.concurrency or batch.spec.policy.concurrency
     runner = Runner(out_dir=args.out, ledger=args.ledger, state_dir=args.state_dir, concurrency=args.concurrency,
-                    lease_s=args.lease, sweep_on_start=False, batch=oneline.label(args, batch),
+                    lease_s=args.lease, sweep_on_start=False, batch=batch_file.label(args, batch),
                     config=args.config, outage_s=_wait_s(args))
     try:
         with signals_restored(), runner:

@@ -174,11 +174,7 @@ class Budget:
                 refused=self._refused, overrun_usd=overrun / MICRO)
 
 
-def hold_seconds(*, timeout_s: float, setup_grace_s: float, until_deadline_s: float) -> float:
-    """The longest an attempt may hold its machine: the job's timeout plus its setup grace, and
-    never past the machine's deadline."""
-    return max(0.0, min(timeout_s + setup_grace_s, until_deadline_s))
-
-
 def reservation_usd(hourly_usd: float, hold_s: float) -> float:
+    """What holding a machine at `hourly_usd` for `hold_s` seconds costs (an attempt's hold_s is
+    protocols/attempt_time.py's)."""
     return hourly_usd * hold_s / 3600.0

@@ -17,8 +17,9 @@ Supervision, as supervisor.erl would write it down:
   long (default by cloud: `CAPACITY_WAIT_S`), asking again with backoff up to
   `CAPACITY_ASK_MAX_S` apart, and at once when a job of its batch lets a machine go (the shared
   OfferBook wakes it: one ask per candidate for all the jobs woken); 0 fails at once;
-- the capacity walk (walk.py) chooses each attempt's place; the last candidate's setup grace is
-  `last_grace_factor` times longer;
+- the capacity walk (walk.py) chooses each attempt's place; the attempt's time budget (its setup
+  grace, the longest it holds the machine, the machine's deadline) is protocols/attempt_time.py's,
+  whose last candidate's setup grace is `last_grace_factor` times longer;
 - before each lease, money is reserved (budget.py): the offer's price x the longest the attempt
   may hold the machine, against the batch's budget and the seed's `max_usd`; an offer neither can
   hold is passed over, and a walk that found stock only where money was short ends the job
@@ -48,6 +49,7 @@ import pykka
 
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
 from actor_run.actors.flag import Flag
+from actor_run.protocols.attempt_time import AttemptTime, attempt_time
 from actor_run.protocols.failures import Code, LaunchError, Refused
 from actor_run.protocols.files import write_private
 from actor_run.protocols.hosts.workspace import RESUME_LINE
@@ -70,7 +72,7 @@ from actor_run.protocols.specs import Job
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.ledger.team import Held
 from actor_run.supervisors.ledger.team import hold as team_hold
-from actor_run.supervisors.tree.budget import Budget, BudgetChange, hold_seconds, reservation_usd
+from actor_run.supervisors.tree.budget import Budget, BudgetChange, reservation_usd
 from actor_run.supervisors.tree.offers import OfferBook
 from actor_run.supervisors.tree.policy import (
     FAILURES,
@@ -198,7 +200,7 @@ class JobSupervisor(Actor):
                 self.seed_budget.adopt(holder, reserved)
             self.reserved = reserved
             self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no,
-                                            offer=offer, setup_grace_s=self._grace(offer), seed_dir=self.seed_dir,
+                                            offer=offer, timebox=self._timebox(offer), seed_dir=self.seed_dir,
                                             reattach=self.reattach, reserved_usd=reserved,
                                             checkpoint_asked=self.checkpoint_asked)
             self.reattach = None
@@ -325,18 +327,15 @@ class JobSupervisor(Actor):
             self.walk.set_offers(candidate, result.value)
         self._next()
 
-    def _grace(self, offer: Offer) -> float:
-        p = self.job.policy
-        return p.setup_grace_s * (p.last_grace_factor if self.walk.is_last(offer) else 1.0)
+    def _timebox(self, offer: Offer) -> AttemptTime:
+        """The time budget of an attempt on `offer` (the last candidate's grace is the longest)."""
+        return attempt_time(self.job.policy, self.job.timeout_s, last=self.walk.is_last(offer))
 
     def _reserve(self, offer: Offer) -> float | None:
         """Set money aside for an attempt on `offer`: the seed's ceiling first, then the batch's.
         None (nothing held) if either cannot hold it."""
         self.ctx.at("budget", self.job.key)
-        grace = self._grace(offer)
-        p = self.job.policy
-        hold_s = hold_seconds(timeout_s=self.job.timeout_s, setup_grace_s=grace,
-                              until_deadline_s=self.job.timeout_s + grace + p.deadline_margin_s)
+        hold_s = self._timebox(offer).hold_s
         usd = reservation_usd(offer.hourly_usd, hold_s)
         holder = (self.job.key, self.attempt_no)
         where = f"{offer.cloud}{'/' + offer.account if offer.account else ''} {offer.region} {offer.gpu}".strip()
@@ -458,7 +457,7 @@ class JobSupervisor(Actor):
         # nothing to replace at the fetch: a folder this job made, that no attempt of it ran in (and so fetched into)
         clean = self.fresh and not any("run" in h["phases"] for h in self.history)
         self.child = AttemptActor.start(self.ctx, self.actor_ref, job=self.job, attempt=self.attempt_no, offer=offer,
-                                        setup_grace_s=self._grace(offer), seed_dir=self.seed_dir, resume_dir=resume,
+                                        timebox=self._timebox(offer), seed_dir=self.seed_dir, resume_dir=resume,
                                         seed_dir_clean=clean, reserved_usd=reserved_usd,
                                         checkpoint_asked=self.checkpoint_asked)
 

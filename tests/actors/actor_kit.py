@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pykka
+from support.waits import poll
 
 from actor_run.actors import Context
 from actor_run.protocols.clouds.sim import SimSettings
@@ -149,24 +150,16 @@ class Machines:
 
     def wait_exited(self, ws: Workspace, work: str, pid: int, timeout: float = 10.0) -> PollResult:
         """Poll the host (an external process) until the job has exited; bounded."""
-        end = time.monotonic() + timeout
-        while True:
+        def exited() -> PollResult | None:
             res: PollResult = self.ctx.reactor.call(ws.poll, work, pid, 0, 0, timeout=30)
-            if res.state != "running":
-                return res
-            assert time.monotonic() < end, f"the job in {work} still runs after {timeout} s"
-            time.sleep(0.05)
+            return res if res.state != "running" else None
+
+        return poll(exited, timeout, f"the job in {work} to exit")
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     """Bounded polling of an external condition (a process gone, a folder removed)."""
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < end, f"{what} did not hold within {timeout} s"
-        time.sleep(0.02)
+    return poll(check, timeout, what, every=0.02)
 
 
 def others() -> list[pykka.ActorRef[Any]]:

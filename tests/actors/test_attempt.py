@@ -13,8 +13,10 @@ import psutil
 import pykka
 import pytest
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, wait_actors_stopped, wait_until
+from support.waits import poll
 
 from actor_run.actors import AttemptActor, Context, CostMeterActor, HeartbeatActor, LeaseActor, TransferActor
+from actor_run.protocols.attempt_time import AttemptTime
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, billing, sim_machines
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
@@ -57,7 +59,9 @@ def run_attempt(
     def start(j: Job, *, offer: Offer = LOCAL, setup_grace_s: float = 10.0, context: Context | None = None,
               attempt: int = 0) -> pykka.ActorRef[Any]:
         ref = AttemptActor.start(context or ctx, probe.ref, job=j, attempt=attempt, offer=offer,
-                                 setup_grace_s=setup_grace_s, seed_dir=seed_dir)
+                                 timebox=AttemptTime(timeout_s=j.timeout_s, setup_grace_s=setup_grace_s,
+                                                     margin_s=j.policy.deadline_margin_s),
+                                 seed_dir=seed_dir)
         started.append(ref)
         return ref
 
@@ -305,12 +309,11 @@ def test_a_refused_create_starts_no_watcher_and_logs_one_header(
     attempt = run_attempt(job("true"), offer=SIM, context=ctx)
     emitted.wait_for(LeaseRequested)
     seen: set[str] = set()
-    for _ in range(1000):  # bounded: until the refusal (0.5 s)
-        seen |= {r.actor_class.__name__ for r in pykka.ActorRegistry.get_all() if r.actor_class in watchers}
-        if emitted.of(LeaseFailed):
-            break
-        time.sleep(0.01)
-    assert emitted.of(LeaseFailed)
+    def refused() -> bool:  # sampling which actors live at each poll, until the refusal (0.5 s)
+        seen.update(r.actor_class.__name__ for r in pykka.ActorRegistry.get_all() if r.actor_class in watchers)
+        return bool(emitted.of(LeaseFailed))
+
+    poll(refused, 10, "the refusal", every=0.01)
     assert seen == set()
     end = ended(probe, attempt)
     assert (end.outcome, end.failure) == ("failed", Code.NO_CAPACITY)
@@ -382,13 +385,16 @@ def test_a_cancelled_attempts_watchers_are_silent_while_its_delete_is_out_and_st
     cancelled_at = time.time()
     attempt.tell(Cancel())
     alive_during_delete = False
-    for _ in range(2000):  # bounded: until Released (the delete takes 1 s)
+
+    def released() -> bool:  # sampling the watchers at each poll, until Released (the delete takes 1 s)
+        nonlocal alive_during_delete
         if emitted.of(Released):
-            break
+            return True
         if time.monotonic() - asked >= 0.3 and all(r.is_alive() for r in watchers):
             alive_during_delete = True
-        time.sleep(0.01)
-    assert emitted.of(Released)
+        return False
+
+    poll(released, 20, "Released", every=0.01)
     assert alive_during_delete  # still there 0.3 s into the 1 s delete
     end = ended(probe, attempt)  # and stopped with the attempt
     assert end.failure == Code.CANCELED

@@ -30,7 +30,9 @@ def test_a_set_from_another_thread_wakes_every_waiter() -> None:
     waiters = [threading.Thread(target=lambda: woke.append(f.wait(10))) for _ in range(4)]
     for w in waiters:
         w.start()
-    time.sleep(0.05)  # the waiters are in wait (or about to be: either way they must see the set)
+    # not a wait for a condition (a thread blocked in wait cannot be observed): a head start so that
+    # most waiters are in wait when set() comes; either way each must see the set
+    time.sleep(0.05)
     f.set()
     for w in waiters:
         w.join(5)

@@ -469,7 +469,7 @@ def test_a_stopped_heartbeat_polls_no_more_and_its_loop_ends(
         ref.stop()
         wait_until(lambda: ctx.reactor.statistics().tasks_running == before, 5)
         written = alive.stat().st_mtime_ns
-        time.sleep(0.5)  # five poll periods
+        time.sleep(0.5)  # the thing under test: five poll periods in which nothing may happen
         assert alive.stat().st_mtime_ns == written
         assert not probe.box.of(Stalled)
 

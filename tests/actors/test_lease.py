@@ -11,8 +11,10 @@ from typing import Any
 import pykka
 import trio
 from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, machine_name
+from support.waits import poll
 
 from actor_run.actors import Context, LeaseActor
+from actor_run.actors.lease import LeaseState
 from actor_run.actors.pool import POOL
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
 from actor_run.protocols.failures import Code
@@ -47,6 +49,26 @@ def sim_dir(ctx: Context) -> Path:
     cloud = ctx.clouds["sim"]
     assert isinstance(cloud, SimCloud)
     return cloud.dir
+
+
+def test_the_lease_state_goes_from_idle_through_launching_to_launched(ctx: Context, probe: ProbeHandle) -> None:
+    lease = start_lease(ctx, probe)
+    try:
+        assert lease.proxy().state.get(timeout=10) is LeaseState.IDLE
+        acquire(lease, ctx, LOCAL)
+        probe.wait_for(Leased)
+        assert lease.proxy().state.get(timeout=10) is LeaseState.LAUNCHED
+        lease.tell(Release())
+        assert probe.wait_for(Released).confirmed
+    finally:
+        lease.stop()
+
+
+def test_which_lease_states_are_releasing_and_deleting() -> None:
+    releasing = {s for s in LeaseState if s.releasing}
+    assert releasing == {LeaseState.CANCELLING, LeaseState.CHECKING, LeaseState.DELETING, LeaseState.RECORDING,
+                         LeaseState.RELEASED}
+    assert {s for s in LeaseState if s.deleting} == {LeaseState.DELETING, LeaseState.RECORDING}
 
 
 def test_release_deletes_the_machine_and_closes_the_ledger_row(
@@ -155,7 +177,7 @@ def test_a_refusal_waits_for_its_row_on_the_ledger_not_on_a_pool_thread(
         emitted.wait_for(LeaseRequested)
         ledger.flush()  # the intent is durable: the create is out, its refusal comes in 0.5 s
         blocker.execute("BEGIN IMMEDIATE")  # the row that closes the intent cannot commit meanwhile
-        time.sleep(1.0)
+        time.sleep(1.0)  # the thing under test: a second in which no worker may block on the ledger
         assert POOL.statistics()["blocked"] == 0  # no worker waits for the ledger
         assert probe.box.of(LeaseFailed) == []  # the parent hears it once the row is closed
         blocker.execute("ROLLBACK")
@@ -248,14 +270,14 @@ def test_the_intent_is_in_the_ledger_before_the_create_call(
         name = acquire(lease, ctx, SIM)
         requested = emitted.wait_for(LeaseRequested)
         assert requested.name == name
-        time.sleep(1.0)  # five launch latencies: a create that did not wait for the intent made a machine by now
+        # the thing under test: five launch latencies in which no create may go out (one that did
+        # not wait for the intent made a machine by now)
+        time.sleep(1.0)
         assert sim_machines(sim_dir(ctx)) == []
         assert reader.machine(name) is None
         blocker.execute("ROLLBACK")
         # the intent commits, then the create goes out (0.2 s of latency): the row is there first
-        deadline = time.monotonic() + 10
-        while (row := reader.machine(name)) is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        row = poll(lambda: reader.machine(name), 10, "the intent's row", every=0.01)
         assert sim_machines(sim_dir(ctx)) == []
         assert row is not None
         assert (row.state, row.phase, row.cloud, row.owner) == ("alive", "requested", "sim", ctx.owner)

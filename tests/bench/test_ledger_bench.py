@@ -12,11 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_small_ledger_bench_runs_both_backends_and_three_controllers(tmp_path: Path) -> None:
+def test_a_small_ledger_bench_runs_both_backends_and_three_controllers(tmp_path: Path, bench_cwd: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "ledger.py"), "--events", "500", "--attempts", "5",
          "--job-seconds", "0.5", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, check=False, cwd=bench_cwd,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -15,11 +15,11 @@ KEYS = ("attempts", "wall_over_ideal", "cpu_s_per_attempt", "rss_per_attempt_mib
         "messages_per_s", "cancel_p50_s", "cancel_p99_s", "leaks")
 
 
-def test_a_small_load_run_ends_every_job_leaks_nothing_and_prints_its_figures(tmp_path: Path) -> None:
+def test_a_small_load_run_ends_every_job_leaks_nothing_and_prints_its_figures(tmp_path: Path, bench_cwd: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "load.py"), "--attempts", "12", "--job-seconds", "0.5",
          "--scale", "100", "--dir", str(tmp_path), "--view"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, check=False, cwd=bench_cwd,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()

@@ -12,11 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_small_scaleout_bench_shares_the_batch_and_adopts_a_killed_workers_jobs(tmp_path: Path) -> None:
+def test_a_small_scaleout_bench_shares_the_batch_and_adopts_a_killed_workers_jobs(
+    tmp_path: Path, bench_cwd: Path,
+) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "scaleout.py"), "--workers", "3", "--jobs", "9", "--job-seconds", "1",
          "--lease", "6", "--poll", "0.5", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+        capture_output=True, text=True, timeout=600, check=False, cwd=bench_cwd,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,5 +1,5 @@
 """Whole batches through `actor-run` against a fake provider: `cli` runs a command in this process
-(tests/cli_inproc.py), `start_run` a real controller process (to be killed, or read as it runs)."""
+(tests/support/cli_inproc.py), `start_run` a real controller process (to be killed, or read as it runs)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cli_inproc import run_cli, start_cli
+from support.cli_inproc import run_cli, start_cli
 
 from fakes.keys import client_key
 
@@ -22,7 +22,7 @@ steps = int(os.environ.get("STEPS", "3"))
 if os.environ.get("ACTOR_RUN_ATTEMPT") == "0":  # the first attempt may be made longer (to be cut short)
     steps = int(os.environ.get("FIRST_STEPS", steps))
 for step in range(steps):
-    time.sleep(float(os.environ.get("STEP_S", "0.1")))
+    time.sleep(float(os.environ.get("STEP_S", "0.1")))  # the job's own work: a step takes this long
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n"); progress.flush()
     print("step", step, flush=True)
     gate = os.environ.get("GATE")
@@ -30,7 +30,7 @@ for step in range(steps):
         for _ in range(2400):
             if os.path.exists(gate):
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # the job (another process) holds, bounded, until the test opens its gate
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.environ['ACTOR_RUN_SEED']} {data}")
 '''
 

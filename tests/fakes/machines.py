@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sshd import Sshd, free_port
+from support.sshd import Sshd, free_port
 
 WRONG_GPU = {"NVIDIA GeForce RTX 4090": "NVIDIA RTX A6000"}  # another class than the one sold
 

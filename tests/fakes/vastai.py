@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sshd import free_port
+from support.sshd import free_port
 from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 
 @pytest.fixture(params=["local", "ssh"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_inproc import run_cli, start_cli
+from support.cli_inproc import run_cli, start_cli
 
 # the bound README.md names (its paragraph "A job's output", under "The batch file")
 RSS_BOUND_MB = 400

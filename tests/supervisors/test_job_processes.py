@@ -16,9 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_inproc import run_cli, start_cli
-from sshd import Sshd
-from waits import poll
+from support.cli_inproc import run_cli, start_cli
+from support.sshd import Sshd
+from support.waits import poll
 
 # two daemons that leave the job's session and group: a double fork (the grandchild in a session of
 # its own, its parent gone) and `setsid nohup`; and one that clears its environment (no mark) but

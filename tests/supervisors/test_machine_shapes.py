@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_inproc import run_cli
 from fakes.batch_kit import JOB, cli, events, write_batch
 from fakes.providers import serve
+from support.cli_inproc import run_cli
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_inproc import start_cli
 from fakes.batch_kit import cli, env, events, kill9, read_until, write_batch
 from fakes.providers import serve
-from waits import poll
+from support.cli_inproc import start_cli
+from support.waits import poll
 
 VAST_KEY = "vast-key-0123456789abcdef-market"
 SHADE_KEY = "shade-key-fedcba9876543210-market"

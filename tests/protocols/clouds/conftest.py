@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_sky import FakeSky, aws_env, power_off
-from moto_ec2 import MotoEc2
-from moto_server import MotoServer
-from sshd import Sshd
+from fakes.moto_ec2 import MotoEc2
+from fakes.moto_server import MotoServer
+from fakes.sky import FakeSky, aws_env, power_off
+from support.sshd import Sshd
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ class Recorder:
         self.lock = threading.Lock()
 
     def run_many(self, items: list[int]) -> list[int | BaseException]:
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)  # the fake call's deliberate slowness: calls pile up behind it
         with self.lock:
             self.batches.append(list(items))
             self.done += items

@@ -14,6 +14,7 @@ from fakes.keys import client_key
 from fakes.openapi_server import OPENAPI, document
 from fakes.providers import FAKES
 from openapi_spec_validator import validate
+from support.waits import poll
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import make_cloud
@@ -169,7 +170,7 @@ def test_the_example_batch_of_each_vendor_is_valid(cloud: str) -> None:
 
 def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: Reactor, fake: Any, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from sshd import free_port
+    from support.sshd import free_port
 
     cloud = make(fake, tmp_path, monkeypatch, api_url=f"http://127.0.0.1:{free_port()}{fake.base_path}")
     with pytest.raises(LaunchRefused) as info:  # the request never left: nothing can have been made
@@ -186,10 +187,7 @@ def test_a_vm_shuts_itself_down_at_its_deadline(reactor: Reactor, cloud: Any, fa
     ws = reactor.call(cloud.connect, machine, timeout=30)
     reactor.call(ws.aclose, timeout=30)
     asked = fake.boxes.boxes[machine.id].home / "shutdown-asked"  # the fake's shutdown_command leaves this
-    end = time.monotonic() + 30
-    while not asked.exists():  # waiting on the machine's own timer, bounded
-        assert time.monotonic() < end, "the machine never ran its shutdown"
-        time.sleep(0.1)
+    poll(asked.exists, 30, "the machine's shutdown at its deadline", every=0.1)
     reactor.call(cloud.delete, n, machine.id, timeout=30)
     assert fake.alive() == []
 

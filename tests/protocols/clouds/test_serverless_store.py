@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import trio
+from fakes.moto_s3 import ACCESS, SECRET, MotoS3
+from fakes.moto_server import MotoServer
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
-from moto_s3 import ACCESS, SECRET, MotoS3
-from moto_server import MotoServer
 from test_runpod_serverless import offer_and_launch, poll_until_raises, run_until_end
 
 from actor_run.protocols.clouds import make_cloud

@@ -22,8 +22,8 @@ import pytest
 import trio
 from fakes.runpod_serverless import FakeRunPodServerless, serving, settings
 from fakes.zygote import KEPT, MODULE, PURGED, ForkedProcess, Zygote
+from support.waits import poll
 from test_runpod_serverless import gone_by, run_until_end, submitted, wait_for_pids, with_pids
-from waits import poll
 
 from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.runpod_serverless import ServerlessCloud
@@ -157,10 +157,10 @@ def in_group(pgid: int) -> list[psutil.Process]:
 GROUP = """
 import os, sys, time
 if os.fork() == 0:  # another process of its group, as the SDK's ping process is
-    time.sleep(600)
+    time.sleep(600)  # the worker's own life: it lives until it is killed
     os._exit(0)
 print("up", flush=True)
-time.sleep(600)
+time.sleep(600)  # the worker's own life: it lives until it is killed
 """
 
 

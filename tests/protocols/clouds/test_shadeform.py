@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fakes.keys import client_key
 from fakes.shadeform import FakeShadeform
-from waits import poll
+from support.waits import poll
 
 from actor_run.actors import Reactor
 from actor_run.protocols.clouds import make_cloud, parse_settings

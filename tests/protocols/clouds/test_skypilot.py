@@ -1,4 +1,4 @@
-"""The skypilot cloud against a fake `sky` (tests/fake_sky.py: the contract's CLI grammar, request
+"""The skypilot cloud against a fake `sky` (tests/fakes/sky.py: the contract's CLI grammar, request
 ids and JSON) whose clusters are logins on a real sshd and whose instances live in a moto EC2 server."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from fake_sky import FakeSky
-from moto_ec2 import MotoEc2
-from sshd import Sshd, free_port
+from fakes.moto_ec2 import MotoEc2
+from fakes.sky import FakeSky
+from support.sshd import Sshd, free_port
 
 from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.clouds.skypilot import SkyPilotCloud

@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 import pytest
 import trio
-from fake_sky import CATALOG, FakeSky, has_active_ssh_sessions
-from sshd import Sshd
+from fakes.sky import CATALOG, FakeSky, has_active_ssh_sessions
+from support.sshd import Sshd
 
 from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.skypilot import SkyPilotCloud, hold_command
@@ -34,12 +34,12 @@ from actor_run.protocols.names import encode_name
 from actor_run.protocols.specs import CandidateSpec
 
 ROOT = Path(__file__).resolve().parents[3]
-OWN = ROOT / "tests" / "sky_own.py"
+OWN = ROOT / "tests" / "support" / "sky_own.py"
 PIN = "0.14.1"
 
 
 class SkyOwn:
-    """SkyPilot's own code (tests/sky_own.py) in one long-lived process of its interpreter: SkyPilot
+    """SkyPilot's own code (tests/support/sky_own.py) in one long-lived process of its interpreter: SkyPilot
     is imported once, and each answer comes from a fork of that process, in a HOME of the test's own.
     The process detaches (a test that checks it left no child behind does not see it) and ends when
     its stdin closes: at `close`, or when this test process ends."""

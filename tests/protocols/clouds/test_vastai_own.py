@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fakes.keys import client_key
 from fakes.vastai import FakeVast
-from waits import poll
+from support.waits import poll
 
 ROOT = Path(__file__).resolve().parents[3]
 PIN = "1.9.1"

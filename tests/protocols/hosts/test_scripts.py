@@ -21,6 +21,8 @@ import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import waits
+from support.sshd import Sshd
 
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.aio import open_asyncio_loop
@@ -28,8 +30,6 @@ from actor_run.protocols.hosts.base import Host
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.ssh import SSHHost
 from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace
-from tests import waits
-from tests.sshd import Sshd
 
 T = TypeVar("T")
 

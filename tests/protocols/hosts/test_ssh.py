@@ -1,4 +1,4 @@
-"""SSHHost and the ssh cloud against a real OpenSSH sshd on loopback (tests/sshd.py).
+"""SSHHost and the ssh cloud against a real OpenSSH sshd on loopback (tests/support/sshd.py).
 
 The remote side is this computer: a "remote" path is a path under the test's tmp_path.
 """
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 import trio
+from support.sshd import Sshd
 
 from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.ssh import SSHCloud, SSHHostSettings, SSHSettings
@@ -28,7 +29,6 @@ from actor_run.protocols.hosts.workspace import Launch, ShellWorkspace, _extract
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.names import encode_name
 from actor_run.protocols.specs import CandidateSpec
-from tests.sshd import Sshd
 
 T = TypeVar("T")
 

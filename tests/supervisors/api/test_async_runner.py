@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 import trio
-from waits import poll
+from support.waits import poll
 
 from actor_run.protocols.specs import Job
 from actor_run.supervisors.api.runner import Runner

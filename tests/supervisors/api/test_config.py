@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
-from sshd import Sshd
+from support.cli_inproc import run_cli
+from support.sshd import Sshd
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import CandidateSpec, Job, redacted, without_secrets

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import poll
+from support.waits import poll
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Charged, JobEnded

@@ -1,4 +1,4 @@
-"""supervisors/cli/: `actor-run` (in the test's process, tests/cli_inproc.py; a real child where a
+"""supervisors/cli/: `actor-run` (in the test's process, tests/support/cli_inproc.py; a real child where a
 signal is sent to it), its state, ledger and outputs under tmp_path.
 Exit codes: 0 all succeeded, 1 some job failed, 2 bad input or usage (nothing started), 130 after a
 Ctrl-C whose cleanup finished."""
@@ -18,9 +18,9 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_inproc import CLI, run_cli
-from process_kit import sleeping
-from waits import poll
+from support.cli_inproc import CLI, run_cli
+from support.process_kit import sleeping
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
@@ -173,7 +173,7 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(paths: Paths, body: 
     ("args", "message"),
     [
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["run"], "give a batch file, or a command after --"),  # bare `actor-run` prints the usage: test_cli_fixes
+        (["run"], "give a batch file, or a command after --"),  # bare `actor-run` prints the usage: test_main.py
         (["run", "x.toml", "--bogus"], "unrecognized arguments: --bogus"),
         (["run", "x.toml", "--concurrency", "many"], "argument --concurrency: invalid int value: 'many'"),
         (["run", "{good}", "--concurrency", "0"], "--concurrency: expected int >= 1, got 0"),
@@ -302,3 +302,24 @@ def test_ctrl_c_deletes_every_machine_then_exits_130(paths: Paths, second: str) 
     for n in (1, 2):
         body = json.loads((paths.out / "latest" / "long" / f"seed-{n}" / "response.json").read_text())
         assert (body["outcome"], body["failure"]) == ("canceled", "canceled")
+
+
+def test_a_batch_run_again_keeps_each_runs_results(tmp_path: Path) -> None:
+    body = '[job]\nname = "again"\ncommand = "sh -c \'echo $ACTOR_RUN_SEED-$$ > $ACTOR_RUN_OUT/r.txt\'"\nseeds = [1]\n'
+    (tmp_path / "b.toml").write_text(body)
+    out = tmp_path / "out"
+    runs = []
+    for _ in range(2):
+        done = run_cli(["run", str(tmp_path / "b.toml"), "--state-dir", str(tmp_path / "state"),
+                               "--out", str(out)], timeout=180, env=ENV)
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.split()[1].rstrip(":"))  # "run <id>: 1 job(s), ..."
+    first, second = (out / r / "again" / "seed-1" for r in runs)
+    assert (first / "r.txt").exists() is False  # the job's out/ is under out/
+    texts = [(d / "out" / "r.txt").read_text() for d in (first, second)]
+    assert texts[0] != texts[1]  # two runs, two results, neither overwritten
+    assert (out / "latest").resolve() == (out / runs[1]).resolve()
+    for d, run in zip((first, second), runs, strict=True):
+        log = (d / "log.txt").read_text()
+        assert log.startswith(f"--- run {run} attempt 0 on local")
+        assert log.count("--- run ") == 1  # this run's attempts only

@@ -5,12 +5,13 @@ followed by `actor-run resume`; the report's total equals the bill to the cent."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from cli_inproc import CLI, run_cli
+from support.cli_inproc import CLI, run_cli
 
 from actor_run.protocols.clouds.sim import billing, preempt_machine, sim_machines
 
@@ -20,9 +21,9 @@ progress = open(os.environ["ACTOR_RUN_PROGRESS"], "a")
 for _ in range(2400):  # hold until the test opens the gate (bounded: 120 s)
     if os.path.exists(os.environ["GATE"]):
         break
-    time.sleep(0.05)
+    time.sleep(0.05)  # the job (another process) holds, bounded, until the test opens its gate
 for step in range(8):
-    time.sleep(0.25)
+    time.sleep(0.25)  # the job's own work: a step takes this long
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n")
     progress.flush()
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "done.txt"), "w").write(os.environ["ACTOR_RUN_SEED"])
@@ -176,3 +177,48 @@ def test_groups_failures_and_unconfirmed_deletions(tmp_path: Path) -> None:
     text = render(by_account, total, at_least, "account")
     assert ">=$2.00" in text  # the unconfirmed deletion's group is "at least"
     assert "at least $2.00: ar-t-2-a0-aaaaaaaa-d100 on sim@team-b" in text
+
+
+PLAIN_ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+
+
+SIM = """\
+[job]
+name = "c"
+command = "sleep 0.5"
+seeds = [1, 2]
+
+[policy]
+poll_s = 0.1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.01
+"""
+
+
+def test_cost_shows_cents_fractions_and_groups_every_run_by_run(tmp_path: Path) -> None:
+    (tmp_path / "b.toml").write_text(SIM)
+    common = ["--state-dir", str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite")]
+    for _ in range(2):  # two runs of the same jobs
+        done = run_cli(["run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
+                              timeout=180, env=PLAIN_ENV)
+        assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in run_cli(["cost", *common], timeout=60, env=PLAIN_ENV).stdout.splitlines()]
+    header = rows[1]
+    assert "reserved" not in header  # a finished run holds no money: no reservation columns
+    assert "held" not in header
+    spent = {r[0]: r[3] for r in rows[2:]}
+    assert set(spent) == {"c/seed-1", "c/seed-2", "total"}
+    for value in spent.values():  # seconds of an A100 at $1.80/h: a fraction of a cent, to 4 places
+        assert value.startswith("$0.")
+        assert len(value.split(".")[1]) == 4
+        assert value != "$0.0000"
+    every = run_cli(["cost", "--all", *common], timeout=60,
+                           env=PLAIN_ENV).stdout.splitlines()
+    assert sum(line.startswith("run ") for line in every) == 2
+    assert sum(line.strip().startswith("c/seed-1 ") for line in every) == 2  # once per run, not merged

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from chromium import Page
-from waits import poll
+from support.chromium import Page
+from support.waits import poll
 
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 

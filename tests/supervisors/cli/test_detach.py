@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from cli_inproc import CLI, run_cli
-from waits import poll
+from support.cli_inproc import CLI, run_cli
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader

@@ -4,11 +4,14 @@ stalls), and exits when the job has ended. Then the same log, whole and by attem
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
+from support.cli_inproc import run_cli
 from test_cli import CLI, ENV, Lines, Paths, batch, cli, poll
 
 from actor_run.supervisors.ledger import LedgerReader
@@ -108,3 +111,43 @@ def test_logs_of_a_bad_target_exits_2_with_one_line(paths: Paths, target: str, m
     done = cli([*CLI, "logs", target, *paths.common()])
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"actor-run: {message}"]
+
+
+PLAIN_ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+
+
+THREE_SEEDS = """\
+[job]
+name = "t"
+command = "sh -c 'echo hello {seed}'"
+seeds = [1, 2, 3]
+
+[policy]
+poll_s = 0.1
+"""
+
+
+@pytest.fixture(scope="module")
+def three_seeds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ledger with one finished run of three seeds (`echo hello <seed>`)."""
+    tmp = tmp_path_factory.mktemp("ran")
+    (tmp / "b.toml").write_text(textwrap.dedent(THREE_SEEDS))
+    done = run_cli(["run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--ledger",
+                           str(tmp / "l.sqlite"), "--out", str(tmp / "out")], timeout=180, env=PLAIN_ENV)
+    assert done.returncode == 0, done.stderr
+    return tmp / "l.sqlite"
+
+
+def on_ledger(ledger: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli([*args, "--ledger", str(ledger), "--state-dir", str(ledger.parent / "state")],
+                          timeout=60, env=PLAIN_ENV)
+
+
+def test_logs_of_an_attempt_that_is_not_there_names_those_that_are(three_seeds: Path) -> None:
+    done = on_ledger(three_seeds, "logs", "t/2", "--attempt", "5")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "--attempt 5: t/seed-2 has attempt(s) 0 in run " in done.stderr
+    there = on_ledger(three_seeds, "logs", "t/2", "--attempt", "0")
+    assert there.returncode == 0
+    assert "hello 2" in there.stdout

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 
@@ -156,7 +156,7 @@ def test_status_runs_cost_and_report_agree_after_a_sweep_charged_a_dead_controll
     import re
     import signal
 
-    from cli_inproc import start_cli
+    from support.cli_inproc import start_cli
 
     (tmp_path / "b.toml").write_text(SLOW_SIM)
     env = settings_env(tmp_path, None)
@@ -262,7 +262,7 @@ poll_s = 0.1
 def test_a_canceled_job_is_canceled_with_its_own_exit_code(tmp_path: Path) -> None:
     import json
 
-    from cli_inproc import start_cli
+    from support.cli_inproc import start_cli
 
     (tmp_path / "c.toml").write_text(CANCELABLE)
     env = settings_env(tmp_path, None)
@@ -306,7 +306,7 @@ def test_status_shows_every_unfinished_run_then_the_latest_ended_and_says_resume
     import json
     import signal
 
-    from cli_inproc import start_cli
+    from support.cli_inproc import start_cli
 
     env = settings_env(tmp_path, None)
     (tmp_path / "long.toml").write_text('[job]\nname = "long"\ncommand = "sleep 120"\nseeds = [1]\n'
@@ -415,7 +415,7 @@ def test_a_one_liner_sends_the_current_folder_without_what_the_ignore_files_list
 
 
 def test_a_one_liner_in_a_folder_too_big_to_send_says_so_in_one_line(tmp_path: Path) -> None:
-    from actor_run.supervisors.cli.oneline import CWD_CODE_LIMIT
+    from actor_run.supervisors.cli.batch_file import CWD_CODE_LIMIT
 
     env = settings_env(tmp_path / "home", None)
     work = tmp_path / "big"

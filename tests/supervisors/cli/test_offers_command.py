@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fake_sky import FakeSky
 from fakes.batch_kit import cli
 from fakes.runpod import FakeRunPod
+from fakes.sky import FakeSky
 
 
 def test_offers_lists_the_sim_cheapest_first_with_stock(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_offers_of_vast_and_shadeform_show_on_demand_and_interruptible_prices_si
         user.write_text(f'[clouds.vastai]\napi_url = "{vast.url}"\n[clouds.shadeform]\napi_url = "{shade.url}"\n')
         import os
 
-        from cli_inproc import run_cli
+        from support.cli_inproc import run_cli
 
         env = {**os.environ, "VAST_API_KEY": "test-key", "SHADEFORM_API_KEY": "test-key"}
         state = ["--state-dir", str(tmp_path / "state"), "--config", str(user)]

@@ -10,7 +10,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from cli_inproc import CLI, run_cli
+from support.cli_inproc import CLI, run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_inproc import CLI, run_cli
-from waits import poll
+from support.cli_inproc import CLI, run_cli
+from support.waits import poll
 
 ENV = {**os.environ, "NO_COLOR": "1"}
 LINES = 40

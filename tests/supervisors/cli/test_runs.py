@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cli_inproc import CLI, run_cli
-from test_chaos import kill_when, wait_no_processes, write_batch
+from support.cli_inproc import CLI, run_cli
+from support.controller_kit import kill_when, wait_no_processes, write_batch
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
@@ -101,3 +102,69 @@ def test_resume_from_another_folder_writes_where_the_run_said(tmp_path: Path) ->
     assert (after["id"], after["state"], after["succeeded"]) == (run["id"], "succeeded", 4)
     assert sim_machines(tmp_path / "sim") == []
     assert wait_no_processes(tmp_path / "sim") == []
+
+
+STAGED = r'''
+[job]
+name = "s"
+command = """sh -c 'echo \"{\\\"stage\\\": \\\"train\\\"}\" >> \"$ACTOR_RUN_PROGRESS\"; \
+  for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done; exit 3'"""
+seeds = [1, 2]
+env = { GATE = "GATE_PATH" }
+
+[policy]
+poll_s = 0.1
+concurrency = 1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+regions = ["us-east"]
+
+[clouds.sim]
+launch_latency_s = 0.01
+delete_latency_s = 0.01
+'''
+
+
+def test_status_shows_queued_and_running_with_place_stage_and_cost(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    (tmp_path / "b.toml").write_text(STAGED.replace("GATE_PATH", str(gate)))
+    common = ["--state-dir", str(tmp_path / "state"), "--ledger", str(tmp_path / "l.sqlite")]
+    proc = subprocess.Popen([*CLI, "run", str(tmp_path / "b.toml"), *common, "--out", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    follow = None
+    try:
+        lines: list[str] = []
+
+        def running_at_a_cost() -> bool:  # what another process writes
+            nonlocal lines
+            done = run_cli(["status", *common], timeout=60, env=ENV)
+            lines = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("s/seed-")]
+            # until it runs and has cost something (an in-process status can read it within a
+            # tenth of a second of the lease, before a cent's hundredth has accrued)
+            return any("stage train" in line and line.split()[4] != "$0.0000" for line in lines)
+
+        poll(running_at_a_cost, 90, "a running job with a cost in status", every=0.1)
+        first, second = sorted(lines)
+        assert first.split()[:2] == ["s/seed-1", "running"], lines
+        assert "on sim us-east, stage train" in first
+        assert first.split()[4] != "$0.0000"  # a running machine costs by the second
+        assert second.split()[:2] == ["s/seed-2", "queued"], lines
+        follow = subprocess.Popen([*CLI, "status", "--follow", *common], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=ENV)
+        assert follow.stdout is not None
+        first_seen = [follow.stdout.readline(), follow.stdout.readline()]  # its first poll: both jobs, gate shut
+        gate.touch()
+        rest, _ = follow.communicate(timeout=120)
+        out = "".join(first_seen) + rest
+        assert proc.wait(timeout=120) == 0
+    finally:
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    said = [line.split()[:2] for line in out.splitlines()]
+    assert ["s/seed-1", "running"] in said
+    assert ["s/seed-2", "queued"] in said
+    assert ["s/seed-2", "succeeded"] in said

@@ -1,8 +1,8 @@
 """Many controllers, one PostgreSQL ledger (supervisors/cli/worker.py): real `actor-run` processes
-on a real PostgreSQL server (tests/pg.py) share one batch on the sim cloud and one state folder.
+on a real PostgreSQL server (tests/support/pg.py) share one batch on the sim cloud and one state folder.
 
 The job holds an exclusive lock per seed while it runs: a second copy of a seed running at the
-same time fails to take it and writes OVERLAP to the trace (test_chaos.py's job)."""
+same time fails to take it and writes OVERLAP to the trace (tests/support/controller_kit.py's job)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_inproc import CLI, run_cli
-from test_chaos import release, trace_lines, wait_no_processes, write_batch
+from support.cli_inproc import CLI, run_cli
+from support.controller_kit import release, trace_lines, wait_no_processes, write_batch
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import LedgerReader
@@ -108,9 +109,8 @@ def owner_of_running(url: str, controller: Controller) -> str:
 def wait_until_adopted(url: str, dead: str, timeout: float) -> float:
     """Seconds until no running job is the dead owner's any more."""
     start = time.monotonic()
-    while any(j["owner"] == dead and j["state"] == "running" for j in jobs(url).values()):
-        assert time.monotonic() - start < timeout, "the dead owner's jobs were not adopted in time"
-        time.sleep(0.1)
+    poll(lambda: not any(j["owner"] == dead and j["state"] == "running" for j in jobs(url).values()), timeout,
+         "the dead owner's jobs to be adopted", every=0.1)
     return time.monotonic() - start
 
 

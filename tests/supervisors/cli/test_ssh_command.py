@@ -15,8 +15,8 @@ from pathlib import Path
 from fakes.batch_kit import env as key_env
 from fakes.batch_kit import write_batch
 from fakes.runpod import FakeRunPod
-from sshd import Sshd
-from waits import poll
+from support.sshd import Sshd
+from support.waits import poll
 
 CLI = [sys.executable, "-m", "actor_run"]
 # as a TOML basic string: the job writes out/here.txt in its attempt's folder, then holds until the

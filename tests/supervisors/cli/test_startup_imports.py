@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from waits import poll
+from support.waits import poll
 
 from actor_run.protocols.redact import REDACTED
 

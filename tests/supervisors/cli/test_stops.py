@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from cli_inproc import CLI
-from process_kit import sleeping
+from support.cli_inproc import CLI
+from support.process_kit import sleeping
+from support.waits import poll
 from test_detach import ENV, Place
-from waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 

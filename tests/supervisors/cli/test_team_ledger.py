@@ -1,9 +1,9 @@
 """A team's shared ledger survives what teams do (issue 28): real `actor-run worker` processes on a
-real PostgreSQL server (tests/pg.py) and the sim cloud, with scaled times. Busy workers adopt at
+real PostgreSQL server (tests/support/pg.py) and the sim cloud, with scaled times. Busy workers adopt at
 once, a database restart loses nothing, a frozen worker writes no byte after its lease ran out, a
 stopped worker hands its jobs back, logs never repeat, `logs` works for submitted runs.
 
-The job (test_chaos.py's, printing a line per step) holds an exclusive lock per seed while it runs
+The job (tests/support/controller_kit.py's, printing a line per step) holds an exclusive lock per seed while it runs
 (a second copy of a seed running at the same time writes OVERLAP to the trace) and writes `start`
 and `end` lines there: a seed that ran twice has two `start` lines."""
 
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_inproc import CLI, run_cli
-from pg import Postgres
-from test_chaos import JOB, release, trace_lines, write_batch
+from support.cli_inproc import CLI, run_cli
+from support.controller_kit import JOB, release, trace_lines, write_batch
+from support.pg import Postgres
+from support.waits import poll
 from test_shared_ledger import LEASE_S, POLL_S, Controller, check_every_job_ended_once, cli, jobs
 
 from actor_run.supervisors.ledger import LedgerReader
@@ -74,9 +75,7 @@ def ledger_events(url: str) -> list[dict[str, Any]]:
 def wait_until(condition: Any, timeout: float, what: str, every: float = 0.1) -> float:
     """Seconds until `condition()` holds (polled every `every` s), failing past `timeout`."""
     start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
-        time.sleep(every)
+    poll(condition, timeout, what, every=every)
     return time.monotonic() - start
 
 

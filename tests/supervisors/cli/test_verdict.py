@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
 

@@ -73,7 +73,7 @@ def test_signals_that_land_anywhere_in_the_loop_are_all_counted_and_none_hangs_i
             os.kill(os.getpid(), signal.SIGTERM)
             end = time.monotonic() + 10
             while signals.count <= i and time.monotonic() < end:
-                time.sleep(random.uniform(0, 0.002))
+                time.sleep(random.uniform(0, 0.002))  # the thing under test: signals at random moments
 
     sender = threading.Thread(target=send)
     with handling(signals), contextlib.redirect_stderr(io.StringIO()):

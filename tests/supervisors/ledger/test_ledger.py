@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
+from support.waits import poll
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import JobEnded, Leased, LeaseFailed, Machine, decode_event
@@ -344,7 +345,7 @@ def test_a_bad_write_fails_alone_and_the_rest_of_its_batch_commits(
         bad = led._queue_op(("INSERT INTO no_such_table (x) VALUES (?)", (1,)), tracked=True)
         gone = led.queue_gone(name, 456.0, "deleted")
         other = led.queue_intent(name="m-other", cloud="sim", job="j/seed-2", seed=2, attempt=0, deadline=1.0)
-        time.sleep(0.2)
+        time.sleep(0.2)  # the lock held a while on purpose: the writer gathers the three into one batch
     assert bad is not None
     with pytest.raises(LedgerError, match="no_such_table"):
         bad.wait(10)
@@ -367,7 +368,7 @@ def test_runs_of_one_statement_commit_as_if_row_by_row(
     def held(queue: Callable[[], list[Any]]) -> None:
         with db.writes_held():
             pending = queue()
-            time.sleep(0.2)
+            time.sleep(0.2)  # the lock held a while on purpose: the writer gathers the writes into one batch
         for w in pending:
             w.wait(30)
 
@@ -510,10 +511,7 @@ def test_a_postgresql_url_is_described_without_its_password() -> None:
 
 
 def _wait(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.05)
+    poll(check, timeout, "the condition")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, set_fail_deletes, sim_machines
 from actor_run.protocols.messages import Offer

@@ -9,7 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actor_run.supervisors.tree.budget import MICRO, Budget, BudgetChange, hold_seconds, reservation_usd, to_micro
+from actor_run.supervisors.tree.budget import MICRO, Budget, BudgetChange, reservation_usd, to_micro
 
 # one step: (kind, holder index, amount in cents, fraction of the reservation actually spent)
 steps = st.lists(st.tuples(st.sampled_from(["reserve", "charge", "release"]), st.integers(0, 7),
@@ -103,7 +103,5 @@ def test_adopted_reservations_count_without_a_record() -> None:
     assert [c.kind for c in changes] == ["reserve"]
 
 
-def test_hold_is_timeout_plus_grace_capped_at_the_deadline() -> None:
-    assert hold_seconds(timeout_s=3600, setup_grace_s=600, until_deadline_s=5000) == 4200
-    assert hold_seconds(timeout_s=3600, setup_grace_s=600, until_deadline_s=100) == 100
+def test_a_reservation_is_the_price_over_the_hold() -> None:
     assert reservation_usd(3.6, 4200) == 4.2

@@ -12,7 +12,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from process_kit import sleeping
+from support.process_kit import sleeping
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import billing, preempt_machine, sim_machines
 from actor_run.protocols.failures import Code
@@ -43,12 +44,7 @@ QUIET_FIRST = (
 
 def wait_until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
     """Poll an outside condition (a process list), bounded."""
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-    return value
+    return poll(check, timeout, "the condition", every=0.02)
 
 
 def response(tmp_path: Path, job: str, seed: int = 1) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from chromium import chromium_dom
+from support.chromium import chromium_dom
 from test_cli import CLI, Paths, batch, cli
 
 from actor_run.supervisors.ledger import LedgerReader

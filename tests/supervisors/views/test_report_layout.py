@@ -11,8 +11,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from chromium import chromium_dom
-from cli_inproc import CLI, run_cli
+from support.chromium import chromium_dom
+from support.cli_inproc import CLI, run_cli
 
 from actor_run.supervisors.ledger import LedgerReader
 
@@ -70,7 +70,7 @@ import os, time
 for _ in range(2400):  # hold until the test opens the gate (bounded: 120 s)
     if os.path.exists(os.environ["GATE"]):
         break
-    time.sleep(0.05)
+    time.sleep(0.05)  # the job (another process) holds, bounded, until the test opens its gate
 print("done")
 '''
 

@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import psutil
-from cli_inproc import CLI, run_cli
-from sshd import Sshd
+from support.cli_inproc import CLI, run_cli
+from support.sshd import Sshd
+from support.waits import settled
 
 JOB = r'''
 import json, os, sys, time
@@ -18,7 +19,7 @@ progress = open(os.environ["ACTOR_RUN_PROGRESS"], "a")
 data = open(os.path.join(os.environ["ACTOR_RUN_IN"], "data", "data.txt")).read()
 steps = int(os.environ.get("STEPS", "4"))
 for step in range(steps):
-    time.sleep(float(os.environ.get("STEP_S", "0.2")))
+    time.sleep(float(os.environ.get("STEP_S", "0.2")))  # the job's own work: a step takes this long
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n"); progress.flush()
     print("step", step, flush=True)
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(f"{os.environ['ACTOR_RUN_SEED']} {data}")
@@ -127,8 +128,8 @@ def test_a_killed_controller_leaves_the_watchdog_to_end_the_job(tmp_path: Path, 
     assert work, "the attempt's folder is on the host"
     # the watchdog gives up after lost + min(60, lost) s, checking every second; then TERM, KILL
     limit = lost + min(60, lost) + 2 * 1 + 2 + 5
-    while time.monotonic() - killed < limit and (psutil.pid_exists(pid) or any(w.exists() for w in work)):
-        time.sleep(0.2)
+    settled(lambda: psutil.pid_exists(pid) or any(w.exists() for w in work), limit - (time.monotonic() - killed),
+            every=0.2)
     gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert gone, "the job still runs"
     assert not any(w.exists() for w in work), "its folder is still there"

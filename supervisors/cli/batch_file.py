@@ -1,5 +1,10 @@
-"""`actor-run run --gpu H100 [--cloud C] [--seeds 1-8] ... -- COMMAND`: a batch from flags, no file.
+"""Loading the batch a command works on: a batch file, flags over it, or flags alone. Every command
+that reads a batch (`run`, `plan`, `worker`, `clouds check --batch`, `config BATCH`, `sweep --batch`)
+reads it here: `load(args)` for `run`'s and `plan`'s form (file and flags), `load_file(path)` for a
+batch file alone. Both check the candidates' cloud names against the clouds this install knows, and
+raise `SpecError` (naming the field) on a bad batch.
 
+`actor-run run --gpu H100 [--cloud C] [--seeds 1-8] ... -- COMMAND` is a batch from flags, no file.
 The flags build the same table a batch file holds (`[job]`, `[policy]`, `[[candidates]]`); with a
 batch file too, each flag given overrides the file's value (`--env` adds to the file's env,
 `--gpu`/`--cloud`/`--region` set that field of every candidate). `--print-batch` prints the table
@@ -235,14 +240,20 @@ def toml_text(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def load_file(path: str | Path) -> Batch:
+    """A batch file, checked (its clouds among the known ones). Raises SpecError, OSError."""
+    return load_batch(path, known_clouds())
+
+
 def load(args: argparse.Namespace) -> Batch:
-    """The batch `run` runs: the file, or the flags and the command after `--` (over the file)."""
+    """The batch `run` (and `plan`, `worker`) runs: the file, or the flags and the command after `--`
+    (over the file). Raises SpecError."""
     if args.tail is not None and not args.tail:
         raise SpecError("run", "expected a command after --")
     if not wants_table(args):
         if not args.batch:
             raise SpecError("run", "give a batch file, or a command after -- (actor-run run --gpu H100 -- CMD)")
-        return load_batch(args.batch, known_clouds())
+        return load_file(args.batch)
     raw, base = batch_table(args)
     return batch_from_table(raw, base, known_clouds())
 
@@ -252,4 +263,7 @@ def label(args: argparse.Namespace, batch: Batch) -> str:
     return str(Path(args.batch).resolve()) if args.batch else f"-- {batch.spec.job.command}"
 
 
-__all__ = ["add_flags", "batch_table", "label", "load", "parse_duration", "parse_seeds", "toml_text", "wants_table"]
+__all__ = [
+    "add_flags", "batch_table", "label", "load", "load_file", "parse_duration", "parse_seeds", "toml_text",
+    "wants_table",
+]

@@ -1,4 +1,4 @@
-"""supervisors/cli/oneline.py: `actor-run run [--gpu ...] -- CMD`, a batch from flags (issue 29.1),
+"""supervisors/cli/batch_file.py: `actor-run run [--gpu ...] -- CMD`, a batch from flags (issue 29.1),
 through the real command line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
 from actor_run.protocols.specs import load_batch
 
@@ -101,3 +101,13 @@ def test_run_without_a_batch_or_a_command_says_what_to_give(tmp_path: Path) -> N
     assert "-- CMD" in done.stderr or "command after --" in done.stderr
     done = cli(["runs", "--state-dir", str(tmp_path / "state"), "--", "x"], tmp_path)
     assert done.returncode == 2
+
+
+def test_every_command_loads_its_batch_through_batch_file() -> None:
+    """One home for loading a batch: no other module of the command line reads a batch file itself."""
+    import re
+
+    cli = Path(__file__).resolve().parents[3] / "supervisors" / "cli"
+    readers = re.compile(r"\b(load_batch|read_batch_table|batch_from_table|Batch\.load)\(")
+    found = sorted(p.name for p in cli.glob("*.py") if readers.search(p.read_text()))
+    assert found == ["batch_file.py"]

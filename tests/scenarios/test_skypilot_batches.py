@@ -1,4 +1,4 @@
-"""Whole batches on SkyPilot clusters: the `actor-run` CLI against a fake `sky` (tests/fake_sky.py)
+"""Whole batches on SkyPilot clusters: the `actor-run` CLI against a fake `sky` (tests/fakes/sky.py)
 whose clusters are logins on a real sshd and whose instances live in a moto EC2 server."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cli_inproc import CLI, run_cli
-from fake_sky import FakeSky, aws_env, power_off
 from fakes.machines import Box, gpu_tools
-from moto_ec2 import MotoEc2
-from moto_server import MotoServer
-from sshd import Sshd
+from fakes.moto_ec2 import MotoEc2
+from fakes.moto_server import MotoServer
+from fakes.sky import FakeSky, aws_env, power_off
+from support.cli_inproc import CLI, run_cli
+from support.sshd import Sshd
 
 from actor_run.protocols.names import parse_name
 
@@ -31,7 +31,7 @@ import json, os, time
 progress = open(os.environ["ACTOR_RUN_PROGRESS"], "a")
 steps = int(os.environ.get("STEPS", "3"))
 for step in range(steps):
-    time.sleep(0.2)
+    time.sleep(0.2)  # the job's own work: a step takes this long
     progress.write(json.dumps({"stage": "train", "step": step}) + "\n"); progress.flush()
     print("step", step, flush=True)
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "result.txt"), "w").write(os.environ["ACTOR_RUN_SEED"])

@@ -1,57 +1,22 @@
-"""What people expect of a command: `--version`, `python -m actor_run`, an example in every
-command's `--help`, and bash/zsh completion scripts made from the parser (new commands included)."""
+"""supervisors/cli/completion.py: bash and zsh completion scripts made from the parser, following
+its command tree (a command added later included)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli
+from support.cli_inproc import run_cli
 
-import actor_run
 from actor_run.supervisors.cli.completion import bash_script, tree, zsh_script
-from actor_run.supervisors.cli.main import _parser, main
+from actor_run.supervisors.cli.main import _parser
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
     return sorted(p for p in tree(parser) if p)
-
-
-def test_version_and_python_m() -> None:
-    done = subprocess.run([sys.executable, "-m", "actor_run", "--version"], capture_output=True, text=True,
-                          timeout=60)
-    assert (done.returncode, done.stdout.strip()) == (0, f"actor-run {actor_run.__version__}")
-    bare = subprocess.run([sys.executable, "-m", "actor_run"], capture_output=True, text=True, timeout=60)
-    assert bare.returncode == 2
-    assert bare.stderr.startswith("usage: actor-run")  # no command: the usage (issue 29.11)
-
-
-def _subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
-    for name in path:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = sub.choices[name]
-    return parser
-
-
-def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = _parser()
-    commands = _commands(parser)
-    assert {("run",), ("status",), ("sweep",), ("resume",), ("config", "show"), ("completion",)} <= set(commands)
-    for path in [(), *commands]:
-        command = f"actor-run {' '.join(path)}".rstrip()
-        with pytest.raises(SystemExit) as exit_:
-            main([*path, "--help"])
-        assert exit_.value.code == 0
-        text = capsys.readouterr().out
-        assert text.startswith(f"usage: {command}")
-        epilog = _subparser(parser, path).epilog or ""  # whatever its wording, an example of the command
-        assert "example" in epilog.lower(), f"`{command} --help` shows no example"
-        assert command in epilog, f"`{command} --help` shows no example of itself"
-        assert epilog.splitlines()[-1].strip() in text  # kept as written (lines not re-wrapped)
 
 
 def _bash(script: str, words: list[str], cwd: Path) -> list[str]:

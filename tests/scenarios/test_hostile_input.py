@@ -14,14 +14,14 @@ import sqlite3
 import subprocess
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cli_inproc import run_cli, start_cli
 from fakes.keys import client_key
+from support.cli_inproc import run_cli, start_cli
+from support.waits import poll
 
 KEY = "rp_live_0123456789abcdef"  # what the echoing provider must never get us to print
 
@@ -33,10 +33,7 @@ def actor_run(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout:
 
 def wait_until(check: Callable[[], list[Path]], timeout: float) -> list[Path]:
     """Poll a condition on files (another process makes them) until it holds, within `timeout`."""
-    end = time.monotonic() + timeout
-    while not (found := check()) and time.monotonic() < end:
-        time.sleep(0.05)
-    return found
+    return poll(check, timeout, "the files")
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -213,7 +210,7 @@ gpus = { H100 = { stock = 1, hourly_usd = 1.0 } }
 
 
 def test_attack_the_report_of_hostile_names_and_paths(tmp_path: Path) -> None:
-    from chromium import chromium_dom
+    from support.chromium import chromium_dom
 
     path = tmp_path / "batch.toml"
     path.write_text(HOSTILE_REPORT % json.dumps(PWN + "\u2028</script>&amp;"))

@@ -2,8 +2,8 @@
 `skypilot` cloud check the adapter and the fake `sky` against. Offline: nothing here reaches an
 API server or a cloud (the SDK calls that would are answered here, below the CLI's own code).
 
-Run as `<sky python> tests/sky_own.py <what>` with a JSON request on stdin; prints a JSON answer.
-Or as `<sky python> tests/sky_own.py serve`: SkyPilot is imported once (seconds of CPU), then each
+Run as `<sky python> tests/support/sky_own.py <what>` with a JSON request on stdin; prints a JSON answer.
+Or as `<sky python> tests/support/sky_own.py serve`: SkyPilot is imported once (seconds of CPU), then each
 line on stdin, `{"what", "request", "env"}`, is answered on stdout as one line, `{"answer"}` or
 `{"error"}`, by a fork of that process with `env` added to its environment (a request never sees
 another's state; the fork exits after answering). What each <what> answers:

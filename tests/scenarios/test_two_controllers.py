@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_inproc import CLI, run_cli
+from support.cli_inproc import CLI, run_cli
+from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
 from actor_run.supervisors.ledger import Ledger
@@ -33,7 +34,7 @@ for step in range(1200):
     progress.flush()
     if os.path.exists(os.environ["RELEASE"]):
         break
-    time.sleep(0.2)
+    time.sleep(0.2)  # the job's own work: a step takes this long
 open(os.path.join(os.environ["ACTOR_RUN_OUT"], "done.txt"), "w").write(os.environ["ACTOR_RUN_SEED"])
 '''
 
@@ -208,8 +209,7 @@ def test_killed_controllers_machines_stay_until_their_deadline_then_any_ledger_d
         (m, "keep", "foreign owner") for m in machines}
     assert world.machines() == machines
     deadline = max(d["deadline"] for d in kept)
-    while time.time() <= deadline + 1:  # the clock itself is the condition (bounded: about 15 s)
-        time.sleep(0.2)
+    poll(lambda: time.time() > deadline + 1, 60, "the machines' deadline", every=0.2)  # the clock is the condition
     swept = world.sweep("c", "--grace", "0")
     assert {(d["machine"], d["action"], d["reason"]) for d in swept} == {
         (m, "deleted", "past its deadline") for m in machines}
@@ -232,8 +232,7 @@ def test_a_killed_controllers_machine_goes_once_its_host_stamp_is_older_than_los
     assert time.time() - stamp < lost  # the sweep read the stamp inside its window (a slow machine: raise `lost`)
     assert [(d["machine"], d["action"], d["reason"]) for d in early] == [(machine, "keep", "foreign owner")]
     assert world.machines() == [machine]
-    while time.time() - stamp <= lost + 1:  # the host's stamp ages: the clock is the condition (bounded)
-        time.sleep(0.2)
+    poll(lambda: time.time() - stamp > lost + 1, 60, "the host's stamp to age past lost_after_s", every=0.2)
     swept = world.sweep("c")
     assert [(d["machine"], d["action"]) for d in swept] == [(machine, "deleted")]
     assert "heartbeat on the host stopped" in swept[0]["reason"]

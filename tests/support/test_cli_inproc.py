@@ -1,4 +1,4 @@
-"""tests/cli_inproc.py: `actor-run` run in the test's own process answers as the real child does
+"""tests/support/cli_inproc.py: `actor-run` run in the test's own process answers as the real child does
 (exit code, stdout, stderr, what it wrote), and two calls see nothing of each other."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import loguru
 import pytest
-from cli_inproc import run_cli, undone
+
+from support.cli_inproc import run_cli, undone
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
 IDS = re.compile(r"\b[0-9a-f]{8}\b|\b\d{2}:\d{2}:\d{2}\b|pid \d+|\d+\.\d+ ?s\b|\b20\d\d-\d\d-\d\d[T ][\d:.+Z-]*"

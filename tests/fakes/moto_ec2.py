@@ -1,18 +1,18 @@
-"""moto's EC2 on loopback for tests (the session's server, tests/moto_server.py), and what a test asks of it.
+"""moto's EC2 on loopback for tests (the session's server, tests/fakes/moto_server.py), and what a test asks of it.
 
     with MotoEc2(moto) as ec2:      # the session's moto server (fixture `moto`); ec2.endpoint for boto3
         ec2.live("ar-")             # instances tagged by SkyPilot with a cluster name starting so
         ec2.shutdown_behavior(id)   # as describe-instance-attribute reads it
 
-Nothing reaches AWS: every client is built with `endpoint_url` and dummy credentials (fake_sky.aws_env).
+Nothing reaches AWS: every client is built with `endpoint_url` and dummy credentials (fakes.sky.aws_env).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fake_sky import LIVE, aws_env
-from moto_server import MotoServer, MotoView
+from fakes.moto_server import MotoServer, MotoView
+from fakes.sky import LIVE, aws_env
 
 
 class MotoEc2(MotoView):

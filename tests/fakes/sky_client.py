@@ -1,4 +1,4 @@
-"""`sky` of the fake SkyPilot (tests/fake_sky.py): a thin client of its API server, as SkyPilot's
+"""`sky` of the fake SkyPilot (tests/fakes/sky.py): a thin client of its API server, as SkyPilot's
 own CLI is of its server. It sends its argv as one JSON line to the server at $FAKE_SKY_API
 (127.0.0.1:<port>) and prints the answer: stdout, stderr, exit code. Standard library only, run
 with `-I -S`: a call costs an interpreter's start and one loopback connection."""

@@ -19,10 +19,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
+
+from .waits import settled
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 START_TIMEOUT_S = 10.0
@@ -56,18 +57,13 @@ def _end(procs: list[psutil.Process]) -> None:
 
 def _wait_dead(procs: list[psutil.Process], timeout: float = 10.0) -> bool:
     """Until each is gone or a zombie (what is re-parented to pid 1 may be reaped late)."""
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        while True:  # waiting on external processes
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-    return True
+    def dead(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return not settled(lambda: [p for p in procs if not dead(p)], timeout, every=0.01)
 
 
 class Sshd:
@@ -129,20 +125,24 @@ class Sshd:
                 [SSHD, "-D", "-e", "-f", str(self.config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:  # waiting on an external process to listen
-            if self.proc.poll() is not None:
-                self.proc = None
-                raise RuntimeError(f"sshd exited at start: {self.log.read_text()[-2000:]}")
+        proc = self.proc
+
+        def listening() -> bool:  # an external process: exited, or listening yet
+            if proc.poll() is not None:
+                return True
             try:
                 with socket.create_connection((self.address, self.port), timeout=1):
-                    return
+                    return True
             except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    log = self.log.read_text()[-2000:]
-                    raise RuntimeError(f"sshd did not listen on {self.port}: {log}") from None
-                time.sleep(0.02)
+                return False
+
+        if not settled(lambda: not listening(), START_TIMEOUT_S, every=0.02):
+            if proc.poll() is not None:
+                self.proc = None
+                raise RuntimeError(f"sshd exited at start: {self.log.read_text()[-2000:]}")
+            return
+        self.stop()
+        raise RuntimeError(f"sshd did not listen on {self.port}: {self.log.read_text()[-2000:]}")
 
     def kill_sessions(self) -> int:
         """End every per-connection sshd child (and what they run): all connections drop."""

@@ -18,7 +18,7 @@ SkyPilot's own interpreter, about 4 s, for seven tests, and the fake RunPod serv
 1.5 s with the py-cpuinfo subprocess RunPod's SDK runs at import, for about forty, all go into one of
 those two, whether they use moto or not: six workers had each started a zygote, two SkyPilot's).
 
-Refresh the file from a run: `sh scripts/test.sh --durations=0 | python tests/schedule.py`.
+Refresh the file from a run: `sh scripts/test.sh --durations=0 | python tests/support/schedule.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
-DURATIONS = Path(__file__).with_name("durations.json")
+DURATIONS = Path(__file__).resolve().parent.parent / "durations.json"  # tests/durations.json
 LONG_S = 4.0
 GROUPS = {"moto": 2}  # a session fixture -> how many shares its tests are dealt to
 # a session fixture whose tests all go into one part of a group

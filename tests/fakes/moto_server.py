@@ -15,7 +15,7 @@ import threading
 import urllib.request
 from typing import Any, Self
 
-from sshd import free_port
+from support.sshd import free_port
 
 
 def share_botocore_data() -> None:

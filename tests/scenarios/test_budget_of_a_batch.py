@@ -124,7 +124,7 @@ def test_an_older_ledger_gains_the_reservations_table(tmp_path: Path) -> None:
 
     path = tmp_path / "ledger.sqlite"
     old = sqlite3.connect(path)
-    old.executescript((Path(__file__).parent / "data" / "ledger_schema_2e5f0be.sql").read_text())
+    old.executescript((Path(__file__).parent.parent / "supervisors" / "data" / "ledger_schema_2e5f0be.sql").read_text())
     old.close()
     reader = LedgerReader(path)
     try:

@@ -24,7 +24,7 @@ if resume is None:
     open(os.path.join(out, "ckpt-1200", "weights.bin"), "w").write("step=1200")
     progress.write(json.dumps({"stage": "train", "step": 1200, "checkpoint": "out/ckpt-1200"}) + "\n")
     progress.flush()
-    time.sleep(60)
+    time.sleep(60)  # the job's own work: it runs until preempted
 else:
     line = json.load(open(resume))
     weights = open(os.path.join(os.environ["ACTOR_RUN_IN"], "resume", "ckpt-1200", "weights.bin")).read()

@@ -44,7 +44,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -56,6 +55,8 @@ import loguru  # loaded before any command: its default handler is this process'
 import actor_run
 from actor_run.protocols import redact
 from actor_run.supervisors.cli import entry
+
+from .waits import settled
 
 CLI = [sys.executable, "-m", "actor_run"]
 THREAD_WAIT_S = 10.0
@@ -190,13 +191,9 @@ class _Snapshot:
 
     def threads_left(self) -> list[str]:
         """The command's threads still alive after a bounded wait (10 s)."""
-        end = time.monotonic() + THREAD_WAIT_S
-        while True:
-            left = [t.name for t in threading.enumerate()
-                    if t.ident not in self.threads and t.is_alive() and not _is_idle_pool(t)]
-            if not left or time.monotonic() > end:
-                return left
-            time.sleep(0.02)
+        return settled(lambda: [t.name for t in threading.enumerate()
+                                if t.ident not in self.threads and t.is_alive() and not _is_idle_pool(t)],
+                       THREAD_WAIT_S, every=0.02)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""moto's S3 on loopback for tests (the session's server, tests/moto_server.py), with a versioned bucket, so a test
-can count how many times an object was put.
+"""moto's S3 on loopback for tests (the session's server, tests/fakes/moto_server.py), with a
+versioned bucket, so a test can count how many times an object was put.
 
     with MotoS3(moto, "jobs") as s3:  # s3.endpoint for the settings; s3.client() for the test's own looks
         s3.versions(key)          # every put of key, oldest last
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moto_server import MotoServer, MotoView
+from fakes.moto_server import MotoServer, MotoView
 
 ACCESS, SECRET = "AKIAMOTOTESTKEY00001", "moto-test-secret-do-not-ship-0123456789"
 

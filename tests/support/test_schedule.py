@@ -1,11 +1,14 @@
-"""The suite's own order under xdist (tests/schedule.py): every test runs once, each worker's share
+"""The suite's own order under xdist (tests/support/schedule.py): every test runs once, each worker's share
 starts with its part of the long tests, and the long work is spread evenly."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
-from schedule import LONG_S, groups, order, share_sizes
+
+from support.schedule import LONG_S, groups, order, share_sizes
 
 
 def test_shares_are_cut_as_worksteal_cuts_them() -> None:
@@ -95,3 +98,12 @@ def test_the_zygotes_and_skypilots_own_tests_join_moto_s_first_part_without_aski
     assert got[2] == got[3] == got[4] == got[7]  # every process that starts a zygote or SkyPilot's: one
     assert got[0] != got[1]  # moto's own two still split (t0 to the part without the 10 s of SkyPilot's)
     assert got[1] == got[2]
+
+
+def test_every_timed_test_names_a_file_of_the_suite() -> None:
+    """tests/durations.json follows the tests when they move: each key's file exists."""
+    from support.schedule import load
+
+    root = Path(__file__).resolve().parents[2]
+    missing = sorted({k.split("::")[0] for k in load() if not (root / k.split("::")[0]).is_file()})
+    assert missing == []

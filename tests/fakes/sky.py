@@ -5,7 +5,7 @@ sources: sky/client/cli/command.py for what each command prints, sky/catalog/com
 are filtered, sky/skylet/events.py and autostop_lib.py for autostop), with clusters that are real
 logins on a test sshd and instances recorded in a moto EC2 server, tagged the way SkyPilot tags
 them. tests/protocols/clouds/test_skypilot_real.py checks its output against SkyPilot's own code
-(tests/sky_own.py).
+(tests/support/sky_own.py).
 
 What 0.14 prints, kept here: `sky down --async` says `Submitted sky.Terminating request: <id>` (the
 CLI's label, not the request's name, which is `sky.down`), and `Cluster(s) not found (tip: see
@@ -17,7 +17,7 @@ launched as INIT with null `cluster_name_on_cloud`, region and resources.
 
 The server (`FakeSky`: one a test, started with it and ended by `stop`) listens on 127.0.0.1 and
 runs in the test's process, as moto's server does: threads, one a call, and a *skylet* thread for
-each cluster that comes up. `sky` (`FakeSky.command`, a wrapper around tests/fake_sky_client.py:
+each cluster that comes up. `sky` (`FakeSky.command`, a wrapper around tests/fakes/sky_client.py:
 standard library only) sends its argv as one JSON line and prints the answer's stdout, stderr and
 exit code, so every call the adapter makes costs one small process, as a real `sky` talking to its
 API server does. The server plays the API server lazily: a submitted request carries the moment it
@@ -83,7 +83,7 @@ CATALOG = [
 ACTIVE = ("PENDING", "WAITING", "RUNNING")
 LIVE = ["pending", "running", "stopping", "stopped", "shutting-down"]
 HANG = -1  # a command's answer that never comes: the client waits until it is killed
-CLIENT = Path(__file__).resolve().with_name("fake_sky_client.py")
+CLIENT = Path(__file__).resolve().with_name("sky_client.py")
 
 
 # --- the API server's state ------------------------------------------------------------------------

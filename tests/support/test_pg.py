@@ -1,4 +1,4 @@
-"""tests/pg.py keeps one initdb'd cluster to copy; a kept folder another account could write to is
+"""tests/support/pg.py keeps one initdb'd cluster to copy; a kept folder another account could write to is
 not trusted (a planted cluster's configuration would run as the tests' PostgreSQL)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from pg import _template
+
+from support.pg import _template
 
 
 def test_a_kept_folder_others_may_write_to_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

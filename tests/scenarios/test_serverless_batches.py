@@ -18,9 +18,9 @@ import httpx
 import msgspec
 import psutil
 import pytest
-from cli_inproc import CLI, run_cli
 from fakes.runpod_serverless import FakeRunPodServerless, serving
 from fakes.runpod_serverless import settings as serverless
+from support.cli_inproc import CLI, run_cli
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import AttemptEnded, Exited
