@@ -155,7 +155,7 @@ _FOLDED = {name.lower(): name for name in GPUS}
 # sm_90 in 11.8 ("support for the NVIDIA Hopper and Ada Lovelace architectures"), sm_100 in 12.8
 # ("support for the NVIDIA Blackwell architecture").
 MIN_CUDA: dict[str, float] = {
-    "A100": 11.0, "A100-80G": 11.0,  # compute capability 8.0
+    "A100": 11.0, "A100-40G": 11.0, "A100-80G": 11.0,  # compute capability 8.0
     "A6000": 11.1,  # 8.6
     "L40S": 11.8, "RTX4090": 11.8,  # 8.9
     "H100": 11.8, "H200": 11.8,  # 9.0

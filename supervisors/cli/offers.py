@@ -25,7 +25,6 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds
-from actor_run.protocols.clouds.ssh import SSHCloud
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import CandidateSpec
@@ -171,6 +170,8 @@ def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
     name = key.partition("@")[0]
     if name == "local" and args.gpu:
         return ""  # this computer: whatever GPU it has, not one of a class
+    from actor_run.protocols.clouds.ssh import SSHCloud  # here: asyncssh only where an ssh cloud is asked
+
     hosts = cloud.settings.hosts if isinstance(cloud, SSHCloud) else {}
     if name == "ssh" and args.gpu and not any(h.gpus for h in hosts.values()):
         return (f"its hosts declare no GPU class, so none is offered as {args.gpu} (a host declares its GPUs "

@@ -50,7 +50,7 @@ import pykka
 from actor_run.actors import Actor, AttemptActor, Context, Reattach, Result
 from actor_run.actors.flag import Flag
 from actor_run.protocols.attempt_time import AttemptTime, attempt_time
-from actor_run.protocols.failures import Code, LaunchError, Refused
+from actor_run.protocols.failures import Code, LaunchError, Refused, SpecError
 from actor_run.protocols.files import write_private
 from actor_run.protocols.hosts.workspace import RESUME_LINE
 from actor_run.protocols.messages import (
@@ -320,8 +320,12 @@ class JobSupervisor(Actor):
                 self._end("failed", Code.GUARD, str(error))
                 return
             # taken as no stock there this time (the walk asks again): the run's log, not a warning; a
-            # job that finds no place in the end says so when it ends
-            self.log.info("offers for candidate {} failed: {}", candidate, result.error)
+            # job that finds no place in the end says so when it ends. A candidate the settings cannot
+            # serve (a host they do not have) is the user's to mend: a warning
+            if isinstance(error, SpecError):
+                self.log.warning("offers for candidate {} failed: {}", candidate, error)
+            else:
+                self.log.info("offers for candidate {} failed: {}", candidate, error)
             self.walk.set_offers(candidate, [])
         else:
             self.walk.set_offers(candidate, result.value)

@@ -33,7 +33,7 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "shadeform-v1.yaml"
@@ -148,7 +148,9 @@ class FakeShadeform(OpenAPIFake):
         port = free_port()
         if not self.virtual:
             key = self.keys.get(str(body.get("ssh_key_id") or ""), {}).get("public_key", "ssh-ed25519 AAAA-shadeform")
-            self.boxes.plan(inst_id, key, address=address, port=port)
+            # the GPU as its driver names it (what `nvidia-smi` lists: the machine's check before the job)
+            smi = f"NVIDIA {'RTX A6000' if t[1] == 'A6000' else t[1].replace('_', ' ')} {t[4]}GB"
+            self.boxes.plan(inst_id, key, address=address, port=port, tools=gpu_tools(smi, 1))
         inst: dict[str, Any] = {
             "id": inst_id, "cloud": body["cloud"], "region": body["region"],
             "shade_instance_type": body["shade_instance_type"], "cloud_instance_type": t[2],

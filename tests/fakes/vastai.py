@@ -41,7 +41,7 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes
+from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
 DOCUMENT = OPENAPI / "vastai-v0.yaml"
@@ -220,9 +220,11 @@ class FakeVast(OpenAPIFake):
         port = free_port()
         if not self.virtual:
             public = "\n".join(k["key"] for k in self.keys)  # account keys reach instances made after them (§9)
+            # the GPU as its driver names it (what `nvidia-smi` lists: the machine's check before the job)
+            smi = f"NVIDIA {ask['gpu_name']} {int(ask['gpu_ram']) // 1024}GB"
             self.boxes.plan(str(inst_id), public or "ssh-ed25519 AAAA-no-key-registered",
                             env={"CONTAINER_ID": str(inst_id), "CONTAINER_API_KEY": key, "VAST_URL": self.url},
-                            address=address, port=port)
+                            address=address, port=port, tools=gpu_tools(smi, 1))
         bid = body.get("price")
         inst = {
             "id": inst_id, "label": body.get("label"), "actual_status": status, "intended_status": "running",

@@ -184,7 +184,7 @@ def test_daemons_end_with_a_cancel(tmp_path: Path, cloud: tuple[str, Sshd | None
         assert done.returncode == 0, done.stdout + done.stderr
         assert_gone_soon(tmp_path, ended)
         proc.communicate(timeout=120)
-        assert proc.returncode == 1
+        assert proc.returncode == 3  # canceled from elsewhere, nothing failed (README: exit codes)
         assert bystander.is_running()
     finally:
         _kill(proc)

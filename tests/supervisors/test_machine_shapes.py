@@ -120,7 +120,7 @@ def test_offers_and_plan_print_shapes_images_and_the_machines_price(tmp_path: Pa
                    timeout=120, env=ENV, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
-    assert rows == [["sim", "us-east", "H100:8", "23.2000", "1", "-", "-"]]
+    assert rows == [["sim", "us-east", "H100:8", "23.2000", "1", "-", "-", "-"]]  # no kind, interruptible, image
     batch = write_batch(tmp_path, "runpod", runpod.url, gpus=["A100:8"], seeds=[1], settings=runpod.settings())
     planned = cli(tmp_path, "plan", str(batch), key_var=runpod.KEY_VAR)
     assert planned.returncode == 0, planned.stderr
