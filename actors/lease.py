@@ -161,8 +161,12 @@ class LeaseActor(Actor):
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(_Stage(stage=what))
 
+        stopping = self.ctx.stopping
+
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
             await wait_durable(intent, soon)
+            if stopping.is_set():  # a Ctrl-C or a cancel of everything came first: no create starts after it
+                raise LaunchRefused("the run is stopping: no machine was created", code=Code.CANCELED)
             stage("booting")
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
@@ -230,7 +234,9 @@ class LeaseActor(Actor):
         code, detail = _classify_launch(exc, created=self.machine is not None)
         failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
                              machine=self.machine, taken_at=exc.at if isinstance(exc, MachineGone) else None)
-        clean = code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
+        clean = ((code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED)
+                  or (code is Code.CANCELED and isinstance(exc, LaunchRefused)))  # no create started
+                 and not isinstance(exc, LaunchAmbiguous))
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
             # without a pool thread waiting for the ledger (a region out of stock refuses many at

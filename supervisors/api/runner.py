@@ -167,6 +167,7 @@ class Runner(JobChecks, Takeover, EventBus):
         self.reactor.start()
         self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s, outage_s=self.outage_s)
         self.ledger.on_stale = self._lost
+        self.ledger.on_failure = self._ledger_failed
         if self.register:
             self.ledger.register_owner()
         self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
@@ -227,8 +228,23 @@ class Runner(JobChecks, Takeover, EventBus):
             with contextlib.suppress(pykka.ActorDeadError):
                 self._batch.tell(_Abandon(keys=frozenset(keys)))
 
+    def _ledger_failed(self, exc: BaseException) -> None:
+        """On the ledger's thread: a write failed for a reason that is not the database's. What the
+        ledger holds can no longer be trusted to be whole: every job ends (`internal`), each running
+        attempt deleting its machine first, and the run ends with exit 1."""
+        logger.error("the ledger could not record a write ({}: {}): ending the run, deleting every machine",
+                     type(exc).__name__, exc)
+        if self._batch is not None:
+            self.ctx.stopping.set()
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._batch.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
+
     def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
-        """Cancel every job not finished: each running attempt deletes its machine first."""
+        """Cancel every job not finished: each running attempt deletes its machine first. No create
+        call starts after this returns, whatever is queued (`Context.stopping`, checked by each
+        lease just before its create)."""
+        if self._open:
+            self.ctx.stopping.set()
         self._batch_tell(Cancel(failure=failure, detail=detail))
 
     def hand_back(self, timeout: float = 60.0) -> set[str]:

@@ -11,12 +11,14 @@ import sys
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
+from actor_run.protocols.specs import MAX_CONCURRENCY
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    count_arg,
     signals_restored,
     watch,
     where_state_lives,
@@ -39,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("batch", nargs="?", help="a batch file (TOML); or none, and a command after --")
     run.add_argument("--json", action="store_true", help="one event per line (JSON), each with its run")
-    run.add_argument("--concurrency", type=int, help="jobs at once (default: the batch's policy.concurrency)")
+    run.add_argument("--concurrency", type=count_arg(1, MAX_CONCURRENCY),
+                     help="jobs at once (default: the batch's policy.concurrency)")
     run.add_argument("--ledger", help=LEDGER_HELP)
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
