@@ -287,8 +287,8 @@ def read_pty(args: list[str], env: dict[str, str], cwd: Path) -> bytes:
 
 
 def test_escape_sequences_in_a_jobs_output_never_reach_a_terminal_raw(tmp_path: Path) -> None:
-    command = (f"printf '{OSC52}{CLEAR}{TITLE}hello\\n'; "
-               f"printf '{{\"stage\": \"s{CLEAR}\", \"k\\\\u001b]52;c;QQ==\\\\u0007\": 1}}\\n' > \"$ACTOR_RUN_PROGRESS\"")
+    progress = '{"stage": "s\\\\u001b[2J", "k\\\\u001b]52;c;QQ==\\\\u0007": 1}'
+    command = f"printf '{OSC52}{CLEAR}{TITLE}hello\\n'; printf '{progress}\\n' > \"$ACTOR_RUN_PROGRESS\""
     path = batch(tmp_path, command=command)
     env = {**os.environ, "NO_COLOR": "1"}
     done = actor_run(tmp_path, "run", str(path), "--out", str(tmp_path / "out"), "--state-dir",
@@ -298,12 +298,25 @@ def test_escape_sequences_in_a_jobs_output_never_reach_a_terminal_raw(tmp_path: 
     assert OSC52.encode() in log  # the file keeps the job's bytes as they are
     for args in (["logs", "t"], ["status"], ["runs"]):
         shown = read_pty([*args, "--state-dir", str(tmp_path / "state")], env, tmp_path)
-        assert b"\x1b]" not in shown and b"\x1b[2J" not in shown, (args, shown)
+        assert b"\x1b]" not in shown, (args, shown)
+        assert b"\x1b[2J" not in shown, (args, shown)
         if args[0] == "logs":
-            assert b"hello" in shown and b"\\x1b]52;c;ZXZpbA==" in shown  # shown, made visible
+            assert b"hello" in shown
+            assert b"\\x1b]52;c;ZXZpbA==" in shown  # shown, made visible
     piped = actor_run(tmp_path, "logs", "t", "--state-dir", str(tmp_path / "state"))
-    assert "\x1b" not in piped.stdout and "\\x1b]52" in piped.stdout  # a pipe gets it inert too ...
+    assert "\x1b" not in piped.stdout  # a pipe gets it inert too ...
+    assert "\\x1b]52" in piped.stdout
     raw = actor_run(tmp_path, "logs", "t", "--raw", "--state-dir", str(tmp_path / "state"))
     assert OSC52 in raw.stdout  # ... unless it asks for the bytes as they are
     refused = read_pty(["logs", "t", "--raw", "--state-dir", str(tmp_path / "state")], env, tmp_path)
-    assert b"--raw" in refused and b"\x1b]" not in refused  # never to a terminal
+    assert b"--raw" in refused  # never to a terminal
+    assert b"\x1b]" not in refused
+
+
+def test_the_live_view_shows_a_progress_key_and_stage_inert(tmp_path: Path) -> None:
+    progress = '{"stage": "s\\\\u001b]0;pwned\\\\u0007", "k\\\\u001b]52;c;QQ==\\\\u0007": 1, "step": 1}'
+    path = batch(tmp_path, command=f"printf '{progress}\\n' > \"$ACTOR_RUN_PROGRESS\"; sleep 2")
+    shown = read_pty(["run", str(path), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
+                     {**os.environ, "COLUMNS": "200"}, tmp_path)
+    assert b"52;c;QQ==" in shown  # the key was drawn ...
+    assert b"\x1b]" not in shown  # ... with no OSC sequence of the job's reaching the terminal
