@@ -320,3 +320,67 @@ def test_the_live_view_shows_a_progress_key_and_stage_inert(tmp_path: Path) -> N
                      {**os.environ, "COLUMNS": "200"}, tmp_path)
     assert b"52;c;QQ==" in shown  # the key was drawn ...
     assert b"\x1b]" not in shown  # ... with no OSC sequence of the job's reaching the terminal
+
+
+# --- 7: Ctrl-C stops renting at once ----------------------------------------------------------------
+
+MANY = """\
+[job]
+name = "many"
+command = "true"
+seeds = [1]
+
+[policy]
+concurrency = 100000
+max_attempts = 1
+
+[[candidates]]
+cloud = "sim"
+gpu = "H100"
+
+[clouds.sim]
+virtual = true
+virtual_job_s = 600
+launch_latency_s = 1.0
+delete_latency_s = 0.01
+
+[[clouds.sim.regions]]
+name = "r"
+gpus = { H100 = { stock = 100000, hourly_usd = 1.0 } }
+"""
+LAUNCH_LATENCY_S = 1.0
+
+
+def test_ctrl_c_at_100000_queued_seeds_creates_nothing_after_the_signal(tmp_path: Path) -> None:
+    """100,000 seeds, all allowed at once, on the sim's virtual machines: once machines are being
+    made, SIGINT; no create starts after it (the sim's store dates each create: its start is
+    `created_at` less the launch latency), every machine is deleted, exit 130."""
+    import signal
+    import time
+
+    from actor_run.protocols.clouds.simstore import billing
+    from waits import poll
+
+    (tmp_path / "b.toml").write_text(MANY)
+    sim = tmp_path / "state" / "sim"
+    proc = subprocess.Popen([*CLI, "run", "b.toml", "--seeds", "1-100000", "--state-dir", str(tmp_path / "state"),
+                             "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"}, start_new_session=True)
+    try:
+        poll(lambda: len(list((sim / "machines").glob("*.json"))) >= 20, 300, "machines being made")
+        signalled = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+        took = time.time() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert not list((sim / "machines").glob("*.json"))  # every machine deleted
+    bills = billing(sim)
+    assert bills
+    late = [b.name for b in bills if b.created_at - LAUNCH_LATENCY_S > signalled + 0.5]
+    assert late == [], late  # no create started after the signal
+    assert "not submitted (interrupted)" in err  # the seeds still queued were never submitted
+    assert took < 240, took  # 560 s before; README "Stopping" gives what the exit waits for

@@ -101,7 +101,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.subscribe(events.append)
             signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
-            ended = watch(runner, [runner.submit(j).key for j in jobs], events, json_mode=args.json,
+            keys = []
+            for j in jobs:  # 100,000 seeds take minutes to submit: a Ctrl-C meanwhile submits no more
+                if interrupts.count:
+                    sys.stderr.write(f"actor-run: {len(jobs) - len(keys)} job(s) not submitted (interrupted)\n")
+                    break
+                keys.append(runner.submit(j).key)
+            ended = watch(runner, keys, events, json_mode=args.json,
                           unconfirmed=unconfirmed, budget_usd=batch.spec.policy.budget_usd)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
