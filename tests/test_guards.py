@@ -358,8 +358,9 @@ def test_ctrl_c_at_100000_queued_seeds_creates_nothing_after_the_signal(tmp_path
     import signal
     import time
 
-    from actor_run.protocols.clouds.simstore import billing
     from waits import poll
+
+    from actor_run.protocols.clouds.simstore import billing
 
     (tmp_path / "b.toml").write_text(MANY)
     sim = tmp_path / "state" / "sim"
