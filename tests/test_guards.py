@@ -22,6 +22,7 @@ from urllib.parse import quote
 import pytest
 from cli_inproc import run_cli
 from fakes.keys import client_key
+from sshd import Sshd
 
 CLI = [sys.executable, "-m", "actor_run"]
 KEY = 'rp_live/0123+4567"89abcdef=='  # a key with characters every encoding spells differently
@@ -385,3 +386,63 @@ def test_ctrl_c_at_100000_queued_seeds_creates_nothing_after_the_signal(tmp_path
     assert late == [], late  # no create started after the signal
     assert "not submitted (interrupted)" in err  # the seeds still queued were never submitted
     assert took < 240, took  # 560 s before; README "Stopping" gives what the exit waits for
+
+
+# --- 10: `actor-run ssh` with the job's own settings ------------------------------------------------
+
+HOLD = (r"""sh -c 'for i in $(seq 1 1200); do [ -e \"$GATE\" ] && exit 0; sleep 0.1; done'""")
+
+
+def ssh_run(tmp: Path, sshd: Sshd, name: str, host: str, root: Path, command: str, gate: Path) -> str:
+    return f"""
+[job]
+name = "{name}"
+command = "{command}"
+seeds = [1]
+env = {{ GATE = "{gate}" }}
+
+[policy]
+poll_s = 0.2
+
+[[candidates]]
+cloud = "ssh"
+hosts = ["{host}"]
+
+[clouds.ssh]
+known_hosts = "{tmp / 'known_hosts'}"
+
+[clouds.ssh.hosts.{host}]
+address = "{sshd.address}"
+port = {sshd.port}
+user = "{sshd.user}"
+key = "{sshd.user_key}"
+root = "{root}"
+"""
+
+
+def test_ssh_uses_the_jobs_own_run_settings_when_another_run_used_another_host(tmp_path: Path, sshd: Sshd) -> None:
+    from waits import poll
+
+    gate = tmp_path / "gate"
+    environ = {**os.environ, "NO_COLOR": "1"}
+    (tmp_path / "a.toml").write_text(ssh_run(tmp_path, sshd, "a", "one", tmp_path / "root-a", HOLD, gate))
+    (tmp_path / "b.toml").write_text(ssh_run(tmp_path, sshd, "b", "two", tmp_path / "root-b", "true", gate))
+    state = ["--state-dir", str(tmp_path / "state")]
+    first = subprocess.Popen([*CLI, "run", "a.toml", *state, "--out", str(tmp_path / "out")], cwd=tmp_path,
+                             env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: list((tmp_path / "root-a").glob("work/*/a/1/a0/pid")), 120, "run a's job started")
+        second = actor_run(tmp_path, "run", "b.toml", *state, "--out", str(tmp_path / "out"))
+        assert second.returncode == 0, second.stderr  # another run, another host: the newest settings now
+        done = subprocess.run([*CLI, "ssh", "a/1", *state, "--", "pwd"], capture_output=True, text=True,
+                              timeout=60, env=environ, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().startswith(str((tmp_path / "root-a").resolve())), done.stdout
+    finally:
+        gate.touch()
+        try:
+            first.communicate(timeout=120)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.communicate()

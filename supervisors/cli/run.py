@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.subscribe(events.append)
             signal.signal(signal.SIGINT, interrupts)
             signal.signal(signal.SIGTERM, interrupts)
-            keys = []
+            keys: list[str] = []
             for j in jobs:  # 100,000 seeds take minutes to submit: a Ctrl-C meanwhile submits no more
                 if interrupts.count:
                     sys.stderr.write(f"actor-run: {len(jobs) - len(keys)} job(s) not submitted (interrupted)\n")
