@@ -72,6 +72,7 @@ from actor_run.protocols.messages import (
 )
 from actor_run.protocols.names import encode_name
 from actor_run.protocols.specs import Job
+from actor_run.protocols.verdict import judge
 
 
 class _Started(Message, frozen=True, kw_only=True):
@@ -132,10 +133,12 @@ class AttemptActor(Actor):
         self.work: str | None = None
         self.pid: int | None = None
         self.exit_code: int | None = None
+        self.exited: Exited | None = None  # what the heartbeat saw at the job's end (the job's verdict)
         self.billed_s = -1.0  # a run billed by the second: its seconds, as the provider reported them
         self.phases: dict[str, float] = {}
         self._mark = self.began
         self.finishing: tuple[str, Code | None, str] | None = None
+        self.reason = ""  # the job's own words on its failure (AttemptEnded.reason)
         # set at the release (the machine is being deleted): the heartbeat's polls stop at their next
         # beat and the meter says no live figure more, before either's stop has its turn (a Release
         # is urgent: actors/pool.py; their stops are not)
@@ -248,7 +251,7 @@ class AttemptActor(Actor):
                 self._maybe_checkpoint(line)
             case Exited(exit_code=code, billed_s=billed_s) as event:
                 self._phase("run")
-                self.exit_code = code
+                self.exit_code, self.exited = code, event
                 self.billed_s = billed_s
                 self.ctx.emit(event)
                 if self.finishing is None and self.machine is not None and self.work is not None:
@@ -258,10 +261,16 @@ class AttemptActor(Actor):
             case Fetched() as event:
                 self._phase("fetch")
                 self.ctx.emit(event)
-                if self.exit_code == 0:
+                e = self.exited
+                assert e is not None
+                assert self.exit_code is not None
+                verdict, why = judge(self.exit_code, retry_on_exit=self.job.policy.retry_on_exit,
+                                        retriable=e.retriable, reason=e.reason, oom=e.oom)
+                if verdict is None:
                     self._finish("succeeded", None, "")
                 else:
-                    self._finish("failed", Code.JOB_FAILED, f"the job exited {self.exit_code}")
+                    self.reason = e.oom if verdict is Code.OOM else e.reason if verdict is Code.RETRIABLE else ""
+                    self._finish("failed", verdict, why)
             case Stalled(failure=failure, detail=detail, taken_at=taken_at) as event:
                 if failure is Code.PREEMPTED:
                     self.taken_at = taken_at if taken_at is not None else event.t
@@ -299,7 +308,8 @@ class AttemptActor(Actor):
         assert self.machine is not None
         ws = self.ctx.workspaces[self.machine.name]
         self.work = ws.work_dir(self.job.name, self.job.seed, self.attempt)
-        env = {**self.job.env, "ACTOR_RUN_SEED": str(self.job.seed), "ACTOR_RUN_ATTEMPT": str(self.attempt)}
+        env = {**self.job.env, "ACTOR_RUN_SEED": str(self.job.seed), "ACTOR_RUN_ATTEMPT": str(self.attempt),
+               "ACTOR_RUN_GPU": self.offer.gpu}
         launch = Launch(
             work=self.work, command=self.job.command.replace("{seed}", str(self.job.seed)), code=up.code,
             inputs=up.inputs, env=env, lost_after_s=self.job.policy.lost_after_s, resume=up.resume,
@@ -393,7 +403,8 @@ class AttemptActor(Actor):
             unconfirmed = f"machine {event.machine} not confirmed deleted: {event.detail}"
             detail = (detail + "; " if detail else "") + unconfirmed
         self.tell_parent(AttemptEnded(**self.head, outcome=outcome_, failure=failure, detail=detail, usage=usage,
-                                      phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code))
+                                      phases=dict(self.phases), offer=self.offer, exit_code=self.exit_code,
+                                      reason=self.reason))
         self._ended = True
         self.stop_now()  # told, and the machine is gone: what is left of this actor is bookkeeping
 

@@ -48,6 +48,7 @@ from actor_run.protocols.failures import CallCancelled, Code, HostError, Machine
 from actor_run.protocols.hosts.workspace import PollResult, PollsNow, Workspace
 from actor_run.protocols.messages import AttemptHead, Exited, Message, Progress, Stalled, Watch
 from actor_run.protocols.specs import job_key
+from actor_run.protocols.verdict import REASON_MAX, TAIL_BYTES, oom_line
 
 _decode_line = msgspec.json.Decoder().decode  # a progress line: any JSON value (objects are kept)
 SETUP_STAGES = frozenset({"", "setup", "boot", "install", "download", "prepare", "load", "starting"})
@@ -298,6 +299,11 @@ class HeartbeatActor(Actor):
         self.last_ok = 0.0
         self.exited = False
         self.stalled = False
+        # the job's own verdict, for its exit (protocols/verdict.py): its flags and the end of its log
+        self.retriable = False
+        self.reason = ""
+        self.oom_flag = ""
+        self.tail = b""
         self._watch: _Watch | None = None  # the reactor side, once watching
         self._loop: Task | None = None  # its poll loop
         self._log_fd: int | None = None  # log.txt, append-only, open for the attempt
@@ -400,8 +406,10 @@ class HeartbeatActor(Actor):
         self._take_progress(p.lines, seen)
         if p.state == "exited":
             self.exited = True
-            self.tell_parent(Exited(**self.head, exit_code=p.exit_code if p.exit_code is not None else -1,
-                                    billed_s=p.billed_s))
+            exit_code = p.exit_code if p.exit_code is not None else -1
+            oom = (self.oom_flag or oom_line(self.tail, exit_code)) if exit_code != 0 else ""
+            self.tell_parent(Exited(**self.head, exit_code=exit_code, billed_s=p.billed_s, retriable=self.retriable,
+                                    reason=self.reason, oom=oom))
             return
         if p.state in ("lost", "gone"):
             self._stall(Code.STALLED, "the job's process vanished without an exit code")
@@ -420,6 +428,7 @@ class HeartbeatActor(Actor):
         (or alone: a quiet job's log still opens with it once the first poll is in)."""
         if log:
             self.last_life = max(self.last_life, seen)
+            self.tail = (self.tail + log)[-TAIL_BYTES:] if len(log) < TAIL_BYTES else log[-TAIL_BYTES:]
         if log or self._log_header:
             self._write_log(log)
 
@@ -491,7 +500,20 @@ class HeartbeatActor(Actor):
                 self.last_life = seen
             if not self.setup_done and stage not in SETUP_STAGES:
                 self.setup_done = True
+            if "retriable" in line or "oom" in line:
+                self._verdict(line)
             progress = Progress(job=job, seed=seed, attempt=attempt, stage=stage, line=line)
             emit(progress)
             if "checkpoint" in line:
                 self.tell_parent(progress)  # the attempt brings the checkpoint home
+
+    def _verdict(self, line: dict[str, Any]) -> None:
+        """A progress line with the job's own verdict: `{"retriable": true, "reason": "..."}` or
+        `{"oom": true}` (the last line of each kind counts; it matters only if the job exits non-zero)."""
+        reason = line.get("reason", "")
+        reason = (reason if isinstance(reason, str) else json.dumps(reason))[:REASON_MAX]
+        if "retriable" in line:
+            self.retriable = line["retriable"] is True
+            self.reason = reason if self.retriable else ""
+        if "oom" in line:
+            self.oom_flag = f"the job flagged oom{': ' + reason if reason else ''}" if line["oom"] is True else ""

@@ -1,7 +1,9 @@
 """An asyncio application that awaits an actor-run job without blocking its event loop.
 
-`JobHandle.wait_async()` wakes the loop when the job ends (trio works the same way); opening and
-closing the Runner block (closing waits until every machine is deleted), so they go to a thread.
+`async with Runner(...)` opens and closes the Runner on a thread of its own, so the loop runs on
+while it waits for every machine to be deleted; a cancellation of the task (here: `wait_for`'s
+timeout, had the job hung) deletes every machine before the block exits. `JobHandle.wait_async()`
+wakes the loop when the job ends. examples/trio_embed.py is the same program in trio.
 
     python examples/async_embed.py [OUT_DIR]
 
@@ -30,11 +32,9 @@ async def run(out_dir: str | Path, state_dir: str | Path | None = None) -> tuple
             timeout_s=120,
             policy=Policy(max_attempts=1, poll_s=0.2),
         )
-        runner = Runner(out_dir=out_dir, state_dir=state_dir)
-        await asyncio.to_thread(runner.open)
-        try:
+        ticks = 0
+        async with Runner(out_dir=out_dir, state_dir=state_dir) as runner:
             handle = runner.submit(job)
-            ticks = 0
 
             async def heartbeat() -> None:
                 nonlocal ticks
@@ -45,10 +45,8 @@ async def run(out_dir: str | Path, state_dir: str | Path | None = None) -> tuple
                     await asyncio.sleep(0.05)
 
             beating = asyncio.create_task(heartbeat())
-            ended = await handle.wait_async()
+            ended = await asyncio.wait_for(handle.wait_async(), timeout=300)
             beating.cancel()
-        finally:
-            await asyncio.to_thread(runner.close)
     return ended, ticks
 
 

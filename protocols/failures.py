@@ -11,7 +11,9 @@ Exceptions (whose fault it is)::
     │   ├── LaunchRefused         clean: proves no machine exists (`no_capacity`, `quota`, `launch_failed`)
     │   └── LaunchAmbiguous       a machine may exist that we hold no id for (`ambiguous_create`)
     ├── DeleteUnconfirmed         the provider did not confirm a machine is gone
-    └── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    ├── CallCancelled             a reactor call was cancelled or timed out (never a silent None)
+    ├── RunnerClosed              the caller used a Runner that is not open
+    └── WaitTimeout               a wait for jobs ran out of time (also a TimeoutError)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from actor_run.protocols.redact import redact
 class Code(enum.StrEnum):
     """Every failure's code (a str: `"job_failed"`); `POLICIES` says what each one leads to: the
     transient ones (no_capacity, quota, launch_failed, ambiguous_create, preempted, stalled,
-    unreachable) walk on or are retried on a fresh machine, the others end the job."""
+    unreachable, retriable, oom) walk on or are retried on a fresh machine, the others end the job."""
 
     NO_CAPACITY = "no_capacity"
     QUOTA = "quota"  # the account is out of quota or balance: the same place on the next account
@@ -35,6 +37,8 @@ class Code(enum.StrEnum):
     PREEMPTED = "preempted"
     STALLED = "stalled"
     UNREACHABLE = "unreachable"
+    RETRIABLE = "retriable"  # the job's own verdict: not its code's fault (an NCCL error, a lost GPU): a fresh machine
+    OOM = "oom"  # the job ran out of memory: the next attempt on a candidate with more GPU memory (`on_oom`)
     JOB_FAILED = "job_failed"
     INPUT = "input"
     TRANSFER_FAILED = "transfer_failed"  # the job's results could not come back within the transport's limits
@@ -52,6 +56,7 @@ class Next(enum.StrEnum):
     WALK = "walk"  # next candidate, no retry counted against this place
     RETRY = "retry"  # a fresh machine (same or next place), counts an attempt
     RECONCILE_RETRY = "reconcile_retry"  # delete by name first, then retry
+    BIGGER = "bigger"  # retry on the next candidate with more GPU memory (policy `on_oom`), counts an attempt
     FINAL = "final"  # the job ends with this failure
 
 
@@ -69,6 +74,8 @@ POLICIES: dict[Code, Policy] = {
     Code.PREEMPTED: Policy(next=Next.RETRY, walk=False, transient=True),
     Code.STALLED: Policy(next=Next.RETRY, walk=False, transient=True),
     Code.UNREACHABLE: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.RETRIABLE: Policy(next=Next.RETRY, walk=False, transient=True),
+    Code.OOM: Policy(next=Next.BIGGER, walk=True, transient=True),
     Code.JOB_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.INPUT: Policy(next=Next.FINAL, walk=False, transient=False),
     Code.TRANSFER_FAILED: Policy(next=Next.FINAL, walk=False, transient=False),
@@ -154,3 +161,11 @@ class DeleteUnconfirmed(ActorRunError):
 
 class CallCancelled(ActorRunError):
     """A call into the reactor was cancelled or ran out of time."""
+
+
+class RunnerClosed(ActorRunError):
+    """The caller used a Runner that is not open (before `open()`/`with`, or after `close()`)."""
+
+
+class WaitTimeout(ActorRunError, TimeoutError):
+    """A wait for jobs to end ran out of time; the jobs go on (a TimeoutError too)."""

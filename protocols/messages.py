@@ -185,10 +185,14 @@ class Progress(Event, frozen=True, kw_only=True):
 
 
 class Exited(Event, frozen=True, kw_only=True):
-    """The command ended with `exit_code` (0: success; anything else is `job_failed`)."""
+    """The command ended with `exit_code` (0: success; anything else is the job's failure:
+    `job_failed`, or, by the job's own verdict (protocols/verdict.py), `retriable` or `oom`)."""
 
     exit_code: int
     billed_s: float = -1.0  # a provider that bills the run by the second (serverless): its seconds; -1 not so
+    retriable: bool = False  # the job's last progress line saying "retriable" said true
+    reason: str = ""  # the reason that line gave
+    oom: str = ""  # the evidence that the job ran out of memory (its log's line, or its own flag)
 
 
 class Stalled(Event, frozen=True, kw_only=True):
@@ -255,6 +259,7 @@ class AttemptEnded(Event, frozen=True, kw_only=True):
     phases: dict[str, float] = msgspec.field(default_factory=dict)
     offer: Offer | None = None
     exit_code: int | None = None
+    reason: str = ""  # the job's own words on its failure (a retriable flag's reason, an out-of-memory line)
 
 
 class Retrying(Event, frozen=True, kw_only=True):

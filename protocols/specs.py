@@ -46,7 +46,17 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     `backoff_s` (doubling, with jitter, up to `backoff_max_s`) before the next. An attempt whose job
     writes no progress for `setup_grace_s` (before its first work stage) or `stall_after_s` (after)
     ends `stalled`. `concurrency` and `budget_usd` are the batch's: the CLI hands them to the Runner.
-    Every field has a default; `check_policy` (run by the Runner) refuses impossible values."""
+    Every field has a default; `check_policy` (run by the Runner) refuses impossible values.
+
+    A budget per kind of failure: a kind whose `max_<kind>` is set counts its own failures (the job
+    goes on after at most that many, one more ends it) and draws nothing from `max_attempts`; a kind
+    left unset (None) draws on `max_attempts` as every failure did before. Preemptions have their own
+    budget by default (`max_preemptions = 10`): a spot machine taken away is nobody's failure, and
+    the thrash guard, the deadline and the budget still bound a job that is preempted again and again.
+    The job's own verdict: a progress line `{"retriable": true, "reason": ...}` before a non-zero exit,
+    or an exit code in `retry_on_exit`, ends the attempt `retriable` (retried on a fresh machine);
+    `on_oom = "bigger"` moves a job that ran out of memory to the next candidate with more GPU memory,
+    `"fail"` ends it `oom`."""
 
     max_attempts: int = 3
     concurrency: int = 4
@@ -65,6 +75,19 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # failing `no_capacity`; default: 0 for clouds, the job's timeout_s when a candidate is your own
     # SSH hosts (their slots free up as your own attempts finish)
     capacity_wait_s: float | None = None
+    retry_on_exit: list[int] = msgspec.field(default_factory=list)  # exit codes that mean `retriable`
+    on_oom: str = "bigger"  # "bigger": the next candidate with more GPU memory; "fail": the job ends `oom`
+    max_preemptions: int | None = 10  # None (or unset kinds below): drawn from max_attempts
+    max_stalls: int | None = None
+    max_unreachable: int | None = None
+    max_launch_failures: int | None = None  # launch_failed and ambiguous_create
+    max_retriable: int | None = None  # the job's own `retriable` verdicts
+    max_oom_moves: int | None = None  # moves to a bigger GPU after `oom`
+
+
+KIND_LIMITS = ("max_preemptions", "max_stalls", "max_unreachable", "max_launch_failures", "max_retriable",
+               "max_oom_moves")
+ON_OOM = ("bigger", "fail")
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -94,9 +117,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     """One seed of a batch, with everything needed to run it: what `Runner.submit` takes.
 
     `command` runs in a shell on the machine, in a copy of the folder `code`, with `$ACTOR_RUN_SEED`,
-    `$ACTOR_RUN_ATTEMPT`, `$ACTOR_RUN_IN` (the `inputs`), `$ACTOR_RUN_OUT` (fetched back) and
-    `$ACTOR_RUN_PROGRESS` set, plus `env`. Exit 0 is success; any other exit is the job's own
-    failure (`job_failed`, not retried). `code` and `inputs` are absolute paths on this computer
+    `$ACTOR_RUN_ATTEMPT`, `$ACTOR_RUN_GPU` (the GPU class it runs on), `$ACTOR_RUN_IN` (the `inputs`),
+    `$ACTOR_RUN_OUT` (fetched back) and `$ACTOR_RUN_PROGRESS` set, plus `env`. Exit 0 is success; any
+    other exit is the job's own failure (`job_failed`, not retried) unless the job's verdict says
+    `retriable` or `oom` (protocols/verdict.py). `code` and `inputs` are absolute paths on this computer
     (`Batch` makes them so). `clouds` holds `[clouds.<name>]` tables, merged over the user's
     settings. `key` (`name/seed-<seed>`) names the job in the Runner, the ledger and the events."""
 
@@ -328,6 +352,13 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=False)
     _count(f"{at}.thrash_max", p.thrash_max, 1, MAX_COUNT)
+    for name in KIND_LIMITS:
+        value = getattr(p, name)
+        if value is not None:
+            _count(f"{at}.{name}", value, 0, MAX_ATTEMPTS)
+    _check(f"{at}.on_oom", p.on_oom in ON_OOM, " or ".join(repr(o) for o in ON_OOM), p.on_oom)
+    for i, code in enumerate(p.retry_on_exit):
+        _check(f"{at}.retry_on_exit[{i}]", 1 <= code <= 255, "an exit code from 1 to 255", code)
     _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False, most=MAX_FACTOR)
     # a host is judged lost only after several heartbeats could have reached it
     _check(f"{at}.lost_after_s", p.lost_after_s >= 3 * p.poll_s, f"a number >= 3 x poll_s ({3 * p.poll_s:g})",

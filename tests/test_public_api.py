@@ -82,7 +82,8 @@ def test_the_examples_pass_mypy_strict() -> None:
     # run, so the two share mypy's cache (other options made each run check everything again: 5-6 s of
     # CPU each, twice a run)
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", "examples/embed.py", "examples/async_embed.py"],
+        [sys.executable, "-m", "mypy", "--no-error-summary", "examples/embed.py", "examples/async_embed.py",
+         "examples/trio_embed.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -99,6 +100,13 @@ def test_the_embedding_example_runs_its_batch(tmp_path: Path) -> None:
 
 def test_the_async_example_awaits_without_blocking_its_loop(tmp_path: Path) -> None:
     ended, ticks = asyncio.run(_example("async_embed").run(tmp_path / "out", tmp_path / "state"))
+    assert ended.outcome == "succeeded", ended.detail
+    assert ticks >= 3  # the job waited for the loop's third tick
+    assert (tmp_path / "out" / "latest" / "awaited" / "seed-1" / "out" / "note.txt").read_text() == "released\n"
+
+
+def test_the_trio_example_awaits_without_blocking_its_loop(tmp_path: Path) -> None:
+    ended, ticks = trio.run(_example("trio_embed").run, tmp_path / "out", tmp_path / "state")
     assert ended.outcome == "succeeded", ended.detail
     assert ticks >= 3  # the job waited for the loop's third tick
     assert (tmp_path / "out" / "latest" / "awaited" / "seed-1" / "out" / "note.txt").read_text() == "released\n"

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.clouds.base import Cloud, Reclaim, Reclaiming
+from actor_run.protocols.clouds.gpus import gpu_memory_gb
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import CandidateSpec, add_secret_settings, check_candidates, spec_error
 
@@ -126,5 +127,5 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 __all__ = [
     "MAIN", "Cloud", "Reclaim", "Reclaiming", "account_settings", "accounts_of", "check_cloud_names", "cloud_key",
-    "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key",
+    "gpu_memory_gb", "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key",
 ]

@@ -31,6 +31,11 @@ GPUS: dict[str, dict[str, tuple[str, ...]]] = {
         "hyperstack": ("A100-80G-PCIe",),
         "lambda": ("gpu_1x_a100_sxm4", "gpu_1x_a100"),
     },
+    "A100-40G": {
+        "runpod": (),
+        "hyperstack": (),
+        "lambda": ("gpu_1x_a100_sxm4", "gpu_1x_a100"),
+    },
     "L40S": {
         "runpod": ("NVIDIA L40S",),
         "hyperstack": ("L40",),
@@ -51,6 +56,22 @@ GPUS: dict[str, dict[str, tuple[str, ...]]] = {
         "hyperstack": ("B200-180G-SXM",),
         "lambda": ("gpu_1x_b200_sxm6",),
     },
+}
+
+# Memory per GPU in GB, from NVIDIA's data sheets: H100 (SXM5 and PCIe) 80 GB; H200 141 GB; A100
+# 40 GB or 80 GB (our plain "A100" is the 40 GB one: the least it may be, so an out-of-memory job moves
+# on to a GPU certain to be bigger); L40S 48 GB; GeForce RTX 4090 24 GB; RTX A6000 48 GB; B200 180 GB
+# (DGX B200: 1,440 GB across 8 GPUs).
+# https://www.nvidia.com/en-us/data-center/h100/ (H100 Tensor Core GPU datasheet)
+# https://www.nvidia.com/en-us/data-center/h200/
+# https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+# https://www.nvidia.com/en-us/data-center/l40s/
+# https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/
+# https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web%20(1).pdf
+# https://www.nvidia.com/en-us/data-center/dgx-b200/
+GPU_MEMORY_GB: dict[str, float] = {
+    "H100": 80, "H200": 141, "A100-80G": 80, "A100": 40, "A100-40G": 40, "L40S": 48, "RTX4090": 24, "A6000": 48,
+    "B200": 180,
 }
 
 _FOLDED = {name.lower(): name for name in GPUS}
@@ -77,4 +98,16 @@ def gpu_names(vendor: str = "") -> frozenset[str]:
     return frozenset(GPUS) | {i for ids in GPUS.values() for i in ids.get(vendor, ())}
 
 
-__all__ = ["GPUS", "gpu_names", "our_name", "vendor_ids"]
+def gpu_memory_gb(gpu: str) -> float | None:
+    """All the GPU memory a machine of `gpu` has, in GB: one GPU's memory (`GPU_MEMORY_GB`), times
+    the count of a shape like `H100:8`. None when the table does not know the class (or `gpu` is
+    empty): nothing can be said to be bigger or smaller than it."""
+    name, _, count = gpu.partition(":")
+    ours = _FOLDED.get(name.strip().lower())
+    if ours is None or ours not in GPU_MEMORY_GB:
+        return None
+    n = int(count) if count.strip().isdigit() and int(count) > 0 else 1
+    return GPU_MEMORY_GB[ours] * n
+
+
+__all__ = ["GPUS", "GPU_MEMORY_GB", "gpu_memory_gb", "gpu_names", "our_name", "vendor_ids"]

@@ -152,7 +152,7 @@ class ServerlessWorkspace:
         request = launch.request.decode(errors="replace")
         seed = launch.env.get("ACTOR_RUN_SEED", "0")
         attempt = launch.env.get("ACTOR_RUN_ATTEMPT", "0")
-        env = {k: v for k, v in launch.env.items() if k not in ("ACTOR_RUN_SEED", "ACTOR_RUN_ATTEMPT")}
+        env = {k: v for k, v in launch.env.items() if k not in ("ACTOR_RUN_SEED", "ACTOR_RUN_ATTEMPT", "ACTOR_RUN_GPU")}
         payload: dict[str, Any] = {
             "actor_run": 1, "command": launch.command, "seed": int(seed), "attempt": int(attempt), "env": env,
             "request": request, "archive": blob, "code": bool(launch.code), "stream_s": self.graces.stream_s}

@@ -18,6 +18,11 @@ Settings (`[clouds.sim]`), every field optional; a rate is a probability per lau
     virtual_exit_code = 0
     api_key_env = ""            # set: the variable must be set (an account's key; its value is never read)
     quota_exceeded = false      # every launch is refused: the account is out of quota or balance (`quota`)
+    preempt_attempts = 0        # each job's first N attempts: machines preempted preempt_within_s after launch
+    oom_below_gb = 0.0          # a virtual job on a GPU with less memory than this (clouds/gpus.py) is killed by
+                                # the "kernel's OOM killer" at its end: exit 137 and the OOM killer's line in its log
+    retriable_attempts = 0      # each job's first N attempts (virtual): the job flags `{"retriable": true, "reason":
+                                # ...}` and exits 1 (a sandbox job gives its own verdict; it sees $ACTOR_RUN_GPU)
 
     [clouds.sim.accounts.team-b]  # another account at the same provider: these settings over the above
     api_key_env = "SIM_TEAM_B_KEY"
@@ -67,7 +72,7 @@ import msgspec
 import trio
 
 from actor_run.protocols.clouds.coalesce import Coalescer
-from actor_run.protocols.clouds.gpus import gpu_names
+from actor_run.protocols.clouds.gpus import gpu_memory_gb, gpu_names
 from actor_run.protocols.clouds.simstore import (
     SAFE_NAME,
     Billing,
@@ -94,6 +99,7 @@ from actor_run.protocols.failures import (
 )
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.names import parse_name
 from actor_run.protocols.specs import CandidateSpec
 
 _ids = random.Random()  # machine ids: seeded once from the OS; uuid4 made a system call per launch
@@ -138,13 +144,16 @@ class SimSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     virtual_exit_code: int = 0
     api_key_env: str = ""
     quota_exceeded: bool = False
+    preempt_attempts: int = 0
+    oom_below_gb: float = 0.0
+    retriable_attempts: int = 0
 
     def __post_init__(self) -> None:
         for field in _RATES:
             value = getattr(self, field)
             if not 0.0 <= value <= 1.0:
                 raise SpecError(f"clouds.sim.{field}", f"expected number between 0 and 1, got {value}")
-        for field in _DURATIONS:
+        for field in (*_DURATIONS, "preempt_attempts", "oom_below_gb", "retriable_attempts"):
             value = getattr(self, field)
             if value < 0:
                 raise SpecError(f"clouds.sim.{field}", f"expected number >= 0, got {value}")
@@ -192,6 +201,9 @@ class SimCloud:
         # thousand launches)
         rng = random.Random(zlib.crc32(f"{s.seed}/{name}".encode())) if s.seed is not None else self._rng
         u = [rng.random() for _ in range(6)]
+        parsed = parse_name(name) if s.preempt_attempts else None
+        if parsed is not None and parsed.attempt < s.preempt_attempts:
+            u[4], u[5] = -1.0, 1.0  # preempted, whatever the rate, preempt_within_s after its launch
         return Fate(
             no_capacity=u[0] < s.no_capacity_rate, failed=u[1] < s.launch_failure_rate,
             ambiguous=u[2] < s.ambiguous_rate, broken=u[3] < s.boot_failure_rate,
@@ -272,8 +284,12 @@ class SimCloud:
         ws: VirtualWorkspace | ShellWorkspace
         if rec.virtual:
             vm = self._virtual.setdefault(rec.name, VirtualMachine())
+            memory = gpu_memory_gb(rec.gpu)
+            oom = memory is not None and memory < self.settings.oom_below_gb
             ws = VirtualWorkspace(rec.name, vm, guard, self.settings.virtual_job_s,
-                                  self.settings.virtual_exit_code, self._sizes, self._fetch_writes)
+                                  self.settings.virtual_exit_code, self._sizes, self._fetch_writes,
+                                  oom=f"sim: {rec.gpu} has {memory:g} GB" if oom else "",
+                                  retriable_attempts=self.settings.retriable_attempts)
         else:
             ws = ShellWorkspace(SimHost(rec.name, guard), rec.root)
         try:

@@ -36,6 +36,7 @@ from actor_run.protocols.files import write_all
 from actor_run.protocols.hosts.base import RunResult
 from actor_run.protocols.hosts.local import LocalHost
 from actor_run.protocols.hosts.workspace import HostBeat, Launch, PollResult, Record
+from actor_run.protocols.verdict import OOM_KILLER_LINE
 
 
 class Held(Protocol):
@@ -160,11 +161,12 @@ class VirtualJob:
     held to the end, half of a load test's RSS per attempt at N=10,000 (bench/RESULTS.md, item 48).
     A read from before that offset renders the whole output again: it is a function of the steps."""
 
-    __slots__ = ("exit_code", "log", "log_base", "pid", "progress", "progress_base", "started", "steps")
+    __slots__ = ("attempt", "exit_code", "log", "log_base", "pid", "progress", "progress_base", "started", "steps")
 
-    def __init__(self, pid: int, started: float) -> None:
+    def __init__(self, pid: int, started: float, attempt: int = 0) -> None:
         self.pid = pid
         self.started = started
+        self.attempt = attempt
         self.steps = 0
         self.exit_code: int | None = None
         self.progress = b""  # bytes, not a bytearray: a read of all of it is the object itself
@@ -225,7 +227,12 @@ class VirtualWorkspace:
 
     def __init__(self, name: str, machine: VirtualMachine, guard: MachineGuard,
                  job_s: float, exit_code: int, sizes: dict[str, int],
-                 write: Callable[[tuple[Path, dict[str, bytes]]], Awaitable[int]]) -> None:
+                 write: Callable[[tuple[Path, dict[str, bytes]]], Awaitable[int]], *, oom: str = "",
+                 retriable_attempts: int = 0) -> None:
+        """`oom` (not ""): every job here is killed by the OOM killer at its end, this said why;
+        `retriable_attempts`: a job of an attempt below it flags retriable and exits 1."""
+        self._oom = oom
+        self._retriable_attempts = retriable_attempts
         self.name = name
         self.root = f"/sim-virtual/{name}"
         self._machine = machine
@@ -264,7 +271,8 @@ class VirtualWorkspace:
 
     async def start(self, launch: Launch, record: Record | None = None) -> int:
         await self._guard()
-        job = VirtualJob(next(_pids), trio.current_time())
+        attempt = launch.env.get("ACTOR_RUN_ATTEMPT", "0")
+        job = VirtualJob(next(_pids), trio.current_time(), int(attempt) if attempt.isdigit() else 0)
         self._machine.jobs[launch.work] = job
         return job.pid
 
@@ -291,13 +299,25 @@ class VirtualWorkspace:
         if job.exit_code is None:
             job.step()
             if trio.current_time() - job.started >= self._job_s:
-                job.end(self._exit_code)
+                self._end(job)
         p_size, l_size = job.sizes()
         progress, log = job.read(progress_at, log_at)
         return PollResult(
             state="running" if job.exit_code is None else "exited", exit_code=job.exit_code, progress=progress,
             log=log, progress_size=p_size, log_size=l_size,
         )
+
+    def _end(self, job: VirtualJob) -> None:
+        """The job's time is up: it ends as the sim's settings say (an OOM kill, a retriable flag, or
+        `virtual_exit_code`)."""
+        if self._oom:
+            job.log += OOM_KILLER_LINE + f" ({self._oom}: an injected OOM kill)\n".encode()
+            job.end(137)
+        elif job.attempt < self._retriable_attempts:
+            job.progress += b'{"retriable": true, "reason": "sim: an injected NCCL error"}\n'
+            job.end(1)
+        else:
+            job.end(self._exit_code)
 
     async def beat(self, work: str) -> None:
         await self._guard()

@@ -130,10 +130,21 @@ done
 # runs, with the wrapper's paths held in positional parameters it cannot assign, and `sh` found
 # before the job's PATH applies. A command of any length goes this way (an exec's argument or
 # environment string is limited to 128 KiB on Linux).
+#
+# An exit by SIGKILL (137) is judged the kernel's OOM killer's only on the machine's own evidence:
+# the count of OOM kills in the job's cgroup (`oom_kill` of cgroup v2's memory.events) or in the
+# kernel log (where `dmesg` is readable) moved while the job ran. Then the wrapper says so in the
+# log's last line (protocols/verdict.py OOM_KILLER_LINE), which the heartbeat reads with the exit.
 WRAPPER = r"""w=$1
 cd "$2" || exit 1
+ooms() { c=$(sed -n 's/^0:://p' /proc/self/cgroup 2>/dev/null)
+  printf '%s %s' "$(sed -n 's/^oom_kill //p' "/sys/fs/cgroup$c/memory.events" 2>/dev/null)" \
+    "$(dmesg 2>/dev/null | grep -c -i -e 'out of memory: kill' -e 'oom-kill')"; }
+k0=$(ooms)
 ( set -- "$w/env" "$w/command" "$(command -v sh)"; . "$1" && exec "$3" "$2" ) >> "$w/log.txt" 2>&1 < /dev/null
 rc=$?
+if [ "$rc" = 137 ]; then k1=$(ooms); [ "$k1" != "$k0" ] &&
+  echo "actor-run: the kernel's OOM killer ended the job (OOM kills, cgroup and kernel log: $k0 before, $k1 after)" >> "$w/log.txt"; fi
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
 """
 

@@ -25,7 +25,16 @@ from typing import Any
 import msgspec
 import platformdirs
 
-from actor_run.protocols.clouds import account_settings, accounts_of, cloud_key, known_clouds, parse_settings, split_key
+from actor_run.protocols.clouds import (
+    Cloud,
+    account_settings,
+    accounts_of,
+    cloud_key,
+    known_clouds,
+    make_cloud,
+    parse_settings,
+    split_key,
+)
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import is_secret_setting
 
@@ -233,3 +242,14 @@ def show(config: UserConfig, batch_clouds: dict[str, dict[str, Any]] | None = No
 def settings_digest(key: str, merged: dict[str, Any]) -> bytes:
     """What tells one cloud object from another: its key and its merged settings (account included)."""
     return key.encode() + b"\0" + msgspec.json.encode(merged, order="sorted")
+
+
+def build_cloud(key: str, table: dict[str, Any], config: UserConfig, state_dir: Path) -> tuple[Cloud, bytes]:
+    """The one cloud factory: the cloud `key` (`sim`, `sim@team-b`) built from the user's settings
+    with `table` (a batch's `[clouds.<name>]`, or what the ledger recorded) merged over them, and the
+    digest of those merged settings (a cloud is its settings: two digests, two clouds). Raises
+    SpecError naming the field and its file for a bad value. Builds only: no network, no check."""
+    config.parse(key, table)  # a bad value names its field and its file
+    merged = config.cloud_settings(key, table)
+    return make_cloud(key, merged, state_dir), settings_digest(key, merged)
+

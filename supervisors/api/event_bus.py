@@ -1,41 +1,44 @@
-"""The Runner's event bus (a part of Runner, as takeover.py is): every event an attempt emits goes to
-the ledger (progress only at a checkpoint or a new stage), the budget's live cost, then each
-subscriber, on the emitting thread; a job's end resolves its handle once the ledger has it."""
+"""EventBus: where every event an attempt emits goes, in order: the ledger (progress only at a
+checkpoint or a new stage), the budget's live cost, then each subscriber, on the emitting thread;
+and a job's end, which resolves its handle once the ledger has it. An object the Runner holds: it
+holds the ledger, the board of handles and nothing of the Runner."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from actor_run.protocols.messages import AttemptEnded, Event, JobEnded, Message, Metered, Progress
+from actor_run.protocols.messages import AttemptEnded, Event, JobEnded, Metered, Progress
 from actor_run.protocols.specs import job_key
+from actor_run.supervisors.api.handle import Board
 from actor_run.supervisors.ledger import Ledger
-from actor_run.supervisors.tree.batch import _Spent
-
-if TYPE_CHECKING:
-    from actor_run.supervisors.api.handle import JobHandle
+from actor_run.supervisors.tree.batch import Spent
 
 
 class EventBus:
-    """Runner's `subscribe` and what it does with each event; the attributes below are the Runner's own."""
+    """`subscribe(fn)`, `emit(event)` (the Context's emit: any actor thread) and `job_ended(e)`
+    (the batch supervisor's on_end: its thread)."""
 
-    ledger: Ledger
-    budget_usd: float | None
-    handles: dict[str, JobHandle]
-    _subscribers: list[Callable[[Event], None]]
-    _reported: dict[str, dict[int, float]]
-    _stages: dict[tuple[str, int, int], str]  # the stage last recorded of each attempt
-    _lock: threading.Lock
-
-    def _batch_tell(self, message: Message) -> None:
-        raise NotImplementedError
+    def __init__(self, ledger: Ledger, board: Board, budget_usd: float | None) -> None:
+        self.ledger = ledger
+        self.board = board
+        self.budget_usd = budget_usd
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._reported: dict[str, dict[int, float]] = {}  # a running job's live cost per attempt
+        self._stages: dict[tuple[str, int, int], str] = {}  # the stage last recorded of each attempt
+        self._lock = threading.Lock()
 
     def subscribe(self, fn: Callable[[Event], None]) -> None:
+        """`fn(event)` for every event from now on, on the emitting (actor) thread: keep it quick."""
         self._subscribers.append(fn)
 
-    def _emit(self, event: Event) -> None:
-        """The event bus: the ledger, the budget guard, then every subscriber (on the emitting thread)."""
+    def held(self) -> int:
+        """How many attempts and jobs the bus keeps something of (0 once every job ended)."""
+        with self._lock:
+            return len(self._stages) + len(self._reported)
+
+    def emit(self, event: Event) -> None:
+        """The ledger, the budget guard, then every subscriber (on the emitting thread)."""
         # every progress line is in the seed's progress.jsonl; the ledger keeps those that matter
         # for a resume (a checkpoint) and spares a write per poll per job. Metered is a running
         # figure for the view and the budget: what an attempt cost is in its attempts row
@@ -64,16 +67,18 @@ class EventBus:
                 return
             attempts[m.attempt] = m.usd
             total = sum(attempts.values())
-        self._batch_tell(_Spent(key=key, usd=total))
+        self.board.tell(Spent(key=key, usd=total))
 
-    def _job_ended(self, e: JobEnded) -> None:
+    def job_ended(self, e: JobEnded) -> None:
+        """A job ended (on the batch supervisor's thread): record it, then resolve its handle once
+        the ledger has the end."""
         key = job_key(e.job, e.seed)
         with self._lock:
             self._reported.pop(key, None)  # the job's live cost: its attempts' rows have what they cost
         durable = self.ledger.record_job_end(key=key, state=e.outcome if e.outcome == "succeeded" else "failed",
                                              failure=e.failure, detail=e.detail, attempts=e.attempts, usd=e.usd)
-        h = self.handles.get(key)
-        if h is None or h.done():
+        h = self.board.running(key)
+        if h is None:
             return
         if not self.ledger.may_write(key):
             h._resolve(e)  # handed back or taken over: the ledger refuses this end, nothing to wait for

@@ -1,6 +1,11 @@
 """What `Runner.submit` hands back: a `JobHandle` to wait on (from a thread, asyncio or trio) or
-cancel one job by; the Runner's `statistics()` counters; and the `Waiters` of `Runner.wait`.
-Imports only protocols, the actor pool's `blocking` and the batch supervisor's private cancel message."""
+cancel one job by; the `Board` of a Runner's handles (the small port a handle talks through: it
+holds the handles, the threads waiting on them and the line to the batch supervisor, nothing of
+the Runner); the Runner's `statistics()` counters; and the `Waiters` of `Runner.wait`.
+
+Waits from a thread (`JobHandle.result`, `Board.wait`) wake at least every `SLICE_S` seconds, so
+an exception raised into the waiting thread (KeyboardInterrupt on the main thread, Ray's or
+Celery's cancel, `PyThreadState_SetAsyncExc`) gets through within that time."""
 
 from __future__ import annotations
 
@@ -8,19 +13,22 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import Any
 
 import msgspec
+import pykka
 import sniffio
 import trio
+from loguru import logger
 
 from actor_run.actors.pool import blocking
-from actor_run.protocols.messages import JobEnded
+from actor_run.protocols.failures import RunnerClosed, WaitTimeout
+from actor_run.protocols.messages import JobEnded, Message
 from actor_run.protocols.specs import Job
-from actor_run.supervisors.tree.batch import _CancelJob
+from actor_run.supervisors.tree.batch import CancelJob
 
-if TYPE_CHECKING:
-    from actor_run.supervisors.api.runner import Runner
+SLICE_S = 0.2  # a thread waiting on a job wakes this often, so that an interrupt reaches it
 
 _ENDS = threading.Lock()  # a handle's end against the making of its first waiter's future (brief)
 
@@ -43,12 +51,12 @@ class JobHandle:
     `JobEnded` is in the ledger before any of these return it. Cancelling a task that awaits
     `wait_async()` stops the wait, not the job."""
 
-    def __init__(self, runner: Runner, job: Job) -> None:
+    def __init__(self, board: Board, job: Job, run: str) -> None:
         self.job = job
         self.key = job.key
         self.reattached = False
-        self.run = runner.run
-        self._runner = runner
+        self.run = run
+        self._board = board
         self._ended: JobEnded | None = None
         # made for the first thread that waits: a Future is eleven objects the collector walks (its
         # Condition, RLock, their bound methods, lists), and a running job's handle needs none
@@ -71,8 +79,21 @@ class JobHandle:
         return future
 
     def result(self, timeout: float | None = None) -> JobEnded:
+        """Block this thread until the job ended (its `JobEnded`, in the ledger already), or raise
+        `WaitTimeout` after `timeout` seconds. Wakes every SLICE_S: an interrupt gets through."""
         ended = self._ended
-        return ended if ended is not None else self._future.result(timeout)
+        if ended is not None:
+            return ended
+        future = self._future
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with blocking():
+            while True:
+                left = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
+                try:
+                    return future.result(max(0.0, left))
+                except concurrent.futures.TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise WaitTimeout(f"{self.key} still running after {timeout} s") from None
 
     def done(self) -> bool:
         return self._ended is not None
@@ -105,7 +126,7 @@ class JobHandle:
             self._future.add_done_callback(wake_asyncio)
             await waiter
         else:
-            raise RuntimeError(f"wait_async runs in asyncio or trio, not {library}")
+            raise TypeError(f"wait_async runs in asyncio or trio, not {library}")
         return self._future.result(0)
 
     def _resolve(self, e: JobEnded) -> None:
@@ -117,10 +138,11 @@ class JobHandle:
         if future is not None:
             with contextlib.suppress(concurrent.futures.InvalidStateError):  # made meanwhile: set there too
                 future.set_result(e)
-        self._runner._one_ended(self)
+        self._board.ended(self)
 
     def cancel(self) -> None:
-        self._runner._batch_tell(_CancelJob(key=self.key))
+        """Ask the job to stop: its machine is deleted first, then it ends `canceled`."""
+        self._board.tell(CancelJob(key=self.key))
 
 
 class _Waiter:
@@ -161,8 +183,13 @@ class Waiters:
             for h in list(waiter.left):  # those that ended before the waiter was seen
                 if h.done():
                     waiter.ended(h)
+            deadline = None if timeout is None else time.monotonic() + timeout
             with blocking():
-                waiter.all_ended.wait(timeout)
+                while not waiter.all_ended.is_set():
+                    left = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
+                    if left <= 0:
+                        break
+                    waiter.all_ended.wait(left)  # in slices: an interrupt reaches this thread
         finally:
             with self._lock:
                 self._waiting.remove(waiter)
@@ -171,3 +198,56 @@ class Waiters:
         """A handle has its end (on the ledger's writer thread)."""
         for waiter in tuple(self._waiting):
             waiter.ended(handle)
+
+
+class Board:
+    """A Runner's submitted jobs: their handles by key, the threads waiting on them, and the one line
+    to the batch supervisor (`tell`). A JobHandle talks to the Runner through this and nothing else.
+    Every method may be called from any thread."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, JobHandle] = {}
+        self.waiters = Waiters()
+        self._batch: pykka.ActorRef[Any] | None = None
+
+    def connect(self, batch: pykka.ActorRef[Any] | None) -> None:
+        """The batch supervisor messages go to (None: the Runner is closed)."""
+        self._batch = batch
+
+    def tell(self, message: Message) -> None:
+        """Tell the batch supervisor `message`. Raises RunnerClosed when the Runner is not open; a
+        batch supervisor that failed (it ended every job then) drops the message."""
+        batch = self._batch
+        if batch is None:
+            raise RunnerClosed("the Runner is not open (use `with Runner(...)` or `async with`)")
+        try:
+            batch.tell(message)
+        except pykka.ActorDeadError:
+            logger.debug("the batch supervisor is gone; dropped {}", type(message).__name__)
+
+    def add(self, job: Job, run: str) -> JobHandle:
+        handle = JobHandle(self, job, run)
+        self.handles[job.key] = handle
+        return handle
+
+    def running(self, key: str) -> JobHandle | None:
+        """The handle of `key` if it has not ended."""
+        handle = self.handles.get(key)
+        return handle if handle is not None and not handle.done() else None
+
+    def unfinished(self) -> bool:
+        return any(not h.done() for h in self.handles.values())
+
+    def ended(self, handle: JobHandle) -> None:
+        """A handle has its end (on the ledger's writer thread): wake whoever waits for it."""
+        self.waiters.ended(handle)
+
+    def wait(self, timeout: float | None = None) -> list[JobEnded]:
+        """Block until every job on the board has ended; raise WaitTimeout after `timeout` seconds."""
+        handles = list(self.handles.values())
+        self.waiters.wait(handles, timeout)
+        unfinished = sum(1 for h in handles if not h.done())
+        if unfinished:
+            raise WaitTimeout(f"{unfinished} of {len(handles)} jobs still running")
+        return [h.result(0) for h in handles]
+

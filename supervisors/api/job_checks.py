@@ -1,7 +1,11 @@
-"""The Runner's checks of a job before anything starts, and the clouds they build (a part of Runner, as
-takeover.py and event_bus.py are): the job's own fields, its policy, its candidates' clouds built from
-the user's settings with the job's table over them (each account, so sweeps list them all), the GPU and
-region names each cloud knows. A failed check raises SpecError naming the field; nothing has started.
+"""A Runner's clouds and its checks of a job before anything starts (objects the Runner holds; they
+hold nothing of it).
+
+`Clouds` is the set of cloud objects this Runner's leases use, each built once per settings by the
+one factory (config.build_cloud): the user's settings with the job's table over them, every account
+of a cloud (so that sweeps list them all). `JobChecks` checks a job: its own fields, its policy, its
+candidates' clouds, the GPU and region names each cloud knows, each cloud's own check. A failed
+check raises SpecError naming the field; nothing has started.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from actor_run.protocols.clouds import (
     cloud_key,
     known_gpus,
     known_regions,
-    make_cloud,
 )
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.specs import (
@@ -36,30 +39,69 @@ from actor_run.protocols.specs import (
     check_policy,
     without_secrets,
 )
-from actor_run.supervisors.api.config import UserConfig, settings_digest
+from actor_run.supervisors.api.config import UserConfig, build_cloud, settings_digest
 from actor_run.supervisors.ledger import Ledger
-from actor_run.supervisors.ledger.sweep import SweepAction, reclaimable
+from actor_run.supervisors.ledger.sweep import reclaimable
+
+
+class Clouds:
+    """The clouds a Runner leases from, by cloud key, each with the digest of the settings it was
+    built from. A cloud is its settings: a second job that wants the same cloud with other settings
+    is refused (SpecError). `on_new(clouds, digests)` is called (outside the lock) for each cloud
+    built here, before it is used: the Runner's start-up sweep of it."""
+
+    def __init__(self, *, config: UserConfig, state_dir: Path, ledger_path: str | Path, owner: str,
+                 sweep_grace_s: float) -> None:
+        self.config = config
+        self.state_dir = state_dir
+        self.ledger_path = ledger_path
+        self.owner = owner
+        self.sweep_grace_s = sweep_grace_s
+        self.ledger: Ledger | None = None  # set by the Runner's open: what each cloud's table is recorded in
+        self.by_key: dict[str, Cloud] = {}
+        self.digests: dict[str, bytes] = {}  # cloud key -> the digest of the settings its object was built from
+        self.swept: set[tuple[str, bytes]] = set()  # (cloud key, settings digest) a sweep of this Runner listed
+        self.on_new: Callable[[dict[str, Cloud], dict[str, bytes]], None] | None = None
+        self._lock = threading.Lock()
+
+    def get(self, name: str, table: dict[str, Any]) -> Cloud:
+        """The cloud `name` for a job whose `[clouds.<name>]` table is `table`: built once per settings.
+        The ledger keeps only the job's table, without its secrets."""
+        digest = settings_digest(name, self.config.cloud_settings(name, table))
+        with self._lock:
+            have = self.by_key.get(name)
+            if have is not None:
+                if self.digests.get(name) == digest:
+                    return have
+                cloud_name = name.partition("@")[0]
+                raise SpecError(f"clouds.{cloud_name}", f"differs from the [clouds.{cloud_name}] another job of this "
+                                                        "Runner leases with; run it in a Runner of its own")
+            cloud, digest = build_cloud(name, table, self.config, self.state_dir)
+            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
+            if launchable is not None:
+                launchable()
+            if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
+                cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
+                                                  grace_s=self.sweep_grace_s, keep_owner=self.owner)
+            self.by_key[name], self.digests[name] = cloud, digest
+            if self.ledger is not None:
+                self.ledger.record_cloud(name, without_secrets(table))
+        if self.on_new is not None and (name, digest) not in self.swept:
+            self.on_new({name: cloud}, {name: digest})
+        return cloud
 
 
 class JobChecks:
-    """Runner's `check` and `_cloud`; the attributes below are the Runner's own."""
+    """`check(job)`: raise SpecError (naming the field) for a job that cannot run; builds the
+    clouds it names (`Clouds.get`), runs each cloud's own check once (on the reactor)."""
 
-    ledger: Ledger
-    ledger_path: str | Path
-    owner: str
-    config: UserConfig
-    clouds: dict[str, Cloud]
-    _digests: dict[str, bytes]
-    _swept: set[tuple[str, bytes]]
-    _checked: set[str]
-    _checked_shape: tuple[Any, ...] | None
-    _lock: threading.Lock
-    state_dir: Path
-    reactor: Reactor
-    sweep_on_start: bool
-    sweep_grace_s: float
-    swept: list[SweepAction]
-    _sweep_clouds: Callable[..., list[SweepAction]]  # Takeover's
+    def __init__(self, clouds: Clouds, reactor: Reactor) -> None:
+        self.clouds = clouds
+        self.reactor = reactor
+        self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
+        # the policy, candidates and cloud settings (encoded) of the last job whose check passed: the
+        # seeds of a batch share them, and checking them again was most of a submit (item 57)
+        self._checked_shape: tuple[Any, ...] | None = None
 
     def check(self, job: Job) -> None:
         """Raise SpecError (naming the field) for a job that cannot run; nothing is started."""
@@ -69,9 +111,10 @@ class JobChecks:
             return  # the same policy, places and cloud settings as the job checked before: they pass
         check_policy(job.policy)
         check_cloud_names(job.candidates, job.clouds)
+        config = self.clouds.config
         for i, c in enumerate(job.candidates):
             raw = job.clouds.get(c.cloud, {})
-            known = accounts_of(self.config.cloud_settings(c.cloud, raw))  # the user's accounts too
+            known = accounts_of(config.cloud_settings(c.cloud, raw))  # the user's accounts too
             for account in c.accounts:
                 if account != MAIN and account not in known:
                     listed = ", ".join([MAIN, *known[1:]])
@@ -80,7 +123,7 @@ class JobChecks:
             used = {a if a != MAIN else "" for a in c.accounts} or {""}
             for account in known:  # every account, used or not, so that sweeps list them all
                 try:
-                    self._cloud(cloud_key(c.cloud, account), raw)
+                    self.clouds.get(cloud_key(c.cloud, account), raw)
                 except SpecError:
                     if account in used:
                         raise  # one this job walks: it cannot run without it
@@ -91,49 +134,20 @@ class JobChecks:
     def _check_names(self, job: Job) -> None:
         """GPU and region names each candidate's cloud knows, and each cloud's own check (a Lambda
         file system that exists): a typo is exit 2 before anything starts."""
+        by_key = self.clouds.by_key
+
         def cloud_of(c: CandidateSpec) -> Cloud:
-            return self.clouds[cloud_key(c.cloud, c.accounts[0] if c.accounts else "")]
+            return by_key[cloud_key(c.cloud, c.accounts[0] if c.accounts else "")]
 
         check_candidate_names(job.candidates, lambda _i, c: known_gpus(cloud_of(c)),
                               lambda _i, c: known_regions(cloud_of(c)))
         for c in job.candidates:
             key = cloud_key(c.cloud, c.accounts[0] if c.accounts else "")
-            cloud = self.clouds[key]
+            cloud = by_key[key]
             check = getattr(cloud, "check", None)
             if check is not None and key not in self._checked:
                 self.reactor.call(check, timeout=120)
                 self._checked.add(key)
-
-    def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
-        """The cloud `name` for a job: built from the user's settings with `settings` (the job's
-        table) merged over them, once per settings. A cloud is its settings: the object leases use
-        is never one built from other settings (the ledger's, another run's); a second job of this
-        Runner that wants the same cloud with other settings is refused (SpecError). The ledger
-        keeps only the job's table, without its secrets. A cloud new to this Runner is swept first
-        (sweep_on_start): the start-up sweep sees every cloud the batch names."""
-        merged = self.config.cloud_settings(name, settings)
-        digest = settings_digest(name, merged)
-        with self._lock:
-            have = self.clouds.get(name)
-            if have is not None:
-                if self._digests.get(name) == digest:
-                    return have
-                cloud_name = name.partition("@")[0]
-                raise SpecError(f"clouds.{cloud_name}", f"differs from the [clouds.{cloud_name}] another job of this "
-                                                        "Runner leases with; run it in a Runner of its own")
-            self.config.parse(name, settings)  # a bad value names its field and its file
-            cloud = make_cloud(name, merged, self.state_dir)
-            launchable = getattr(cloud, "check_launchable", None)  # a rented cloud's ssh_key, before a start
-            if launchable is not None:
-                launchable()
-            if isinstance(cloud, Reclaiming):  # a quota refusal may free our idle leftovers first
-                cloud.reclaim = functools.partial(reclaimable, ledger_path=self.ledger_path,
-                                                  grace_s=self.sweep_grace_s, keep_owner=self.owner)
-            self.clouds[name], self._digests[name] = cloud, digest
-            self.ledger.record_cloud(name, without_secrets(settings))
-        if self.sweep_on_start and (name, digest) not in self._swept:
-            self.swept += self._sweep_clouds({name: cloud}, digests={name: digest})
-        return cloud
 
 
 def _shape(job: Job) -> tuple[Any, ...] | None:

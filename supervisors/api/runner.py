@@ -1,14 +1,27 @@
-"""Runner: the embedding API. A context manager that owns the reactor, the ledger, the clouds and
-the tree; `submit(job)` returns a `JobHandle`; `subscribe(fn)` receives every event; `close()`
-(or leaving the `with`) cancels what is unfinished and deletes every machine before it returns.
+"""Runner: the embedding API. A context manager (sync, or async in asyncio and trio) that owns the
+reactor, the ledger, the clouds and the tree; `submit(job)` returns a `JobHandle`; `subscribe(fn)`
+receives every event; `close()` (or leaving the `with` / `async with`) cancels what is unfinished
+and deletes every machine before it returns.
 
-    with Runner(out_dir="out") as runner:
+    with Runner(out_dir="out") as runner:                # a thread, a task queue's worker
         handle = runner.submit(job)
-        ended = handle.result()          # a JobEnded event
+        ended = handle.result()                          # a JobEnded event
+
+    async with Runner(out_dir="out") as runner:          # asyncio or trio
+        ended = await runner.submit(job).wait_async()
+
+A cancellation of the task or scope around `async with` (asyncio's `wait_for`, `TaskGroup`,
+`Task.cancel`; trio's `move_on_after`, a nursery's cancel) cancels the jobs and deletes every
+machine before the block exits: the close runs to its end on a thread of its own, shielded from the
+cancellation that caused it (and from a second one), which is raised again once it is done.
 
 What a Runner submits is one *run* (`runner.run`, a short id): the ledger keeps its jobs, attempts
 and events under it, with its output folder, recorded when the first job is submitted; `resume`
 takes over jobs of other (dead) runs and keeps each in its own run and folder.
+
+The Runner is composed of objects that hold nothing of it: the `Board` of handles (the port a
+JobHandle talks through, and the line to the batch supervisor), the `EventBus`, the `Clouds` and the
+`JobChecks`, and the `Takeover` (resume, sweep).
 
 Threads: `subscribe` callbacks run on whichever actor thread emitted the event: keep them quick
 (put the event on a queue). Everything else may be called from any thread.
@@ -16,37 +29,33 @@ Threads: `subscribe` callbacks run on whichever actor thread emitted the event: 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import msgspec
-import pykka
+import sniffio
 import trio
 from loguru import logger
 
 from actor_run.actors import Context, Reactor, Task
 from actor_run.actors.pool import POOL, blocking
-from actor_run.protocols.clouds import (
-    Cloud,
-)
-from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import Cancel, Event, JobEnded, Message
-from actor_run.protocols.specs import (
-    Job,
-    redacted,
-    unredacted,
-)
+from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.failures import ActorRunError, Code, RunnerClosed, SpecError, WaitTimeout
+from actor_run.protocols.messages import Cancel, Event, JobEnded
+from actor_run.protocols.specs import Job, redacted, unredacted
 from actor_run.supervisors.api import gc_tuning
 from actor_run.supervisors.api.config import UserConfig, resolve_config
 from actor_run.supervisors.api.event_bus import EventBus
-from actor_run.supervisors.api.handle import JobHandle, RunnerStatistics, Waiters
-from actor_run.supervisors.api.job_checks import JobChecks
+from actor_run.supervisors.api.handle import Board, JobHandle, RunnerStatistics
+from actor_run.supervisors.api.job_checks import Clouds, JobChecks
 from actor_run.supervisors.api.places import check_out_dir, default_state_dir, new_run_id, private_dir
 from actor_run.supervisors.api.takeover import Takeover
 from actor_run.supervisors.ledger import Ledger
@@ -54,14 +63,15 @@ from actor_run.supervisors.ledger.cancels import cancels_after, last_cancel
 from actor_run.supervisors.ledger.db import Backend, open_backend
 from actor_run.supervisors.ledger.db import resolve as resolve_ledger
 from actor_run.supervisors.ledger.sweep import SweepAction
-from actor_run.supervisors.tree.batch import BatchSupervisor, _Abandon, _CancelJob, _Submit
+from actor_run.supervisors.tree.batch import Abandon, BatchSupervisor, CancelJob, Submit
 from actor_run.supervisors.tree.budget import Budget, BudgetStatistics
+from actor_run.supervisors.tree.seed_end import seed_dir
 
 OWNER_BEAT_S = 30.0
 CANCEL_POLL_S = 1.0  # how often a controller reads `actor-run cancel`'s requests from the ledger
 
 
-class Runner(JobChecks, Takeover, EventBus):
+class Runner:
     """The embedding API: runs Jobs, each in attempts on leased machines, and deletes every machine.
 
     Promises: every machine is in the ledger before its create call and is deleted (confirmed by
@@ -70,7 +80,8 @@ class Runner(JobChecks, Takeover, EventBus):
     a fresh machine up to the job's `policy.max_attempts`; at most `concurrency` jobs run at once and
     their total cost stays under `budget_usd` (jobs over it end `budget`).
 
-    Use it as a context manager (or call `open()` / `close()`); `submit(job)` returns a `JobHandle`;
+    Use it as a context manager, `with` or `async with` (or call `open()` / `close()`); `submit(job)`
+    returns a `JobHandle`;
     `subscribe(fn)` receives every event (on an actor thread: keep `fn` quick); `cancel()` stops
     everything; `wait()` waits for every submitted job. What one Runner submits is one run: `run` is
     its id in the ledger (`batch` names it for `actor-run runs`). `config` is the user settings file
@@ -115,29 +126,22 @@ class Runner(JobChecks, Takeover, EventBus):
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self.reactor = Reactor()
-        self.clouds: dict[str, Cloud] = {}  # what leases use: by cloud key, built from the jobs' merged settings
-        self._digests: dict[str, bytes] = {}  # cloud key -> the digest of the settings its object was built from
-        self._swept: set[tuple[str, bytes]] = set()  # (cloud key, settings digest) a sweep of this Runner listed
-        self._checked: set[str] = set()  # cloud keys whose own check (e.g. a Lambda file system) passed
-        # the policy, candidates and cloud settings (encoded) of the last job whose check passed: the
-        # seeds of a batch share them, and checking them again was most of a submit (item 57)
-        self._checked_shape: tuple[Any, ...] | None = None
-        self.handles: dict[str, JobHandle] = {}
-        self._subscribers: list[Callable[[Event], None]] = []
-        self._waiters = Waiters()  # threads in wait(), each with the handles it waits for
-        self._reported: dict[str, dict[int, float]] = {}
-        self._stages: dict[tuple[str, int, int], str] = {}  # the stage last recorded of each attempt
+        self.board = Board()  # the handles, their waiters, the line to the batch supervisor
         self._lock = threading.Lock()
-        self._batch: pykka.ActorRef[Any] | None = None
         self._beat_task: Task | None = None
         self._cancel_task: Task | None = None
         self._cancel_backend: Backend | None = None
         self.ledger: Ledger = None  # type: ignore[assignment]  # set by open()
         self._open = False
-        self.swept: list[SweepAction] = []
-        self.swept_clouds: list[str] = []
         self._config_arg = config
         self.config = UserConfig()  # the user's settings, read by open()
+        # the parts open() makes (they need the config and the ledger)
+        self._clouds: Clouds | None = None
+        self._checks: JobChecks | None = None
+        self._bus: EventBus | None = None
+        self._takeover: Takeover | None = None
+        self._batch: Any = None  # the batch supervisor's ref while open (Board.tell is the way to it)
+        self._early_subscribers: list[Callable[[Event], None]] = []  # subscribed before open()
 
     # --- opening and closing ---------------------------------------------------------------------
 
@@ -148,7 +152,25 @@ class Runner(JobChecks, Takeover, EventBus):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Runner:
+        """Open on a thread of ours (the host's event loop keeps running). Cancelled meanwhile: the
+        open runs to its end, then everything it started is closed before the cancellation goes on."""
+        try:
+            await run_shielded(self.open, "actor-run-open")
+        except BaseException:
+            await run_shielded(self.close, "actor-run-close")
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        """Close on a thread of ours, shielded: every job is cancelled and every machine deleted
+        before the block exits, whatever cancels the host's task or scope meanwhile."""
+        await run_shielded(self.close, "actor-run-close")
+
     def open(self) -> None:
+        """Start the reactor, the ledger and the tree, and sweep (sweep_on_start). SpecError for a bad
+        setting (nothing left running); on any failure what did start is closed again."""
         if self.concurrency < 1:
             raise SpecError("concurrency", f"expected int >= 1, got {self.concurrency}")
         self.config = resolve_config(self._config_arg)  # before anything starts: a bad file is a SpecError
@@ -170,16 +192,59 @@ class Runner(JobChecks, Takeover, EventBus):
         self.ledger.on_failure = self._ledger_failed
         if self.register:
             self.ledger.register_owner()
-        self.ctx = Context(reactor=self.reactor, clouds=self.clouds, ledger=self.ledger, emit=self._emit,
+        clouds = self._clouds = Clouds(config=self.config, state_dir=self.state_dir, ledger_path=self.ledger_path,
+                                       owner=self.owner, sweep_grace_s=self.sweep_grace_s)
+        clouds.ledger = self.ledger
+        self._checks = JobChecks(clouds, self.reactor)
+        self._bus = EventBus(self.ledger, self.board, self.budget_usd)
+        for fn in self._early_subscribers:
+            self._bus.subscribe(fn)
+        self._takeover = Takeover(ledger=self.ledger, ledger_path=self.ledger_path, owner=self.owner,
+                                  budget=self.budget, budget_usd=self.budget_usd, clouds=clouds, reactor=self.reactor,
+                                  board=self.board, sweep_grace_s=self.sweep_grace_s, out_dir=self.out_dir,
+                                  driven=self._driven)
+        if self.sweep_on_start:
+            clouds.on_new = self._takeover.sweep_new
+        self.ctx = Context(reactor=self.reactor, clouds=clouds.by_key, ledger=self.ledger, emit=self._bus.emit,
                            owner=self.owner, out_root=self.out_dir, meter_period_s=self.meter_period_s,
                            delete_timeout_s=self.delete_timeout_s, fault=self._fault)
-        self._batch = BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
-                                            budget_usd=self.budget_usd, on_end=self._job_ended, budget=self.budget)
+        self.board.connect(BatchSupervisor.start(self.ctx, self.ledger, concurrency=self.concurrency,
+                                                 budget_usd=self.budget_usd, on_end=self._bus.job_ended,
+                                                 budget=self.budget))
+        self._batch = self.board._batch
         self._open = True
         self._beat()
         self._watch_cancels()
         if self.sweep_on_start:
-            self.swept = self.sweep()
+            self._takeover.swept = self._takeover.sweep()
+
+    # --- the parts, for whoever reads them ----------------------------------------------------------
+
+    @property
+    def handles(self) -> dict[str, JobHandle]:
+        """Every job this Runner took (submitted, claimed, resumed), by key."""
+        return self.board.handles
+
+    @property
+    def clouds(self) -> dict[str, Cloud]:
+        """The clouds this Runner's leases use, by cloud key (empty until open)."""
+        return self._clouds.by_key if self._clouds is not None else {}
+
+    @property
+    def swept(self) -> list[SweepAction]:
+        """What this Runner's sweeps did: the start-up sweep, a resume's, each new cloud's."""
+        return self._takeover.swept if self._takeover is not None else []
+
+    @property
+    def swept_clouds(self) -> list[str]:
+        """The cloud keys the last sweep asked."""
+        return self._takeover.swept_clouds if self._takeover is not None else []
+
+    def _parts(self) -> tuple[Clouds, JobChecks, EventBus, Takeover]:
+        if not self._open or self._clouds is None or self._checks is None or self._bus is None or \
+                self._takeover is None:
+            raise RunnerClosed("the Runner is not open (use `with Runner(...)` or `async with`)")
+        return self._clouds, self._checks, self._bus, self._takeover
 
     def _beat(self) -> None:
         # on a shared ledger the beat renews a lease: three renewals per lease period
@@ -214,19 +279,17 @@ class Runner(JobChecks, Takeover, EventBus):
                     continue
                 for row_id, run, key, detail in rows:
                     last = row_id
-                    handle = self.handles.get(key)
-                    if handle is not None and not handle.done() and self.run_of(key) == run:
+                    if self.board.running(key) is not None and self.run_of(key) == run:
                         logger.bind(job=key).info("canceled from another process")
-                        self._batch_tell(_CancelJob(key=key, detail=detail))
+                        self.board.tell(CancelJob(key=key, detail=detail))
 
         self._cancel_task = self.reactor.spawn(watch, start, name="cancel-watch")
 
     def _lost(self, keys: set[str]) -> None:
         """On the ledger's thread: these jobs are no longer this controller's (fencing)."""
         logger.warning("{} job(s) taken over by another controller: letting them go", len(keys))
-        if self._batch is not None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                self._batch.tell(_Abandon(keys=frozenset(keys)))
+        with contextlib.suppress(RunnerClosed):
+            self.board.tell(Abandon(keys=frozenset(keys)))
 
     def _ledger_failed(self, exc: BaseException) -> None:
         """On the ledger's thread: a write failed for a reason that is not the database's. What the
@@ -234,18 +297,20 @@ class Runner(JobChecks, Takeover, EventBus):
         attempt deleting its machine first, and the run ends with exit 1."""
         logger.error("the ledger could not record a write ({}: {}): ending the run, deleting every machine",
                      type(exc).__name__, exc)
-        if self._batch is not None:
-            self.ctx.stopping.set()
-            with contextlib.suppress(pykka.ActorDeadError):
-                self._batch.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
+        ctx = getattr(self, "ctx", None)  # None: it failed while the Runner was opening
+        if ctx is not None:
+            ctx.stopping.set()
+        with contextlib.suppress(RunnerClosed):
+            self.board.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
 
     def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
-        """Cancel every job not finished: each running attempt deletes its machine first. No create
-        call starts after this returns, whatever is queued (`Context.stopping`, checked by each
-        lease just before its create)."""
+        """Cancel every job not finished: each running attempt deletes its machine first. Returns at
+        once (the tree does the work); `wait()` or `close()` waits for it. RunnerClosed if not open.
+        No create call starts after this returns, whatever is queued (`Context.stopping`, checked by
+        each lease just before its create)."""
         if self._open:
             self.ctx.stopping.set()
-        self._batch_tell(Cancel(failure=failure, detail=detail))
+        self.board.tell(Cancel(failure=failure, detail=detail))
 
     def hand_back(self, timeout: float = 60.0) -> set[str]:
         """Give every job held here to the other controllers sharing the ledger (a worker's SIGTERM):
@@ -253,8 +318,8 @@ class Runner(JobChecks, Takeover, EventBus):
         so that the others adopt them at their next poll. Returns their keys. A shared ledger only."""
         keys = self.ledger.hand_back()
         if keys:
-            self._batch_tell(_Abandon(keys=frozenset(keys)))
-            handles = [h._future for h in self.handles.values() if h.key in keys]
+            self.board.tell(Abandon(keys=frozenset(keys)))
+            handles = [h._future for h in self.board.handles.values() if h.key in keys]
             with blocking():
                 concurrent.futures.wait(handles, timeout)
         self.ledger.close_owner()  # dead for everyone now: its jobs are orphans to adopt
@@ -266,28 +331,25 @@ class Runner(JobChecks, Takeover, EventBus):
         self._driven.discard(self.run)
 
     def wait(self, timeout: float | None = None) -> list[JobEnded]:
-        """Wait until every submitted job has ended."""
-        handles = list(self.handles.values())
-        self._waiters.wait(handles, timeout)
-        unfinished = sum(1 for h in handles if not h.done())
-        if unfinished:
-            raise concurrent.futures.TimeoutError(f"{unfinished} of {len(handles)} jobs still running")
-        return [h.result(0) for h in handles]
+        """Block until every submitted job has ended (their `JobEnded`s, in submit order); raise
+        WaitTimeout after `timeout` seconds. Wakes often enough for an interrupt to get through."""
+        return self.board.wait(timeout)
 
-    def _one_ended(self, handle: JobHandle) -> None:
-        """A handle has its end (on the ledger's writer thread): tell whoever waits in `wait`."""
-        self._waiters.ended(handle)
+    async def wait_async(self) -> list[JobEnded]:
+        """`wait()` inside an asyncio or trio event loop, without blocking it."""
+        return [await h.wait_async() for h in list(self.board.handles.values())]
 
     def close(self) -> None:
-        """Cancel what is unfinished, wait until every machine is deleted, stop everything."""
+        """Cancel what is unfinished, wait until every machine is deleted, stop everything this
+        Runner started (no thread of its own left running). Idempotent; any thread."""
         if not self._open:
             return
         try:
-            if any(not h.done() for h in self.handles.values()):
+            if self.board.unfinished():
                 self.cancel()
                 try:
                     self.wait(timeout=self.delete_timeout_s + 180)
-                except concurrent.futures.TimeoutError:
+                except WaitTimeout:
                     logger.error("jobs did not end in time; stopping the tree (each lease deletes its machine)")
         finally:
             self._open = False
@@ -295,8 +357,10 @@ class Runner(JobChecks, Takeover, EventBus):
                 self._beat_task.cancel()
             if self._cancel_task is not None:
                 self._cancel_task.cancel()
-            if self._batch is not None:
-                self._batch.stop(block=True, timeout=self.delete_timeout_s + 240)
+            batch, self._batch = self.board._batch, None
+            self.board.connect(None)
+            if batch is not None:
+                batch.stop(block=True, timeout=self.delete_timeout_s + 240)
             for cloud in self.clouds.values():
                 try:
                     self.reactor.call(cloud.aclose, timeout=30)
@@ -321,7 +385,7 @@ class Runner(JobChecks, Takeover, EventBus):
         calls it. Returns the run's id (a new one if the chosen id was already in the ledger). Its
         first step makes the output folder and writes to it: SpecError(`out_dir`) if it cannot."""
         if not self._open:
-            raise RuntimeError("the Runner is not open (use it as a context manager)")
+            raise RunnerClosed("the Runner is not open (use `with Runner(...)` or `async with`)")
         if self._run_started:
             return self.run
         with self._lock:
@@ -332,16 +396,15 @@ class Runner(JobChecks, Takeover, EventBus):
                         break
                     self.run = self.ledger.run = new_run_id()
                 else:
-                    raise RuntimeError("could not find a free run id")
+                    raise ActorRunError("could not find a free run id in 20 tries")
                 self._run_started = True
                 self._driven.add(self.run)
                 self._link_latest()
         return self.run
 
     def seed_dir(self, job: Job) -> Path:
-        """Where a job of this Runner's run keeps its results: `<out>/<run>/<job>/seed-<n>`, so a
-        batch run again never overwrites the last run's (`<out>/latest` names the newest run)."""
-        return self.out_dir / self.run / job.name / f"seed-{job.seed}"
+        """Where a job of this Runner's run keeps its results (tree/seed_end.py `seed_dir`)."""
+        return seed_dir(self.out_dir, self.run, job)
 
     def _link_latest(self) -> None:
         """`<out>/latest` -> this run's folder, replaced in one rename (a reader never sees none)."""
@@ -359,19 +422,32 @@ class Runner(JobChecks, Takeover, EventBus):
         """The run the job `key` belongs to (this Runner's, or the one it resumed it from)."""
         return self.ledger.run_of(key) if self.ledger is not None else self.run
 
+    def check(self, job: Job) -> None:
+        """Raise SpecError (naming the field) for a job that cannot run here; nothing is started.
+        Builds the clouds it names (and sweeps each new one, sweep_on_start)."""
+        self._parts()[1].check(job)
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        """`fn(event)` for every event from now on, on the emitting actor thread: keep it quick.
+        May be called before `open()`."""
+        if self._bus is None:
+            self._early_subscribers.append(fn)
+        else:
+            self._bus.subscribe(fn)
+
     def submit(self, job: Job) -> JobHandle:
-        if not self._open:
-            raise RuntimeError("the Runner is not open (use it as a context manager)")
+        """Check `job` and start it; its handle. SpecError for a job that cannot run (nothing
+        started); RunnerClosed if the Runner is not open."""
+        self._parts()
         self.start_run()
         self.check(job)
-        if job.key in self.handles and not self.handles[job.key].done():
+        if self.board.running(job.key) is not None:
             raise SpecError("job", f"{job.key} is already running in this Runner")
-        handle = JobHandle(self, job)
-        self.handles[job.key] = handle
-        seed_dir = str(self.seed_dir(job))
+        handle = self.board.add(job, self.run)
+        folder = str(self.seed_dir(job))
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
-                               state="running", out_dir=seed_dir, run=self.run)
-        self._batch_tell(_Submit(job=job, seed_dir=seed_dir))
+                               state="running", out_dir=folder, run=self.run)
+        self.board.tell(Submit(job=job, seed_dir=folder))
         return handle
 
     def enqueue(self, job: Job) -> None:
@@ -386,6 +462,7 @@ class Runner(JobChecks, Takeover, EventBus):
         """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its
         run, its results where that run said. Secrets the ledger kept out of a job's spec come from
         this process's environment."""
+        clouds = self._parts()[0]
         handles = []
         for claimed in self.ledger.claim_queued(most):
             job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), dict(os.environ))
@@ -396,25 +473,25 @@ class Runner(JobChecks, Takeover, EventBus):
                     "worker: set it in the worker's environment, or list it in job.public_env"))
             for c in job.candidates:
                 try:
-                    self._cloud(c.cloud, job.clouds.get(c.cloud, {}))
+                    clouds.get(c.cloud, job.clouds.get(c.cloud, {}))
                 except SpecError as exc:  # another run's settings for that cloud lease here: say so
-                    if c.cloud not in self.clouds:
+                    if c.cloud not in clouds.by_key:
                         raise  # not built at all
                     logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
-            handle = JobHandle(self, job)
-            handle.run = claimed.run
-            self.handles[job.key] = handle
+            handle = self.board.add(job, claimed.run)
             handles.append(handle)
-            self._batch_tell(_Submit(job=job, seed_dir=claimed.out_dir, refuse=refuse))
+            folder = claimed.out_dir or str(seed_dir(self.out_dir, claimed.run, job))
+            self.board.tell(Submit(job=job, seed_dir=folder, refuse=refuse))
         return handles
 
-    def _batch_tell(self, message: Message) -> None:
-        if self._batch is None:
-            raise RuntimeError("the Runner is not open")
-        try:
-            self._batch.tell(message)
-        except pykka.ActorDeadError:  # it failed, and ended every job then (BatchSupervisor.on_failure)
-            logger.debug("the batch supervisor is gone; dropped {}", type(message).__name__)
+    def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
+               most_new: int | None = None) -> list[JobHandle]:
+        """Take over the unfinished jobs of dead controllers (takeover.py `Takeover.resume`)."""
+        return self._parts()[3].resume(run, sweep_after=sweep_after, take_runs=take_runs, most_new=most_new)
+
+    def sweep(self, *, dry_run: bool = False, owners_dead: Iterable[str] = ()) -> list[SweepAction]:
+        """Delete the machines proven abandoned (takeover.py `Takeover.sweep`); what it did."""
+        return self._parts()[3].sweep(dry_run=dry_run, owners_dead=owners_dead)
 
     def statistics(self) -> RunnerStatistics:
         """Counters for benches: actor messages handled, reactor tasks, ledger writes, pool threads."""
@@ -430,10 +507,62 @@ class Runner(JobChecks, Takeover, EventBus):
         return self.budget.statistics()
 
     def spent_usd(self) -> float:
-        assert self._batch is not None
-        value = self._batch.ask("spent", block=True, timeout=10)
-        return float(value)
+        """What the batch spent so far, as its supervisor counts it."""
+        batch = self.board._batch
+        if batch is None:
+            raise RunnerClosed("the Runner is not open")
+        return float(batch.ask("spent", block=True, timeout=10))
 
-    def _handle(self, job: Job) -> JobHandle:
-        return JobHandle(self, job)
 
+async def run_shielded(fn: Callable[[], None], name: str) -> None:
+    """Run `fn()` on a thread of its own and wait for its end without blocking the host's event loop
+    (asyncio or trio), whatever cancels the awaiting task meanwhile (one cancellation or several);
+    then raise what `fn` raised, else the cancellation that came meanwhile (asyncio), or leave it
+    to the host's next checkpoint (trio: the cancelled scope stays cancelled)."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    library = sniffio.current_async_library()
+    if library == "trio":
+        token, finished = trio.lowlevel.current_trio_token(), trio.Event()
+
+        def wake_trio(_: object) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(finished.set)
+
+        done.add_done_callback(wake_trio)
+        thread.start()
+        with trio.CancelScope(shield=True):
+            await finished.wait()
+        thread.join()
+        done.result()
+    elif library == "asyncio":
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
+        thread.start()
+        cancelled: asyncio.CancelledError | None = None
+        while not waiter.done():
+            try:
+                await asyncio.shield(waiter)
+            except asyncio.CancelledError as exc:  # kept, and raised once fn has ended
+                cancelled = exc
+        thread.join()
+        done.result()
+        if cancelled is not None:
+            raise cancelled
+    else:
+        raise TypeError(f"a Runner runs `async with` in asyncio or trio, not {library}")

@@ -1,6 +1,7 @@
-"""The Runner's takeover of what dead controllers left: `resume` (their unfinished jobs, with the
-money their runs spent) and `sweep` (their machines). A part of Runner (runner.py), kept apart
-because it is the one place a Runner acts on other controllers' work.
+"""Takeover: what a Runner does with what dead controllers left: `resume` (their unfinished jobs,
+with the money their runs spent) and `sweep` (their machines). An object the Runner holds (it holds
+the ledger, the clouds and the board of handles, nothing of the Runner), kept apart because it is
+the one place a Runner acts on other controllers' work.
 """
 
 from __future__ import annotations
@@ -9,55 +10,46 @@ import contextlib
 import functools
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loguru import logger
 
 from actor_run.actors import Reactor
-from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, make_cloud
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key
 from actor_run.protocols.failures import Code, SpecError
-from actor_run.protocols.messages import Cancel, Message
-from actor_run.protocols.specs import Job
-from actor_run.supervisors.api.config import UserConfig, settings_digest
+from actor_run.protocols.messages import Cancel
+from actor_run.supervisors.api.config import build_cloud
+from actor_run.supervisors.api.handle import Board, JobHandle
+from actor_run.supervisors.api.job_checks import Clouds
 from actor_run.supervisors.ledger import Ledger, LedgerReader
 from actor_run.supervisors.ledger.resume import ResumeItem, plan_resume
 from actor_run.supervisors.ledger.sweep import SweepAction, sweep
-from actor_run.supervisors.tree.batch import _Submit
+from actor_run.supervisors.tree.batch import Submit
 from actor_run.supervisors.tree.budget import Budget
 from actor_run.supervisors.tree.reservations import settle_reservations
-
-if TYPE_CHECKING:
-    from actor_run.supervisors.api.handle import JobHandle
+from actor_run.supervisors.tree.seed_end import seed_dir
 
 
 class Takeover:
-    """Runner's `resume` and `sweep`; the attributes and methods below are the Runner's own."""
+    """`resume` and `sweep`. `driven` is the Runner's set of runs it drives (its own and those it
+    resumed: ended at its close); `swept` and `swept_clouds` are what the last sweep did and asked."""
 
-    ledger: Ledger
-    ledger_path: str | Path
-    owner: str
-    budget: Budget
-    budget_usd: float | None
-    config: UserConfig
-    clouds: dict[str, Cloud]
-    _digests: dict[str, bytes]
-    _swept: set[tuple[str, bytes]]
-    state_dir: Path
-    reactor: Reactor
-    sweep_grace_s: float
-    swept: list[SweepAction]
-    swept_clouds: list[str]  # the cloud keys the last sweep() asked
-    handles: dict[str, JobHandle]
-    _driven: set[str]
-
-    def _cloud(self, name: str, settings: dict[str, Any]) -> Cloud:
-        raise NotImplementedError
-
-    def _batch_tell(self, message: Message) -> None:
-        raise NotImplementedError
-
-    def _handle(self, job: Job) -> JobHandle:
-        raise NotImplementedError
+    def __init__(self, *, ledger: Ledger, ledger_path: str | Path, owner: str, budget: Budget,
+                 budget_usd: float | None, clouds: Clouds, reactor: Reactor, board: Board,
+                 sweep_grace_s: float, out_dir: Path, driven: set[str]) -> None:
+        self.ledger = ledger
+        self.ledger_path = ledger_path
+        self.owner = owner
+        self.budget = budget
+        self.budget_usd = budget_usd
+        self.clouds = clouds
+        self.reactor = reactor
+        self.board = board
+        self.sweep_grace_s = sweep_grace_s
+        self.out_dir = out_dir
+        self.driven = driven
+        self.swept: list[SweepAction] = []
+        self.swept_clouds: list[str] = []  # the cloud keys the last sweep() asked
 
     def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
                most_new: int | None = None) -> list[JobHandle]:
@@ -78,8 +70,7 @@ class Takeover:
         runs: set[str] = set()
         wanted: list[ResumeItem] = []
         for item in items:
-            held = self.handles.get(item.job.key)
-            if held is not None and not held.done():
+            if self.board.running(item.job.key) is not None:
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
             if any(w.job.key == item.job.key for w in wanted):
                 continue  # (the same key in two runs: the next call takes the other)
@@ -97,18 +88,16 @@ class Takeover:
             if take_runs and item.run not in runs:
                 runs.add(item.run)
                 self.ledger.take_run(item.run)
-                self._driven.add(item.run)
+                self.driven.add(item.run)
             if item.reattach is not None:
                 self.ledger.adopt_machine(item.reattach.machine.name, job.key, wait=False)
             for c in job.candidates:
                 raw = job.clouds.get(c.cloud, {})
-                for account in accounts_of(self.config.cloud_settings(c.cloud, raw)):
+                for account in accounts_of(self.clouds.config.cloud_settings(c.cloud, raw)):
                     with contextlib.suppress(SpecError):  # one the job needs fails its first lease instead
-                        self._cloud(cloud_key(c.cloud, account), raw)
-            handle = self._handle(job)
+                        self.clouds.get(cloud_key(c.cloud, account), raw)
+            handle = self.board.add(job, item.run)
             handle.reattached = item.reattach is not None
-            handle.run = item.run
-            self.handles[job.key] = handle
             taken.append((item, handle))
         if taken:
             self.ledger.flush()  # the adoptions are durable before any sweep reads the machines
@@ -134,9 +123,10 @@ class Takeover:
                     refuse = Cancel(failure=Code.INPUT, detail=why)
                 else:
                     logger.warning("{}: {} (a retry would need it)", item.job.key, why)
-            self._batch_tell(_Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
-                                     offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
-                                     seed_dir=item.seed_dir, refuse=refuse))
+            folder = item.seed_dir or str(seed_dir(self.out_dir, item.run, item.job))
+            self.board.tell(Submit(job=item.job, first_attempt=item.first_attempt, reattach=item.reattach,
+                                   offer=item.offer, spent_before_usd=spent_before.get(item.job.key, 0.0),
+                                   seed_dir=folder, refuse=refuse))
         return [h for _, h in taken]
 
     def _adopt_budget(self, *, items: list[ResumeItem], reservations: list[dict[str, Any]]) -> dict[str, float]:
@@ -174,9 +164,10 @@ class Takeover:
         cloud it can: those this Runner's jobs use (their merged settings), each in the user's
         config, each the ledger has seen (built from the settings stored there, only to list and
         delete), and the local one."""
-        clouds, digests = dict(self.clouds), dict(self._digests)
+        clouds, digests = dict(self.clouds.by_key), dict(self.clouds.digests)
+        config = self.clouds.config
         wanted: list[tuple[str, dict[str, Any], str]] = []  # (key, the batch-side table, where it comes from)
-        for name, table in self.config.clouds.items():
+        for name, table in config.clouds.items():
             wanted += [(cloud_key(name, account), {}, "your config") for account in accounts_of(table)]
         reader = LedgerReader(self.ledger_path)
         try:
@@ -188,10 +179,7 @@ class Takeover:
             if key in clouds:
                 continue
             try:
-                self.config.parse(key, table)  # a bad value names its field and its file
-                merged = self.config.cloud_settings(key, table)
-                clouds[key] = make_cloud(key, merged, self.state_dir)
-                digests[key] = settings_digest(key, merged)
+                clouds[key], digests[key] = build_cloud(key, table, config, self.clouds.state_dir)
             except SpecError as exc:  # e.g. its settings were in a user config not given now
                 logger.warning("sweep: cloud {} cannot be built ({}); its machines were not looked at (settings "
                                "from {})", key, exc, source)
@@ -200,9 +188,13 @@ class Takeover:
             return self._sweep_clouds(clouds, digests=digests, dry_run=dry_run, owners_dead=owners_dead)
         finally:
             for key, cloud in clouds.items():
-                if self.clouds.get(key) is not cloud:  # built for this sweep only
+                if self.clouds.by_key.get(key) is not cloud:  # built for this sweep only
                     with contextlib.suppress(Exception):  # closing a client must not stop the sweep's answer
                         self.reactor.call(cloud.aclose, timeout=30)
+
+    def sweep_new(self, clouds: dict[str, Cloud], digests: dict[str, bytes]) -> None:
+        """The start-up sweep of clouds new to this Runner (Clouds.on_new): what it did is added to `swept`."""
+        self.swept += self._sweep_clouds(clouds, digests=digests)
 
     def _sweep_clouds(self, clouds: dict[str, Cloud], *, digests: dict[str, bytes], dry_run: bool = False,
                       owners_dead: Iterable[str] = ()) -> list[SweepAction]:
@@ -213,7 +205,7 @@ class Takeover:
                                     grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
             actions: list[SweepAction] = self.reactor.call(run, timeout=600)
             if not dry_run:
-                self._swept.update((k, d) for k, d in digests.items() if k in clouds)
+                self.clouds.swept.update((k, d) for k, d in digests.items() if k in clouds)
                 self.ledger.flush()
                 settle_reservations(reader, self.ledger, keep_owner=self.owner)
             return actions

@@ -22,11 +22,11 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds, make_cloud
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import MAX_USD, CandidateSpec
-from actor_run.supervisors.api.config import UserConfig, load_config
+from actor_run.supervisors.api.config import UserConfig, build_cloud, load_config
 from actor_run.supervisors.cli.console import Exit, number_arg
 
 CALL_TIMEOUT_S = 60.0
@@ -63,11 +63,11 @@ def open_clouds(names: list[str], config: UserConfig, state: Path, tables: dict[
     for name in names:
         if not explicit and name in WHEN_CONFIGURED and name not in config.clouds and name not in tables:
             continue
-        settings = config.cloud_settings(name, tables.get(name, {}))
+        table = tables.get(name, {})
         try:
-            for account in accounts_of(settings):
+            for account in accounts_of(config.cloud_settings(name, table)):
                 key = cloud_key(name, account)
-                clouds[key] = make_cloud(key, settings, state)
+                clouds[key], _ = build_cloud(key, table, config, state)
         except SpecError as exc:
             skipped[name] = exc.problem
     return clouds, skipped

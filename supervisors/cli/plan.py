@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.clouds import Cloud, cloud_key
+from actor_run.protocols.clouds import Cloud, cloud_key, gpu_memory_gb
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import Batch, CandidateSpec
@@ -29,6 +29,7 @@ from actor_run.supervisors.api.config import UserConfig, load_config
 from actor_run.supervisors.cli import oneline
 from actor_run.supervisors.cli.console import Exit
 from actor_run.supervisors.cli.offers import ask, open_clouds
+from actor_run.supervisors.tree import oom_ladder
 from actor_run.supervisors.tree.budget import hold_seconds, reservation_usd
 
 EXAMPLE = """examples:
@@ -58,6 +59,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     attempt_usd: float | None  # the most one attempt may cost anywhere (None: no candidate has a price)
     at_once_usd: float | None  # what the batch may hold at one moment
     worst_usd: float | None  # every seed, every attempt, at the most expensive offer
+    on_oom: str = "bigger"
+    # after `oom`, the candidates a job climbs, from the first (on_oom = "bigger"): (index, gpu, GB per machine)
+    oom_order: list[tuple[int, str, float | None]] = msgspec.field(default_factory=list)
     fits: bool | None  # worst_usd <= budget_usd (None: no budget, or no price)
 
     def summary(self) -> str:
@@ -160,7 +164,8 @@ def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
     fits = None if policy.budget_usd is None or worst is None else worst <= policy.budget_usd
     return Plan(jobs=jobs, max_attempts=policy.max_attempts, concurrency=policy.concurrency,
                 budget_usd=policy.budget_usd, candidates=plans, attempt_usd=attempt, at_once_usd=at_once,
-                worst_usd=worst, fits=fits)
+                worst_usd=worst, fits=fits, on_oom=policy.on_oom,
+                oom_order=[(i, candidates[i].gpu, gpu_memory_gb(candidates[i].gpu)) for i in oom_ladder(candidates)])
 
 
 def render(plan: Plan) -> str:
@@ -180,6 +185,13 @@ def render(plan: Plan) -> str:
                          f"{usd(o.hourly_usd)}/h{stock}  (an attempt reserves "
                          f"{usd(reservation_usd(o.hourly_usd, c.hold_s))})")
     lines.append("  then, if every place refused: every cloud is asked once more before a job fails no_capacity")
+    if plan.on_oom == "fail":
+        lines.append("out of memory: the job ends oom (on_oom = \"fail\")")
+    else:
+        steps = " -> ".join(f"candidate {i} {g or 'any GPU'}" + (f" ({m:g} GB)" if m is not None else "")
+                            for i, g, m in plan.oom_order)
+        lines.append(f"out of memory, each time on a candidate with more GPU memory: {steps or '-'}"
+                     " (then the job ends oom)")
     lines += ["", "money:",
               f"  one attempt reserves at most {usd(plan.attempt_usd)}",
               f"  held at once (concurrency {plan.concurrency}): up to {usd(plan.at_once_usd)}",

@@ -10,8 +10,11 @@ from typing import Any
 
 import msgspec
 
+from actor_run.protocols.failures import Code
+from actor_run.protocols.specs import Job, PolicySpec
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, number_arg, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
+from actor_run.supervisors.tree import counts
 from actor_run.supervisors.views.runlog import run_log_path
 
 RUNS_HELP = "list the runs in the ledger: id, batch, started, state, jobs, cost; where their controller logs are"
@@ -67,6 +70,27 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     failure: str = ""
     detail: str = ""
+    # each retry budget's count against its limit (`{"preemptions": {"used": 3, "limit": 5}}`), and
+    # the job's own words on its last failed attempt (a retriable verdict's reason, an out-of-memory line)
+    counts: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    reason: str = ""
+
+
+def _counts(spec: Any, failures: list[str | None]) -> dict[str, dict[str, int]]:
+    """Each budget's count after attempts that ended with `failures`, against the job's policy
+    (from its spec in the ledger; the defaults' when it cannot be read)."""
+    try:
+        policy = msgspec.json.decode(spec, type=Job).policy if spec else PolicySpec()
+    except (msgspec.DecodeError, TypeError):
+        policy = PolicySpec()
+    known = {str(c) for c in Code}
+    codes = [Code(f) if f is not None and f in known else None for f in failures]
+    return {k: msgspec.structs.asdict(v) for k, v in counts(codes, policy).items()}
+
+
+def _reason(detail: str) -> str:
+    """The job's own words in an attempt's detail: what follows the verdict's "...: " (verdict.py)."""
+    return detail.split("): ", 1)[1] if "): " in detail else ""
 
 
 def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: float) -> list[JobView]:
@@ -96,7 +120,10 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
             stage = waits[j["key"]]
         out.append(JobView(key=j["key"], state=state, place=place, stage=stage, usd=usd,
                            attempts=max(len(ended) + (1 if mine else 0), j["attempts"] or 0),
-                           failure=j["failure"] or "", detail=j["detail"] or ""))
+                           failure=j["failure"] or "", detail=j["detail"] or "",
+                           counts=_counts(j.get("spec"), [a["failure"] for a in ended]),
+                           reason=next((_reason(a["detail"] or "") for a in reversed(ended)
+                                        if a["failure"] in (Code.RETRIABLE, Code.OOM)), "")))
     return out
 
 
@@ -104,7 +131,9 @@ def view_line(v: JobView) -> str:
     where = f" on {v.place}" if v.place else ""
     stage = f", stage {v.stage}" if v.stage else ""
     tail = f"  {v.failure}: {v.detail}" if v.failure else ""
-    return f"{v.key:<32} {v.state:<10} {v.attempts:>2} attempt(s) ${v.usd:.4f}{where}{stage}{tail}"
+    reason = f"  (last retried for: {v.reason})" if v.reason and not v.failure else ""
+    budgets = "  [" + ", ".join(f"{k} {c['used']}/{c['limit']}" for k, c in v.counts.items()) + "]" if v.counts else ""
+    return f"{v.key:<32} {v.state:<10} {v.attempts:>2} attempt(s) ${v.usd:.4f}{where}{stage}{tail}{reason}{budgets}"
 
 
 def _when(t: float | None) -> str:
@@ -168,7 +197,8 @@ def _status(args: argparse.Namespace, reader: LedgerReader) -> int:
         for j in jobs:
             v = views[j["key"]]
             out.append({"kind": "job", **{k: v for k, v in j.items() if k != "spec"},
-                        "now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd})
+                        "now": v.state, "place": v.place, "stage": v.stage, "usd_now": v.usd,
+                        "counts": v.counts, "reason": v.reason})
         for m in machines:
             out.append({"kind": "machine", **msgspec.structs.asdict(m), "owner_alive": m.owner in live})
         for d in out:

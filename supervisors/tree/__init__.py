@@ -38,15 +38,19 @@ if TYPE_CHECKING:  # what a type checker reads; at run time each name loads on f
     from actor_run.supervisors.tree.batch import BatchSupervisor
     from actor_run.supervisors.tree.budget import Budget, BudgetStatistics
     from actor_run.supervisors.tree.job import JobSupervisor
+    from actor_run.supervisors.tree.policy import counts, counts_text, oom_ladder
 
 _WHERE = {
     "BatchSupervisor": "actor_run.supervisors.tree.batch",
     "Budget": "actor_run.supervisors.tree.budget",
     "BudgetStatistics": "actor_run.supervisors.tree.budget",
     "JobSupervisor": "actor_run.supervisors.tree.job",
+    "counts": "actor_run.supervisors.tree.policy",
+    "counts_text": "actor_run.supervisors.tree.policy",
+    "oom_ladder": "actor_run.supervisors.tree.policy",
 }
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy.exports(globals(), _WHERE)
 
-__all__ = ["BatchSupervisor", "Budget", "BudgetStatistics", "JobSupervisor"]
+__all__ = ["BatchSupervisor", "Budget", "BudgetStatistics", "JobSupervisor", "counts", "counts_text", "oom_ladder"]

@@ -1,6 +1,6 @@
 """BatchSupervisor: the top of one Runner's tree. It starts the submitted jobs' JobSupervisors, at
 most `concurrency` at once, under one cost ceiling (budget.py), and stops them in reverse start
-order. The Runner (runner.py) is its only client: the messages below are theirs alone.
+order. The embedding API (supervisors/api) is its only client: the messages below are what it tells.
 """
 
 from __future__ import annotations
@@ -30,31 +30,31 @@ from actor_run.supervisors.tree.offers import OfferBook
 BURST_FIRST, BURST_MOST = 16, 1024  # the batch's turn: its first, and its largest (BatchSupervisor.burst)
 
 
-class _Submit(Message, frozen=True, kw_only=True):
+class Submit(Message, frozen=True, kw_only=True):
     job: Job
     first_attempt: int = 0
     reattach: Reattach | None = None
     offer: Offer | None = None
     spent_before_usd: float = 0.0  # what the seed's attempts cost before a resume
-    seed_dir: str | None = None  # the seed's folder the job's run recorded (a resume); else under out_dir
+    seed_dir: str  # the seed's folder its run recorded (seed_end.seed_dir)
     refuse: Cancel | None = None  # end it before anything is rented (a claimed job this process cannot run)
 
 
-class _Spent(Message, frozen=True, kw_only=True):
+class Spent(Message, frozen=True, kw_only=True):
     """A running job's live cost, when it crossed a tenth of the budget since the last report."""
 
     key: str
     usd: float
 
 
-class _Abandon(Message, frozen=True, kw_only=True):
+class Abandon(Message, frozen=True, kw_only=True):
     """Another controller holds these jobs now (the ledger's fencing): stop them without touching
     their machines or writing anything more about them."""
 
     keys: frozenset[str]
 
 
-class _CancelJob(Message, frozen=True, kw_only=True):
+class CancelJob(Message, frozen=True, kw_only=True):
     key: str
     failure: Code = Code.CANCELED
     detail: str = ""
@@ -89,7 +89,7 @@ class BatchSupervisor(PooledActor):
         self.budget = budget if budget is not None else Budget(budget_usd)
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
-        self.pending: collections.deque[_Submit] = collections.deque()  # FIFO: a start pops the left end
+        self.pending: collections.deque[Submit] = collections.deque()  # FIFO: a start pops the left end
         self.running: dict[str, pykka.ActorRef[Any]] = {}
         self.order: list[str] = []
         # the jobs let go (another controller holds them now), each stopping: their leases announce
@@ -105,7 +105,7 @@ class BatchSupervisor(PooledActor):
         if self.ctx.fault is not None:
             self.ctx.at(f"batch:{type(message).__name__}", getattr(message, "key", ""))
         match message:
-            case _Submit(job=job) as submit:
+            case Submit(job=job) as submit:
                 why = submit.refuse or self.stopped
                 if why is not None:
                     self._end_unstarted(job, why)
@@ -121,13 +121,13 @@ class BatchSupervisor(PooledActor):
                 self.done_usd += e.usd
                 self.on_end(e)
                 self._fill()
-            case _Spent(key=key, usd=usd):
+            case Spent(key=key, usd=usd):
                 if key in self.running:
                     self.live_usd[key] = usd
                     self._check_budget()
-            case _Abandon(keys=keys):
+            case Abandon(keys=keys):
                 self._abandon(keys)
-            case _CancelJob(key=key, failure=failure, detail=detail):
+            case CancelJob(key=key, failure=failure, detail=detail):
                 self._cancel_one(key, Cancel(failure=failure, detail=detail))
             case Cancel() as c:
                 self._cancel_all(c)
@@ -143,12 +143,12 @@ class BatchSupervisor(PooledActor):
         while self.pending and len(self.running) < self.concurrency and self.stopped is None:
             self._start(self.pending.popleft())
 
-    def _start(self, s: _Submit) -> None:
+    def _start(self, s: Submit) -> None:
         self.running[s.job.key] = JobSupervisor.start(self.ctx, self.actor_ref, job=s.job, ledger=self.ledger,
                                                       first_attempt=s.first_attempt, reattach=s.reattach,
                                                       reattach_offer=s.offer, offers=self.offers,
                                                       budget=self.budget, spent_before_usd=s.spent_before_usd,
-                                                      seed_dir=Path(s.seed_dir) if s.seed_dir else None)
+                                                      seed_dir=Path(s.seed_dir))
         self.order.append(s.job.key)
         self.labels[job_label(s.job)] = s.job.key
         self.burst = min(BURST_MOST, max(BURST_FIRST, len(self.running)))  # the next turn's (class comment)

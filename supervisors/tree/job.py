@@ -5,6 +5,11 @@ Supervision, as supervisor.erl would write it down:
   on a fresh machine) only after an abnormal end, and only as `policy.decide` allows;
 - restart intensity: more than `policy.thrash_max` failed attempts within `thrash_window_s`
   stops the job with `thrashing`; besides, at most `max_attempts` counted attempts;
+- a failure counts against `max_attempts`, or, when its kind has a budget of its own
+  (`max_preemptions`, `max_stalls`, ...: policy.py `KINDS`), against that budget alone;
+- after `oom` (`on_oom = "bigger"`), every later attempt runs only on offers with more GPU memory
+  than the one that ran out (policy.py `bigger_than`); with no candidate that could be bigger the
+  job ends `oom`;
 - between retries, exponential backoff with jitter; a walk past a place with no stock is at once
   and never costs an attempt. `Retrying` is said as the retried attempt starts (never for one
   that does not run); a retry whose walk has passed over every place walks them all again;
@@ -32,10 +37,12 @@ import functools
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
 
+import msgspec
 import outcome
 import pykka
 
@@ -61,7 +68,16 @@ from actor_run.protocols.specs import Job
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.tree.budget import Budget, BudgetChange, hold_seconds, reservation_usd
 from actor_run.supervisors.tree.offers import OfferBook
-from actor_run.supervisors.tree.policy import Action, backoff_s, decide
+from actor_run.supervisors.tree.policy import (
+    FAILURES,
+    Action,
+    backoff_s,
+    bigger_than,
+    counts,
+    decide,
+    kind_limit,
+    may_be_bigger,
+)
 from actor_run.supervisors.tree.seed_end import response_json, tidy_seed_dir
 from actor_run.supervisors.tree.walk import Exhausted, NeedOffers, Walk
 
@@ -94,7 +110,7 @@ class JobSupervisor(Actor):
     def __init__(self, ctx: Context, parent: pykka.ActorRef[Any], *, job: Job, ledger: Ledger,
                  first_attempt: int = 0, rng_seed: int | None = None, reattach: Reattach | None = None,
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
-                 seed_dir: Path | None = None, budget: Budget | None = None,
+                 seed_dir: Path, budget: Budget | None = None,
                  spent_before_usd: float = 0.0) -> None:
         super().__init__(ctx, parent, job_label(job))
         self.ledger = ledger
@@ -105,8 +121,9 @@ class JobSupervisor(Actor):
         self.job = job
         self.head: JobHead = {"job": job.name, "seed": job.seed}
         # where the run said at its start (a resume passes the folder the ledger recorded)
-        self.seed_dir = seed_dir if seed_dir is not None else ctx.out_root / job.name / f"seed-{job.seed}"
+        self.seed_dir = seed_dir  # tree/seed_end.py seed_dir: the run recorded it
         self.response_path = os.path.join(self.seed_dir, "response.json")  # a string: made once, not at the end
+        self.fits: Callable[[Offer], bool] | None = None  # after an out-of-memory end: more GPU memory only
         self.walk = Walk(len(job.candidates))
         self.budget = budget if budget is not None else Budget(None)  # the batch's, shared by its jobs
         # the seed's own ceiling, counting what its attempts cost before a resume
@@ -199,7 +216,7 @@ class JobSupervisor(Actor):
                               + "; ".join(self.short_of_money[-3:]))
                 elif self.rewalk:  # a retry: the places were passed over after failures, not found empty
                     self.rewalk = False
-                    self.walk = Walk(len(self.job.candidates))
+                    self.walk = Walk(len(self.job.candidates), self.fits)
                     self._next()
                 else:
                     self._wait_for_capacity()
@@ -235,7 +252,7 @@ class JobSupervisor(Actor):
                 waited = f" (waited {wait:.0f} s)" if wait > 0 else ""
                 self._end("failed", Code.NO_CAPACITY, f"no candidate place has stock{waited}: {self._wanted()}")
             return
-        self.walk = Walk(len(self.job.candidates))  # stock may come back: walk again soon
+        self.walk = Walk(len(self.job.candidates), self.fits)  # stock may come back: walk again soon
         self.wait_gen += 1
         gen, ref = self.wait_gen, self.actor_ref
 
@@ -397,7 +414,7 @@ class JobSupervisor(Actor):
             "attempt": e.attempt, "outcome": e.outcome, "failure": e.failure, "detail": e.detail,
             "cloud": e.offer.cloud if e.offer else "", "region": e.offer.region if e.offer else "",
             "gpu": e.offer.gpu if e.offer else "", "phases": e.phases, "usd": e.usage.usd,
-            "usd_at_least": e.usage.at_least, "exit_code": e.exit_code,
+            "usd_at_least": e.usage.at_least, "exit_code": e.exit_code, "reason": e.reason,
         })
         self.ledger.record_attempt(
             job=self.job.key, attempt=e.attempt, machine="", cloud=self.history[-1]["cloud"],
@@ -420,8 +437,12 @@ class JobSupervisor(Actor):
             self.counted += 1
             self.waiting_since = None  # it found a place: a wait for capacity after this is a new one
             self.offers.freed()  # it held a machine, now let go: jobs waiting for capacity ask again
-        decision, self.failure_times = decide(code, counted_attempts=self.counted, failure_times=self.failure_times,
-                                              now=time.monotonic(), policy=self.job.policy)
+        tally = counts([h["failure"] for h in self.history], self.job.policy)
+        kind, _ = kind_limit(code, self.job.policy)
+        decision, self.failure_times = decide(code, counted_attempts=tally[FAILURES].used,
+                                              failure_times=self.failure_times, now=time.monotonic(),
+                                              policy=self.job.policy,
+                                              kind_used=tally[kind].used if kind in tally else 0)
         if decision.action is Action.STOP:
             assert decision.code is not None
             detail = f"{decision.detail}; last: {e.detail}" if decision.detail else e.detail
@@ -430,6 +451,8 @@ class JobSupervisor(Actor):
         assert self.offer is not None
         if decision.walk:
             self.walk.pass_over(self.offer)
+        if decision.bigger and not self._only_bigger(self.offer, e.detail):
+            return
         if decision.action is Action.WALK:
             self._next()
             return
@@ -437,6 +460,18 @@ class JobSupervisor(Actor):
                           rng=self.rng)
         self.retry, self.rewalk = (code, delay), True  # Retrying is said when the attempt starts
         self.later(delay, _Launch())
+
+    def _only_bigger(self, offer: Offer, detail: str) -> bool:
+        """After `oom` on `offer`: walk on only to offers with more GPU memory (True), or end the job
+        `oom` when the GPU table does not know `offer`'s memory or no candidate could be bigger."""
+        fits = bigger_than(offer.gpu)
+        if fits is None or not may_be_bigger(self.job.candidates, offer.gpu):
+            why = (f"the GPU table does not know how much memory {offer.gpu or 'this machine'} has"
+                   if fits is None else f"no candidate has more GPU memory than {offer.gpu}")
+            self._end("failed", Code.OOM, f"{why}; last: {detail}")
+            return False
+        self.fits = self.walk.fits = fits
+        return True
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -457,7 +492,9 @@ class JobSupervisor(Actor):
 
     def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
         self.ctx.at("response", self.job.key)
-        data = response_json(self.job, outcome_, failure, detail, self.history, self.usd_done, self.started)
+        tally = counts([h["failure"] for h in self.history], self.job.policy)
+        data = response_json(self.job, outcome_, failure, detail, self.history, self.usd_done, self.started,
+                             {k: msgspec.structs.asdict(v) for k, v in tally.items()})
         # through the ledger's fence: a controller that lost the job writes no response.json
         self.ledger.write_file(self.job.key, functools.partial(write_private, self.response_path, data))
 

@@ -15,6 +15,11 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.specs import Job
 
 
+def seed_dir(out_root: Path, run: str, job: Job) -> Path:
+    """Where a job of run `run` keeps its results: `<out>/<run>/<job>/seed-<n>` (the one rule: a
+    batch run again never writes over the last run's; `<out>/latest` names the newest run)."""
+    return out_root / run / job.name / f"seed-{job.seed}"
+
 def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]], *, checkpoint: bool = True) -> Path:
     """At a job's end: the seed's out/ and progress.jsonl are the last attempt's, which its fetch
     brought there (a failed job's partial outputs too). If the last attempt never ran to its exit
@@ -34,9 +39,10 @@ def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]], *, checkpoint: 
 
 
 def response_json(job: Job, outcome: str, failure: Code | None, detail: str, history: list[dict[str, Any]],
-                  usd: float, started: float) -> bytes:
+                  usd: float, started: float, counts: dict[str, Any] | None = None) -> bytes:
     """`response.json` of a job that ended `outcome` after the attempts in `history`, `started`
-    (time.time()) when its supervisor started: indented JSON."""
+    (time.time()) when its supervisor started: indented JSON. `counts`: each retry budget's count
+    against its limit (`{"preemptions": {"used": 3, "limit": 5}, ...}`, policy.py `counts`)."""
     exit_code = None
     for h in reversed(history):
         if h.get("exit_code") is not None:
@@ -48,7 +54,7 @@ def response_json(job: Job, outcome: str, failure: Code | None, detail: str, his
         "attempts": history, "usd": round(usd, 6),
         "usd_at_least": any(h["usd_at_least"] for h in history),
         "seconds": round(time.time() - started, 3),
-        "phases": _sum_phases(history), "exit_code": exit_code,
+        "phases": _sum_phases(history), "exit_code": exit_code, "counts": counts or {},
     }
     return msgspec.json.format(msgspec.json.encode(response))
 

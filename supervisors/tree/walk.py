@@ -4,11 +4,14 @@ Each candidate's offers are asked for when the walk reaches it (from the candida
 account: a refusal that says an account is out of quota or balance moves the walk to the same
 place on the candidate's next account, `switch_account`). A place that refused (no
 capacity, a launch that failed) is passed over; when every candidate is exhausted the walk asks
-every cloud again, once (stock comes back), before it gives up. Pure state, no I/O: the job
-supervisor fetches offers when `next()` says `NeedOffers`.
+every cloud again, once (stock comes back), before it gives up. `fits` (after an out-of-memory
+end: only offers with more GPU memory) passes over every offer it refuses. Pure state, no I/O: the
+job supervisor fetches offers when `next()` says `NeedOffers`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import msgspec
 
@@ -31,8 +34,9 @@ def place(offer: Offer) -> Place:
 
 
 class Walk:
-    def __init__(self, n_candidates: int) -> None:
+    def __init__(self, n_candidates: int, fits: Callable[[Offer], bool] | None = None) -> None:
         self.n = n_candidates
+        self.fits = fits
         self.index = 0
         self.offers: dict[int, list[Offer]] = {}
         self.passed: set[Place] = set()
@@ -43,7 +47,7 @@ class Walk:
             if self.index not in self.offers:
                 return NeedOffers(self.index)
             for offer in self.offers[self.index]:
-                if place(offer) not in self.passed:
+                if place(offer) not in self.passed and (self.fits is None or self.fits(offer)):
                     return offer
             self.index += 1
         if not self.refreshed:

@@ -211,12 +211,15 @@ class View:
                 line.state, line.waiting = "waiting for capacity", True
             case LeaseFailed(failure=failure):
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
-            case AttemptEnded(usage=u, failure=failure):
+            case AttemptEnded(usage=u, failure=failure, detail=detail):
                 self._machine_gone(line)
                 line.usd_done += u.usd
                 self.usd_done += u.usd
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
                 line.usd = line.usd_done
+                if failure is not None and failure not in (Code.NO_CAPACITY, Code.QUOTA):
+                    # why the job is retried (a retriable verdict's reason, the out-of-memory line), until it ends
+                    line.failure, line.detail = str(failure), printable(detail)
             case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd):
                 self._machine_gone(line)
                 self.progress -= _fraction(line)

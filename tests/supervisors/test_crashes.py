@@ -77,7 +77,7 @@ def test_a_crash_while_the_machine_runs_deletes_it_first(
 
 def test_a_crash_of_the_batch_supervisor_ends_every_job_and_cancel_and_close_still_work(
         open_runner: Callable[..., Any], events: Any, sim_job: Any, sim_dir: Path, ledger_machines: Any) -> None:
-    with open_runner(concurrency=2, fault=crash_at("batch:_CancelJob", "t/seed-1")) as r:
+    with open_runner(concurrency=2, fault=crash_at("batch:CancelJob", "t/seed-1")) as r:
         handles = [r.submit(sim_job("t", "sleep 40.917", seed=s)) for s in (1, 2)]
         for s in (1, 2):
             events.wait_for(lambda e, s=s: isinstance(e, JobStarted) and e.seed == s)

@@ -12,8 +12,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actor_run.protocols.failures import POLICIES, Code
-from actor_run.protocols.specs import PolicySpec
-from actor_run.supervisors.tree.policy import Action, Decision, backoff_s, decide
+from actor_run.protocols.messages import Offer
+from actor_run.protocols.specs import CandidateSpec, PolicySpec
+from actor_run.supervisors.tree.policy import (
+    FAILURES,
+    KINDS,
+    Action,
+    Count,
+    Decision,
+    backoff_s,
+    bigger_than,
+    counts,
+    decide,
+    kind_limit,
+    may_be_bigger,
+    oom_ladder,
+)
 
 POLICY = PolicySpec(max_attempts=5, thrash_max=5, thrash_window_s=300.0)
 
@@ -26,6 +40,8 @@ TABLE: dict[Code, tuple[Action, bool]] = {
     Code.PREEMPTED: (Action.RETRY, False),
     Code.STALLED: (Action.RETRY, False),
     Code.UNREACHABLE: (Action.RETRY, False),
+    Code.RETRIABLE: (Action.RETRY, False),
+    Code.OOM: (Action.RETRY, True),  # on a candidate with more GPU memory (`bigger`)
     Code.JOB_FAILED: (Action.STOP, False),
     Code.INPUT: (Action.STOP, False),
     Code.TRANSFER_FAILED: (Action.STOP, False),
@@ -62,7 +78,8 @@ def test_decide_follows_the_design_table(code: Code) -> None:
 
 @pytest.mark.parametrize("code", [c for c, (a, _) in TABLE.items() if a is Action.RETRY])
 def test_max_attempts_stops_with_the_last_code(code: Code) -> None:
-    policy = msgspec.structs.replace(POLICY, max_attempts=3)
+    # preemptions have a budget of their own by default: here they draw on max_attempts as the rest
+    policy = msgspec.structs.replace(POLICY, max_attempts=3, max_preemptions=None)
     ok, _ = decide(code, counted_attempts=2, failure_times=[], now=10.0, policy=policy)
     assert ok.action is Action.RETRY
     stop, _ = decide(code, counted_attempts=3, failure_times=[], now=10.0, policy=policy)
@@ -156,3 +173,117 @@ def test_backoff_ends_of_the_jitter_and_zero_base() -> None:
     assert backoff_s(3, base_s=1.0, max_s=60.0, rng=Fixed(1.0)) == pytest.approx(4.0)
     assert backoff_s(0, base_s=1.0, max_s=60.0, rng=Fixed(1.0)) == pytest.approx(1.0)  # retry 0 counts as 1
     assert backoff_s(5, base_s=0.0, max_s=60.0, rng=Fixed(0.7)) == 0.0
+
+
+# --- budgets per kind of failure ----------------------------------------------------------------------
+
+
+def test_a_batch_that_sets_nothing_draws_every_kind_but_preemptions_on_max_attempts() -> None:
+    p = PolicySpec()
+    for code in KINDS:
+        kind, limit = kind_limit(code, p)
+        if code is Code.PREEMPTED:
+            assert (kind, limit) == ("preemptions", 10)
+        else:
+            assert (kind, limit) == (FAILURES, None)
+
+
+def test_a_preemption_budget_lets_a_job_go_past_max_attempts() -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=3, max_preemptions=5)
+    for used in range(1, 6):  # the fifth preemption is still retried
+        d, _ = decide(Code.PREEMPTED, counted_attempts=0, kind_used=used, failure_times=[], now=1.0, policy=policy)
+        assert d.action is Action.RETRY
+    d, _ = decide(Code.PREEMPTED, counted_attempts=0, kind_used=6, failure_times=[], now=1.0, policy=policy)
+    assert d.action is Action.STOP
+    assert d.code is Code.PREEMPTED
+    assert d.detail == "6 preemptions (max_preemptions = 5)"
+
+
+def test_on_oom_fail_ends_the_job_oom_and_bigger_retries() -> None:
+    d, _ = decide(Code.OOM, counted_attempts=1, failure_times=[], now=1.0,
+                  policy=msgspec.structs.replace(POLICY, on_oom="fail"))
+    assert (d.action, d.code) == (Action.STOP, Code.OOM)
+    d, _ = decide(Code.OOM, counted_attempts=1, failure_times=[], now=1.0, policy=POLICY)
+    assert (d.action, d.bigger, d.walk) == (Action.RETRY, True, True)
+
+
+_BUDGETED = list(KINDS)
+_CODES = st.sampled_from([*_BUDGETED, Code.NO_CAPACITY, Code.QUOTA, Code.JOB_FAILED, None])
+_LIMIT = st.one_of(st.none(), st.integers(min_value=0, max_value=6))
+
+
+@given(failures=st.lists(_CODES, max_size=20), max_attempts=st.integers(min_value=1, max_value=6),
+       limits=st.tuples(_LIMIT, _LIMIT, _LIMIT, _LIMIT, _LIMIT, _LIMIT))
+def test_counts_put_each_failure_in_exactly_one_budget(failures: list[Code | None], max_attempts: int,
+                                                       limits: tuple[int | None, ...]) -> None:
+    fields = ("max_preemptions", "max_stalls", "max_unreachable", "max_launch_failures", "max_retriable",
+              "max_oom_moves")
+    policy = msgspec.structs.replace(POLICY, max_attempts=max_attempts, **dict(zip(fields, limits, strict=True)))
+    c = counts(failures, policy)
+    counted = [f for f in failures if f is not None and f not in (Code.NO_CAPACITY, Code.QUOTA)]
+    assert sum(v.used for v in c.values()) == len(counted)  # walks and successes count nowhere
+    assert c[FAILURES].limit == max_attempts
+    for field, limit in zip(fields, limits, strict=True):
+        kind = next(k for k, f in KINDS.values() if f == field)
+        if limit is None:
+            assert kind not in c  # drawn from max_attempts
+        else:
+            mine = [f for f in counted if KINDS.get(f, ("", ""))[1] == field]
+            assert c[kind] == Count(used=len(mine), limit=limit)
+
+
+@given(failures=st.lists(st.sampled_from(_BUDGETED), min_size=1, max_size=12),
+       limit=st.integers(min_value=0, max_value=5))
+def test_a_kind_with_its_own_budget_stops_exactly_past_it(failures: list[Code], limit: int) -> None:
+    policy = msgspec.structs.replace(POLICY, max_attempts=1, max_preemptions=limit, max_stalls=limit,
+                                     max_unreachable=limit, max_launch_failures=limit, max_retriable=limit,
+                                     max_oom_moves=limit, thrash_max=1000)
+    c = counts(failures, policy)
+    kind, _ = kind_limit(failures[-1], policy)
+    d, _ = decide(failures[-1], counted_attempts=c[FAILURES].used, kind_used=c[kind].used, failure_times=[],
+                  now=1.0, policy=policy)
+    assert (d.action is Action.STOP) == (c[kind].used > limit)
+
+
+# --- out of memory: where a job may go next ----------------------------------------------------------
+
+
+def _offer(gpu: str) -> Offer:
+    return Offer(cloud="sim", gpu=gpu)
+
+
+def test_bigger_than_compares_memory_per_machine() -> None:
+    fits = bigger_than("A100-40G")
+    assert fits is not None
+    assert all(fits(_offer(g)) for g in ("A100-80G", "H100", "RTX4090:2"))  # 2 x 24 > 40
+    assert not any(fits(_offer(g)) for g in ("RTX4090", "A100", "mystery-gpu"))
+    assert bigger_than("mystery-gpu") is None
+    h100 = bigger_than("H100")
+    assert h100 is not None
+    assert h100(_offer("H100:8"))
+    assert not h100(_offer("A100-80G"))
+
+
+def test_may_be_bigger_and_the_ladder() -> None:
+    cands = [CandidateSpec(cloud="sim", gpu="A100-40G"), CandidateSpec(cloud="sim", gpu="RTX4090"),
+             CandidateSpec(cloud="sim", gpu="A100-80G"), CandidateSpec(cloud="sim", gpu="L40S"),
+             CandidateSpec(cloud="sim", gpu="H100:8")]
+    assert oom_ladder(cands) == [0, 2, 4]
+    assert may_be_bigger(cands, "A100-80G")
+    assert not may_be_bigger(cands[:3], "A100-80G")
+    assert may_be_bigger([CandidateSpec(cloud="sim")], "H100")  # any GPU: its offers are judged as they come
+
+
+@given(gpus=st.lists(st.sampled_from(["A100", "A100-40G", "A100-80G", "H100", "H200", "L40S", "RTX4090", "A6000",
+                                      "B200", "H100:8", "RTX4090:2", "unknown"]), min_size=1, max_size=8))
+def test_the_ladder_climbs_strictly(gpus: list[str]) -> None:
+    cands = [CandidateSpec(cloud="sim", gpu=g) for g in gpus]
+    ladder = oom_ladder(cands)
+    assert ladder[0] == 0
+    assert ladder == sorted(ladder)
+    for a, b in itertools.pairwise(ladder):
+        fits = bigger_than(gpus[a])
+        assert fits is not None
+        assert fits(_offer(gpus[b]))
+        # nothing between them was bigger than the step before it
+        assert not any(fits(_offer(gpus[k])) for k in range(a + 1, b))
