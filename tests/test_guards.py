@@ -446,3 +446,70 @@ def test_ssh_uses_the_jobs_own_run_settings_when_another_run_used_another_host(t
             if first.poll() is None:
                 first.kill()
                 first.communicate()
+
+
+# --- 6: a sweep proves before it closes -------------------------------------------------------------
+
+
+def local_run(name: str, sandboxes: Path, command: str) -> str:
+    return f"""
+[job]
+name = "{name}"
+command = {json.dumps(command)}
+seeds = [1]
+
+[policy]
+poll_s = 0.2
+
+[[candidates]]
+cloud = "local"
+
+[clouds.local]
+state_dir = "{sandboxes}"
+"""
+
+
+def test_a_plain_sweep_leaves_a_live_machines_row_open_that_its_batch_sweeps(tmp_path: Path) -> None:
+    """Two runs of `local` under different settings (another sandbox folder); the second's controller
+    is killed with its machine live. A plain sweep builds `local` from the first run's settings,
+    which do not list that machine: the row stays open, saying which batch would ask; `sweep
+    --batch` with the second run's batch finds the machine, its owner dead, and deletes it."""
+    import signal
+
+    from actor_run.supervisors.ledger import LedgerReader
+    from waits import poll
+
+    state = ["--state-dir", str(tmp_path / "state")]
+    (tmp_path / "one.toml").write_text(local_run("one", tmp_path / "boxes-one", "true"))
+    (tmp_path / "two.toml").write_text(local_run("two", tmp_path / "boxes-two", "sleep 600"))
+    first = actor_run(tmp_path, "run", "one.toml", *state, "--out", str(tmp_path / "out"))
+    assert first.returncode == 0, first.stderr
+    second = subprocess.Popen([*CLI, "run", "two.toml", *state, "--out", str(tmp_path / "out")], cwd=tmp_path,
+                              env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        poll(lambda: list((tmp_path / "boxes-two").glob("*/work/two/1/a0/pid")), 60, "run two's job started")
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait(30)
+
+    def alive() -> list[str]:
+        reader = LedgerReader(tmp_path / "state" / "ledger.sqlite")
+        try:
+            return [m.name for m in reader.machines(alive_only=True)]
+        finally:
+            reader.close()
+
+    machine = alive()
+    assert len(machine) == 1
+    plain = actor_run(tmp_path, "sweep", *state)
+    assert plain.returncode == 0, plain.stderr
+    assert alive() == machine, plain.stdout  # not closed as gone: its own settings were never asked
+    assert "not proven gone" in plain.stdout
+    assert "--batch" in plain.stdout
+    assert list((tmp_path / "boxes-two").glob("*/work/two/1/a0/pid"))  # the machine lives
+    swept = actor_run(tmp_path, "sweep", "--batch", "two.toml", *state)
+    assert swept.returncode == 0, swept.stderr
+    assert alive() == [], swept.stdout
+    assert "deleted" in swept.stdout
+    assert not list((tmp_path / "boxes-two").glob("*/work"))  # the sandbox is gone with it
