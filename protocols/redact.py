@@ -80,6 +80,7 @@ class Redactor:
         self._forms: set[str] = set()  # every spelling of every value (`spellings`)
         self._parts: list[str] = []  # the prefix-or-suffix regexes of the long values
         self._pattern: re.Pattern[str] | None = None
+        self._parts_pattern: re.Pattern[str] | None = None  # applied after the whole spellings
 
     def add(self, *values: str) -> None:
         """Register values; `Bearer <token>` and other values with spaces register their parts too."""
@@ -95,16 +96,19 @@ class Redactor:
             self._values |= new
             for v in new:
                 self._forms |= spellings(v)
-                if len(v) >= PART_FROM:
+                if len(v) >= PART_FROM and not any(ch.isspace() for ch in v):  # `Bearer x`: its parts are values
                     self._parts.append(_parts(v))
-            ordered = sorted(self._forms, key=len, reverse=True)  # whole spellings before any part
-            self._pattern = re.compile("|".join([*(re.escape(v) for v in ordered), *self._parts]))
+            ordered = sorted(self._forms, key=len, reverse=True)
+            self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+            # a second pass: a cut value (a prefix, a suffix) in what the whole spellings left
+            self._parts_pattern = re.compile("|".join(self._parts)) if self._parts else None
 
     def redact(self, text: str) -> str:
-        pattern = self._pattern
+        pattern, parts = self._pattern, self._parts_pattern
         if pattern is None or not text:
             return text
-        return pattern.sub(REDACTED, text)
+        text = pattern.sub(REDACTED, text)
+        return parts.sub(REDACTED, text) if parts is not None else text
 
     def __contains__(self, value: str) -> bool:
         return value in self._values
