@@ -476,8 +476,9 @@ def test_a_plain_sweep_leaves_a_live_machines_row_open_that_its_batch_sweeps(tmp
     --batch` with the second run's batch finds the machine, its owner dead, and deletes it."""
     import signal
 
-    from actor_run.supervisors.ledger import LedgerReader
     from waits import poll
+
+    from actor_run.supervisors.ledger import LedgerReader
 
     state = ["--state-dir", str(tmp_path / "state")]
     (tmp_path / "one.toml").write_text(local_run("one", tmp_path / "boxes-one", "true"))
