@@ -302,7 +302,8 @@ def _number(field: str, value: float, least: float, strict: bool, most: float = 
 
 
 def _count(field: str, value: int, least: int, most: int) -> None:
-    _check(field, least <= value <= most, f"int from {least} to {most:,}", value)
+    _check(field, value >= least, f"int >= {least}", value)
+    _check(field, value <= most, f"int <= {most:,}", value)
 
 
 # what may not be in a name that becomes part of an id, a path or a machine's name: a path separator
@@ -320,6 +321,7 @@ def check_name_part(field: str, value: str) -> None:
 
 
 def _control_free(field: str, value: str) -> None:
+    _no_nul(field, value)
     bad = re.search(r"[\x00-\x1f\x7f-\x9f]", value)
     if bad is not None:
         raise SpecError(field, f"contains the control character {bad.group()!r}")
@@ -420,8 +422,8 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
         if c.max_hourly_usd is not None:
             _number(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd, 0, strict=False, most=MAX_USD)
         _control_free(f"candidates[{i}].gpu", c.gpu)
-        for j, region in enumerate(c.regions):
-            _control_free(f"candidates[{i}].regions[{j}]", region)
+        for region in c.regions:
+            _control_free(f"candidates[{i}].regions", region)
         for field in ("hosts", "accounts"):  # names in machine ids and cloud keys
             for j, name in enumerate(getattr(c, field)):
                 if name or field == "hosts":  # an account "" is the cloud's own settings
