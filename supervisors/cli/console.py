@@ -63,9 +63,11 @@ def count_arg(least: int, most: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
-        if not least <= value <= most:
-            raise argparse.ArgumentTypeError(f"expected an int from {least} to {most:,}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected int >= {least}, got {value}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected int <= {most:,}, got {value}")
         return value
     return parse
 

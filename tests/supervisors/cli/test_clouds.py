@@ -31,7 +31,8 @@ def test_check_reads_only_and_says_what_it_found(tmp_path: Path, fake: Any) -> N
     assert f"{fake.GPUS[0]}: out of stock" in done.stdout
     assert f"{fake.GPUS[1]}: in stock in" in done.stdout
     assert {m for m, _, _ in fake.calls} == {"GET"}  # nothing made, nothing changed
-    refused = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR, key="wrong")
+    refused = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR,
+                  key="wrong-key-0123")  # a key of a real length (under 8 characters is refused as a key)
     assert refused.returncode == 1
     assert "the key was refused" in refused.stdout
     assert "wrong" not in refused.stdout + refused.stderr
