@@ -26,6 +26,7 @@ import outcome
 import pykka
 from pykka.messages import _ActorStop
 
+from actor_run.actors.flag import Flag
 from actor_run.actors.pool import PooledActor, stop_if_idle
 from actor_run.actors.runtime import Reactor, Result, Task
 from actor_run.actors.ticks import Subscription, subscribe
@@ -143,6 +144,9 @@ class Context:
         self.hash_cache: dict[tuple[str, int, int, int], str] = {}
         self.hash_lock = threading.Lock()
         self.fault = fault
+        # set (from any thread) by the Runner's whole cancel before any message goes: from then on no
+        # create call starts, whatever is queued (a lease's launch checks it just before the create)
+        self.stopping = Flag()
 
     def at(self, step: str, key: str) -> None:
         """A step of job `key`'s life is about to run (`out_folder`, `budget`, `names`, `response`,

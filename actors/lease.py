@@ -230,8 +230,12 @@ class LeaseActor(Actor):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(_CacheNote(event=event))
 
+        stopping = self.ctx.stopping
+
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
             await wait_durable(intent, soon)
+            if stopping.is_set():  # a Ctrl-C or a cancel of everything came first: no create starts after it
+                raise LaunchRefused("the run is stopping: no machine was created", code=Code.CANCELED)
             placed = offer
             if cache is not None and cache_row is not None:
                 await wait_durable(cache_row, soon, "the cache's row")
@@ -309,7 +313,9 @@ class LeaseActor(Actor):
         code, detail = _classify_launch(exc, created=self.machine is not None)
         failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
                              machine=self.machine, taken_at=exc.at if isinstance(exc, MachineGone) else None)
-        clean = code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED) and not isinstance(exc, LaunchAmbiguous)
+        clean = ((code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED)
+                  or (code is Code.CANCELED and isinstance(exc, LaunchRefused)))  # no create started
+                 and not isinstance(exc, LaunchAmbiguous))
         if clean and self.machine is None:
             # a clean refusal: no machine exists. The intent is closed, then the parent hears it,
             # without a pool thread waiting for the ledger (a region out of stock refuses many at

@@ -358,10 +358,54 @@ def _check(field: str, ok: bool, want: str, got: object) -> None:
         raise SpecError(field, f"expected {want}, got {got!r}")
 
 
-def _number(field: str, value: float, least: float, strict: bool) -> None:
-    """A finite number above (`strict`) or at least `least`: inf and nan are refused everywhere."""
+# the largest values a batch may hold (README, "The batch file"): a seed fits a signed 64-bit ledger
+# column and a machine's name; seconds and dollars stay numbers a deadline, a name and a bill can hold
+# (timeout_s = 1e308 made 300-digit machine names); counts stay counts a process can keep
+MAX_SEED = 2**63 - 1  # |seed| <= MAX_SEED
+MAX_SECONDS = 31_622_400.0  # 366 days: any duration (timeout_s, setup_grace_s, backoff_s, ...)
+MAX_USD = 10_000_000.0  # any amount of dollars (budget_usd, max_usd, max_hourly_usd)
+MAX_ATTEMPTS = 10_000
+MAX_CONCURRENCY = 1_000_000
+MAX_COUNT = 1_000_000  # any other count (thrash_max)
+MAX_FACTOR = 100.0  # last_grace_factor
+
+
+def _number(field: str, value: float, least: float, strict: bool, most: float = MAX_SECONDS) -> None:
+    """A finite number above (`strict`) or at least `least`, at most `most`: inf and nan are refused
+    everywhere."""
     _check(field, math.isfinite(value), "a finite number", value)
     _check(field, value > least if strict else value >= least, f"number {'>' if strict else '>='} {least:g}", value)
+    _check(field, value <= most, f"number <= {most:,.0f}", value)
+
+
+def _count(field: str, value: int, least: int, most: int) -> None:
+    _check(field, value >= least, f"int >= {least}", value)
+    _check(field, value <= most, f"int <= {most:,}", value)
+
+
+# what may not be in a name that becomes part of an id, a path or a machine's name: a path separator
+# (ids are split on `/`), a control character (it would reach a terminal or a shell raw) or a space
+_BAD_NAME = re.compile(r"[/\\\x00-\x20\x7f-\x9f]")
+
+
+def check_name_part(field: str, value: str) -> None:
+    """SpecError naming `field` unless `value` is a non-empty name without a path separator, a space
+    or a control character (an ssh host `gpu/1` took a slot never freed: ids are split on `/`)."""
+    bad = _BAD_NAME.search(value)
+    if not value or bad is not None:
+        what = "an empty name" if not value else f"{bad.group()!r} in {value!r}" if bad else value
+        raise SpecError(field, f"expected a name without '/', spaces or control characters, got {what}")
+
+
+def _control_free(field: str, value: str) -> None:
+    _no_nul(field, value)
+    bad = re.search(r"[\x00-\x1f\x7f-\x9f]", value)
+    if bad is not None:
+        raise SpecError(field, f"contains the control character {bad.group()!r}")
+
+
+def check_seed(field: str, seed: int) -> None:
+    _check(field, -MAX_SEED <= seed <= MAX_SEED, "a seed within 63 bits (|seed| < 2**63)", seed)
 
 
 def _no_nul(field: str, text: str) -> None:
@@ -379,10 +423,10 @@ LOG_MAX_MB_MOST = 1 << 20  # a terabyte of log per attempt: more is a mistake
 
 
 def check_policy(p: PolicySpec, at: str = "policy") -> None:
-    _check(f"{at}.max_attempts", p.max_attempts >= 1, "int >= 1", p.max_attempts)
-    _check(f"{at}.concurrency", p.concurrency >= 1, "int >= 1", p.concurrency)
+    _count(f"{at}.max_attempts", p.max_attempts, 1, MAX_ATTEMPTS)
+    _count(f"{at}.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
     if p.budget_usd is not None:
-        _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True)
+        _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True, most=MAX_USD)
     if p.budget is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", p.budget):
         raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -), got {p.budget!r}")
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
@@ -391,17 +435,17 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
         _number(f"{at}.capacity_wait_s", p.capacity_wait_s, 0, strict=False)
     for name in ("backoff_s", "backoff_max_s", "deadline_margin_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=False)
-    _check(f"{at}.thrash_max", p.thrash_max >= 1, "int >= 1", p.thrash_max)
+    _count(f"{at}.thrash_max", p.thrash_max, 1, MAX_COUNT)
     for name in KIND_LIMITS:
         value = getattr(p, name)
         if value is not None:
-            _check(f"{at}.{name}", value >= 0, "int >= 0", value)
+            _count(f"{at}.{name}", value, 0, MAX_ATTEMPTS)
     _check(f"{at}.on_oom", p.on_oom in ON_OOM, " or ".join(repr(o) for o in ON_OOM), p.on_oom)
     for i, code in enumerate(p.retry_on_exit):
         _check(f"{at}.retry_on_exit[{i}]", 1 <= code <= 255, "an exit code from 1 to 255", code)
     _number(f"{at}.log_max_mb", p.log_max_mb, 0, strict=True)
     _check(f"{at}.log_max_mb", p.log_max_mb <= LOG_MAX_MB_MOST, f"a number <= {LOG_MAX_MB_MOST}", p.log_max_mb)
-    _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False)
+    _number(f"{at}.last_grace_factor", p.last_grace_factor, 1, strict=False, most=MAX_FACTOR)
     # a host is judged lost only after several heartbeats could have reached it
     _check(f"{at}.lost_after_s", p.lost_after_s >= 3 * p.poll_s, f"a number >= 3 x poll_s ({3 * p.poll_s:g})",
            p.lost_after_s)
@@ -437,7 +481,12 @@ def check_job(job: Job | JobSpec, base: Path, at: str = "job") -> None:
     _no_nul(f"{at}.command", job.command)
     _number(f"{at}.timeout_s", job.timeout_s, 0, strict=True)
     if job.max_usd is not None:
-        _number(f"{at}.max_usd", job.max_usd, 0, strict=True)
+        _number(f"{at}.max_usd", job.max_usd, 0, strict=True, most=MAX_USD)
+    if isinstance(job, Job):
+        check_seed(f"{at}.seed", job.seed)
+    else:
+        for i, seed in enumerate(job.seeds):
+            check_seed(f"{at}.seeds[{i}]", seed)
     check_env(job.env, job.public_env, at, job.secret_env)
     if job.code is not None:
         code = base / job.code
@@ -459,7 +508,14 @@ def check_candidates(candidates: list[CandidateSpec], known_clouds: set[str]) ->
             known = ", ".join(sorted(known_clouds))
             raise SpecError(f"candidates[{i}].cloud", f"unknown cloud {c.cloud!r} (known: {known})")
         if c.max_hourly_usd is not None:
-            _number(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd, 0, strict=False)
+            _number(f"candidates[{i}].max_hourly_usd", c.max_hourly_usd, 0, strict=False, most=MAX_USD)
+        _control_free(f"candidates[{i}].gpu", c.gpu)
+        for region in c.regions:
+            _control_free(f"candidates[{i}].regions", region)
+        for field in ("hosts", "accounts"):  # names in machine ids and cloud keys
+            for j, name in enumerate(getattr(c, field)):
+                if name or field == "hosts":  # an account "" is the cloud's own settings
+                    check_name_part(f"candidates[{i}].{field}[{j}]", name)
         for field in ("gpu", "regions", "hosts", "accounts", "image"):
             value = getattr(c, field)
             for text in [value] if isinstance(value, str) else value:

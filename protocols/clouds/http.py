@@ -146,8 +146,21 @@ class ProviderAPI:
                 base_url=self.base_url, headers=self._headers, timeout=httpx.Timeout(self.timeout_s),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
                 follow_redirects=True, transport=self._transport, verify=_tls(),
+                event_hooks={"request": [self._strip_elsewhere]},
             )
         return self._client
+
+    async def _strip_elsewhere(self, request: httpx.Request) -> None:
+        """Each request of a call, its redirects' too (httpx calls request hooks for every hop): one
+        going to another origin than the provider's (scheme, host, port) carries none of this
+        client's headers. httpx drops `Authorization` there itself, but not a vendor's own header
+        (Hyperstack's `api_key`): a redirect to another host would have been handed the key."""
+        import httpx
+
+        base, url = httpx.URL(self.base_url), request.url
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port):
+            for name in self._headers:
+                request.headers.pop(name, None)
 
     async def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None
                    ) -> httpx.Response:

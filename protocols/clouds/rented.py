@@ -61,6 +61,7 @@ from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
+from actor_run.protocols.redact import MIN_KEY_LENGTH
 from actor_run.protocols.specs import CandidateSpec
 
 if TYPE_CHECKING:  # asyncssh (about 0.3 s of CPU) loads with a machine's first host: none leased, none loaded
@@ -145,6 +146,9 @@ def api_key(cloud: str, env_var: str) -> str:
     if not value:
         raise SpecError(f"clouds.{cloud}.api_key_env", f"set the environment variable {env_var} to your "
                         f"{cloud} API key")
+    if len(value) < MIN_KEY_LENGTH:  # no provider issues one: a placeholder, and too short to mask
+        raise SpecError(f"clouds.{cloud}.api_key_env", f"the value of {env_var} is {len(value)} characters: "
+                        f"too short to be an API key (at least {MIN_KEY_LENGTH})")
     return value
 
 

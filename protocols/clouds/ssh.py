@@ -42,7 +42,7 @@ from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Machine, Offer
 from actor_run.protocols.names import parse_name
-from actor_run.protocols.specs import CandidateSpec
+from actor_run.protocols.specs import CandidateSpec, check_name_part
 
 q = scripts.q
 
@@ -65,6 +65,16 @@ class SSHHostSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 class SSHSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     hosts: dict[str, SSHHostSettings] = msgspec.field(default_factory=dict)
     known_hosts: str = ""  # default: <state_dir>/ssh/known_hosts, our own file (first sight pins)
+
+    def __post_init__(self) -> None:
+        """A host's name is the first part of its machines' ids (`<host>/<slot>`, split on `/`):
+        SpecError for one with a `/`, a space or a control character (`gpu/1` took a slot that was
+        never freed)."""
+        for name, cfg in self.hosts.items():
+            check_name_part("clouds.ssh.hosts", name)
+            for field in ("address", "user", "root"):
+                if any(ord(ch) < 32 or ord(ch) == 127 for ch in getattr(cfg, field)):
+                    raise SpecError(f"clouds.ssh.hosts.{name}.{field}", "contains a control character")
 
 
 # the root as the host spells it, resolved without creating it: prints nothing if it does not exist

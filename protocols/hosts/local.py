@@ -49,6 +49,18 @@ class _ProcessStreams:
             await self._proc.stdout.aclose()
 
 
+# what a shell on this computer (and so a job of the `local` cloud) keeps of the controller's
+# environment: a shell's basics. Never the rest: the controller holds provider keys, PGPASSWORD, a
+# ledger URL, and a job that runs `env` printed them into its log.txt. The job's own variables are
+# the batch's `env` (scripts.py writes them beside the command)
+KEPT_ENVIRON = ("HOME", "LANG", "LANGUAGE", "LOGNAME", "PATH", "SHELL", "TERM", "TMPDIR", "TZ", "USER")
+
+
+def job_environ() -> dict[str, str]:
+    """The environment of a local shell: `KEPT_ENVIRON` and the locale's `LC_*` from this process."""
+    return {k: v for k, v in os.environ.items() if k in KEPT_ENVIRON or k.startswith("LC_")}
+
+
 def _copy(local: Path, remote: Path) -> int:
     if local.is_dir():
         shutil.copytree(local, remote, symlinks=True)
@@ -69,7 +81,7 @@ class LocalHost:
         # its own session: a Ctrl-C at the terminal must not take the shell the cleanup needs
         proc = await open_process(
             ["sh", "-c", LOOP, "actor-run-sh", mark],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=job_environ(),
         )
         return _ProcessStreams(proc)
 

@@ -189,6 +189,7 @@ class Runner:
         self.reactor.start()
         self.ledger = Ledger(self.ledger_path, self.owner, run=self.run, lease_s=self.lease_s, outage_s=self.outage_s)
         self.ledger.on_stale = self._lost
+        self.ledger.on_failure = self._ledger_failed
         if self.register:
             self.ledger.register_owner()
         clouds = self._clouds = Clouds(config=self.config, state_dir=self.state_dir, ledger_path=self.ledger_path,
@@ -290,9 +291,25 @@ class Runner:
         with contextlib.suppress(RunnerClosed):
             self.board.tell(Abandon(keys=frozenset(keys)))
 
+    def _ledger_failed(self, exc: BaseException) -> None:
+        """On the ledger's thread: a write failed for a reason that is not the database's. What the
+        ledger holds can no longer be trusted to be whole: every job ends (`internal`), each running
+        attempt deleting its machine first, and the run ends with exit 1."""
+        logger.error("the ledger could not record a write ({}: {}): ending the run, deleting every machine",
+                     type(exc).__name__, exc)
+        ctx = getattr(self, "ctx", None)  # None: it failed while the Runner was opening
+        if ctx is not None:
+            ctx.stopping.set()
+        with contextlib.suppress(RunnerClosed):
+            self.board.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
+
     def cancel(self, failure: Code = Code.CANCELED, detail: str = "") -> None:
         """Cancel every job not finished: each running attempt deletes its machine first. Returns at
-        once (the tree does the work); `wait()` or `close()` waits for it. RunnerClosed if not open."""
+        once (the tree does the work); `wait()` or `close()` waits for it. RunnerClosed if not open.
+        No create call starts after this returns, whatever is queued (`Context.stopping`, checked by
+        each lease just before its create)."""
+        if self._open:
+            self.ctx.stopping.set()
         self.board.tell(Cancel(failure=failure, detail=detail))
 
     def hand_back(self, timeout: float = 60.0) -> set[str]:

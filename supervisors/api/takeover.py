@@ -12,17 +12,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from actor_run.actors import Reactor
-from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key
+from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, split_key
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel
-from actor_run.supervisors.api.config import build_cloud
+from actor_run.protocols.specs import job_key, without_secrets
+from actor_run.supervisors.api.config import build_cloud, settings_digest
 from actor_run.supervisors.api.handle import Board, JobHandle
 from actor_run.supervisors.api.job_checks import Clouds
 from actor_run.supervisors.ledger import Ledger, LedgerReader
+from actor_run.supervisors.ledger.reader import MachineRow
 from actor_run.supervisors.ledger.resume import ResumeItem, plan_resume
-from actor_run.supervisors.ledger.sweep import SweepAction, sweep
+from actor_run.supervisors.ledger.sweep import Proves, SweepAction, sweep
 from actor_run.supervisors.tree.batch import Submit
 from actor_run.supervisors.tree.budget import Budget
 from actor_run.supervisors.tree.reservations import settle_reservations
@@ -191,6 +195,29 @@ class Takeover:
                     with contextlib.suppress(Exception):  # closing a client must not stop the sweep's answer
                         self.reactor.call(cloud.aclose, timeout=30)
 
+    def _proves(self, reader: LedgerReader, digests: dict[str, bytes]) -> Proves:
+        """Whether the cloud a sweep lists under a row's key was built from that row's own recorded
+        settings (its job's `[clouds.<name>]` under the user's config; secrets aside: the ledger
+        keeps none), so that "not listed" proves the machine gone. None if so, else what would ask
+        with them. A row whose job left no spec (an older ledger) is judged as before: by its key."""
+        config = self.clouds.config
+        listed = {key: _identity(digest) for key, digest in digests.items()}
+
+        def proves(row: MachineRow) -> str | None:
+            own = reader.job_clouds(row.run, job_key(row.job, row.seed))
+            if own is None:
+                return None
+            name, _ = split_key(row.cloud)
+            if listed.get(row.cloud) == _identity(settings_digest(row.cloud, config.cloud_settings(name, own.get(
+                    name, {})))):
+                return None
+            runs = {r.id: r for r in reader.runs()}
+            batch = runs[row.run].batch if row.run in runs and runs[row.run].batch else "its batch file"
+            return (f"{row.cloud} was asked with other settings than run {row.run}'s: its row stays open; "
+                    f"`actor-run sweep --batch {batch}` asks with that run's own")
+
+        return proves
+
     def sweep_new(self, clouds: dict[str, Cloud], digests: dict[str, bytes]) -> None:
         """The start-up sweep of clouds new to this Runner (Clouds.on_new): what it did is added to `swept`."""
         self.swept += self._sweep_clouds(clouds, digests=digests)
@@ -201,7 +228,8 @@ class Takeover:
         reader = LedgerReader(self.ledger_path)
         try:
             run = functools.partial(sweep, clouds, reader, self.ledger, dry_run=dry_run,
-                                    grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead))
+                                    grace_s=self.sweep_grace_s, keep_owner=self.owner, owners_dead=list(owners_dead),
+                                    proves=self._proves(reader, digests))
             actions: list[SweepAction] = self.reactor.call(run, timeout=600)
             if not dry_run:
                 self.clouds.swept.update((k, d) for k, d in digests.items() if k in clouds)
@@ -210,3 +238,10 @@ class Takeover:
             return actions
         finally:
             reader.close()
+
+
+def _identity(digest: bytes) -> bytes:
+    """A cloud's settings digest (config.settings_digest: key, NUL, the merged table) without the
+    settings that look secret: what a ledger row's recorded settings can be compared with."""
+    key, _, table = digest.partition(b"\0")
+    return key + b"\0" + msgspec.json.encode(without_secrets(msgspec.json.decode(table)), order="sorted")

@@ -25,8 +25,9 @@ import msgspec
 from actor_run.protocols.clouds import known_clouds, parse_settings
 from actor_run.protocols.clouds.gpus import GPUS, vendor_ids
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import Batch, batch_from_table, load_batch, nearest_names, read_batch_table
+from actor_run.protocols.specs import MAX_USD, Batch, batch_from_table, load_batch, nearest_names, read_batch_table
 from actor_run.supervisors.api.config import UserConfig, config_path, load_config
+from actor_run.supervisors.cli.console import number_arg
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -43,7 +44,7 @@ def add_flags(run: argparse.ArgumentParser) -> None:
     g.add_argument("--code", metavar="DIR", help="the folder shipped to the machine; COMMAND runs in its copy")
     g.add_argument("--timeout", metavar="DURATION", help="each attempt's time limit: 90s, 30m, 2h, 1h30m, or seconds")
     g.add_argument("--name", help="the job's name ([a-z0-9-]; default: from COMMAND)")
-    g.add_argument("--budget", type=float, metavar="USD", help="the batch's budget_usd")
+    g.add_argument("--budget", type=number_arg(0, MAX_USD, strict=True), metavar="USD", help="the batch's budget_usd")
     g.add_argument("--print-batch", action="store_true",
                    help="print the batch these flags make (TOML, a file you can keep) and exit")
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from actor_run.protocols.specs import job_key
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, ledger_path, open_reader, usage_error
+from actor_run.protocols.specs import MAX_SECONDS, job_key
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, ledger_path, number_arg, open_reader, usage_error
 from actor_run.supervisors.ledger import owner_is_alive
 from actor_run.supervisors.ledger.cancels import end_unowned, request_cancels
 
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="RUN|JOB|JOB/SEED", help="a run id, a job name, or name/seed")
     p.add_argument("--run", help="only jobs of this run")
-    p.add_argument("--wait", type=float, default=120.0, metavar="S",
+    p.add_argument("--wait", type=number_arg(0, MAX_SECONDS), default=120.0, metavar="S",
                    help="seconds to wait for the controllers to stop the jobs (default 120; 0: do not wait)")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ import contextlib
 import enum
 import importlib.util
 import logging
+import math
 import os
 import signal
 import sys
@@ -42,6 +43,36 @@ def where_state_lives() -> str:
     return (f"state (the ledger, pinned host keys, the local and sim clouds' sandboxes) lives in <state> = "
             f"{default_ledger_path().parent} (under $XDG_STATE_HOME when set); the ledger is <state>/ledger.sqlite "
             "unless --ledger or $ACTOR_RUN_LEDGER names another")
+
+
+def number_arg(least: float, most: float, *, strict: bool = False) -> Callable[[str], float]:
+    """An argparse `type`: a finite number from `least` (above it when `strict`) to `most`; argparse
+    says which flag in one line and exits 2 otherwise (`--grace nan`, `--grace -1`, `--grace inf`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or not (value > least if strict else value >= least) or value > most:
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {'>' if strict else '>='} {least:g} and <= {most:,.0f}, got {text!r}")
+        return value
+    return parse
+
+
+def count_arg(least: int, most: int) -> Callable[[str], int]:
+    """An argparse `type`: an int from `least` to `most` (exit 2 naming the flag otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected int >= {least}, got {value}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected int <= {most:,}, got {value}")
+        return value
+    return parse
 
 
 class Exit(enum.IntEnum):

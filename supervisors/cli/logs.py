@@ -12,6 +12,11 @@ heartbeat.REPORT_S) while the ledger says the job runs, and ends when the ledger
 A controller that dies meanwhile (killed; its machines' watchdogs end the jobs) ends `-f` too,
 saying so, exit 1.
 
+A job's bytes are printed inert: each control character but tab, newline and carriage return is
+shown as its escape (`\\x1b`), so a job's OSC 52 (clipboard), clear-screen or title sequence never
+reaches the terminal, whether stdout is one or a pipe (`| less -R` would obey them). `--raw` writes
+the bytes as they are, to a pipe or a file only (exit 2 on a terminal).
+
 Which part of `log.txt` is the run's: a seed folder may hold the log of an earlier run into the
 same output folder; the parts whose header time falls within the run (its start to its end, or
 to the next run's start) are shown.
@@ -27,9 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
+from actor_run.protocols.specs import MAX_ATTEMPTS
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, count_arg, open_reader, usage_error
 from actor_run.supervisors.ledger import LedgerReader, RunRow
 from actor_run.supervisors.ledger.db import read_failures
+from actor_run.supervisors.views.text import visible
 
 HELP = "print a job's log; -f follows it as the job writes it, across retries, until the job ends"
 EXAMPLE = """example:
@@ -49,8 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", metavar="JOB[/SEED]", help="the job's name, and its seed when it has more than one")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing as the job writes, until it ends")
-    p.add_argument("--attempt", type=int, help="only this attempt (numbered from 0)")
+    p.add_argument("--attempt", type=count_arg(0, MAX_ATTEMPTS), help="only this attempt (numbered from 0)")
     p.add_argument("--run", help="the run (default: the latest run that has this job; see `actor-run runs`)")
+    p.add_argument("--raw", action="store_true",
+                   help="the log's bytes as they are, escape sequences too (to a pipe or a file only; without it "
+                        "control characters are shown as \\x1b)")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
@@ -141,6 +151,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return usage_error(f"JOB[/SEED]: {exc}")
     if args.attempt is not None and args.attempt < 0:
         return usage_error(f"--attempt: expected int >= 0, got {args.attempt}")
+    if args.raw and sys.stdout.isatty():
+        return usage_error("--raw: writes the job's escape sequences as they are: only to a pipe or a file, "
+                           "never to a terminal")
     reader = open_reader(args)
     try:
         try:
@@ -158,12 +171,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
         selection = Selection(run.started or 0.0, until, args.attempt)
         path = Path(job["out_dir"]) / "log.txt"
         out = sys.stdout.buffer
+        # a job's bytes reach a terminal (or a pipe a terminal reads) inert: --raw for them as they are
+        write: Callable[[bytes], Any] = out.write if args.raw else (lambda data: out.write(visible(data)))
         if not args.follow:
             data = path.read_bytes() if path.exists() else b""
-            out.write(selection.cut(data)[0])
+            write(selection.cut(data)[0])
             out.flush()
             return Exit.OK
-        return follow(path, selection, out.write, out.flush,
+        return follow(path, selection, write, out.flush,
                       lambda: _still_running(reader, run.id, job["key"], job["owner"]))
     finally:
         reader.close()

@@ -53,7 +53,7 @@ from actor_run.supervisors.cli import sweep as cmd_sweep
 from actor_run.supervisors.cli import worker as cmd_worker
 from actor_run.supervisors.cli.console import Exit, configure_logging, interrupted, usage_error
 from actor_run.supervisors.ledger import LedgerError, LedgerUnusable
-from actor_run.supervisors.views.text import printable
+from actor_run.supervisors.views.text import printable, printable_stdout
 
 __all__ = ["Exit", "entry", "main"]
 
@@ -139,6 +139,9 @@ def _config_option(p: argparse.ArgumentParser, *, top: bool = False) -> None:
 
 
 TAKES_COMMAND = ("run", "ssh")  # the commands that take a command after `--`
+# the commands that print tables and lines: every write to stdout goes through `printable` (a job's
+# detail, a host's name, a progress key cannot reach the terminal as an escape sequence)
+TABLES = ("cancel", "clouds", "config", "cost", "offers", "plan", "runs", "status", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": cmd_config.cmd_config, "completion": lambda a: cmd_completion.cmd_completion(a, parser),
     }
     try:
-        return commands[args.command](args)
+        with printable_stdout(args.command in TABLES and not getattr(args, "follow", False)):
+            return commands[args.command](args)
     except SpecError as exc:  # bad input found after parsing (a batch, the user config): one line
         sys.stderr.write(f"actor-run: {exc}\n")
         return Exit.USAGE

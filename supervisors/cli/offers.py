@@ -27,9 +27,9 @@ import msgspec
 from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, known_clouds
 from actor_run.protocols.failures import ActorRunError, SpecError
 from actor_run.protocols.messages import Offer
-from actor_run.protocols.specs import CandidateSpec
+from actor_run.protocols.specs import MAX_USD, CandidateSpec
 from actor_run.supervisors.api.config import UserConfig, build_cloud, load_config
-from actor_run.supervisors.cli.console import Exit
+from actor_run.supervisors.cli.console import Exit, number_arg
 
 CALL_TIMEOUT_S = 60.0
 ALWAYS = ("local", "sim")  # nothing to configure
@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--cloud", action="append", choices=sorted(known_clouds()), metavar="NAME",
                    help="only this cloud (repeat for more; default: every configured one)")
     p.add_argument("--region", action="append", metavar="R", help="only this region (repeat for more)")
-    p.add_argument("--max-price", type=float, metavar="USD", help="only offers at most this many $/h")
+    p.add_argument("--max-price", type=number_arg(0, MAX_USD), metavar="USD", help="only offers at most this many $/h")
     p.add_argument("--interruptible", action="store_true",
                    help="interruptible capacity (Vast bids, Shadeform spot) at its own price")
     p.add_argument("--json", action="store_true", help="one offer per line (JSON)")

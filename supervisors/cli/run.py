@@ -11,12 +11,14 @@ import sys
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, Released
+from actor_run.protocols.specs import MAX_CONCURRENCY
 from actor_run.supervisors.cli import batch_file, detach
 from actor_run.supervisors.cli import plan as cmd_plan
 from actor_run.supervisors.cli.console import (
     LEDGER_HELP,
     Exit,
     Interrupts,
+    count_arg,
     exit_of,
     on_stop,
     signals_restored,
@@ -43,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("batch", nargs="?", help="a batch file (TOML); or none, and a command after --")
     run.add_argument("--json", action="store_true", help="one event per line (JSON), each with its run")
-    run.add_argument("--concurrency", type=int, help="jobs at once (default: the batch's policy.concurrency)")
+    run.add_argument("--concurrency", type=count_arg(1, MAX_CONCURRENCY),
+                     help="jobs at once (default: the batch's policy.concurrency)")
     run.add_argument("--ledger", help=LEDGER_HELP)
     run.add_argument("--out", default="actor-run-out", help="where results go (recorded with the run)")
     run.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -117,7 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             notifier = Notifier(runner.config.notify, run=run)
             runner.subscribe(notifier.event)
             on_stop(interrupts, hangup=not controller)
-            keys = [runner.submit(j).key for j in jobs]
+            keys: list[str] = []
+            for j in jobs:  # 100,000 seeds take minutes to submit: a Ctrl-C meanwhile submits no more
+                if interrupts.count:
+                    sys.stderr.write(f"actor-run: {len(jobs) - len(keys)} job(s) not submitted (interrupted)\n")
+                    break
+                keys.append(runner.submit(j).key)
             if word is not None:
                 stderr_lines_off()  # its stderr is the run's log, which has them already
                 word.say("ok", run)

@@ -12,7 +12,7 @@ import msgspec
 
 from actor_run.protocols.failures import Code
 from actor_run.protocols.specs import Job, PolicySpec
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, open_reader, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, number_arg, open_reader, usage_error
 from actor_run.supervisors.ledger import JobMoney, LedgerReader, RunRow, money_by_job
 from actor_run.supervisors.tree import counts
 from actor_run.supervisors.views.runlog import run_log_path
@@ -38,7 +38,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     status.add_argument("--run", help="the run to show (default: the latest)")
     status.add_argument("--follow", action="store_true",
                         help="print job state changes (every controller's) until none is queued or running")
-    status.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    status.add_argument("--poll", type=number_arg(0, 3600, strict=True), default=1.0, help=argparse.SUPPRESS)
     for p in (runs, status):
         p.add_argument("--json", action="store_true", help="one JSON object per line")
         p.add_argument("--ledger", help=LEDGER_HELP)

@@ -25,6 +25,7 @@ import msgspec
 from actor_run.protocols.clouds import SSHLogin, make_cloud, split_key
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Machine
+from actor_run.protocols.specs import job_key
 from actor_run.supervisors.api.config import load_config
 from actor_run.supervisors.cli.console import LEDGER_HELP, open_reader, usage_error
 
@@ -50,17 +51,26 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
 
 
-def _running(args: argparse.Namespace, name: str, seed: int) -> tuple[Any, dict[str, dict[str, Any]]] | None:
-    """The alive machine of the job's newest attempt (its ledger row), and the recorded cloud settings."""
+def _running(args: argparse.Namespace, name: str, seed: int) -> tuple[Any, dict[str, Any]] | None:
+    """The alive machine of the job's newest attempt (its ledger row), and the settings of its cloud
+    that job was run with (its own run's `[clouds.<name>]`, as its spec recorded it; not the newest
+    table of any run: another run's ssh hosts may name other machines)."""
     reader = open_reader(args)
     try:
         rows = [m for m in reader.machines(alive_only=True) if m.job == name and m.seed == seed
                 and (args.run is None or m.run == args.run)]
-        settings = dict(reader.clouds())
+        rows.sort(key=lambda m: (m.created or 0.0, m.attempt or 0))
+        if not rows:
+            return None
+        row = rows[-1]
+        cloud_name, _ = split_key(row.cloud)
+        own = reader.job_clouds(row.run, job_key(name, seed))
+        if own is not None:
+            return row, own.get(cloud_name, {})
+        recorded = dict(reader.clouds())  # a job row without its spec: the table recorded for that cloud
+        return row, recorded.get(row.cloud, recorded.get(cloud_name, {}))
     finally:
         reader.close()
-    rows.sort(key=lambda m: (m.created or 0.0, m.attempt or 0))
-    return (rows[-1], settings) if rows else None
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
@@ -71,7 +81,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     found = _running(args, name, seed)
     if found is None:
         return usage_error(f"ssh: {name}/seed-{seed} has no machine alive now (`actor-run status` shows what runs)")
-    row, recorded = found
+    row, settings = found
     cloud_name, _ = split_key(row.cloud)
     if cloud_name in NO_SHELL:
         cd = f", then cd {shlex.quote(row.work)}" if row.work else ""
@@ -86,8 +96,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
         return _local(row.work, command)
     try:
         config = load_config(args.config)
-        cloud = make_cloud(row.cloud, config.cloud_settings(cloud_name, recorded.get(row.cloud, {})),
-                           Path(args.state_dir))
+        cloud = make_cloud(row.cloud, config.cloud_settings(cloud_name, settings), Path(args.state_dir))
     except SpecError as exc:
         return usage_error(str(exc))
     if not isinstance(cloud, SSHLogin):

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actor_run.protocols.specs import MAX_SECONDS
 from actor_run.supervisors.cli import batch_file
-from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, usage_error
+from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, number_arg, usage_error
 
 if TYPE_CHECKING:  # the sweep's machinery (trio, the clouds, the tree) loads when it runs
     from actor_run.supervisors.ledger.sweep import SweepAction
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     p.add_argument("--owner", action="append", default=[], metavar="ID",
                    help="treat this owner (8 hex digits as machine names show, or the full id) as dead")
-    p.add_argument("--grace", type=float, default=600.0, help="seconds past a deadline before any owner's machine goes")
+    p.add_argument("--grace", type=number_arg(0, MAX_SECONDS), default=600.0,
+                   help="seconds past a deadline before any owner's machine goes")
     p.add_argument("--batch", metavar="FILE", help="also ask the clouds this batch file names, with its settings")
     p.add_argument("--caches", action="store_true", help="also delete the cache volumes (ar-cache-*): a run never does")
     p.add_argument("--ledger", help=LEDGER_HELP)

@@ -39,9 +39,10 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
+from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS
 from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import batch_file
-from actor_run.supervisors.cli.console import on_stop, signals_restored
+from actor_run.supervisors.cli.console import count_arg, number_arg, on_stop, signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
@@ -71,7 +72,8 @@ def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "worker", help="claim and run queued jobs from a shared ledger",
         epilog="example: actor-run worker --ledger postgresql://team@db.example/actor_run --concurrency 8")
     w.add_argument("--ledger", help="the shared ledger: a postgresql:// URL (or $ACTOR_RUN_LEDGER)")
-    w.add_argument("--concurrency", type=int, default=4, help="jobs run at once here (default 4)")
+    w.add_argument("--concurrency", type=count_arg(1, MAX_CONCURRENCY), default=4,
+                   help="jobs run at once here (default 4)")
     w.add_argument("--out", default="actor-run-out",
                    help="only for jobs whose run recorded no output folder (results go where the run said)")
     w.add_argument("--json", action="store_true", help="one event per line (JSON)")
@@ -86,10 +88,11 @@ def add_worker_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def add_timing(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lease", type=float, default=60.0,
+    p.add_argument("--lease", type=number_arg(0, MAX_SECONDS, strict=True), default=60.0,
                    help="seconds an owner's lease lasts without renewal (renewed every third of it)")
-    p.add_argument("--poll", type=float, default=5.0, help="seconds between claims and adoption checks")
-    p.add_argument("--ledger-wait", type=float, default=None, metavar="S",
+    p.add_argument("--poll", type=number_arg(0, 3600, strict=True), default=5.0,
+                   help="seconds between claims and adoption checks")
+    p.add_argument("--ledger-wait", type=number_arg(0, MAX_SECONDS), default=None, metavar="S",
                    help="seconds the database may be away (not up yet at the start; restarting, failing over) while "
                         "the jobs go on (default: the lease)")
 

@@ -73,6 +73,10 @@ class LedgerCore:
         self.outage_since: float | None = None  # monotonic time the connection was lost, while it is
         self.outages = 0  # connections lost and got back
         self.on_stale: Callable[[set[str]], None] | None = None
+        # told once, on the writer thread, when a write failed for a reason that is not the database's
+        # (`_commit_guarded`): it must only hand the news on
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self.failure: BaseException | None = None
         self._machine_jobs: dict[str, str] = {}  # machine name -> job key (fences the machine's writes)
         self._conn = self.backend.connect()
         self._queue: _WriteQueue[_Item | None] = _WriteQueue()
@@ -94,10 +98,36 @@ class LedgerCore:
             for item in items:
                 if item is None:  # close(): what came before it is committed, nothing after it is queued
                     if batch:
-                        self._commit(batch)
+                        self._commit_guarded(batch)
                     return
                 batch.append(item)
+            self._commit_guarded(batch)
+
+    def _commit_guarded(self, batch: list[_Item]) -> None:
+        """`_commit`, but a failure that is not the database's (a value no column holds: an int past
+        64 bits is an OverflowError, not a database error) never kills the writer thread: a dead
+        writer left every waiter waiting and the controller deaf to SIGINT and SIGTERM. The batch's
+        waiters get the error, `failure` keeps it, `on_failure(exc)` is told once (the Runner ends
+        its run: machines deleted, exit 1), and the writes after it go on being made."""
+        try:
             self._commit(batch)
+        except Exception as exc:
+            logger.bind(traceback=True).error("the ledger's writer failed:\n{}", failure_text(*sys.exc_info()))
+            with contextlib.suppress(*self.backend.errors):
+                if self.backend.in_transaction(self._conn):
+                    self._conn.execute("ROLLBACK")
+            for item in batch:
+                if item[1] is not None and not item[1].done.is_set() and item[1].error is None:
+                    item[1].error = LedgerError(f"the ledger's writer failed: {type(exc).__name__}: {exc}")
+            self._finish([item for item in batch if item[1] is None or not item[1].done.is_set()])
+            first = self.failure is None
+            self.failure = exc
+            if first and self.on_failure is not None:
+                try:
+                    self.on_failure(exc)
+                except Exception:  # the writer thread must live on
+                    logger.bind(traceback=True).error("a ledger failure callback failed:\n{}",
+                                                      failure_text(*sys.exc_info()))
 
     def _commit(self, batch: list[_Item]) -> None:
         if self.backend.fenced:

@@ -154,6 +154,20 @@ class LedgerReader:
         where = " WHERE state != 'deleted'" if alive_only else ""
         return cache_rows(list(self._rows(f"SELECT * FROM caches{where} ORDER BY created, cloud, region, name")))
 
+    def job_clouds(self, run: str | None, key: str) -> dict[str, dict[str, Any]] | None:
+        """The `[clouds.*]` tables job `key` of `run` was submitted with (its spec, secrets left out):
+        the settings its machines were made with. None when the ledger holds no such job or spec."""
+        if run is None:
+            return None
+        for r in self._rows("SELECT spec FROM jobs WHERE run=? AND key=?", (run, key)):
+            try:
+                spec = msgspec.json.decode(r["spec"]) if r["spec"] else None
+            except msgspec.DecodeError:
+                return None
+            clouds = spec.get("clouds") if isinstance(spec, dict) else None
+            return clouds if isinstance(clouds, dict) else {}
+        return None
+
     def reservations(self, run: str | None = None) -> list[dict[str, Any]]:
         """Reservations (budget.py) of every run, or of `run`, in the order they were made."""
         if run is None:

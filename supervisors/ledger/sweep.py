@@ -31,7 +31,7 @@ cost: its price from its creation to the delete request (or to its preemption).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
@@ -54,6 +54,11 @@ DEFAULT_LOST_AFTER_S = 120.0  # PolicySpec's default: for a stamp written withou
 # lost_after_s) wrote on its machine
 MIN_BEAT_WINDOW_S = 10.0
 BEAT_READ_S = 15.0  # how long a machine's host has to answer the stamp read (a sweep waits for the slowest)
+
+
+# (an open ledger row) -> None when the cloud listed under its key was built from the row's own
+# recorded settings, else the hint a person needs (which batch or flag would ask with them)
+Proves = Callable[[MachineRow], "str | None"]
 
 
 class SweepAction(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,9 +151,16 @@ def decide(m: Machine, row: MachineRow | None, owners: Owners, *, now: float, gr
 def decide_all(listed: dict[str, list[Machine]], rows: list[MachineRow], owners: Owners, *, now: float,
                grace_s: float, beats: dict[str, HostBeat] | None = None,
                lost_after_s: float = DEFAULT_LOST_AFTER_S, unlisted_clouds: frozenset[str] = frozenset(),
+               provable: frozenset[str] | None = None, unproven_hint: dict[str, str] | None = None,
                ) -> tuple[list[SweepAction], list[str]]:
     """Every decision of a sweep (pure): an action per listed machine of ours and per open ledger row
-    of a dead owner the provider no longer lists; and the machines whose host stamp may decide."""
+    of a dead owner the provider no longer lists; and the machines whose host stamp may decide.
+
+    `provable`: the open rows whose own recorded settings (the same account, the same endpoint, the
+    same ssh hosts or sandbox folder) are those of the cloud that was listed under their key (None:
+    every row). Only such a row is closed as gone when the provider does not list it; another stays
+    open, kept with `unproven_hint[name]` saying what would ask with its own settings (a plain sweep
+    built `local` from another run's state_dir and closed a live machine's row)."""
     beats = beats or {}
     by_name = {r.name: r for r in rows}
     actions: list[SweepAction] = []
@@ -168,6 +180,11 @@ def decide_all(listed: dict[str, list[Machine]], rows: list[MachineRow], owners:
         if row.state != "alive" or row.name in seen or row.cloud not in listed or row.cloud in unlisted_clouds:
             continue
         if owners.state(row.owner, in_ledger=True) != "dead":
+            continue
+        if provable is not None and row.name not in provable:
+            actions.append(SweepAction(cloud=row.cloud, machine=row.name, action="keep", reason="not proven gone",
+                                       owner=row.owner, deadline=row.deadline, expires=row.deadline + grace_s,
+                                       detail=(unproven_hint or {}).get(row.name, "")))
             continue
         actions.append(SweepAction(cloud=row.cloud, machine=row.name, action="close",
                                    reason="the provider no longer lists it", owner=row.owner, deadline=row.deadline,
@@ -191,7 +208,7 @@ async def read_beat(cloud: Cloud, m: Machine) -> HostBeat | None:
 
 async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | None = None,
                grace_s: float = 600.0, keep_owner: str | None = None, owners_dead: Iterable[str] = (),
-               lost_after_s: float = DEFAULT_LOST_AFTER_S,
+               lost_after_s: float = DEFAULT_LOST_AFTER_S, proves: Proves | None = None,
                ) -> tuple[list[SweepAction], list[tuple[Cloud, Machine]]]:
     listed: dict[str, list[Machine]] = {}
     failed: list[SweepAction] = []
@@ -208,8 +225,23 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
     owners, rows = await to_thread(lambda: (
         read_owners(reader, now=t, also_alive=[keep_owner] if keep_owner else [], declared_dead=owners_dead),
         reader.machines()))
+    provable: frozenset[str] | None = None
+    hints: dict[str, str] = {}
+    if proves is not None:  # which open rows the clouds listed were built for (off the reactor: it reads)
+        def judge() -> frozenset[str]:
+            names = set()
+            for r in rows:
+                if r.state == "alive" and r.cloud in listed:
+                    hint = proves(r)
+                    if hint is None:
+                        names.add(r.name)
+                    else:
+                        hints[r.name] = hint
+            return frozenset(names)
+
+        provable = await trio.to_thread.run_sync(judge)
     actions, ask = decide_all(listed, rows, owners, now=t, grace_s=grace_s, lost_after_s=lost_after_s,
-                              unlisted_clouds=unlisted)
+                              unlisted_clouds=unlisted, provable=provable, unproven_hint=hints)
     if ask:
         machine_of = {m.name: (clouds[c], m) for c, ms in listed.items() for m in ms}
         beats: dict[str, HostBeat] = {}
@@ -224,7 +256,8 @@ async def plan(clouds: dict[str, Cloud], reader: LedgerReader, *, now: float | N
                 nursery.start_soon(read, name)
         if beats:
             actions, _ = decide_all(listed, rows, owners, now=t, grace_s=grace_s, beats=beats,
-                                    lost_after_s=lost_after_s, unlisted_clouds=unlisted)
+                                    lost_after_s=lost_after_s, unlisted_clouds=unlisted, provable=provable,
+                                    unproven_hint=hints)
     cloud_of = {m.name: (clouds[c], m) for c, ms in listed.items() for m in ms}
     doomed = [cloud_of[a.machine] for a in actions if a.action == "delete"]
     return failed + actions, doomed
@@ -255,10 +288,10 @@ async def reclaimable(machines: list[Machine], ledger_path: str | Path, *, grace
 
 async def sweep(clouds: dict[str, Cloud], reader: LedgerReader, ledger: Ledger | None, *, dry_run: bool = False,
                 grace_s: float = 600.0, keep_owner: str | None = None, owners_dead: Iterable[str] = (),
-                lost_after_s: float = DEFAULT_LOST_AFTER_S) -> list[SweepAction]:
+                lost_after_s: float = DEFAULT_LOST_AFTER_S, proves: Proves | None = None) -> list[SweepAction]:
     """Plan, then (unless dry_run) delete each doomed machine and record it; returns what happened."""
     actions, doomed = await plan(clouds, reader, grace_s=grace_s, keep_owner=keep_owner, owners_dead=owners_dead,
-                                 lost_after_s=lost_after_s)
+                                 lost_after_s=lost_after_s, proves=proves)
     if dry_run:
         return actions
     results: dict[str, SweepAction] = {}

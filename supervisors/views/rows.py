@@ -27,6 +27,7 @@ from actor_run.protocols.messages import (
     TransferFailed,
     Uploaded,
 )
+from actor_run.supervisors.views.text import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -149,7 +150,8 @@ def _row(line: JobLine, now: float, cols: frozenset[str]) -> list[tuple[str, str
     reported = ""
     if "reported" in cols:
         numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
-        reported = "  " + " ".join(f"{k}={v:.4g}" for k, v in itertools.islice(numbers, 3))
+        # a key is the job's own text: shown, never obeyed (an escape in a key reached the terminal raw)
+        reported = "  " + " ".join(f"{printable(str(k))}={v:.4g}" for k, v in itertools.islice(numbers, 3))
     pieces.append((f"{_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
                    f"${line.live_usd(now):>8.4f}{reported}", None))
     return pieces

@@ -40,3 +40,26 @@ def test_a_database_urls_password() -> None:
     add_url_password("postgresql://team:s3cret-pass-word@db.example/ledger")
     assert "s3cret-pass-word" not in redact("connect failed for team:s3cret-pass-word@db")
     add_secret("")  # nothing to register
+
+
+def test_a_value_is_masked_in_every_spelling_a_log_can_hold() -> None:
+    import base64
+    import json
+    from urllib.parse import quote, quote_plus
+
+    key = 'rp_live/0123+4567"89abcdef=='
+    r = Redactor()
+    r.add(key)
+    spellings = [key, quote(key, safe=""), quote(key), quote_plus(key), json.dumps(key)[1:-1],
+                 json.dumps(key)[1:-1].replace("/", "\\/"), quote(key, safe="").lower()]
+    for prefix in (b"", b"u", b"us", b"user:"):  # base64 of the key at every offset in the encoded bytes
+        encoded = base64.b64encode(prefix + key.encode() + b"!").decode()
+        spellings += [encoded, encoded.replace("+", "-").replace("/", "_")]
+    for text in spellings:
+        masked = r.redact(f"error: {text} end")
+        assert REDACTED in masked, text
+        for cut in (key[:8], key[-8:]):
+            assert cut not in masked, (text, masked)
+    assert r.redact(f"see {key[:10]}... for the key") == f"see {REDACTED}... for the key"  # a prefix of it
+    assert r.redact(f"ends in ...{key[-9:]}") == f"ends in ...{REDACTED}"  # a suffix of it
+    assert r.redact("rp_live") == "rp_live"  # fewer than 8 characters of it: no telling it apart

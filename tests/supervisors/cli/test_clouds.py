@@ -32,7 +32,8 @@ def test_check_reads_only_and_says_what_it_found(tmp_path: Path, fake: Any) -> N
     assert f"{fake.GPUS[1]}: in stock in" in done.stdout
     # nothing made, nothing changed (Vast's offer search is a POST that reads: its fake names it)
     assert {(m, t) for m, t, _ in fake.calls if m != "GET"} <= set(getattr(fake, "SEARCHES", ()))
-    refused = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR, key="wrong")
+    # a key of a real length (under 8 characters is refused as a key)
+    refused = cli(tmp_path, "clouds", "check", "--batch", str(batch), key_var=fake.KEY_VAR, key="wrong-key-0123")
     assert refused.returncode == 1
     assert "the key was refused" in refused.stdout
     assert "wrong" not in refused.stdout + refused.stderr
