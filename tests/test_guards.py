@@ -20,9 +20,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from cli_inproc import run_cli
 from fakes.keys import client_key
-from sshd import Sshd
+from support.cli_inproc import run_cli
+from support.sshd import Sshd
 
 CLI = [sys.executable, "-m", "actor_run"]
 KEY = 'rp_live/0123+4567"89abcdef=='  # a key with characters every encoding spells differently
@@ -359,7 +359,7 @@ def test_ctrl_c_at_100000_queued_seeds_creates_nothing_after_the_signal(tmp_path
     import signal
     import time
 
-    from waits import poll
+    from support.waits import poll
 
     from actor_run.protocols.clouds.simstore import billing
 
@@ -421,7 +421,7 @@ root = "{root}"
 
 
 def test_ssh_uses_the_jobs_own_run_settings_when_another_run_used_another_host(tmp_path: Path, sshd: Sshd) -> None:
-    from waits import poll
+    from support.waits import poll
 
     gate = tmp_path / "gate"
     environ = {**os.environ, "NO_COLOR": "1"}
@@ -476,7 +476,7 @@ def test_a_plain_sweep_leaves_a_live_machines_row_open_that_its_batch_sweeps(tmp
     --batch` with the second run's batch finds the machine, its owner dead, and deletes it."""
     import signal
 
-    from waits import poll
+    from support.waits import poll
 
     from actor_run.supervisors.ledger import LedgerReader
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from actor_run.protocols.clouds.capabilities import MachineChecking
+from actor_run.protocols.clouds.capabilities import Cataloged, MachineChecking
 from actor_run.protocols.clouds.verify import MachineCheck
 from actor_run.protocols.failures import DeleteUnconfirmed, LaunchRefused
 from actor_run.protocols.hosts import scripts
@@ -178,7 +178,7 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-class LocalCloud(MachineChecking):
+class LocalCloud(MachineChecking, Cataloged):
     name = "local"
     account = ""
 
@@ -189,6 +189,11 @@ class LocalCloud(MachineChecking):
     def machine_check(self, offer: Offer) -> MachineCheck | None:
         """This computer's GPUs are checked only when `check_gpu = true` (its clock is ours)."""
         return MachineCheck(gpu=offer.gpu, check_clock=False) if self.settings.check_gpu else None
+
+    @property
+    def region_names(self) -> frozenset[str] | None:
+        """This computer has no regions to check."""
+        return None
 
     @property
     def gpu_names(self) -> frozenset[str]:

@@ -170,10 +170,12 @@ def not_asked(key: str, cloud: Cloud, args: argparse.Namespace) -> str | None:
     name = key.partition("@")[0]
     if name == "local" and args.gpu:
         return ""  # this computer: whatever GPU it has, not one of a class
-    from actor_run.protocols.clouds.ssh import SSHCloud  # here: asyncssh only where an ssh cloud is asked
+    if name == "ssh" and args.gpu:
+        from actor_run.protocols.clouds.ssh import SSHCloud  # here: asyncssh only where an ssh cloud is asked
 
-    hosts = cloud.settings.hosts if isinstance(cloud, SSHCloud) else {}
-    if name == "ssh" and args.gpu and not any(h.gpus for h in hosts.values()):
+        hosts = cloud.settings.hosts if isinstance(cloud, SSHCloud) else {}
+        if any(h.gpus for h in hosts.values()):
+            return None
         return (f"its hosts declare no GPU class, so none is offered as {args.gpu} (a host declares its GPUs "
                 "with clouds.ssh.hosts.<name>.gpus; without --gpu each host is listed)")
     if name == "skypilot":

@@ -28,7 +28,7 @@ CAPABILITIES = (Booting, Caching, Cataloged, Checking, LaunchChecking, MachineCh
 RENTED_VM = {Booting, Cataloged, LaunchChecking, SSHLogin, MachineChecking}
 # what each cloud can do beyond the Cloud protocol: the table in capabilities.py's docstring
 HAS: dict[str, set[type]] = {
-    "local": {MachineChecking},
+    "local": {MachineChecking, Cataloged},
     "sim": {Cataloged, MachineChecking, SellsGpus},
     "ssh": {SSHLogin, MachineChecking},
     "skypilot": {MachineChecking},

@@ -111,7 +111,7 @@ def test_offers_of_skypilot_are_its_catalogs_prices_and_say_what_a_question_lack
                 key_var="UNRELATED")  # the region of clouds.skypilot.infra
     assert table.returncode == 0, table.stderr
     assert [line.split() for line in table.stdout.splitlines()][1:] == [
-        ["skypilot", "us-east-1", "T4", "0.5260", "-", "-", "-"]]
+        ["skypilot", "us-east-1", "T4", "0.5260", "-", "-", "-", "-"]]
     assert sky.calls() == ["gpus list A10G:1 --infra aws/us-west-2 -o json",
                            "gpus list T4:1 --infra aws/us-east-1 -o json"]  # read-only
     no_gpu = cli(tmp_path, "offers", "--cloud", "skypilot", "--config", str(user), key_var="UNRELATED")
@@ -146,7 +146,7 @@ def test_offers_of_vast_and_shadeform_show_on_demand_and_interruptible_prices_si
                        env=env, cwd=tmp_path, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         rows = {(r[0], r[5]): r for r in (line.split() for line in done.stdout.splitlines()[1:])}
-        assert rows[("vastai", "24817000")][3:4] + rows[("vastai", "24817000")][6:] == ["1.1200", "0.4700"]
+        assert rows[("vastai", "24817000")][3:4] + rows[("vastai", "24817000")][6:7] == ["1.1200", "0.4700"]
         assert rows[("shadeform", "hyperstack/A100_80G")][6] in ("1.1000", "-")  # canada-1 sells spot, norway-1 not
         assert rows[("shadeform", "lambdalabs/A100_80G")][6] == "-"
         assert bids.returncode == 0, bids.stdout + bids.stderr

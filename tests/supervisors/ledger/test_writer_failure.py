@@ -52,7 +52,7 @@ def test_a_failed_write_ends_the_runners_run_and_deletes_its_machines(
 ) -> None:
     with open_runner() as r:
         handle = r.submit(local_job("long", "sleep 600"))
-        from waits import poll
+        from support.waits import poll
 
         poll(lambda: any(m.state == "alive" and m.work for m in machines(state_dir)), 60, "the job started")
         r.ledger.record_job(key="bad/seed-1", name="bad", seed=2**64, spec=b"{}", state="running", out_dir="/x")
