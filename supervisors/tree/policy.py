@@ -59,6 +59,8 @@ def counts(failures: Sequence[Code | None], policy: PolicySpec) -> dict[str, Cou
     for failure in failures:
         if failure is None or policy_for(failure).next is Next.WALK:
             continue
+        if failure is Code.AMBIGUOUS_CREATE and policy.max_launch_failures is None:
+            continue  # a create left unanswered is no attempt (job.py UNCOUNTED): the thrash guard bounds it
         kind, _ = kind_limit(failure, policy)
         used[kind] = used.get(kind, 0) + 1
     return {k: Count(used=used[k], limit=limits[k]) for k in used}

@@ -107,6 +107,8 @@ def test_the_page_follows_a_live_batch_cancels_only_with_its_token_and_shows_hos
                            stderr=subprocess.PIPE, text=True, env=env)
     page: Page | None = None
     try:
+        if "://" not in ledger:  # the dashboard reads a ledger that is there: the run makes it first
+            poll(lambda: Path(ledger).exists() and Path(ledger).stat().st_size > 0, 120, "the run's ledger")
         board = dashboard_of(ledger, state)
         page = Page(board.url, tmp_path / "profile")
 

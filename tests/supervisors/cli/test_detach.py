@@ -207,7 +207,7 @@ def test_bad_input_with_detach_is_one_line_and_starts_nothing(tmp_path: Path) ->
     done = run_cli(["run", str(place.batch), *place.common(), "--out", str(tmp_path / "out"), "--detach",
                     "--concurrency", "0"], timeout=120, env=ENV)
     assert done.returncode == 2
-    assert done.stderr == "actor-run: --concurrency: expected int >= 1, got 0\n"
+    assert done.stderr == "actor-run: argument --concurrency: expected int >= 1, got 0\n"
     done = run_cli(["run", str(place.batch), *place.common(), "--out", str(tmp_path / "out"), "--detach",
                     "--gpu", "B999"], timeout=300, env=ENV)
     assert done.returncode == 2, done.stdout + done.stderr
