@@ -228,6 +228,15 @@ def test_ctrl_c_at_the_confirmation_question_is_one_line(tmp_path: Path) -> None
             if ready:
                 seen += os.read(main, 4096)
         proc.send_signal(signal.SIGINT)
+        end = time.monotonic() + 120
+        while proc.poll() is None:  # read while it ends: a writer to a full pty would wait on us
+            assert time.monotonic() < end, seen
+            ready, _, _ = select.select([main], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:
+                    break
         code = proc.wait(60)
         while True:  # the rest of what it wrote (the other side closed: EOF, or EIO on Linux)
             try:
