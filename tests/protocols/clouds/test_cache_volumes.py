@@ -13,11 +13,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from fakes.keys import client_key
-from fakes.providers import FAKES
+from fakes.providers import rented_cloud, serve
 
 from actor_run.actors.runtime import Reactor
-from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.messages import CacheSpec
 
 CACHE = CacheSpec(name="weights", size_gb=20, mount="/data/cache")  # a path Lambda takes; the fakes link nothing
@@ -25,20 +23,12 @@ CACHE = CacheSpec(name="weights", size_gb=20, mount="/data/cache")  # a path Lam
 
 @pytest.fixture(params=["lambda", "runpod"])
 def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    server = FAKES[request.param](tmp_path / "fake", virtual=True).start()  # no sshd: only the API is asked
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
+    yield from serve(request.param, tmp_path, virtual=True)  # no sshd: only the API is asked
 
 
 @pytest.fixture
 def cloud(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv(fake.KEY_VAR, "test-key")
-    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 1.0, "delete_wait_s": 10.0, **fake.settings()}
-    return make_cloud(fake.CLOUD, raw, tmp_path / "state")
+    return rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=540.0)  # the clouds' own default
 
 
 def attached(fake: Any, body: dict[str, Any]) -> str:

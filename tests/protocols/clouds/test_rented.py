@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fakes.keys import client_key
 from fakes.openapi_server import OPENAPI, document
-from fakes.providers import FAKES
+from fakes.providers import FAKES, rented_cloud, serve
 from openapi_spec_validator import validate
 from support.waits import poll
 
@@ -31,24 +31,12 @@ def test_each_vendors_document_is_valid_openapi(path: Path) -> None:
 
 @pytest.fixture(params=sorted(FAKES))
 def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    server = FAKES[request.param](tmp_path / "fake").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
-
-
-def make(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
-    monkeypatch.setenv(fake.KEY_VAR, "test-key")
-    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 1.0, "delete_wait_s": 10.0, "launch_timeout_s": 60.0, **fake.settings(), **extra}
-    return make_cloud(fake.CLOUD, raw, tmp_path / "state")
+    yield from serve(request.param, tmp_path)
 
 
 @pytest.fixture
 def cloud(fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    return make(fake, tmp_path, monkeypatch)
+    return rented_cloud(fake, tmp_path, monkeypatch)
 
 
 def name(n: int = 1, deadline: float | None = None) -> str:
@@ -126,7 +114,7 @@ def test_a_refused_key_is_guard(reactor: Reactor, cloud: Any, fake: Any) -> None
 
 def test_a_machine_stuck_starting_is_launch_failed_and_deleted(reactor: Reactor, fake: Any, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=0.5)
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=0.5)
     fake.stuck = True
     n = name()
     with pytest.raises(LaunchAmbiguous) as info:
@@ -172,7 +160,7 @@ def test_an_api_that_cannot_be_reached_refuses_the_create_cleanly(reactor: React
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from support.sshd import free_port
 
-    cloud = make(fake, tmp_path, monkeypatch, api_url=f"http://127.0.0.1:{free_port()}{fake.base_path}")
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, api_url=f"http://127.0.0.1:{free_port()}{fake.base_path}")
     with pytest.raises(LaunchRefused) as info:  # the request never left: nothing can have been made
         reactor.call(cloud.launch, fake.sample_offer(), name(), time.time() + 3600, timeout=30)
     assert info.value.code is Code.LAUNCH_FAILED
@@ -213,7 +201,7 @@ def test_ssh_that_opens_after_ready_is_waited_for(reactor: Reactor, fake: Any, t
                                                   monkeypatch: pytest.MonkeyPatch, before: str) -> None:
     """sshd opens 2 s after ready; meanwhile the port refuses, or takes TCP and closes it, or takes
     it and says nothing (one SSH try is then cut by connect_timeout_s): connect waits it out."""
-    cloud = make(fake, tmp_path, monkeypatch, connect_timeout_s=0.5)
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, connect_timeout_s=0.5)
     with fake.lock:
         fake.ssh_after_s, fake.guest_before = 2.0, before
     n = name()
@@ -262,7 +250,7 @@ def test_ssh_that_never_opens_fails_at_launch_timeout(reactor: Reactor, fake: An
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from actor_run.protocols.failures import Unreachable
 
-    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=4.0)
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=4.0)
     with fake.lock:
         fake.ssh_after_s = 3600.0
     n = name()
@@ -280,7 +268,7 @@ def test_our_key_refused_ends_the_wait_at_once(reactor: Reactor, fake: Any, tmp_
     from actor_run.protocols.failures import Refused
 
     other = client_key(tmp_path / "other").with_name("id_ed25519.pub").read_text()
-    cloud = make(fake, tmp_path, monkeypatch, launch_timeout_s=600.0)
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=600.0)
     fake.boxes.foreign_key = other
     n = name()
     machine = reactor.call(cloud.launch, fake.sample_offer(), n, time.time() + 3600, timeout=60)
@@ -300,7 +288,7 @@ def test_our_key_refused_ends_the_wait_at_once(reactor: Reactor, fake: Any, tmp_
 def test_a_lambda_file_system_limits_offers_to_its_region(reactor: Reactor, fake: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     fake.file_systems["shared"] = "us-west-1"
-    cloud = make(fake, tmp_path, monkeypatch, file_system="shared")
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, file_system="shared")
     reactor.call(cloud.check, timeout=60)
     offers = reactor.call(cloud.offers, CandidateSpec(cloud="lambda", gpu="A100-80G"), 0, timeout=60)
     assert {o.region for o in offers} == {"us-west-1"}  # us-east-1 has stock too, and no file system
@@ -316,7 +304,7 @@ def test_a_lambda_file_system_limits_offers_to_its_region(reactor: Reactor, fake
 def test_a_missing_lambda_file_system_is_bad_input(reactor: Reactor, fake: Any, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     fake.file_systems["shared"] = "us-west-1"
-    cloud = make(fake, tmp_path, monkeypatch, file_system="sharde")
+    cloud = rented_cloud(fake, tmp_path, monkeypatch, file_system="sharde")
     with pytest.raises(SpecError) as info:
         reactor.call(cloud.check, timeout=60)
     assert info.value.field == "clouds.lambda.file_system"

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.keys import client_key
+from fakes.providers import rented_cloud, serve
 from fakes.shadeform import FakeShadeform
 from support.waits import poll
 
 from actor_run.actors import Reactor
-from actor_run.protocols.clouds import make_cloud, parse_settings
+from actor_run.protocols.clouds import parse_settings
 from actor_run.protocols.clouds.shadeform import classify_create, seen_instance
 from actor_run.protocols.failures import Code, LaunchAmbiguous, MachineGone
 from actor_run.protocols.specs import CandidateSpec
@@ -25,19 +25,11 @@ from actor_run.protocols.specs import CandidateSpec
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeShadeform]:
-    server = FakeShadeform(tmp_path / "fake").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
+    yield from serve("shadeform", tmp_path)
 
 
 def make(fake: FakeShadeform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
-    monkeypatch.setenv("SHADEFORM_API_KEY", "test-key")
-    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 2.0, "delete_wait_s": 10.0, "launch_timeout_s": 60.0, **fake.settings(), **extra}
-    return make_cloud("shadeform", raw, tmp_path / "state")
+    return rented_cloud(fake, tmp_path, monkeypatch, **{"listing_lag_s": 2.0, **extra})
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.keys import client_key
+from fakes.providers import rented_cloud, serve
 from fakes.vastai import FakeVast
 
 from actor_run.actors import Reactor
-from actor_run.protocols.clouds import make_cloud
 from actor_run.protocols.clouds.gpus import MIN_CUDA, min_cuda
 from actor_run.protocols.clouds.vastai import pace, seen_instance
 from actor_run.protocols.failures import Code, LaunchAmbiguous, LaunchRefused, MachineGone
@@ -23,19 +22,11 @@ from actor_run.protocols.specs import CandidateSpec
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeVast]:
-    server = FakeVast(tmp_path / "fake").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
+    yield from serve("vastai", tmp_path)
 
 
 def make(fake: FakeVast, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Any:
-    monkeypatch.setenv("VAST_API_KEY", "test-key")
-    raw = {"api_url": fake.url, "ssh_key": str(client_key(tmp_path / "keys")), "poll_s": 0.05,
-           "listing_lag_s": 5.0, "delete_wait_s": 10.0, "launch_timeout_s": 60.0, **fake.settings(), **extra}
-    return make_cloud("vastai", raw, tmp_path / "state")
+    return rented_cloud(fake, tmp_path, monkeypatch, **{"listing_lag_s": 5.0, **extra})
 
 
 @pytest.fixture

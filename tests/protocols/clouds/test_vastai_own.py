@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fakes.keys import client_key
+from fakes.providers import serve
 from fakes.vastai import FakeVast
 from support.waits import poll
 
@@ -38,12 +39,7 @@ def vastai() -> Path:
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeVast]:
-    server = FakeVast(tmp_path / "fake").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
+    yield from serve("vastai", tmp_path)
 
 
 class Vast:

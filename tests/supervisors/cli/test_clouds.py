@@ -9,17 +9,12 @@ from typing import Any
 
 import pytest
 from fakes.batch_kit import cli, client_key, write_batch
-from fakes.providers import FAKES
+from fakes.providers import FAKES, serve
 
 
 @pytest.fixture(params=sorted(FAKES))
 def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    server = FAKES[request.param](tmp_path / "fake").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.violations == []
+    yield from serve(request.param, tmp_path)
 
 
 def test_check_reads_only_and_says_what_it_found(tmp_path: Path, fake: Any) -> None:
