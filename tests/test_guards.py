@@ -8,8 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import textwrap
@@ -23,6 +21,7 @@ import pytest
 from fakes.keys import client_key
 from support.cli_inproc import run_cli
 from support.sshd import Sshd
+from support.terminal import Terminal
 
 CLI = [sys.executable, "-m", "actor_run"]
 KEY = 'rp_live/0123+4567"89abcdef=='  # a key with characters every encoding spells differently
@@ -260,32 +259,9 @@ TITLE = "\x1b]0;pwned\x07"
 
 def read_pty(args: list[str], env: dict[str, str], cwd: Path) -> bytes:
     """What `actor-run ARGS` writes to a terminal (a pseudo-terminal), all of it, bounded: 60 s."""
-    main, side = pty.openpty()
-    proc = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL, stdout=side, stderr=side, env=env, cwd=cwd,
-                            start_new_session=True)
-    os.close(side)
-    seen = b""
-    try:
-        for _ in range(1200):
-            ready, _, _ = select.select([main], [], [], 0.05)
-            if ready:
-                try:
-                    chunk = os.read(main, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            elif proc.poll() is not None:
-                break
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(main)
-    return seen
-
+    with Terminal([*CLI, *args], env=env, cwd=cwd, stdin=False) as term:
+        term.wait(60)
+    return bytes(term.raw)
 
 def test_escape_sequences_in_a_jobs_output_never_reach_a_terminal_raw(tmp_path: Path) -> None:
     progress = '{"stage": "s\\\\u001b[2J", "k\\\\u001b]52;c;QQ==\\\\u0007": 1}'

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import textwrap
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from support.cli_inproc import CLI, run_cli
-from support.process_kit import sleeping
+from support.process_kit import Output, sleeper, sleeping
 from support.waits import poll
 
 from actor_run.protocols.clouds.sim import sim_machines
@@ -194,24 +191,7 @@ def test_usage_errors_exit_2_with_one_line(paths: Paths, args: list[str], messag
 
 # --- Ctrl-C -----------------------------------------------------------------------------------------
 
-SLEEPER = """\
-[job]
-name = "long"
-command = "sleep 61.917"
-seeds = [1, 2]
-
-[policy]
-poll_s = 0.1
-setup_grace_s = 60
-
-[[candidates]]
-cloud = "sim"
-gpu = "A100"
-
-[clouds.sim]
-launch_latency_s = 0.01
-delete_latency_s = 0.5
-"""
+SLEEPER = sleeper("61.917")
 
 
 def under(path: Path) -> list[str]:
@@ -226,38 +206,6 @@ def under(path: Path) -> list[str]:
     return found
 
 
-
-class Lines:
-    """A subprocess's stderr, line by line, on a queue (read by a thread of the test's own)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.q: queue.Queue[str] = queue.Queue()
-        self.all: list[str] = []
-        self.thread = threading.Thread(target=self._read, args=(stream,), name="test-stderr", daemon=True)
-        self.thread.start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.q.put(line)
-
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.q.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"{text!r} not said; stderr: {''.join(self.all)}") from None
-            self.all.append(line)
-            if text in line:
-                return
-
-    def rest(self) -> str:
-        self.thread.join(30)
-        while not self.q.empty():
-            self.all.append(self.q.get_nowait())
-        return "".join(self.all)
-
-
 @pytest.mark.parametrize("second", ["none", "at_once", "after_the_first_is_heard"])
 def test_ctrl_c_deletes_every_machine_then_exits_130(paths: Paths, second: str) -> None:
     proc = subprocess.Popen(
@@ -267,7 +215,8 @@ def test_ctrl_c_deletes_every_machine_then_exits_130(paths: Paths, second: str) 
         text=True,
         env=ENV,
     )
-    stderr = Lines(proc.stderr)
+    assert proc.stderr is not None
+    stderr = Output(proc.stderr)
     try:
 
         def running() -> list[Any]:

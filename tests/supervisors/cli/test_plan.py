@@ -4,13 +4,12 @@ a terminal (issue 29.2), through the real command line (a pseudo-terminal for th
 from __future__ import annotations
 
 import os
-import pty
-import select
 import subprocess
 import textwrap
 from pathlib import Path
 
 from support.cli_inproc import CLI, run_cli
+from support.terminal import Terminal
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
@@ -82,36 +81,12 @@ def test_plan_of_a_batch_that_fits(tmp_path: Path) -> None:
 
 def _on_a_terminal(tmp: Path, args: list[str], answer: bytes | None) -> tuple[int, str]:
     """Run `actor-run` with a pseudo-terminal as its stdin and stdout; type `answer` when it asks."""
-    main, side = pty.openpty()
-    proc = subprocess.Popen([*CLI, *args], stdin=side, stdout=side, stderr=side, env=ENV, cwd=tmp,
-                            start_new_session=True)
-    os.close(side)
-    seen = b""
-    answered = False
-    try:
-        for _ in range(2400):  # bounded: 120 s of 50 ms reads
-            ready, _, _ = select.select([main], [], [], 0.05)
-            if ready:
-                try:
-                    chunk = os.read(main, 4096)
-                except OSError:  # the other side closed: the process is gone
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            if answer is not None and not answered and b"[y/N]" in seen:
-                os.write(main, answer)
-                answered = True
-            if proc.poll() is not None and not ready:
-                break
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(main)
-    return code, seen.decode(errors="replace")
-
+    with Terminal([*CLI, *args], env=ENV, cwd=tmp) as term:
+        if answer is not None:
+            term.wait_for("[y/N]", 120)
+            term.write(answer)
+        code = term.wait(120)
+    return code, term.text()
 
 def test_run_on_a_terminal_asks_above_the_users_threshold(tmp_path: Path) -> None:
     batch = write(tmp_path)

@@ -5,8 +5,6 @@ a rented fake's machine (a real sshd login) over the pinned host key, and in the
 from __future__ import annotations
 
 import os
-import pty
-import select
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from fakes.batch_kit import env as key_env
 from fakes.batch_kit import write_batch
 from fakes.runpod import FakeRunPod
 from support.sshd import Sshd
+from support.terminal import Terminal
 from support.waits import poll
 
 CLI = [sys.executable, "-m", "actor_run"]
@@ -90,33 +89,11 @@ def test_ssh_runs_a_command_and_a_shell_in_the_job_folder_on_the_ssh_cloud(tmp_p
         failing = ssh(tmp_path, environ, "box/seed-1", "--", "sh", "-c", "exit 7")
         assert failing.returncode == 7
         # an interactive shell under a pseudo-terminal: it starts in the job folder
-        main, side = pty.openpty()
-        shell = subprocess.Popen([*CLI, "ssh", "box/1", "--state-dir", str(tmp_path / "state")], stdin=side,
-                                 stdout=side, stderr=side, env={**environ, "SHELL": "/bin/sh"}, cwd=tmp_path,
-                                 start_new_session=True)
-        os.close(side)
-        seen = b""
-        try:
-            os.write(main, b"echo AT-$(pwd)-END; exit 3\n")
-            for _ in range(1200):  # bounded: 60 s
-                ready, _, _ = select.select([main], [], [], 0.05)
-                if ready:
-                    try:
-                        chunk = os.read(main, 4096)
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    seen += chunk
-                elif shell.poll() is not None:
-                    break
-            assert shell.wait(timeout=60) == 3, seen
-        finally:
-            if shell.poll() is None:
-                shell.kill()
-                shell.wait()
-            os.close(main)
-        assert f"AT-{work}-END".encode() in seen
+        with Terminal([*CLI, "ssh", "box/1", "--state-dir", str(tmp_path / "state")],
+                      env={**environ, "SHELL": "/bin/sh"}, cwd=tmp_path) as shell:
+            shell.write(b"echo AT-$(pwd)-END; exit 3\n")
+            assert shell.wait(60) == 3, shell.text()
+        assert f"AT-{work}-END" in shell.text()
     finally:
         finish(proc, gate)
     after = ssh(tmp_path, environ, "box/1", "--", "pwd")

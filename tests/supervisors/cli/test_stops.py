@@ -4,72 +4,22 @@ closed) stops a controller as SIGTERM does, every machine deleted first; a Ctrl-
 
 from __future__ import annotations
 
-import os
-import pty
-import queue
-import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import IO
 
 import pytest
 from support.cli_inproc import CLI
-from support.process_kit import sleeping
+from support.process_kit import Output, sleeper, sleeping
+from support.terminal import Terminal
 from support.waits import poll
 from test_detach import ENV, Place
 
 from actor_run.protocols.clouds.sim import sim_machines
 
-SLEEPER = """\
-[job]
-name = "long"
-command = "sleep 62.913"
-seeds = [1, 2]
-
-[policy]
-poll_s = 0.1
-setup_grace_s = 60
-
-[[candidates]]
-cloud = "sim"
-gpu = "A100"
-
-[clouds.sim]
-launch_latency_s = 0.01
-delete_latency_s = 0.5
-"""
-
-
-class Output:
-    """A child's stream, line by line, read by a thread of the test's own."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.q: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self.thread = threading.Thread(target=self._read, args=(stream,), name="test-output", daemon=True)
-        self.thread.start()
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.q.put(line)
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while not any(text in line for line in self.seen):
-            try:
-                self.seen.append(self.q.get(timeout=max(0.0, end - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"{text!r} not said; said: {''.join(self.seen)}") from None
-
-    def rest(self) -> str:
-        self.thread.join(30)
-        while not self.q.empty():
-            self.seen.append(self.q.get_nowait())
-        return "".join(self.seen)
+SLEEPER = sleeper("62.913")
 
 
 def interrupt(args: list[str], ready: str, timeout: float = 90) -> tuple[int, str, str]:
@@ -214,44 +164,12 @@ def test_ctrl_c_at_the_confirmation_question_is_one_line(tmp_path: Path) -> None
     place = Place(tmp_path)
     user = tmp_path / "user.toml"
     user.write_text("confirm_above_usd = 0.0001\n")
-    main, side = pty.openpty()
-    proc = subprocess.Popen([*CLI, "run", str(place.batch), "--config", str(user), *place.common(), "--out",
-                             str(tmp_path / "out")], stdin=side, stdout=side, stderr=side, env=ENV,
-                            start_new_session=True)
-    os.close(side)
-    seen = b""
-    try:
-        end = time.monotonic() + 120
-        while b"[y/N]" not in seen:
-            assert time.monotonic() < end, seen
-            ready, _, _ = select.select([main], [], [], 0.5)
-            if ready:
-                seen += os.read(main, 4096)
-        proc.send_signal(signal.SIGINT)
-        end = time.monotonic() + 120
-        while proc.poll() is None:  # read while it ends: a writer to a full pty would wait on us
-            assert time.monotonic() < end, seen
-            ready, _, _ = select.select([main], [], [], 0.2)
-            if ready:
-                try:
-                    seen += os.read(main, 4096)
-                except OSError:
-                    break
-        code = proc.wait(60)
-        while True:  # the rest of what it wrote (the other side closed: EOF, or EIO on Linux)
-            try:
-                chunk = os.read(main, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(main)
-    text = seen.decode(errors="replace")
+    with Terminal([*CLI, "run", str(place.batch), "--config", str(user), *place.common(), "--out",
+                   str(tmp_path / "out")], env=ENV) as term:
+        term.wait_for("[y/N]", 120)
+        term.proc.send_signal(signal.SIGINT)
+        code = term.wait(120)  # all it wrote read while it ends: a writer to a full pty would wait on us
+    text = term.text()
     assert code == 130, text
     assert text.split("[y/N] ", 1)[1] == "\r\nactor-run: interrupted\r\n", text
     assert not (tmp_path / "out").exists()
