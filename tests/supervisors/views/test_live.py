@@ -6,22 +6,14 @@ deleted."""
 from __future__ import annotations
 
 import collections
-import fcntl
 import io
-import os
-import pty
 import re
 import shutil
-import signal
-import struct
-import subprocess
-import termios
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.terminal import Terminal
 from test_cli import ENV, ROOT, Paths
 
 from actor_run.protocols.clouds.sim import sim_machines
@@ -77,56 +69,15 @@ def paths(tmp_path: Path) -> Paths:
     return Paths(tmp_path)
 
 
-class Terminal:
-    """A pseudo-terminal of 40 x 160 that the CLI runs on (its controlling terminal: a typed Ctrl-C
-    reaches it as a real one does); a thread keeps what it draws."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = pty.openpty()
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-        self.raw = bytearray()
-        self.changed = threading.Condition()
-        self.thread = threading.Thread(target=self._read, name="test-pty", daemon=True)
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = os.read(self.master, 65536)
-            except OSError:
-                data = b""
-            with self.changed:
-                self.raw += data
-                self.changed.notify_all()
-            if not data:
-                return
-
-    def text(self) -> str:
-        with self.changed:
-            return ANSI.sub("", self.raw.decode(errors="replace"))
-
-    def wait_for(self, check: Callable[[str], bool], timeout: float, what: str) -> None:
-        end = time.monotonic() + timeout
-        with self.changed:
-            while not check(ANSI.sub("", self.raw.decode(errors="replace"))):
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"timed out waiting for {what}; the screen: {self.raw[-3000:]!r}")
-                self.changed.wait(left)
-
-
 def test_the_live_view_on_a_terminal_then_ctrl_c(paths: Paths) -> None:
     shutil.copytree(ROOT / "examples" / "trainer", paths.tmp / "trainer")
     body = BATCH.format(code=paths.tmp / "trainer", data=ROOT / "examples" / "data" / "train.txt")
     (paths.tmp / "batch.toml").write_text(body)
-    term = Terminal()
     env = {**ENV, "TERM": "xterm-256color"}
     env.pop("COLUMNS", None)
-    # setsid -c: a session of its own whose controlling terminal is the pty, so ^C typed there is SIGINT
-    proc = subprocess.Popen(["setsid", "-c", *paths.run_args(paths.tmp / "batch.toml")], stdin=term.slave,
-                            stdout=term.slave, stderr=subprocess.PIPE, env=env)
-    os.close(term.slave)
-    term.thread.start()
-    try:
+    # controlling: a session of its own whose controlling terminal is the pty, so ^C typed there is SIGINT
+    with Terminal(paths.run_args(paths.tmp / "batch.toml"), env=env, rows=40, cols=160, stderr=False,
+                  controlling=True) as term:
         def rows(text: str) -> dict[str, list[tuple[int, float]]]:
             seen: dict[str, list[tuple[int, float]]] = {}
             for m in ROW.finditer(text):
@@ -139,8 +90,9 @@ def test_the_live_view_on_a_terminal_then_ctrl_c(paths: Paths) -> None:
             return (any(len({step for step, _ in r}) >= 2 for r in rows(text).values())
                     and len({h[7] for h in unended if float(h[7]) > 0}) >= 2)
 
-        term.wait_for(moved_and_paid, 60, "a progress bar that moved and dollars that grew before any job ended")
-        text = term.text()
+        term.wait_for(lambda text: moved_and_paid(ANSI.sub("", text)), 60,
+                      "a progress bar that moved and dollars that grew before any job ended")
+        text = ANSI.sub("", term.text())
         headers = HEADER.findall(text)
         assert headers
         for done, n, ok, failed, running, waiting, queued, _ in headers:
@@ -151,17 +103,10 @@ def test_the_live_view_on_a_terminal_then_ctrl_c(paths: Paths) -> None:
         for seen in rows(text).values():  # a job's bar and dollars only go forward
             assert [s for s, _ in seen] == sorted(s for s, _ in seen)
             assert [usd for _, usd in seen] == sorted(usd for _, usd in seen)
-        os.write(term.master, b"\x03")  # Ctrl-C, typed on its terminal
-        code = proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
-        os.close(term.master)
-        term.thread.join(10)
+        term.write(b"\x03")  # Ctrl-C, typed on its terminal
+        code = term.wait(60)
+        assert term.proc.stderr is not None
+        err = term.proc.stderr.read().decode()
     assert code == 130, err
     assert "canceling; deleting every machine" in err
     rows_ = paths.status()

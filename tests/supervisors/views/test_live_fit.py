@@ -6,19 +6,14 @@ warnings fold into the frame, and are told once each, with their jobs, after the
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
-import pty
 import re
-import struct
-import subprocess
 import sys
-import termios
-import threading
 from pathlib import Path
 
 import pytest
+from support.terminal import Terminal
 
 CLI = [sys.executable, "-m", "actor_run"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -50,39 +45,13 @@ launch_failure_rate = 0.6
 
 
 def run_on_a_terminal(tmp: Path, rows: int, cols: int, batch: str = BATCH) -> tuple[int, str]:
-    main, side = pty.openpty()
-    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     (tmp / "b.toml").write_text(batch)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env.update({"TERM": "xterm-256color", "NO_COLOR": "1"})
-    proc = subprocess.Popen([*CLI, "run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--out",
-                             str(tmp / "out"), "--yes"], stdin=side, stdout=side, stderr=side, env=env,
-                            start_new_session=True)
-    os.close(side)
-    raw = bytearray()
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(main, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            raw.extend(data)
-
-    reader = threading.Thread(target=read, name="test-pty", daemon=True)
-    reader.start()
-    try:
-        code = proc.wait(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(30)
-        os.close(main)
-    return code, raw.decode(errors="replace")
-
+    with Terminal([*CLI, "run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--out", str(tmp / "out"),
+                   "--yes"], env=env, rows=rows, cols=cols) as term:
+        code = term.wait(240)
+    return code, term.text()
 
 @pytest.mark.parametrize(("rows", "cols", "width"), [(0, 0, 80), (40, 100, 100), (40, 200, 200)])
 def test_frames_fit_the_terminal_and_nothing_comes_between_them(tmp_path: Path, rows: int, cols: int,
