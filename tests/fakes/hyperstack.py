@@ -29,10 +29,9 @@ from typing import Any
 from support.sshd import free_port
 from werkzeug.wrappers import Request, Response
 
-from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes, gpu_tools
-from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+from fakes.openapi_server import OPENAPI, json_response
+from fakes.rented import RentedFake
 
 DOCUMENT = OPENAPI / "hyperstack-v1.yaml"
 
@@ -66,7 +65,7 @@ def refusal(status: int, message: str, reason: str | None) -> Response:
     return json_response(body, status)
 
 
-class FakeHyperstack(OpenAPIFake):
+class FakeHyperstack(RentedFake):
     CLOUD = "hyperstack"
     KEY_VAR = "HYPERSTACK_API_KEY"
     GPUS = ("H100", "A100-80G")
@@ -78,34 +77,18 @@ class FakeHyperstack(OpenAPIFake):
         return Offer(cloud="hyperstack", region="NORWAY-1", gpu="A100-80G", hourly_usd=1.35672, kind="n3-A100x1")
 
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
-        super().__init__(DOCUMENT, base_path="/v1", token=token)
+        super().__init__(DOCUMENT, Path(dir) / "vms", base_path="/v1", token=token, virtual=virtual)
         self.undocumented = {
             429: "hyperstack.md §1: 500 requests a minute per IP, then 429 (no body documented)",
             500: 'hyperstack.md §4: the legacy 5xx {"message": "Internal Server Error"} (no content in the document)',
         }
-        self.boxes = Boxes(Path(dir) / "vms")
-        self.virtual = virtual
         self.port = free_port()
         self.vms: dict[int, dict[str, Any]] = {}
         self.environments: dict[str, dict[str, Any]] = {}
         self.keypairs: list[dict[str, Any]] = []
         self.stock: dict[tuple[str, str], int] = {(f, r): 4 for f, (_, r) in FLAVORS.items()}
-        self.create_500_made = 0
-        self.create_500 = 0
-        self.stuck = False
-        self.lag_reads = 0
-        self.delete_fail = 0
         self.error_builds = 0
-        self.ready_after = 1
-        self.ssh_after_s = 0.3
-        self.guest_before = "refuse"
-        self.launch_answers: list[str] = []
-        self.smi_next: list[str] = []
-        self.skew_next: list[float] = []
-        self.created: list[dict[str, Any]] = []  # every create's body, as sent
-        self.billed: list[tuple[str, float, float]] = []
         self._ids = itertools.count(1001)
-        self._addresses = itertools.count(2)
         self._routes()
 
     def authorized(self, req: Request) -> bool:
@@ -125,9 +108,6 @@ class FakeHyperstack(OpenAPIFake):
 
     # --- VMs ----------------------------------------------------------------------------------------
 
-    def _view(self, vm: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in vm.items() if not k.startswith("_")}
-
     def _advance(self, vm: dict[str, Any]) -> None:
         vm["_reads"] += 1
         if vm["status"] == "CREATING":
@@ -146,12 +126,6 @@ class FakeHyperstack(OpenAPIFake):
         elif vm["status"] == "DELETING":
             self.vms.pop(vm["id"], None)
 
-    def _hidden(self, vm: dict[str, Any]) -> bool:
-        if vm["_lag"] > 0:
-            vm["_lag"] -= 1
-            return True
-        return False
-
     def _name(self, vm: dict[str, Any]) -> str:
         full = [x[len("ar-name="):] for x in vm.get("labels", []) if x.startswith("ar-name=")]
         return full[0] if full else str(vm["name"])
@@ -161,12 +135,11 @@ class FakeHyperstack(OpenAPIFake):
         env = self.environments[body["environment_name"]]
         key = next(k for k in self.keypairs if k["name"] == body["key_name"]
                    and k["environment"]["name"] == env["name"])
-        address = f"127.0.0.{next(self._addresses)}"
+        address = self._address()
         gpu, _ = FLAVORS[body["flavor_name"]]
         count = COUNTS.get(body["flavor_name"], 1)
         if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
-            tools = gpu_tools(SMI[gpu], count, fault=self.smi_next.pop(0) if self.smi_next else "",
-                              skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            tools = self._tools(SMI[gpu], count)
             self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port, tools=tools)
             self.boxes.firewall(str(vm_id), closed=True)
         vm = {
@@ -201,11 +174,8 @@ class FakeHyperstack(OpenAPIFake):
             vm = self.vms.pop(int(vm_id))
             self._end(vm)
 
-    def no_stock(self, gpu: str) -> None:
-        with self.lock:
-            for key in self.stock:
-                if FLAVORS[key[0]][0] in vendor_ids(gpu, "hyperstack"):
-                    self.stock[key] = 0
+    def _stock_gpu(self, key: tuple[str, str]) -> str:
+        return FLAVORS[key[0]][0]  # (flavor, region): the flavor's GPU
 
     def alive(self) -> list[str]:
         with self.lock:
@@ -223,12 +193,9 @@ class FakeHyperstack(OpenAPIFake):
                                       "fingerprint": "aa:bb", "environment": {"id": 1, "name": env_name,
                                                                               "region": region},
                                       "created_at": _iso(time.time())})
-            virtual, self.virtual = self.virtual, True
-            try:
+            with self._without_sshd():
                 vm = self._make({"name": name[:50], "environment_name": env_name, "flavor_name": flavor,
                                  "key_name": "old-key", "labels": [f"ar-name={name}"]})
-            finally:
-                self.virtual = virtual
             vm.update(status="ACTIVE", vm_state="active", power_state="RUNNING", floating_ip=vm["_address"],
                       floating_ip_status="ATTACHED")
             return str(vm["id"])

@@ -19,7 +19,6 @@ Instance types have 1 or 8 GPUs (`specs.gpus`); `smi_next` / `skew_next`: the ne
 from __future__ import annotations
 
 import getpass
-import itertools
 import secrets
 import time
 from pathlib import Path
@@ -28,10 +27,9 @@ from typing import Any
 from support.sshd import free_port
 from werkzeug.wrappers import Request, Response
 
-from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes, gpu_tools
-from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+from fakes.openapi_server import OPENAPI, json_response
+from fakes.rented import RentedFake
 
 DOCUMENT = OPENAPI / "lambda-v1.json"
 
@@ -58,7 +56,7 @@ def error(status: int, code: str, message: str, suggestion: str | None = None) -
     return json_response({"error": body}, status)
 
 
-class FakeLambda(OpenAPIFake):
+class FakeLambda(RentedFake):
     CLOUD = "lambda"
     KEY_VAR = "LAMBDA_API_KEY"
     GPUS = ("H100", "A100-80G")
@@ -70,13 +68,11 @@ class FakeLambda(OpenAPIFake):
         return Offer(cloud="lambda", region="us-east-1", gpu="A100-80G", hourly_usd=1.79, kind="gpu_1x_a100_sxm4_80gb")
 
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
-        super().__init__(DOCUMENT, token=token)
+        super().__init__(DOCUMENT, Path(dir) / "instances", token=token, virtual=virtual)
         self.undocumented = {
             429: "lambda.md §1: excess requests are answered HTTP 429; the body is not specified",
             500: "lambda.md §4: 5xx / provider/* upstream trouble",
         }
-        self.boxes = Boxes(Path(dir) / "instances")
-        self.virtual = virtual
         self.port = free_port()  # every instance answers SSH on its own address, this port
         self.instances: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, dict[str, str]] = {}
@@ -86,23 +82,9 @@ class FakeLambda(OpenAPIFake):
             ("gpu_1x_a100_sxm4", "us-west-1"): 2, ("gpu_8x_a100", "us-west-1"): 1,
             ("gpu_8x_a100_80gb_sxm4", "us-east-1"): 1,
         }
-        self.smi_next: list[str] = []
-        self.skew_next: list[float] = []
-        self.created: list[dict[str, Any]] = []
-        self.create_500_made = 0
-        self.create_500 = 0
-        self.stuck = False
-        self.lag_reads = 0
-        self.delete_fail = 0
-        self.ready_after = 1
-        self.ssh_after_s = 0.3
-        self.guest_before = "refuse"
-        self.launch_answers: list[str] = []
         self.file_systems: dict[str, str] = {}
         self.fs_ids: dict[str, str] = {}  # a file system's id, by name
         self.fs_regions = set(REGIONS)  # where POST /filesystems makes one
-        self.billed: list[tuple[str, float, float]] = []
-        self._addresses = itertools.count(2)
         self._routes()
 
     def unauthorized(self) -> Response:
@@ -140,9 +122,6 @@ class FakeLambda(OpenAPIFake):
                 "is_in_use": self._fs_in_use(name),
                 "region": {"name": region, "description": REGIONS.get(region, region)}, "bytes_used": 0}
 
-    def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in inst.items() if not k.startswith("_")}
-
     def _advance(self, inst: dict[str, Any]) -> None:
         inst["_reads"] += 1
         if inst["status"] == "booting" and inst["_fail"] and inst["_reads"] >= self.ready_after:
@@ -161,20 +140,13 @@ class FakeLambda(OpenAPIFake):
         elif inst["status"] == "terminated":
             self.instances.pop(inst["id"], None)
 
-    def _hidden(self, inst: dict[str, Any]) -> bool:
-        if inst["_lag"] > 0:
-            inst["_lag"] -= 1
-            return True
-        return False
-
     def _make(self, body: dict[str, Any]) -> dict[str, Any]:
         inst_id = secrets.token_hex(16)
         key = self.keys[body["ssh_key_names"][0]]["public_key"]
-        address = f"127.0.0.{next(self._addresses)}"
+        address = self._address()
         if not self.virtual:  # its sshd comes up after `active` (boot, in _advance)
             _, gpu, _, gpus = TYPES[body["instance_type_name"]]
-            tools = gpu_tools(SMI[gpu], gpus, fault=self.smi_next.pop(0) if self.smi_next else "",
-                              skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            tools = self._tools(SMI[gpu], gpus)
             self.boxes.plan(inst_id, key, address=address, port=self.port, tools=tools)
             user = self.boxes.user
         else:
@@ -218,12 +190,6 @@ class FakeLambda(OpenAPIFake):
             self._end(inst)
             inst["status"] = "preempted"
 
-    def no_stock(self, gpu: str) -> None:
-        with self.lock:
-            for key in self.stock:
-                if key[0] in vendor_ids(gpu, "lambda"):
-                    self.stock[key] = 0
-
     def alive(self) -> list[str]:
         """Instances that hold a machine (and bill): neither terminated, terminating nor preempted."""
         with self.lock:
@@ -236,13 +202,10 @@ class FakeLambda(OpenAPIFake):
             itype, region = next(k for k, n in self.stock.items() if n > 0)
             if not self.keys:
                 self.keys["old-key"] = {"id": "0" * 32, "name": "old-key", "public_key": "ssh-ed25519 AAAA old"}
-            virtual, self.virtual = self.virtual, True
-            try:
+            with self._without_sshd():
                 inst = self._make({"region_name": region, "instance_type_name": itype, "name": name[:64],
                                    "ssh_key_names": [next(iter(self.keys))],
                                    "tags": [{"key": "actor-run-name", "value": name}]})
-            finally:
-                self.virtual = virtual
             inst["status"], inst["ip"] = "active", inst["_address"]
             return str(inst["id"])
 

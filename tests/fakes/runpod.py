@@ -46,10 +46,9 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
-from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes, gpu_tools
-from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+from fakes.openapi_server import OPENAPI, json_response
+from fakes.rented import RentedFake
 
 DOCUMENT = OPENAPI / "runpod-rest-v2.json"
 VOLUME_DCS = ("EU-RO-1", "US-TX-3")  # the data centers with network storage here
@@ -74,7 +73,7 @@ def problem(status: int, title: str, detail: str, headers: dict[str, str] | None
                          content_type="application/problem+json", headers=headers)
 
 
-class FakeRunPod(OpenAPIFake):
+class FakeRunPod(RentedFake):
     CLOUD = "runpod"
     KEY_VAR = "RUNPOD_API_KEY"
     GPUS = ("H100", "A100-80G")  # for batches: the first is made out of stock, the second has some
@@ -87,12 +86,10 @@ class FakeRunPod(OpenAPIFake):
         return Offer(cloud="runpod", region="EU-RO-1", gpu="A100-80G", hourly_usd=1.89, kind="NVIDIA A100-SXM4-80GB")
 
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
-        super().__init__(DOCUMENT, token=token)
-        self.boxes = Boxes(Path(dir) / "pods")
+        super().__init__(DOCUMENT, Path(dir) / "pods", token=token, virtual=virtual)
         self.volume_dir = Path(dir) / "volumes"
         self.volumes: dict[str, dict[str, Any]] = {}
         self.volume_dcs = set(VOLUME_DCS)
-        self.virtual = virtual  # pods without sshd (benches): ssh.direct points nowhere
         self.pods: dict[str, dict[str, Any]] = {}
         self.stock: dict[tuple[str, str], int] = {
             ("NVIDIA A100-SXM4-80GB", "EU-RO-1"): 12, ("NVIDIA A100-SXM4-80GB", "US-TX-3"): 4,
@@ -101,19 +98,6 @@ class FakeRunPod(OpenAPIFake):
         }
         # each data center's host CUDA; CA-MTL-1's hosts run an old driver (12.2)
         self.cuda: dict[str, str] = {"EU-RO-1": "12.8", "US-TX-3": "12.8", "CA-MTL-1": "12.2"}
-        self.smi_next: list[str] = []
-        self.skew_next: list[float] = []
-        self.create_500_made = 0
-        self.create_500 = 0
-        self.stuck = False
-        self.lag_reads = 0
-        self.delete_fail = 0
-        self.ready_after = 1
-        self.ssh_after_s = 0.3  # runpod.md §9: sshd starts inside the container after RUNNING
-        self.guest_before = "refuse"
-        self.launch_answers: list[str] = []
-        self.created: list[dict[str, Any]] = []  # every create's body, as sent
-        self.billed: list[tuple[str, float, float]] = []
         self.self_deleted: list[str] = []  # pods deleted with their own pod-scoped key
         self._ids = itertools.count(1)
         self._routes()
@@ -144,9 +128,6 @@ class FakeRunPod(OpenAPIFake):
 
     # --- pods -------------------------------------------------------------------------------------
 
-    def _view(self, pod: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in pod.items() if not k.startswith("_")}
-
     def _advance(self, pod: dict[str, Any]) -> None:
         pod["_reads"] += 1
         if pod["status"] == "PROVISIONING" and pod["_fail"] and pod["_reads"] >= self.ready_after:
@@ -162,12 +143,6 @@ class FakeRunPod(OpenAPIFake):
                 "host": "127.0.0.1", "port": port, "username": pod["_user"],
                 "command": f"ssh {pod['_user']}@127.0.0.1 -p {port}"}}
 
-    def _hidden(self, pod: dict[str, Any]) -> bool:
-        if pod["_lag"] > 0:
-            pod["_lag"] -= 1
-            return True
-        return False
-
     def _make(self, body: dict[str, Any], dc: str) -> dict[str, Any]:
         n = next(self._ids)
         pod_id = f"pod{n:04d}x{int(time.time()) % 100000:05d}"
@@ -179,11 +154,8 @@ class FakeRunPod(OpenAPIFake):
         if self.virtual:
             port, user = 1, "root"
         else:  # its container's sshd comes up after RUNNING (boot, in _advance)
-            smi = self.smi_next.pop(0) if self.smi_next else ""
-            skew = self.skew_next.pop(0) if self.skew_next else 0.0
             port = self.boxes.plan(pod_id, pub, env={"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": key,
-                                                     "RUNPOD_DC_ID": dc},
-                                   tools=gpu_tools(gpu_id, count, fault=smi, skew_s=skew))
+                                                     "RUNPOD_DC_ID": dc}, tools=self._tools(gpu_id, count))
             user = self.boxes.user
         now = time.time()
         pod = {
@@ -229,13 +201,6 @@ class FakeRunPod(OpenAPIFake):
         with self.lock:
             self._gone(pod_id)
 
-    def no_stock(self, gpu: str) -> None:
-        """None of our GPU `gpu` anywhere (its catalog entry says NONE)."""
-        with self.lock:
-            for key in self.stock:
-                if key[0] in vendor_ids(gpu, "runpod"):
-                    self.stock[key] = 0
-
     def alive(self) -> list[str]:
         with self.lock:
             return sorted(p["name"] for p in self.pods.values())
@@ -244,11 +209,8 @@ class FakeRunPod(OpenAPIFake):
         """A RUNNING pod named `name` already on the account (no sshd: nobody will log in); its id."""
         with self.lock:
             gpu_id, dc = next(k for k, n in self.stock.items() if n > 0)
-            virtual, self.virtual = self.virtual, True
-            try:
+            with self._without_sshd():
                 pod = self._make({"name": name, "gpu": {"id": gpu_id, "count": 1}, "image": "old"}, dc)
-            finally:
-                self.virtual = virtual
             pod["status"], pod["startedAt"] = "RUNNING", pod["createdAt"]
             return str(pod["id"])
 

@@ -22,7 +22,6 @@ honoured at the first request after it (the enforcement latency is undocumented,
 from __future__ import annotations
 
 import datetime
-import itertools
 import time
 import uuid
 from pathlib import Path
@@ -31,10 +30,9 @@ from typing import Any
 from support.sshd import free_port
 from werkzeug.wrappers import Request, Response
 
-from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes, gpu_tools
-from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+from fakes.openapi_server import OPENAPI, json_response
+from fakes.rented import RentedFake
 
 DOCUMENT = OPENAPI / "shadeform-v1.yaml"
 
@@ -61,7 +59,7 @@ def _iso(when: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(when, tz=datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-class FakeShadeform(OpenAPIFake):
+class FakeShadeform(RentedFake):
     CLOUD = "shadeform"
     KEY_VAR = "SHADEFORM_API_KEY"
     GPUS = ("H100", "A100-80G")
@@ -73,7 +71,7 @@ class FakeShadeform(OpenAPIFake):
         return Offer(cloud="shadeform", region="canada-1", gpu="A100-80G", hourly_usd=1.80, kind="hyperstack/A100_80G")
 
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
-        super().__init__(DOCUMENT, token=token, relax=relax)
+        super().__init__(DOCUMENT, Path(dir) / "instances", token=token, virtual=virtual, relax=relax)
         self.undocumented = {  # the document lists 200 only (shadeform.md §1)
             400: "shadeform.md §4: validation / no capacity, shape undocumented (a guess)",
             401: 'shadeform.md §1: 401 {"message": "Invalid API key"}',
@@ -81,8 +79,6 @@ class FakeShadeform(OpenAPIFake):
             429: "shadeform.md §1: rate limits undocumented (a guess)",
             500: "shadeform.md §4: 5xx, undocumented",
         }
-        self.boxes = Boxes(Path(dir) / "instances")
-        self.virtual = virtual
         # (cloud, type, region, rental type) -> machines left
         self.stock: dict[tuple[str, str, str, str], int] = {}
         for cloud, kind, _, _, _, regions in TYPES:
@@ -92,19 +88,7 @@ class FakeShadeform(OpenAPIFake):
                     self.stock[(cloud, kind, region, "spot")] = 3
         self.instances: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, dict[str, Any]] = {}
-        self.created: list[dict[str, Any]] = []  # every create body, as sent
-        self.create_500_made = 0
-        self.create_500 = 0
-        self.stuck = False
-        self.lag_reads = 0
-        self.delete_fail = 0
-        self.ready_after = 1
-        self.ssh_after_s = 0.3
-        self.guest_before = "refuse"
-        self.launch_answers: list[str] = []
-        self.billed: list[tuple[str, float, float]] = []
         self.auto_deleted: list[str] = []  # names Shadeform deleted at their date_threshold
-        self._addresses = itertools.count(2)
         self._routes()
 
     def authorized(self, req: Request) -> bool:
@@ -136,21 +120,18 @@ class FakeShadeform(OpenAPIFake):
         return {"memory_in_gb": 120, "storage_in_gb": 512, "vcpus": 16, "num_gpus": 1, "gpu_type": t[1],
                 "interconnect": "pcie", "nvlink": False, "vram_per_gpu_in_gb": t[4], "gpu_manufacturer": "nvidia"}
 
-    def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in inst.items() if not k.startswith("_")}
-
     def _make(self, body: dict[str, Any]) -> dict[str, Any]:
         inst_id = str(uuid.uuid4())
         t = self._type(body["cloud"], body["shade_instance_type"])
         rental = body.get("rental_type") or "on_demand"
         spot = next(s for r, _, s in t[5] if r == body["region"])
-        address = f"127.0.0.{next(self._addresses)}"
+        address = self._address()
         port = free_port()
         if not self.virtual:
             key = self.keys.get(str(body.get("ssh_key_id") or ""), {}).get("public_key", "ssh-ed25519 AAAA-shadeform")
             # the GPU as its driver names it (what `nvidia-smi` lists: the machine's check before the job)
             smi = f"NVIDIA {'RTX A6000' if t[1] == 'A6000' else t[1].replace('_', ' ')} {t[4]}GB"
-            self.boxes.plan(inst_id, key, address=address, port=port, tools=gpu_tools(smi, 1))
+            self.boxes.plan(inst_id, key, address=address, port=port, tools=self._tools(smi, 1))
         inst: dict[str, Any] = {
             "id": inst_id, "cloud": body["cloud"], "region": body["region"],
             "shade_instance_type": body["shade_instance_type"], "cloud_instance_type": t[2],
@@ -207,12 +188,6 @@ class FakeShadeform(OpenAPIFake):
                 self.auto_deleted.append(self._name(inst))
                 self._end(inst)
 
-    def _hidden(self, inst: dict[str, Any]) -> bool:
-        if inst["_lag"] > 0:
-            inst["_lag"] -= 1
-            return True
-        return False
-
     def _name(self, inst: dict[str, Any]) -> str:
         return str(inst["name"])
 
@@ -225,11 +200,8 @@ class FakeShadeform(OpenAPIFake):
 
     vanish = reclaim
 
-    def no_stock(self, gpu: str) -> None:
-        with self.lock:
-            for key in self.stock:
-                if key[1] in vendor_ids(gpu, "shadeform"):
-                    self.stock[key] = 0
+    def _stock_gpu(self, key: tuple[str, str, str, str]) -> str:
+        return key[1]  # (cloud, type, region, rental type)
 
     def alive(self) -> list[str]:
         """Names of the instances that hold a machine and bill: neither deleting nor deleted."""
@@ -238,12 +210,9 @@ class FakeShadeform(OpenAPIFake):
 
     def _virtual(self, name: str, tags: list[str]) -> str:
         with self.lock:
-            virtual, self.virtual = self.virtual, True
-            try:
+            with self._without_sshd():
                 inst = self._make({"cloud": "hyperstack", "region": "norway-1", "shade_instance_type": "A100_80G",
                                    "shade_cloud": True, "name": name, "tags": tags})
-            finally:
-                self.virtual = virtual
             inst["status"], inst["ip"], inst["ssh_port"] = "active", inst["_address"], inst["_port"]
             inst["_lag"] = 0
             return str(inst["id"])

@@ -41,8 +41,8 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
-from fakes.machines import Boxes, gpu_tools
-from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
+from fakes.openapi_server import OPENAPI, json_response
+from fakes.rented import RentedFake
 
 DOCUMENT = OPENAPI / "vastai-v0.yaml"
 
@@ -122,7 +122,7 @@ def _passes(value: Any, cond: Any) -> bool:
     return True
 
 
-class FakeVast(OpenAPIFake):
+class FakeVast(RentedFake):
     CLOUD = "vastai"
     KEY_VAR = "VAST_API_KEY"
     GPUS = ("H100", "A100-80G")
@@ -137,15 +137,13 @@ class FakeVast(OpenAPIFake):
                      kind=str(ask["id"]))
 
     def __init__(self, dir: Path, *, token: str = "test-key", virtual: bool = False) -> None:
-        super().__init__(DOCUMENT, token=token, relax=relax)
+        super().__init__(DOCUMENT, Path(dir) / "instances", token=token, virtual=virtual, relax=relax)
         self.undocumented = {
             429: "vastai.md §1: the body is often plain text, never a Retry-After",
             401: "vastai.md §1: a wrong key (the document gives 401 on some paths; 404 is observed too)",
             500: "vastai.md §4: 5xx / gateway errors are HTML or empty",
             502: "vastai.md §4: 5xx / gateway errors are HTML or empty",
         }
-        self.boxes = Boxes(Path(dir) / "instances")
-        self.virtual = virtual
         self.asks: dict[int, dict[str, Any]] = {}
         for i, (gpu, base, storage, bid, rel, cuda, ver, geo) in enumerate(OFFERS):
             ask_id = 24817000 + i
@@ -161,22 +159,10 @@ class FakeVast(OpenAPIFake):
             }
         self.instances: dict[int, dict[str, Any]] = {}
         self.keys: list[dict[str, Any]] = []
-        self.created: list[dict[str, Any]] = []  # every create body, as sent
         self.departures: dict[str, int] = {}  # the §12 relaxations each request needed
-        self.create_500_made = 0
-        self.create_500 = 0
-        self.stuck = False
         self.null_reads = 1
-        self.lag_reads = 0
-        self.delete_fail = 0
-        self.ready_after = 1
-        self.ssh_after_s = 0.3
-        self.guest_before = "refuse"
-        self.launch_answers: list[str] = []
         self.page_size = 25
-        self.billed: list[tuple[str, float, float]] = []
         self._ids = itertools.count(31000000)
-        self._addresses = itertools.count(2)
         self._routes()
 
     # --- the vendor's words -----------------------------------------------------------------------
@@ -210,12 +196,9 @@ class FakeVast(OpenAPIFake):
 
     # --- instances --------------------------------------------------------------------------------
 
-    def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in inst.items() if not k.startswith("_")}
-
     def _make(self, ask: dict[str, Any], body: dict[str, Any], *, status: str | None = None) -> dict[str, Any]:
         inst_id = next(self._ids)
-        address = f"127.0.0.{next(self._addresses)}"
+        address = self._address()
         key = secrets.token_hex(16)
         port = free_port()
         if not self.virtual:
@@ -224,7 +207,7 @@ class FakeVast(OpenAPIFake):
             smi = f"NVIDIA {ask['gpu_name']} {int(ask['gpu_ram']) // 1024}GB"
             self.boxes.plan(str(inst_id), public or "ssh-ed25519 AAAA-no-key-registered",
                             env={"CONTAINER_ID": str(inst_id), "CONTAINER_API_KEY": key, "VAST_URL": self.url},
-                            address=address, port=port, tools=gpu_tools(smi, 1))
+                            address=address, port=port, tools=self._tools(smi, 1))
         bid = body.get("price")
         inst = {
             "id": inst_id, "label": body.get("label"), "actual_status": status, "intended_status": "running",
@@ -286,12 +269,6 @@ class FakeVast(OpenAPIFake):
         self.boxes.vanish(str(inst["id"]))
         self.instances.pop(inst["id"], None)
 
-    def _hidden(self, inst: dict[str, Any]) -> bool:
-        if inst["_lag"] > 0:
-            inst["_lag"] -= 1
-            return True
-        return False
-
     # --- faults and views for tests ---------------------------------------------------------------
 
     def outbid(self, inst_id: str) -> None:
@@ -319,11 +296,8 @@ class FakeVast(OpenAPIFake):
     def _virtual_instance(self, label: str) -> str:
         with self.lock:
             ask = next(a for a in reversed(self.asks.values()) if not a["rented"])  # the sample offer stays free
-            virtual, self.virtual = self.virtual, True
-            try:
+            with self._without_sshd():
                 inst = self._make(ask, {"label": label, "image": "vastai/base-image", "disk": 16})
-            finally:
-                self.virtual = virtual
             inst["_null"] = inst["_lag"] = 0
             self._running(inst)
             return str(inst["id"])
