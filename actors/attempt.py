@@ -82,8 +82,14 @@ class _Started(Message, frozen=True, kw_only=True):
     result: Any  # Result[int]
 
 
+class _Probed(Message, frozen=True, kw_only=True):
+    result: Any  # Result[tuple[str, int, float]]: the work folder, the pid (0: never started), its start
+
+
 class Reattach(msgspec.Struct, frozen=True, kw_only=True):
-    """A machine whose job an earlier controller started and that still runs it (resume)."""
+    """A machine whose job an earlier controller started and that still runs it (resume). With no
+    `work`, the controller died after the machine answered and before it recorded a start: the
+    machine is asked whether the job runs there (`Workspace.started`) before anything is started."""
 
     machine: Machine
     work: str
@@ -223,6 +229,11 @@ class AttemptActor(Actor):
                     return None
                 transfer = self._start_meter_and_transfer(
                     StartMeter(machine=machine, at=self.metered_from, reserved_usd=self.reserved_usd))
+                if self.reattach is not None and not self.reattach.work:
+                    # the earlier controller died between the upload and the record of its start:
+                    # the machine says whether the job runs (then it is watched) or never started
+                    self._probe_start(machine)
+                    return None
                 if self.reattach is not None:
                     # the job runs already: watch it, anchored at its launch
                     r = self.reattach
@@ -254,6 +265,8 @@ class AttemptActor(Actor):
                 self._finish("failed", failure, detail)
             case _Started(result=result):
                 self._started(result)
+            case _Probed(result=result):
+                self._probed(result)
             case Progress(line=line):
                 self._maybe_checkpoint(line)
             case Exited(exit_code=code, billed_s=billed_s) as event:
@@ -337,6 +350,40 @@ class AttemptActor(Actor):
             await wait_durable(ledger.queue_handle(name, work, handle, time.time()), soon, "the queue job's handle")
 
         self.spawn(ws.start, launch, record, reply=lambda r: _Started(result=r))
+
+    def _probe_start(self, machine: Machine) -> None:
+        """Ask the adopted machine whether this attempt's job was started there (answer: `_Probed`)."""
+        ws = self.ctx.workspaces[machine.name]
+        work = ws.work_dir(self.job.name, self.job.seed, self.attempt)
+
+        async def probe() -> tuple[str, int, float]:
+            pid, at = await ws.started(work)
+            return work, pid, at
+
+        self.spawn(probe, reply=lambda r: _Probed(result=r))
+
+    def _probed(self, result: Result[tuple[str, int, float]]) -> None:
+        """The job runs (watched as any reattached job, and recorded so that a next resume knows it),
+        or it never started (started now, on this machine: uploads are idempotent)."""
+        if self.finishing is not None:
+            return
+        assert self.machine is not None
+        if isinstance(result, outcome.Error):
+            self._finish("failed", Code.UNREACHABLE, f"resume: could not ask the machine about its job: {result.error}")
+            return
+        work, pid, at = result.value
+        if pid <= 0:
+            self.reattach = None  # nothing to take over: this attempt starts the job
+            assert self.transfer is not None
+            self.transfer.tell(Upload(machine=self.machine.name,
+                                      resume_dir=str(self.resume_dir) if self.resume_dir is not None else None))
+            return
+        launched_at = at if 0 < at <= time.time() else time.time()
+        self.work, self.pid = work, pid
+        self._mark = min(self._mark, launched_at)
+        self.ctx.ledger.record_started(self.machine.name, work, pid, launched_at)
+        self._start_heartbeat(Watch(machine=self.machine.name, work=work, pid=pid, launched_at=launched_at,
+                                    reattached=True))
 
     def _started(self, result: Result[int]) -> None:
         if isinstance(result, outcome.Error):

@@ -31,6 +31,7 @@ from actor_run.actors.pool import PooledActor, stop_if_idle
 from actor_run.actors.runtime import Reactor, Result, Task
 from actor_run.actors.ticks import Subscription, subscribe
 from actor_run.protocols.clouds import Cloud
+from actor_run.protocols.failures import Code
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import ChildFailed, Event, Machine, Message, Offer
@@ -147,6 +148,7 @@ class Context:
         # set (from any thread) by the Runner's whole cancel before any message goes: from then on no
         # create call starts, whatever is queued (a lease's launch checks it just before the create)
         self.stopping = Flag()
+        self.stop_reason: tuple[Code, str] = (Code.CANCELED, "canceled")  # what a job not yet told ends with
 
     def at(self, step: str, key: str) -> None:
         """A step of job `key`'s life is about to run (`out_folder`, `budget`, `names`, `response`,

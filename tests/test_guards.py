@@ -361,7 +361,9 @@ def test_ctrl_c_at_100000_queued_seeds_creates_nothing_after_the_signal(tmp_path
     late = [b.name for b in bills if b.created_at - LAUNCH_LATENCY_S > signalled + 0.5]
     assert late == [], late  # no create started after the signal
     assert "not submitted (interrupted)" in err  # the seeds still queued were never submitted
-    assert took < 240, took  # 560 s before; README "Stopping" gives what the exit waits for
+    # 560 s at first, 80-266 s before the batch and the jobs looked at the run's stop themselves and
+    # the summary stopped drawing a row per canceled job; README "Stopping" gives what the exit waits for
+    assert took < 30, took
 
 
 # --- 10: `actor-run ssh` with the job's own settings ------------------------------------------------

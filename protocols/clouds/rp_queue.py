@@ -178,6 +178,12 @@ class ServerlessWorkspace:
         h = msgspec.json.decode(handle, type=Handle)
         self.jobs[work] = _Job(h, None)
 
+    async def started(self, work: str) -> tuple[int, float]:
+        """A queue job is known only by the handle the submit made durable before it returned: a
+        row without one was never followed, and the provider offers no listing by our name to
+        find a submit whose answer was lost with its controller (the endpoint's own timeout ends it)."""
+        return 0, 0.0
+
     def _job(self, work: str) -> _Job:
         job = self.jobs.get(work)
         if job is None:

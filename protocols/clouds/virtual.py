@@ -270,6 +270,13 @@ class VirtualWorkspace:
     def attach(self, work: str, handle: str) -> None:
         return None
 
+    async def started(self, work: str) -> tuple[int, float]:
+        """A virtual job lives in this process's memory: one started by a controller that died
+        is gone with it, unless this machine is still the same object (then it is here)."""
+        await self._guard()
+        job = self._machine.jobs.get(work)
+        return (job.pid, time.time()) if job is not None else (0, 0.0)
+
     async def start(self, launch: Launch, record: Record | None = None) -> int:
         await self._guard()
         attempt = launch.env.get("ACTOR_RUN_ATTEMPT", "0")

@@ -308,6 +308,23 @@ def stop(work: str) -> str:
     )
 
 
+def started(work: str) -> str:
+    """Whether a job was started in `work` by a controller that died before it could say so: prints
+    `<pid> <mtime of the pid file>` when the start script wrote the pid, `0 0` when it never ran.
+    A start cut off between launching the job and writing its pid (its tag is there, its pid not)
+    has everything carrying the tag ended first, so that a fresh start is the only run."""
+    return (
+        f"w={q(work)}\n"
+        '[ -d "$w" ] || { echo 0 0; exit 0; }\n'
+        + SIZE +
+        'p=; { read -r p < "$w/pid"; } 2>/dev/null || :\n'
+        'case "$p" in ""|*[!0-9]*) ;; *) set -- $(size "$w/pid"); echo "$p $2"; exit 0;; esac\n'
+        '[ -f "$w/tag" ] || { echo 0 0; exit 0; }\n'
+        + RUNNING + MEMBERS +
+        'reap ""; echo 0 0\n'
+    )
+
+
 def fetchable(work: str, names: list[str] | None = None) -> str:
     """Which of out/ and progress.jsonl (or of `names`, paths under out/) exist and are not links,
     nor under one. Not response.json: the poll read the exit code from it already."""

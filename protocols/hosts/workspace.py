@@ -114,6 +114,12 @@ class Workspace(Protocol):
         """Follow a run an earlier controller started, by the handle it recorded ("" for none)."""
         ...
 
+    async def started(self, work: str) -> tuple[int, float]:
+        """A job an earlier controller started in `work` and died before recording: its pid and
+        when it started (unix time), or (0, 0.0) when none was started there (a start cut off half
+        way has what it launched ended first: the caller starts the job afresh)."""
+        ...
+
     async def poll(self, work: str, pid: int, progress_at: int, log_at: int,
                    log_max: int = MAX_LOG_PER_POLL) -> PollResult:
         """The job's state and what is new in its progress file and log (at most `log_max` bytes of
@@ -235,6 +241,12 @@ class ShellWorkspace:
 
     def attach(self, work: str, handle: str) -> None:
         return None  # the work folder and the pid are all a machine's job needs
+
+    async def started(self, work: str) -> tuple[int, float]:
+        words = (await self._sh(scripts.started(work), timeout=30)).split()
+        if len(words) < 2 or not words[0].isdigit() or not words[1].isdigit():
+            return 0, 0.0
+        return int(words[0]), float(words[1])
 
     async def start(self, launch: Launch, record: Record | None = None) -> int:
         links = [

@@ -299,6 +299,7 @@ class Runner:
                      type(exc).__name__, exc)
         ctx = getattr(self, "ctx", None)  # None: it failed while the Runner was opening
         if ctx is not None:
+            ctx.stop_reason = (Code.INTERNAL, f"the ledger's writer failed: {exc}")
             ctx.stopping.set()
         with contextlib.suppress(RunnerClosed):
             self.board.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
@@ -309,6 +310,7 @@ class Runner:
         No create call starts after this returns, whatever is queued (`Context.stopping`, checked by
         each lease just before its create)."""
         if self._open:
+            self.ctx.stop_reason = (failure, detail or "canceled")
             self.ctx.stopping.set()
         self.board.tell(Cancel(failure=failure, detail=detail))
 

@@ -2,10 +2,11 @@
 
 For each job the ledger holds as running whose owner is gone (claimed with a compare-and-set, so
 two resumers never both take it):
-- its latest machine whose job was started and is still alive in the ledger is adopted and
-  reattached: the heartbeat is taken over with the stall clock anchored at the job's launch; a job
-  that finished meanwhile has its results fetched, not run again; a job the host's watchdog ended
-  (its folder gone) is retried on a fresh machine;
+- its latest machine whose job was started (or that answered with the start unrecorded: the machine
+  is asked) and is still alive in the ledger is adopted and reattached: the heartbeat is taken over
+  with the stall clock anchored at the job's launch; a job that finished meanwhile has its results
+  fetched, not run again; a job the host's watchdog ended (its folder gone) is retried on a fresh
+  machine; one that never started is started on the adopted machine;
 - every other machine of the dead owner is left to the sweep that follows, which deletes it;
 - a job that never started is started.
 Every job then ends exactly once, through the same JobSupervisor as a fresh run.
@@ -35,8 +36,12 @@ class ResumeItem(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
+    """The latest attempt's machine that runs the job, or that answered and may run it: a controller
+    killed between the start on the machine and the ledger's record of it leaves a `launched` row
+    whose job runs; the attempt that adopts it asks the machine before it starts anything."""
     running = [r for r in rows
-               if r.state == "alive" and r.phase == "running" and r.machine and r.work and (r.pid or r.handle)]
+               if r.state == "alive" and r.machine and (
+                   (r.phase == "running" and r.work and (r.pid or r.handle)) or r.phase == "launched")]
     return max(running, key=lambda r: r.attempt) if running else None
 
 
@@ -55,9 +60,8 @@ def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> lis
         reattach = offer = None
         if best is not None and best.owner not in live:
             assert best.machine is not None
-            assert best.work is not None
             machine = msgspec.json.decode(best.machine, type=Machine)
-            reattach = Reattach(machine=machine, work=best.work, pid=best.pid or 0,
+            reattach = Reattach(machine=machine, work=best.work or "", pid=best.pid or 0,
                                 launched_at=best.launched_at or machine.created_at, handle=best.handle or "")
             offer = msgspec.json.decode(best.offer, type=Offer) if best.offer else None
             first = best.attempt

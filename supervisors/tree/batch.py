@@ -106,7 +106,7 @@ class BatchSupervisor(PooledActor):
             self.ctx.at(f"batch:{type(message).__name__}", getattr(message, "key", ""))
         match message:
             case Submit(job=job) as submit:
-                why = submit.refuse or self.stopped
+                why = submit.refuse or self.stopped or self._stopping()
                 if why is not None:
                     self._end_unstarted(job, why)
                 elif submit.reattach is not None:
@@ -139,8 +139,21 @@ class BatchSupervisor(PooledActor):
                 raise TypeError(f"BatchSupervisor cannot handle {message!r}")
         return None
 
+    def _stopping(self) -> Cancel | None:
+        """The Runner's whole cancel, before its Cancel reaches this batch's turn (a hundred thousand
+        submits ahead of it): what a job not yet started ends with instead of starting."""
+        if not self.ctx.stopping.is_set():
+            return None
+        failure, detail = self.ctx.stop_reason
+        return Cancel(failure=failure, detail=detail)
+
     def _fill(self) -> None:
         while self.pending and len(self.running) < self.concurrency and self.stopped is None:
+            why = self._stopping()
+            if why is not None:
+                while self.pending:
+                    self._end_unstarted(self.pending.popleft().job, why)
+                return
             self._start(self.pending.popleft())
 
     def _start(self, s: Submit) -> None:

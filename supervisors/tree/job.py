@@ -213,6 +213,11 @@ class JobSupervisor(Actor):
         if self.cancel is not None:
             self._end("failed", self.cancel.failure, self.cancel.detail or "canceled")
             return
+        if self.ctx.stopping.is_set():
+            # the whole run is being cancelled and this job's Cancel has not come yet (a hundred
+            # thousand jobs' mailboxes): no attempt starts, no machine is asked for
+            self._end("failed", *self.ctx.stop_reason)
+            return
         step = self.walk.next()
         match step:
             case NeedOffers(candidate=i):

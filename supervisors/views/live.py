@@ -420,8 +420,9 @@ class View:
         if self.json_mode:
             return
         self._take_pending()
-        rows = summary_rows(list(self.lines.values()))
-        write_summary(self.header(time.time()), rows, out=self.out, tty=self.tty, console=lambda: self.console)
+        rows, more = summary_rows(list(self.lines.values()))
+        write_summary(self.header(time.time()), rows, out=self.out, tty=self.tty, console=lambda: self.console,
+                      more=more)
 
     # --- the loop ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -245,3 +246,50 @@ def test_a_job_whose_folder_is_removed_under_it_is_stopped_by_its_watchdog(
     subprocess.run(["rm", "-rf", work], check=True, timeout=30)
     _, alive = psutil.wait_procs([job, dog], timeout=within_s)  # a second's look, on a loaded machine
     assert alive == [], [p.pid for p in alive]
+
+
+def test_started_finds_the_job_a_dead_controller_started_and_ends_one_cut_off_half_way(tmp_path: Path) -> None:
+    """`Workspace.started` (asked by a resumed attempt whose start the ledger never recorded): the pid
+    and start of a job that runs in the attempt's folder; (0, 0) where none was started; and where a
+    start was cut off after it launched the job but before it wrote the pid (the tag is there, the pid
+    not), everything carrying the tag is ended first, so that the fresh start is the only run."""
+    machine = tmp_path / "machine"
+    machine.mkdir(mode=0o700)
+    tag = "actor-run-00112233445566ff"
+    half = machine / "half"
+    half.mkdir()
+    (half / "tag").write_text(tag + "\n")
+    orphan = subprocess.Popen(["sleep", "120"], env={**os.environ, "ACTOR_RUN_TAG": tag}, start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "121"], env={**os.environ, "ACTOR_RUN_TAG": tag[:-1] + "0"},
+                                 start_new_session=True)
+
+    async def go() -> tuple[tuple[int, float], tuple[int, float], tuple[int, float], int]:
+        ws = ShellWorkspace(LocalHost("test"), str(machine))
+        try:
+            work = ws.work_dir("job", 0, 0)
+            before = time.time()
+            pid = await ws.start(Launch(work=work, command="sleep 120", code=None, inputs=[], env={},
+                                        lost_after_s=30))
+            found = await ws.started(work)
+            none = await ws.started(ws.work_dir("job", 0, 1))
+            cut = await ws.started(str(half))
+            await ws.stop(work)
+            dog = psutil.Process(int((Path(work) / "watchdog.pid").read_text()))
+            await ws.remove(work)
+            psutil.wait_procs([dog], timeout=30)  # it ends once its folder is gone
+        finally:
+            await ws.aclose()
+        assert found[1] >= int(before) - 1
+        return found, none, cut, pid
+
+    try:
+        found, none, cut, pid = run(go)
+        assert found[0] == pid
+        assert none == (0, 0.0)
+        assert cut == (0, 0.0)
+        assert orphan.wait(timeout=30) is not None  # reaped by its tag
+        assert bystander.poll() is None  # another attempt's mark: left alone
+    finally:
+        for p in (orphan, bystander):
+            p.kill()
+            p.wait()
