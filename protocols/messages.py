@@ -136,6 +136,14 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     at_least: bool = False  # deletion unconfirmed: billed up to the deadline
 
 
+class BudgetCount(msgspec.Struct, frozen=True, kw_only=True):
+    """One retry budget's count against its limit (supervisors/tree/policy.py `counts`): `failures`
+    against max_attempts, or a kind of failure against its own (`max_preemptions`, ...)."""
+
+    used: int
+    limit: int
+
+
 def now() -> float:
     return time.time()
 
@@ -327,11 +335,13 @@ class AttemptEnded(Event, frozen=True, kw_only=True):
 
 class Retrying(Event, frozen=True, kw_only=True):
     """The job tries again (attempt `attempt`, on `offer`), `delay_s` after its last attempt failed
-    with `failure`. Said as that attempt starts: never for an attempt that does not run."""
+    with `failure`. Said as that attempt starts: never for an attempt that does not run. `counts`:
+    each retry budget's count against its limit, that failure counted (the live view shows them)."""
 
     failure: Code
     delay_s: float
     offer: Offer
+    counts: dict[str, BudgetCount] = msgspec.field(default_factory=dict)  # each retry budget, this failure counted
 
 
 class WaitingForCapacity(Event, frozen=True, kw_only=True):
@@ -347,7 +357,8 @@ class JobEnded(Event, frozen=True, kw_only=True):
     """The job is over, exactly once per submitted job: `outcome` "succeeded", "failed" (with its
     `failure` code and `detail`) or "canceled" (failure `canceled`: stopped on purpose, by a cancel,
     a Ctrl-C or another controller taking it over), how many attempts it took (walk steps to a place
-    without stock left out), what it cost in all, where its outputs are."""
+    without stock left out), what it cost in all, where its outputs are, and each retry budget's
+    count against its limit (`counts`, as response.json has them)."""
 
     outcome: str
     failure: Code | None = None
@@ -355,6 +366,7 @@ class JobEnded(Event, frozen=True, kw_only=True):
     attempts: int = 0
     usd: float = 0.0
     out_dir: str = ""
+    counts: dict[str, BudgetCount] = msgspec.field(default_factory=dict)  # each retry budget against its limit
 
 
 def ended_outcome(failure: Code | None) -> str:

@@ -7,7 +7,9 @@ What it is judged from, all of it read by the heartbeat (actors/heartbeat.py):
 - the last `TAIL_BYTES` of the job's log: an out-of-memory message of CUDA, PyTorch, JAX/XLA or
   TensorFlow (`OOM_MESSAGES`), or the line the job's wrapper writes when the kernel's OOM killer
   ended the job (`OOM_KILLER_LINE`: the exit status was 137 and the machine's own count of OOM
-  kills (the job's cgroup's `memory.events`, the kernel log where readable) moved while it ran);
+  kills moved while it ran: `oom_kill` of the wrapper's cgroup, v2's memory.events or v1's
+  memory.oom_control, or the OOM killer's lines in the kernel log, by dmesg or journalctl -k where
+  readable; protocols/hosts/scripts.py OOM_EVIDENCE, which cites the kernel's sources);
 - the exit code, and the policy's `retry_on_exit`.
 A job that exits 0 succeeded, whatever it flagged.
 """

@@ -177,20 +177,34 @@ done
 # before the job's PATH applies. A command of any length goes this way (an exec's argument or
 # environment string is limited to 128 KiB on Linux).
 #
-# An exit by SIGKILL (137) is judged the kernel's OOM killer's only on the machine's own evidence:
-# the count of OOM kills in the job's cgroup (`oom_kill` of cgroup v2's memory.events) or in the
-# kernel log (where `dmesg` is readable) moved while the job ran. Then the wrapper says so in the
-# log's last line (protocols/verdict.py OOM_KILLER_LINE), which the heartbeat reads with the exit.
+# An exit by SIGKILL (137) is judged the kernel's OOM killer's only on the machine's own evidence
+# (OOM_EVIDENCE): the count of OOM kills in the wrapper's memory cgroup, or the kernel log's lines of
+# the OOM killer, moved while the job ran. Then the wrapper says so in the log's last line
+# (protocols/verdict.py OOM_KILLER_LINE), which the heartbeat reads with the exit.
+#
+# What the kernel writes, as its sources spell it (Linux 6.x):
+# - cgroup v2 `memory.events` (mm/memcontrol.c memory_events_show, Documentation/admin-guide/
+#   cgroup-v2.rst): a line `oom_kill %lu`, counted in the cgroup and its descendants;
+# - cgroup v1 `memory.oom_control` (mm/memcontrol-v1.c mem_cgroup_oom_control_read): a line
+#   `oom_kill %lu`, counted in that cgroup alone;
+# - the kernel log (mm/oom_kill.c): `pr_warn("%s invoked oom-killer: gfp_mask=...")` (dump_header),
+#   `pr_info("oom-kill:constraint=%s,nodemask=%*pbl", ...)` (dump_oom_victim) and
+#   `pr_err("%s: Killed process %d (%s) total-vm:%lukB, ...")` (__oom_kill_process), the message
+#   "Out of memory" or "Memory cgroup out of memory"; read by `dmesg`, else (dmesg_restrict)
+#   `journalctl -k` where the user may read the journal.
+OOM_EVIDENCE = r"""oom_kills() { sed -n 's/^oom_kill //p' "$1" 2>/dev/null; }
+kernel_ooms() { grep -c -i -e 'out of memory: kill' -e 'oom-kill'; }
+ooms() { c=$(sed -n 's/^0:://p' /proc/self/cgroup 2>/dev/null); m=$(sed -n 's/^[0-9]*:memory://p' /proc/self/cgroup 2>/dev/null)
+  printf '%s %s %s' "$(oom_kills "/sys/fs/cgroup$c/memory.events")" "$(oom_kills "/sys/fs/cgroup/memory$m/memory.oom_control")" \
+    "$({ dmesg 2>/dev/null || journalctl -k -b -q --no-pager -o cat 2>/dev/null; } | kernel_ooms)"; }
+"""
 WRAPPER = r"""w=$1
 cd "$2" || exit 1
-ooms() { c=$(sed -n 's/^0:://p' /proc/self/cgroup 2>/dev/null)
-  printf '%s %s' "$(sed -n 's/^oom_kill //p' "/sys/fs/cgroup$c/memory.events" 2>/dev/null)" \
-    "$(dmesg 2>/dev/null | grep -c -i -e 'out of memory: kill' -e 'oom-kill')"; }
-k0=$(ooms)
+""" + OOM_EVIDENCE + r"""k0=$(ooms)
 ( set -- "$w/env" "$w/command" "$(command -v sh)"; . "$1" && exec "$3" "$2" ) >> "$w/log.txt" 2>&1 < /dev/null
 rc=$?
 if [ "$rc" = 137 ]; then k1=$(ooms); [ "$k1" != "$k0" ] &&
-  echo "actor-run: the kernel's OOM killer ended the job (OOM kills, cgroup and kernel log: $k0 before, $k1 after)" >> "$w/log.txt"; fi
+  echo "actor-run: the kernel's OOM killer ended the job (OOM kills, cgroup v2, v1 and kernel log: $k0 before, $k1 after)" >> "$w/log.txt"; fi
 """ + TAG + MEMBERS + r"""reap "$$"
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
 """

@@ -8,7 +8,7 @@ seed's `log.txt` in the run's output folder, each attempt opening its part with 
 has ended. So `logs` runs in a process of its own and needs no channel into the controller, nor
 a second connection to the machine (a cloud's host may allow one): it reads that file, and
 `-f` follows it (new bytes every FOLLOW_S; the heartbeat hands them over every couple of seconds,
-heartbeat.REPORT_S) while the ledger says the job runs, and ends when the ledger records its end.
+watch.REPORT_S) while the ledger says the job runs, and ends when the ledger records its end.
 A controller that dies meanwhile (killed; its machines' watchdogs end the jobs) ends `-f` too,
 saying so, exit 1.
 

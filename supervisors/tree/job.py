@@ -77,6 +77,7 @@ from actor_run.supervisors.tree.offers import OfferBook
 from actor_run.supervisors.tree.policy import (
     FAILURES,
     Action,
+    Count,
     backoff_s,
     bigger_than,
     counts,
@@ -163,6 +164,7 @@ class JobSupervisor(Actor):
         if reattach is not None:  # an adopted job began with its machine, not with the adoption
             self.started = min(self.started, reattach.machine.created_at or self.started)
         self.retry: tuple[Code, float] | None = None  # the failure a retry follows and its backoff
+        self.retry_counts: dict[str, Count] = {}  # each retry budget's count after that failure (for Retrying)
         self.rewalk = False  # a retry may walk every place again (its walk passed over them, not found them empty)
         self.waiting_since: float | None = None  # monotonic: since when no place has had stock
         self.wait_pause = 0.5
@@ -254,7 +256,7 @@ class JobSupervisor(Actor):
             code, delay = self.retry
             self.retry = None
             self.ctx.emit(Retrying(**self.head, attempt=self.attempt_no, failure=code,
-                                   delay_s=round(delay, 3), offer=offer))
+                                   delay_s=round(delay, 3), offer=offer, counts=self.retry_counts))
         self._launch(offer, reserved)
 
     def _wait_for_capacity(self) -> None:
@@ -565,6 +567,7 @@ class JobSupervisor(Actor):
         delay = backoff_s(self.counted, base_s=self.job.policy.backoff_s, max_s=self.job.policy.backoff_max_s,
                           rng=self.rng)
         self.retry, self.rewalk = (code, delay), True  # Retrying is said when the attempt starts
+        self.retry_counts = tally
         self.later(delay, _Launch())
 
     def _only_bigger(self, offer: Offer, detail: str) -> bool:
@@ -590,21 +593,23 @@ class JobSupervisor(Actor):
         out_dir = tidy_seed_dir(self.seed_dir, self.history,
                                 checkpoint=not self.fresh or self.checkpoint_asked.is_set())
         outcome_ = ended_outcome(failure) if outcome_ == "failed" else outcome_
-        self._write_response(outcome_, failure, detail)
+        tally = self._write_response(outcome_, failure, detail)
         event = JobEnded(**self.head, attempt=max(0, self.attempt_no - 1), outcome=outcome_, failure=failure,
                          detail=detail, attempts=counted_attempts(self.history), usd=round(self.usd_done, 6),
-                         out_dir=str(out_dir))
+                         out_dir=str(out_dir), counts=tally)
         self.ctx.emit(event)
         self.tell_parent(event)
         self.stop_now()  # told and written: what is left of this actor is bookkeeping
 
-    def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> None:
+    def _write_response(self, outcome_: str, failure: Code | None, detail: str) -> dict[str, Count]:
+        """response.json, through the ledger's fence; returns each retry budget's count (JobEnded says them)."""
         self.ctx.at("response", self.job.key)
         tally = counts([h["failure"] for h in self.history], self.job.policy)
         data = response_json(self.job, outcome_, failure, detail, self.history, self.usd_done, self.started,
                              {k: msgspec.structs.asdict(v) for k, v in tally.items()})
         # through the ledger's fence: a controller that lost the job writes no response.json
         self.ledger.write_file(self.job.key, functools.partial(write_private, self.response_path, data))
+        return tally
 
     def on_failure(self, exception_type: type[BaseException] | None, exception_value: BaseException | None,
                    traceback: TracebackType | None) -> None:

@@ -13,7 +13,7 @@ import msgspec
 
 from actor_run.protocols.clouds import gpu_memory_gb
 from actor_run.protocols.failures import Code, Next, policy_for
-from actor_run.protocols.messages import Offer
+from actor_run.protocols.messages import BudgetCount, Offer
 from actor_run.protocols.specs import CandidateSpec, PolicySpec
 from actor_run.supervisors.tree.intensity import restart_allowed
 
@@ -40,9 +40,7 @@ def kind_limit(code: Code, policy: PolicySpec) -> tuple[str, int | None]:
     return (kind[0], limit) if limit is not None else (FAILURES, None)
 
 
-class Count(msgspec.Struct, frozen=True, kw_only=True):
-    used: int
-    limit: int
+Count = BudgetCount  # a budget's count against its limit: the events that carry it say it (Retrying, JobEnded)
 
 
 def counts(failures: Sequence[Code | None], policy: PolicySpec) -> dict[str, Count]:

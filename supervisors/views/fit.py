@@ -6,7 +6,8 @@ The terminal's width as it reports it, else `$COLUMNS`, else 80 (a terminal that
 width in this order, never losing the money, the budget, elapsed and the time left: (1) the long
 words shortened, (2) "reserved" left out, (3) counts of 0 left out, (4) the queued and waiting
 counts, (5) the other counts but "done". A job's row drops its columns in COLUMNS' order:
-reported, progress, stage, place, attempt; job, state, time in attempt and cost stay.
+reported, retry budgets (a column only while a row on the frame drew on one), progress, stage,
+place, attempt; job, state, time in attempt and cost stay.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from actor_run.supervisors.views.rows import BAR
 
 # a row's columns that may go, in the order they go when the terminal is narrow, with their widths
 # (job 24, state 12, time in attempt 10 and cost 9 always stay: 58 with their spaces)
-COLUMNS = ("reported", "progress", "stage", "place", "att")
+COLUMNS = ("reported", "budgets", "progress", "stage", "place", "att")
 _WIDTHS = {"reported": 30, "progress": BAR + 9, "stage": 11, "place": 23, "att": 4}
+BUDGETS_MAX = 40  # the retry budgets' column is as wide as its longest text on the frame, at most this
 _KEPT = 24 + 1 + 12 + 1 + 10 + 1 + 9 + 1
 
 
@@ -51,11 +53,13 @@ def header_line(counts: Mapping[str, int], n: int, *, spent_usd: float, reserved
     return text
 
 
-def columns_for(width: int | None) -> frozenset[str]:
-    """The row columns that fit `width` (None: all), dropped in COLUMNS' order."""
-    cols = list(COLUMNS)
+def columns_for(width: int | None, budgets: int = 0) -> frozenset[str]:
+    """The row columns that fit `width` (None: all), dropped in COLUMNS' order. `budgets`: the width
+    of the retry budgets' text (0: no row on the frame drew on one, no such column)."""
+    cols = [c for c in COLUMNS if c != "budgets" or budgets]
+    widths = {**_WIDTHS, "budgets": budgets + 2}
     if width is not None:
-        while cols and _KEPT + sum(_WIDTHS[c] for c in cols) > width - 1:
+        while cols and _KEPT + sum(widths[c] for c in cols) > width - 1:
             cols.pop(0)
     return frozenset(cols)
 

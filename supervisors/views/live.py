@@ -5,7 +5,10 @@ On a terminal: a header for the batch (succeeded / failed / running / waiting fo
 / queued, dollars spent and reserved against the budget, elapsed, an estimate of the time left),
 then one row per running job (state, attempt, place, stage, a progress bar from the `step` and
 `total` of its progress lines, the latest numeric fields it reported, time in this attempt,
-dollars so far), then the failed jobs with their codes. When more jobs run than the terminal has
+dollars so far, and the retry budgets it drew on, each against its limit: `preemptions 2/6, stalls
+1/3`, as `status` says them), then the failed jobs with their codes and budgets. The budgets come
+with the job's `Retrying` (said as the next attempt starts) and `JobEnded`: a field set per event,
+made into text only for a row drawn. When more jobs run than the terminal has
 rows, the rows that changed most recently are shown and the rest counted. Finished jobs fold into
 the header's counts.
 
@@ -58,12 +61,13 @@ from actor_run.protocols.messages import (
     LeaseStage,
     Metered,
     Progress,
+    Retrying,
     WaitingForCapacity,
     encode,
 )
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.tree.budget import BudgetStatistics
-from actor_run.supervisors.views.fit import columns_for, header_line, terminal_size
+from actor_run.supervisors.views.fit import BUDGETS_MAX, columns_for, header_line, terminal_size
 from actor_run.supervisors.views.log_warnings import Warnings
 from actor_run.supervisors.views.rows import (
     _END_STATES,
@@ -86,6 +90,7 @@ from actor_run.supervisors.views.rows import (
     _plain,
     _row,
     _Screen,
+    budgets_text,
 )
 from actor_run.supervisors.views.summary import SUMMARY_WIDTH, summary_rows, write_summary
 from actor_run.supervisors.views.text import printable
@@ -217,6 +222,8 @@ class View:
                 line.state, line.waiting = "waiting for capacity", True
             case LeaseFailed(failure=failure):
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
+            case Retrying(counts=counts):
+                line.counts = counts  # its budgets, this failure counted: made into text only as drawn
             case AttemptEnded(usage=u, failure=failure, detail=detail):
                 self._machine_gone(line)
                 if failure not in (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE):  # tree/job.py's UNCOUNTED
@@ -228,8 +235,9 @@ class View:
                 if failure is not None and failure not in (Code.NO_CAPACITY, Code.QUOTA):
                     # why the job is retried (a retriable verdict's reason, the out-of-memory line), until it ends
                     line.failure, line.detail = str(failure), printable(detail)
-            case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd, attempts=attempts):
+            case JobEnded(outcome=outcome, failure=failure, detail=detail, usd=usd, attempts=attempts, counts=counts):
                 self._machine_gone(line)
+                line.counts = counts
                 self.progress -= _fraction(line)
                 line.attempts = attempts
                 line.state = outcome
@@ -386,7 +394,6 @@ class View:
         if self.warnings.count:
             out.append([(self.warnings.frame_line(), YELLOW)])
             height -= 1
-        cols = columns_for(width)
         failed = self.failed_order
         shown_failed = failed[-max(2, height // 4):][::-1]
         room = height - 2 - len(shown_failed) - (1 if len(failed) > len(shown_failed) else 0) - (1 if failed else 0)
@@ -394,21 +401,29 @@ class View:
         rows = list(itertools.islice(reversed(self.recent.values()), max(1, room - 1)))
         if len(rows) < running and len(rows) > 1:
             rows = rows[:-1]  # one line for the count of the rest
+        # the retry budgets' column: only while a row on the frame drew on one, as wide as its longest
+        budgets_w = min(BUDGETS_MAX, max((len(budgets_text(line)) for line in rows), default=0))
+        if budgets_w:
+            budgets_w = max(budgets_w, len("retries"))
+        cols = columns_for(width, budgets_w)
         heads = {"att": f" {'att':>3}", "place": f" {'place':<22}", "stage": f" {'stage':<10}",
-                 "progress": f" {'progress':<{BAR + 8}}", "reported": "  reported"}
+                 "progress": f" {'progress':<{BAR + 8}}", "budgets": f"  {'retries':<{budgets_w}}",
+                 "reported": "  reported"}
         middle = "".join(heads[c] for c in ("att", "place", "stage", "progress") if c in cols)
         out.append([(f"{'job':<24} {'state':<12}{middle} {'in attempt':>10} {'cost':>9}"
-                     + (heads["reported"] if "reported" in cols else ""), DIM)])
+                     + "".join(heads[c] for c in ("budgets", "reported") if c in cols), DIM)])
         for line in rows:
             self._progress(line)  # its stage and step as its lines last said them
-            out.append(_row(line, now, cols))
+            out.append(_row(line, now, cols, budgets_w))
         if len(rows) < running:
             out.append([(f"... and {running - len(rows)} more running (most recently changed shown)", DIM)])
         if failed:
             out.append([("failed:", RED)])
             for key in shown_failed:
                 line = self.lines[key]
-                out.append([(f"  {key:<24} ", None), (f"{line.failure:<14}", RED), (f" {line.detail[:100]}", DIM)])
+                budgets = budgets_text(line)
+                out.append([(f"  {key:<24} ", None), (f"{line.failure:<14}", RED),
+                            *([(f" [{budgets}]", YELLOW)] if budgets else []), (f" {line.detail[:100]}", DIM)])
             if len(failed) > len(shown_failed):
                 out.append([(f"  ... and {len(failed) - len(shown_failed)} more failed", DIM)])
         return out

@@ -14,6 +14,7 @@ import msgspec
 from actor_run.actors.meter import usage_between
 from actor_run.protocols.messages import (
     AttemptStarted,
+    BudgetCount,
     Exited,
     Fetched,
     JobStarted,
@@ -62,6 +63,8 @@ class JobLine(msgspec.Struct, kw_only=True):
     waiting: bool = False  # no capacity: walking or waiting for stock until a machine is leased
     fresh: bool = False  # a progress line came since the last redraw (View._pend, View._take_pending)
     stage_said: Any = None  # the stage as the progress lines said it (`stage` is it made printable)
+    # each retry budget's count against its limit, as the job's last Retrying or JobEnded said them
+    counts: dict[str, BudgetCount] = msgspec.field(default_factory=dict)
 
     def live_usd(self, now: float) -> float:
         """Dollars so far: ended attempts, plus this attempt's machine up to now (at least the meter's)."""
@@ -74,6 +77,12 @@ class JobLine(msgspec.Struct, kw_only=True):
         if self.step is None or not self.total:
             return None
         return max(0.0, min(1.0, self.step / self.total))
+
+
+def budgets_text(line: JobLine) -> str:
+    """The retry budgets the job drew on, each against its limit (`preemptions 2/6, stalls 1/3`, as
+    `status` says them); "" for a job that drew on none. Made for a row as it is drawn, never per event."""
+    return ", ".join(f"{kind} {c.used}/{c.limit}" for kind, c in line.counts.items() if c.used)
 
 
 def _number(v: Any) -> bool:
@@ -129,8 +138,9 @@ def _clock(seconds: float) -> str:
 
 
 
-def _row(line: JobLine, now: float, cols: frozenset[str]) -> list[tuple[str, str | None]]:
-    """A running job's row on the frame, as (text, style) pieces: the columns `cols` (fit.py) of it."""
+def _row(line: JobLine, now: float, cols: frozenset[str], budgets_w: int = 0) -> list[tuple[str, str | None]]:
+    """A running job's row on the frame, as (text, style) pieces: the columns `cols` (fit.py) of it;
+    `budgets_w`: the retry budgets' column's width (`budgets_text`), when it is one of `cols`."""
     state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
     state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
              else line.state)
@@ -152,14 +162,21 @@ def _row(line: JobLine, now: float, cols: frozenset[str]) -> list[tuple[str, str
         numbers = ((k, v) for k, v in line.fields.items() if _number(v) and k not in NOT_FIELDS)
         # a key is the job's own text: shown, never obeyed (an escape in a key reached the terminal raw)
         reported = "  " + " ".join(f"{printable(str(k))}={v:.4g}" for k, v in itertools.islice(numbers, 3))
+    budgets = f"  {budgets_text(line)[:budgets_w]:<{budgets_w}}" if "budgets" in cols else ""
     pieces.append((f"{_clock(now - line.attempt_at) if line.attempt_at else '-':>10} "
-                   f"${line.live_usd(now):>8.4f}{reported}", None))
+                   f"${line.live_usd(now):>8.4f}", None))
+    if budgets:
+        pieces.append((budgets, YELLOW if budgets.strip() else None))
+    pieces.append((reported, None))
     return pieces
 
 
 def _plain(line: JobLine) -> str:
     """A job's line off a terminal, written when its state changes."""
     tail = f" {line.failure}: {line.detail}" if line.failure else ""
+    budgets = budgets_text(line)
+    if budgets:
+        tail += f" [{budgets}]"
     return (f"{line.key:<28} {line.state:<11} attempt {line.attempt} {line.place:<24} "
             f"{_elapsed(line):>7} ${line.usd:.4f}{tail}")
 

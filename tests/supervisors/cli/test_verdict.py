@@ -142,6 +142,11 @@ def test_an_exit_code_in_retry_on_exit_is_retried_and_json_events_say_so(r: Run)
     assert [e["failure"] for e in ended] == ["retriable", None]
     assert "the job exited 75, listed in retry_on_exit" in ended[0]["detail"]
     assert [e["failure"] for e in events if e["type"] == "Retrying"] == ["retriable"]
+    # the retry's event carries each budget's count, this failure counted (the live view shows them)
+    assert [e["counts"] for e in events if e["type"] == "Retrying"] == [
+        {"failures": {"used": 0, "limit": 3}, "preemptions": {"used": 0, "limit": 10},
+         "retriable": {"used": 1, "limit": 2}}]
+    assert [e["counts"]["retriable"] for e in events if e["type"] == "JobEnded"] == [{"used": 1, "limit": 2}]
     body = r.response()
     assert body["outcome"] == "succeeded"
     assert body["counts"]["retriable"] == {"used": 1, "limit": 2}  # its own budget, not max_attempts'
@@ -201,8 +206,12 @@ def test_three_preemptions_with_max_attempts_3_and_a_budget_of_5_succeed_on_the_
         [[candidates]]
         cloud = "sim"
         """)
-    code, _, err = r.run(r.batch(script, "max_attempts = 3\nmax_preemptions = 5\n", rest=rest))
+    code, out, err = r.run(r.batch(script, "max_attempts = 3\nmax_preemptions = 5\n", rest=rest))
     assert code == 0, err
+    # the plain live view's lines say the budget drawn on, against its limit, as the retries come
+    assert "[preemptions 1/5]" in out
+    assert "[preemptions 3/5]" in out.splitlines()[-1] or any(
+        "succeeded" in line and "[preemptions 3/5]" in line for line in out.splitlines())
     body = r.response()
     assert [a["failure"] for a in body["attempts"]] == ["preempted", "preempted", "preempted", None]
     assert body["counts"]["preemptions"] == {"used": 3, "limit": 5}

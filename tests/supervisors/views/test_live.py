@@ -21,6 +21,7 @@ from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
     AttemptEnded,
     AttemptStarted,
+    BudgetCount,
     Event,
     JobEnded,
     JobStarted,
@@ -30,6 +31,7 @@ from actor_run.protocols.messages import (
     Metered,
     Offer,
     Progress,
+    Retrying,
     Usage,
 )
 from actor_run.supervisors.views.live import View
@@ -202,3 +204,50 @@ def test_follow_merges_each_jobs_progress_lines_and_takes_meter_readings_on_its_
     assert view.statistics().events == n
     assert not events
     assert len(ended) == 1
+
+
+def test_a_row_shows_the_retry_budgets_its_job_drew_on_against_their_limits() -> None:
+    """Issue 43: a job's per-kind counts against their limits (as `status` says them) on its row, in the
+    failed list and on a plain line; taken from Retrying and JobEnded as a field, nothing made per event."""
+    t = time.time() - 10
+    offer = Offer(cloud="sim", region="us-east", gpu="H100", hourly_usd=3.6)
+    view = View([f"t/seed-{i}" for i in range(4)], json_mode=False, out=io.StringIO())
+    for e in _events_of_a_batch(3, t):
+        view.event(e)
+    drew = {"failures": BudgetCount(used=0, limit=3), "preemptions": BudgetCount(used=2, limit=6),
+            "stalls": BudgetCount(used=1, limit=3)}
+    view.event(AttemptEnded(job="t", seed=1, outcome="failed", failure=Code.RETRIABLE, t=t + 1,
+                            detail="the job flagged retriable (exited 1): NCCL error"))
+    retrying = Retrying(job="t", seed=1, attempt=3, failure=Code.PREEMPTED, delay_s=0.0, offer=offer, counts=drew,
+                        t=t + 2)
+    view.event(retrying)
+    assert view.lines["t/seed-1"].counts is drew  # a field set, no text made per event
+    view.event(Retrying(job="t", seed=0, attempt=1, failure=Code.PREEMPTED, delay_s=0.0, offer=offer, t=t + 2,
+                        counts={"failures": BudgetCount(used=0, limit=3)}))  # drew on nothing: no column
+    view.event(JobEnded(job="t", seed=2, outcome="failed", failure=Code.PREEMPTED, detail="7 preemptions", t=t + 3,
+                        counts={"failures": BudgetCount(used=1, limit=3), "preemptions": BudgetCount(used=7, limit=6)}))
+    screen = ["".join(text for text, _ in line) for line in view._screen(t + 10, 20, 200)]
+    heads = [s for s in screen if s.startswith("job ")]
+    assert heads
+    assert "retries" in heads[0]
+    rows = {s.split()[0]: s for s in screen if s.startswith("t/seed-")}
+    assert "preemptions 2/6, stalls 1/3" in rows["t/seed-1"]
+    assert "failures" not in rows["t/seed-1"]  # a budget not drawn on is not shown
+    assert "/3" not in rows["t/seed-0"].split("$")[-1]
+    failed = [s for s in screen if s.startswith("  t/seed-2")]
+    assert failed
+    assert "[failures 1/3, preemptions 7/6]" in failed[0]
+    # narrow: the column goes (after `reported`) before the progress bar, and every line fits
+    narrow = ["".join(text for text, _ in line) for line in view._screen(t + 10, 20, 100)]
+    assert all(len(s) <= 99 for s in narrow[1:]), narrow
+    # off a terminal: the plain line of a state change says them too
+    plain = io.StringIO()
+    off = View(["t/seed-1"], json_mode=False, out=plain)
+    off.event(AttemptStarted(job="t", seed=1, offer=offer, t=t))
+    off.event(retrying)
+    assert "[preemptions 2/6, stalls 1/3]" in plain.getvalue().splitlines()[-1]
+    # with nothing drawn on, the frame is as before: no column, no heading
+    quiet = View(["t/seed-1"], json_mode=False, out=io.StringIO())
+    for e in _events_of_a_batch(2, t)[3:]:
+        quiet.event(e)
+    assert not any("retries" in "".join(x for x, _ in line) for line in quiet._screen(t + 10, 20, 200))
