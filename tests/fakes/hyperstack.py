@@ -14,7 +14,8 @@ ready before its OS has booted); meanwhile its port refuses (or drops, or stays 
 ingress rule for the port exists the port is filtered (hyperstack.md §8: inbound SSH is closed by
 default): TCP is taken and not a byte comes back. `launch_answers`: what the next creates answer
 first ("no_stock": the 400 refusal; "fail": accepted, then ERROR). `stale(name)` puts an ACTIVE VM
-named so on the account, as an earlier controller left it.
+named so on the account, as an earlier controller left it. Block volumes (a cache), their attach that
+lags and the stand-in for the disk the VM has not: fakes/hyperstack_volumes.py (`volume_store`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.clouds.gpus import vendor_ids
 from actor_run.protocols.messages import Offer
+from fakes.hyperstack_volumes import FakeVolumes
+from fakes.hyperstack_volumes import tools as volume_tools
 from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OPENAPI, OpenAPIFake, json_response
 
@@ -45,7 +48,8 @@ FLAVORS = {  # name -> (gpu, region)
     "n3-B200x1": ("B200-180G-SXM", "CANADA-1"),
 }
 COUNTS = {"n3-A100x2": 2, "n3-A100x8": 8}  # a flavor's gpu_count (1 unless here)
-PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "B200-180G-SXM": 5.50, "PublicIP": 0.00672}
+PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "B200-180G-SXM": 5.50, "PublicIP": 0.00672,
+          "Cloud-SSD": 0.000096}
 SMI = {"H100-80G-PCIe": "NVIDIA H100 PCIe", "A100-80G-PCIe": "NVIDIA A100 80GB PCIe", "B200-180G-SXM": "NVIDIA B200"}
 # each region's OS images (GET /core/images): CANADA-1 has none with a CUDA new enough for Blackwell
 IMAGES = {
@@ -106,7 +110,9 @@ class FakeHyperstack(OpenAPIFake):
         self.billed: list[tuple[str, float, float]] = []
         self._ids = itertools.count(1001)
         self._addresses = itertools.count(2)
+        self.volume_store = FakeVolumes(self, Path(dir))
         self._routes()
+        self.volume_store.routes()
 
     def authorized(self, req: Request) -> bool:
         return req.headers.get("api_key", "") == self.token
@@ -167,6 +173,7 @@ class FakeHyperstack(OpenAPIFake):
         if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
             tools = gpu_tools(SMI[gpu], count, fault=self.smi_next.pop(0) if self.smi_next else "",
                               skew_s=self.skew_next.pop(0) if self.skew_next else 0.0)
+            tools.update(volume_tools(self.volume_store.dir))
             self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port, tools=tools)
             self.boxes.firewall(str(vm_id), closed=True)
         vm = {
@@ -194,6 +201,7 @@ class FakeHyperstack(OpenAPIFake):
         vm["_ended"] = True
         self.stock[(vm["flavor"]["name"], vm["environment"]["region"])] += 1
         self.billed.append((self._name(vm), time.time() - vm["_t0"], vm["_hourly"]))
+        self.volume_store.vm_ended(vm["id"], self.boxes.dir / str(vm["id"]))
         self.boxes.vanish(str(vm["id"]))
 
     def vanish(self, vm_id: str) -> None:
@@ -385,3 +393,4 @@ class FakeHyperstack(OpenAPIFake):
     def stop(self) -> None:
         super().stop()
         self.boxes.stop_all()
+        self.volume_store.stop()
