@@ -9,7 +9,9 @@ On its way up it says where the machine is (`LeaseStage`): `booting` once the cr
 `waiting for ssh` once the provider says ready and the cloud's connect (a wait with backoff, not
 one try) begins. A machine whose cloud asks for a check (`machine_check`: its GPUs and clock,
 clouds/verify.py) is checked right after the connect, before `Leased`: one that fails is
-`LeaseFailed(launch_failed)` naming what was wrong, and is deleted; nothing was uploaded to it.
+`LeaseFailed(launch_failed)` naming what was wrong, and is deleted; nothing was uploaded to it
+(actors/machine_check.py). A candidate's `cache` is found or made before the create and, on a
+cloud that attaches it to a running machine, attached and mounted after the check (actors/caches.py).
 
 `Release` deletes the machine on the reactor (retried, bounded in time), answers `Released` and
 stops. If the actor is stopped or fails before that, `on_stop` / `on_failure` do the same
@@ -36,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -46,23 +47,21 @@ import pykka
 import trio
 
 from actor_run.actors.base import Actor, Context, Pending
-from actor_run.actors.durable import INTENT_WAIT_S, IntentNotRecorded, wait_durable
+from actor_run.actors.caches import CacheOpener, record_cache_opened
+from actor_run.actors.deletion import delete_confirmed
+from actor_run.actors.durable import INTENT_WAIT_S, wait_durable
 from actor_run.actors.flag import Flag
+from actor_run.actors.machine_check import check_machine, classify_launch
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
-from actor_run.protocols.clouds import Booting, Caching, MachineChecking, cloud_key, verify_machine
-from actor_run.protocols.clouds.http import NoAnswer, RateLimited
+from actor_run.protocols.clouds import Booting, cloud_key
 from actor_run.protocols.failures import (
     ActorRunError,
     CallCancelled,
     Code,
-    DeleteUnconfirmed,
-    HostError,
     LaunchAmbiguous,
-    LaunchError,
     LaunchRefused,
     MachineGone,
-    Refused,
 )
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import (
@@ -80,8 +79,6 @@ from actor_run.protocols.messages import (
     Release,
     Released,
 )
-
-DELETE_TRIES = 5
 
 
 class LeaseState(enum.Enum):
@@ -161,7 +158,7 @@ class LeaseActor(Actor):
             case Acquire(offer=offer, name=name, deadline=deadline, cache=cache):
                 self._acquire(offer, name, deadline, cache)
             case _CacheNote(event=event):
-                self._cache_note(event)
+                record_cache_opened(self.ctx, event)
             case Adopt(machine=machine):
                 self._adopt(machine)
             case _Launched(result=result):
@@ -186,26 +183,17 @@ class LeaseActor(Actor):
 
     # --- acquire ---------------------------------------------------------------------------------
 
-    def _cache_note(self, event: CacheOpened) -> None:
-        """The cache's volume (its id, once the provider holds it) in the ledger, and the event."""
-        if event.volume:
-            self.ctx.ledger.record_cache(cloud=event.cloud, region=event.region, name=event.cache,
-                                         volume_id=event.volume, created_at=time.time())
-        self.ctx.emit(event)
-
     def _acquire(self, offer: Offer, name: str, deadline: float, cache: CacheSpec | None = None) -> None:
         key = cloud_key(offer.cloud, offer.account)
         cloud = self.ctx.clouds[key]
         head: dict[str, Any] = {"job": self.job, "seed": self.seed, "attempt": self.attempt}
-        opens = cache is not None and isinstance(cloud, Caching)
-        cache_row: Pending | None = None
-        if cache is not None and opens:  # its row before the provider is asked (it may make a volume)
-            cache_row = self.ctx.ledger.queue_cache(
-                cloud=key, region=offer.region, name=cache.volume_name, size_gb=cache.size_gb,
-                usd_per_gb_month=cloud.cache_usd_per_gb_month if isinstance(cloud, Caching) else 0.0)
-        elif cache is not None:
-            self.ctx.emit(CacheOpened(**head, cache=cache.volume_name, cloud=key, region=offer.region, cold=True,
-                                      detail=f"{offer.cloud} keeps no cache volumes: a cold start"))
+        ref = self.actor_ref
+
+        def note(event: CacheOpened) -> None:  # on the reactor
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_CacheNote(event=event))
+
+        opener = CacheOpener(self.ctx, cloud, key, offer, cache, head, note)  # its row queued (or a cold start said)
         # queued, not waited for here: the launch below waits for it on the reactor before the create
         # goes out, so a thousand leases starting at once hold no thread while the ledger commits
         intent = self.ctx.ledger.queue_intent(name=name, cloud=key, job=self.job, seed=self.seed,
@@ -216,7 +204,6 @@ class LeaseActor(Actor):
                                      cloud=key, deadline=deadline))
 
         timeout = self.launch_timeout_s
-        ref = self.actor_ref
         # a cloud whose machines boot (a rented VM) has stages worth showing; a sandbox does not,
         # and a thousand of them should not pay two events each
         boots = isinstance(cloud, Booting) and cloud.boots
@@ -226,20 +213,13 @@ class LeaseActor(Actor):
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(_Stage(stage=what))
 
-        def note(event: CacheOpened) -> None:  # on the reactor
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(_CacheNote(event=event))
-
         stopping = self.ctx.stopping
 
         async def launch() -> tuple[Machine, Workspace | None, BaseException | None]:
             await wait_durable(intent, soon)
             if stopping.is_set():  # a Ctrl-C or a cancel of everything came first: no create starts after it
                 raise LaunchRefused("the run is stopping: no machine was created", code=Code.CANCELED)
-            placed = offer
-            if cache is not None and cache_row is not None:
-                await wait_durable(cache_row, soon, "the cache's row")
-                placed = await _open_cache(cloud, offer, cache, key, head, note)
+            placed = await opener.place(offer, soon)
             stage("booting")
             machine: Machine | None = None
             # one scope, `timeout` for the create and again for the connect (a thousand launches at
@@ -253,7 +233,8 @@ class LeaseActor(Actor):
                     scope.deadline = trio.current_time() + timeout
                     stage("waiting for ssh")
                     workspace = await cloud.connect(machine)
-                    await _checked(cloud, offer, machine, workspace)
+                    await check_machine(cloud, offer, machine, workspace)
+                    machine = await opener.attach(placed, machine, workspace)
                     return machine, workspace, None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
                 if machine is None:
@@ -310,7 +291,7 @@ class LeaseActor(Actor):
             exc = error
         else:
             exc = result.error
-        code, detail = _classify_launch(exc, created=self.machine is not None)
+        code, detail = classify_launch(exc, created=self.machine is not None)
         failed = LeaseFailed(job=self.job, seed=self.seed, attempt=self.attempt, failure=code, detail=detail,
                              machine=self.machine, taken_at=exc.at if isinstance(exc, MachineGone) else None)
         clean = ((code in (Code.NO_CAPACITY, Code.QUOTA, Code.LAUNCH_FAILED)
@@ -353,42 +334,13 @@ class LeaseActor(Actor):
         return cloud_key(self.offer.cloud, self.offer.account)
 
     async def _delete(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
-        """Close the workspace, then delete until the provider confirms (bounded tries)."""
-        cloud = self.ctx.clouds[cloud_name]
-        workspace = self.ctx.workspaces.pop(name, None)
-        if workspace is not None:
-            # trio's own scope, not `move_on_after` (a generator-made context manager around it: a
-            # thousand deletes of an end burst paid for both)
-            # (HostError: the connection is going with the machine)
-            with trio.CancelScope(deadline=trio.current_time() + 10), contextlib.suppress(HostError):
-                await workspace.aclose()
-        detail = "no answer"
-        said = ""  # the provider's last words: a later try that only timed out does not hide them
-        per_try = self.ctx.delete_timeout_s / DELETE_TRIES
-        end = trio.current_time() + self.ctx.delete_timeout_s  # the whole of it, backoffs included
-        for i in range(DELETE_TRIES):
-            try:
-                # one scope a try, its deadline the try's or the whole's (a thousand deletes at once:
-                # each cancel scope costs the reactor tens of microseconds)
-                with trio.CancelScope(deadline=min(end, trio.current_time() + per_try)) as attempt:
-                    asked = time.time()
-                    await cloud.delete(name, machine_id)
-                if attempt.cancelled_caught:  # as `fail_at` says it, without its context manager
-                    raise trio.TooSlowError
-                # the provider stops billing when it gets the delete that worked, not when we hear back
-                self._delete_asked_at = asked
-                return True, ""
-            except (DeleteUnconfirmed, HostError, OSError, trio.TooSlowError) as exc:
-                text = str(exc) or type(exc).__name__
-                if isinstance(exc, trio.TooSlowError):
-                    detail = f"{said}; then no answer within {per_try:.1f} s" if said else text
-                else:
-                    detail = said = text
-            pause = min(2.0**i * 0.2, 5.0)
-            if i + 1 == DELETE_TRIES or trio.current_time() + pause >= end:  # no pause after the last try
-                break
-            await trio.sleep(pause)
-        return False, detail
+        """Close the workspace, then delete until the provider confirms (actors/deletion.py)."""
+
+        def asked(at: float) -> None:
+            self._delete_asked_at = at
+
+        return await delete_confirmed(self.ctx.clouds[cloud_name], name, machine_id,
+                                      self.ctx.workspaces.pop(name, None), self.ctx.delete_timeout_s, asked)
 
     async def _delete_recorded(self, name: str, machine_id: str, cloud_name: str) -> tuple[bool, str]:
         """_delete, with its answer also kept where a stopping actor can wait for it (its messages
@@ -542,58 +494,3 @@ class LeaseActor(Actor):
         parent hears `Released` when it is gone."""
         super().on_failure(exception_type, exception_value, traceback)
         self._release_blocking()
-
-
-async def _open_cache(cloud: Any, offer: Offer, cache: CacheSpec, key: str, head: dict[str, Any],
-                      note: Callable[[CacheOpened], None]) -> Offer:
-    """Find or make the cache's volume in the offer's region (before the create: the machine is made
-    with it attached); the offer to launch, carrying it. A region that cannot host it is a cold start
-    (`note` says so), or with `cache.required` a clean refusal (`no_capacity`: the walk goes on, no
-    machine was made). Reactor thread."""
-    name = cache.volume_name
-    try:
-        volume = await cloud.open_cache(offer, cache)
-        why = "" if volume is not None else f"{offer.cloud} cannot keep a volume in {offer.region or 'this place'}"
-    except (NoAnswer, RateLimited) as exc:
-        volume, why = None, f"the provider did not answer for the volume: {exc}"
-    if volume is None:
-        if cache.required:
-            raise LaunchRefused(f"cache {name}: {why} (cache.required: this place is skipped)", code=Code.NO_CAPACITY)
-        note(CacheOpened(**head, cache=name, cloud=key, region=offer.region, cold=True, detail=f"{why}: a cold start"))
-        return offer
-    note(CacheOpened(**head, cache=name, cloud=key, region=offer.region, volume=volume.id, path=volume.path,
-                     created=volume.created))
-    return msgspec.structs.replace(offer, cache=volume.id, cache_path=volume.path)
-
-
-async def _checked(cloud: Any, offer: Offer, machine: Machine, workspace: Workspace) -> None:
-    """The machine's check before anything is uploaded (clouds/verify.py), where its cloud asks for
-    one; a machine that fails it is refused (`launch_failed`): its workspace is closed here, the
-    release deletes the machine. Reactor thread."""
-    want = cloud.machine_check(offer) if isinstance(cloud, MachineChecking) else None
-    if want is None:
-        return
-    try:
-        await verify_machine(workspace, want, machine.name)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await workspace.aclose()
-        raise
-
-
-def _classify_launch(exc: BaseException, *, created: bool) -> tuple[Code, str]:
-    if isinstance(exc, IntentNotRecorded):
-        return Code.INTERNAL, str(exc)
-    if isinstance(exc, LaunchError):
-        return exc.code, str(exc)
-    if isinstance(exc, Refused):
-        return exc.code, str(exc)
-    if isinstance(exc, trio.TooSlowError):
-        return Code.LAUNCH_FAILED, "the machine did not become reachable in time"
-    if isinstance(exc, HostError):
-        return Code.LAUNCH_FAILED, f"the machine came up but could not be reached: {exc}"
-    if isinstance(exc, CallCancelled):
-        return Code.CANCELED, str(exc)
-    if isinstance(exc, ActorRunError | OSError):
-        return (Code.AMBIGUOUS_CREATE if not created else Code.LAUNCH_FAILED), str(exc)
-    return Code.INTERNAL, f"{type(exc).__name__}: {exc}"

@@ -22,6 +22,7 @@ import msgspec
 from actor_run.protocols.clouds.base import Cloud
 from actor_run.protocols.clouds.capabilities import (
     Booting,
+    CacheAttaching,
     Caching,
     Cataloged,
     Checking,
@@ -150,7 +151,7 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 
 __all__ = [
-    "MAIN", "Booting", "Caching", "Cataloged", "Checking", "Cloud", "LaunchChecking", "MachineCheck",
+    "MAIN", "Booting", "CacheAttaching", "Caching", "Cataloged", "Checking", "Cloud", "LaunchChecking", "MachineCheck",
     "MachineChecking", "Reclaim", "Reclaiming", "SSHLogin", "SellsGpus", "account_settings", "accounts_of",
     "check_cloud_names", "cloud_key", "gpu_memory_gb",
     "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key", "verify_machine",

@@ -11,7 +11,8 @@ signatures). Callers ask `isinstance(cloud, Capability)`, never `getattr`.
 | `SSHLogin`       | `login(machine)`             | rented VMs, ssh       | `actor-run ssh`              |
 | `Reclaiming`     | `reclaim`                    | runpod-serverless     | the Runner, building a cloud |
 | `MachineChecking`| `machine_check(offer)`       | every cloud but serverless | the lease, first connect |
-| `Caching`        | `open_cache`, `list_caches`, ... | runpod, lambda    | the lease, `sweep --caches`  |
+| `Caching`        | `open_cache`, `list_caches`, ... | runpod, lambda, hyperstack | the lease, `sweep --caches` |
+| `CacheAttaching` | `async attach_cache(...)`    | hyperstack            | the lease, after the check   |
 | `SellsGpus`      | `sold_gpus`                  | sim                   | `actor-run clouds check`     |
 
 tests/protocols/clouds/test_capabilities.py holds the table of which registered cloud has which.
@@ -26,6 +27,7 @@ from actor_run.protocols.messages import CacheSpec, CacheVolume, Machine, Offer
 
 if TYPE_CHECKING:
     from actor_run.protocols.clouds.verify import MachineCheck
+    from actor_run.protocols.hosts.workspace import Workspace
 
 Reclaim = Callable[[list[Machine]], Awaitable[list[Machine]]]
 
@@ -96,7 +98,10 @@ class Reclaiming(Protocol):
     reclaim: Reclaim | None
 
 
-__all__ = ["Booting", "Cataloged", "Checking", "LaunchChecking", "Reclaim", "Reclaiming", "SSHLogin"]
+__all__ = [
+    "Booting", "CacheAttaching", "Caching", "Cataloged", "Checking", "LaunchChecking", "MachineChecking", "Reclaim",
+    "Reclaiming", "SSHLogin", "SellsGpus",
+]
 
 
 @runtime_checkable
@@ -139,3 +144,16 @@ class SellsGpus(Protocol):
         """The GPU classes sold, in our names."""
         ...
 
+
+
+@runtime_checkable
+class CacheAttaching(Protocol):
+    """A cloud whose cache volume is attached to a machine once it runs, and formatted (when blank)
+    and mounted by us (Hyperstack's block volumes), not mounted by the provider at the create."""
+
+    async def attach_cache(self, offer: Offer, machine: Machine, workspace: Workspace) -> tuple[str, str]:
+        """Attach the volume `offer.cache` to `machine` and mount it at `offer.cache_path`: `(path, "")`
+        once the job can use it, `("", why)` when it cannot (a cold start). Raises NoAnswer or
+        HostError when the provider or the machine did not answer (a cold start too). A trio
+        coroutine, on the reactor, after the machine's check."""
+        ...

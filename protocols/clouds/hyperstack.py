@@ -9,6 +9,9 @@ Settings (`[clouds.hyperstack]`), every field optional (and those of clouds/rent
     environment = "actor-run-{region}"   # the environment per region ({region} filled in), made if missing
     image = ""                           # default: per region, the image whose CUDA is newest, at or above
                                          # the GPU class's floor (a candidate's `image` wins)
+    volume_type = "Cloud-SSD"            # a cache's volume (GET /core/volume-types lists them)
+    cache_attach_wait_s = 180            # attach to attached (and a dying VM's volume let go)
+    cache_usd_per_gb_month = 0           # 0: the price book's Cloud-SSD (per GB-hour) x 730
     user = "ubuntu"
     shutdown_command = "sudo -n shutdown -h now"
 
@@ -21,7 +24,8 @@ Images: `GET /core/images?region=<region>` once per region; an image's CUDA is r
 A VM is ready when its status is ACTIVE and it has a `floating_ip`; SSH is opened by a port-22 rule
 added right after the create. Names are at most 50 characters: a longer one of ours is cut and the
 whole name rides in the label `ar-name=<name>`. Every answer's `status` is checked, even on HTTP 200
-(hyperstack.md §1). The deadline on the
+(hyperstack.md §1). A candidate's `cache` is a block volume per region, found or made before the
+create, attached and mounted once the VM runs (hyperstack_volumes.py). The deadline on the
 machine is an OS shutdown (a SHUTOFF VM still bills: the sweep is the real backstop).
 """
 
@@ -31,12 +35,15 @@ import datetime
 import functools
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import msgspec
 import trio
 
+from actor_run.protocols.clouds.capabilities import CacheAttaching, Caching
 from actor_run.protocols.clouds.gpus import cuda_floor, gpu_class, gpu_count, image_cuda, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
+from actor_run.protocols.clouds.hyperstack_volumes import HyperstackVolumes
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
     Seen,
@@ -47,7 +54,8 @@ from actor_run.protocols.clouds.rented import (
     vendor_name,
 )
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
-from actor_run.protocols.messages import Machine, Offer
+from actor_run.protocols.hosts.workspace import Workspace
+from actor_run.protocols.messages import CacheSpec, CacheVolume, Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
 
 if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.py): none made, none loaded
@@ -64,6 +72,9 @@ class HyperstackSettings(VMSettings, frozen=True, kw_only=True, forbid_unknown_f
     api_key_env: str = "HYPERSTACK_API_KEY"
     environment: str = "actor-run-{region}"
     image: str = ""
+    volume_type: str = "Cloud-SSD"
+    cache_attach_wait_s: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    cache_usd_per_gb_month: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 # What a create's answer means (status, words in its message, code, the contract line). Hyperstack
@@ -108,7 +119,7 @@ def _when(value: Any) -> float:
         return 0.0
 
 
-class HyperstackCloud(RentedCloud):
+class HyperstackCloud(RentedCloud, Caching, CacheAttaching):
     # hyperstack.md §2.3: regions seen:
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({
@@ -128,6 +139,9 @@ class HyperstackCloud(RentedCloud):
         self._env_lock = trio.Lock()
         self._prices: dict[str, float] = {}
         self._images: dict[str, list[str]] = {}  # region -> its image names, read once
+        self.volumes = HyperstackVolumes(self.api, self._prepare, volume_type=settings.volume_type,
+                                         attach_wait_s=settings.cache_attach_wait_s, poll_s=settings.poll_s,
+                                         refused=self._refused)
 
     @functools.cached_property
     def _public_key(self) -> str:  # read when first needed: the read-only calls need no local key
@@ -201,6 +215,25 @@ class HyperstackCloud(RentedCloud):
                                  stock=left.get((region, gpu), ""), image=image))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
+
+    # --- cache volumes (hyperstack_volumes.py) -----------------------------------------------------
+
+    @property
+    def cache_usd_per_gb_month(self) -> float:
+        """The settings' price, else the price book's Cloud-SSD (per GB-hour, hyperstack.md §6) x 730."""
+        return self.settings.cache_usd_per_gb_month or round(self._prices.get("Cloud-SSD", 0.0) * 730, 4)
+
+    async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
+        return await self.volumes.open_cache(offer, cache)
+
+    async def list_caches(self) -> list[CacheVolume]:
+        return await self.volumes.list_caches()
+
+    async def delete_cache(self, volume_id: str) -> None:
+        await self.volumes.delete_cache(volume_id)
+
+    async def attach_cache(self, offer: Offer, machine: Machine, workspace: Workspace) -> tuple[str, str]:
+        return await self.volumes.attach_cache(offer, machine, workspace)
 
     # --- the environment and our key in it, once per region ---------------------------------------
 
@@ -316,6 +349,7 @@ class HyperstackCloud(RentedCloud):
         return out
 
     async def _delete_call(self, machine_id: str) -> None:
+        await self.volumes.detach(machine_id)  # the cache's volume let go first: the next attempt's sooner
         resp = await self.api.call("DELETE", f"/core/virtual-machines/{machine_id}")
         if resp.status_code in (200, 404):  # hyperstack.md §5: 404 on delete is gone
             return

@@ -15,8 +15,13 @@ Offers come from `GET /api/v1/instance-types`: one per region in `regions_with_c
 of each instance type our GPU name maps to, at `price_cents_per_hour` (the instance's). A shape with
 a count (`A100:8`) takes the types whose `specs.gpus` is that count and whose `gpu_description` is
 the one the catalog gives our GPU's one-GPU types: found in the catalog, never by guessing names.
-`image` (the candidate's, or the settings') is launched as `{"family": image}`; unset, Lambda's own
-default (Lambda Stack, whose driver Lambda keeps current for every GPU it sells).
+Images: a candidate's `image` (or the settings') wins, launched as `{"family": image}` (or `{"id":
+image}` when it is an image's name in the region's listing). Unset, the image is chosen per region
+from `GET /api/v1/images` (read once): of the region's images whose name, description or version
+says a CUDA (clouds/gpus.py `image_cuda`) at or above the GPU class's floor (`CUDA_FLOOR`), the one
+with the newest CUDA, launched by its id; a region with none has no offer (skipped before any
+create; `plan` says nothing is in stock there). A GPU class the table does not know takes Lambda's
+default (Lambda Stack).
 
 A candidate's `cache` is a file system per region, named `ar-cache-<name>-<region>` (`GET
 /file-systems`, made with `POST /filesystems` when missing, never deleted by a run), attached at
@@ -44,7 +49,7 @@ import msgspec
 import trio
 
 from actor_run.protocols.clouds.capabilities import Caching, Checking
-from actor_run.protocols.clouds.gpus import gpu_class, gpu_count, our_name, shape, vendor_ids
+from actor_run.protocols.clouds.gpus import cuda_floor, gpu_class, gpu_count, image_cuda, our_name, shape, vendor_ids
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -64,6 +69,7 @@ if TYPE_CHECKING:  # httpx (about 0.2 s of CPU) loads with the first call (http.
 VENDOR = "lambda"
 NAME_LIMIT = 64  # lambda-v1.json InstanceLaunchRequest.name maxLength
 NAME_TAG = "actor-run-name"
+Image = tuple[str, str, tuple[int, int] | None]  # an image's name, its id, and the CUDA its words say
 LAMBDA_MOUNT = re.compile(r"(/home|/lambda/nfs|/data)[/a-zA-Z0-9-]*")  # lambda-v1.json RequestedFilesystemMountEntry
 
 
@@ -157,6 +163,8 @@ class LambdaCloud(RentedCloud, Checking, Caching):
         self._fs_region: str | None = None  # the file system's region, once read
         self._fs_names: dict[str, str] = {}  # a cache file system's id -> its name (a launch names it)
         self._fs_lock = trio.Lock()
+        self._images: dict[str, list[Image]] | None = None  # region -> its images, read once
+        self._images_lock = trio.Lock()
 
     def _refused(self, what: str, resp: httpx.Response) -> Exception:
         if is_auth_refusal(resp.status_code):
@@ -186,6 +194,35 @@ class LambdaCloud(RentedCloud, Checking, Caching):
                 self._fs_region = have[fs]
             return self._fs_region
 
+    async def _region_images(self, region: str) -> list[Image]:
+        """A region's images as (name, id, the CUDA its words say), from `GET /api/v1/images` read once."""
+        async with self._images_lock:
+            if self._images is None:
+                resp = await self.api.call("GET", "/api/v1/images")
+                if resp.status_code != 200:
+                    raise self._refused("images", resp)
+                found: dict[str, list[Image]] = {}
+                for i in (body_json(resp) or {}).get("data") or []:
+                    words = (str(i.get(k) or "") for k in ("name", "description", "version"))
+                    cuda = next((v for w in words if (v := image_cuda(w)) is not None), None)
+                    found.setdefault(str((i.get("region") or {}).get("name", "")), []).append(
+                        (str(i.get("name", "")), str(i.get("id", "")), cuda))
+                self._images = found
+            return self._images.get(region, [])
+
+    async def image_for(self, gpu: str, region: str, named: str) -> str:
+        """The image a machine of `gpu` boots in `region`: `named` when given (the user's wins);
+        else the name of the region's image with the newest CUDA at or above the class's floor ("" when
+        there is none: the region is skipped); "" too for a class without a floor (Lambda's default)."""
+        if named:
+            return named
+        floor = cuda_floor(gpu)
+        if floor is None:
+            return ""
+        images = await self._region_images(region)
+        fit = [(cuda, name) for name, _, cuda in images if cuda is not None and cuda >= floor]
+        return max(fit)[1] if fit else ""
+
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         fs_region = await self._file_system_region()
         resp = await self.api.call("GET", "/api/v1/instance-types")
@@ -214,8 +251,12 @@ class LambdaCloud(RentedCloud, Checking, Caching):
                 if fs_region and region["name"] != fs_region:  # the file system mounts only there
                     continue
                 ours = shape(gpu_class(candidate.gpu) or our_name(type_name, VENDOR), count)
+                named = candidate.image or self.settings.image
+                image = await self.image_for(ours, region["name"], named)
+                if not image and cuda_floor(ours) is not None:
+                    continue  # no image this GPU can run here: skipped before any create
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
-                                 kind=type_name, stock="available", image=candidate.image or self.settings.image))
+                                 kind=type_name, stock="available", image=image))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
 
@@ -255,8 +296,13 @@ class LambdaCloud(RentedCloud, Checking, Caching):
             body["file_system_names"] = [self._fs_names[offer.cache]]
             if LAMBDA_MOUNT.fullmatch(offer.cache_path):
                 body["file_system_mounts"] = [{"mount_point": offer.cache_path, "file_system_id": offer.cache}]
-        if offer.image:
-            body["image"] = {"family": offer.image}
+        if offer.image:  # the chosen image by its id; a user's image that is no name here, as a family
+            try:
+                listed = {n: i for n, i, _ in await self._region_images(offer.region)}
+            except NoAnswer as exc:  # nothing was launched yet: a clean refusal
+                raise LaunchRefused(f"lambda: {exc}", code=Code.LAUNCH_FAILED) from exc
+            image_id = listed.get(offer.image)
+            body["image"] = {"id": image_id} if image_id else {"family": offer.image}
         try:
             resp = await self.api.call("POST", "/api/v1/instance-operations/launch", json=body)
         except NotSent as exc:  # it never left: nothing can have been made

@@ -14,7 +14,8 @@ ready before its OS has booted); meanwhile its port refuses (or drops, or stays 
 ingress rule for the port exists the port is filtered (hyperstack.md §8: inbound SSH is closed by
 default): TCP is taken and not a byte comes back. `launch_answers`: what the next creates answer
 first ("no_stock": the 400 refusal; "fail": accepted, then ERROR). `stale(name)` puts an ACTIVE VM
-named so on the account, as an earlier controller left it.
+named so on the account, as an earlier controller left it. Block volumes (a cache), their attach that
+lags and the stand-in for the disk the VM has not: fakes/hyperstack_volumes.py (`volume_store`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from support.sshd import free_port
 from werkzeug.wrappers import Request, Response
 
 from actor_run.protocols.messages import Offer
+from fakes.hyperstack_volumes import FakeVolumes
+from fakes.hyperstack_volumes import tools as volume_tools
 from fakes.openapi_server import OPENAPI, json_response
 from fakes.rented import RentedFake
 
@@ -44,7 +47,8 @@ FLAVORS = {  # name -> (gpu, region)
     "n3-B200x1": ("B200-180G-SXM", "CANADA-1"),
 }
 COUNTS = {"n3-A100x2": 2, "n3-A100x8": 8}  # a flavor's gpu_count (1 unless here)
-PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "B200-180G-SXM": 5.50, "PublicIP": 0.00672}
+PRICES = {"H100-80G-PCIe": 1.90, "A100-80G-PCIe": 1.35, "B200-180G-SXM": 5.50, "PublicIP": 0.00672,
+          "Cloud-SSD": 0.000096}
 SMI = {"H100-80G-PCIe": "NVIDIA H100 PCIe", "A100-80G-PCIe": "NVIDIA A100 80GB PCIe", "B200-180G-SXM": "NVIDIA B200"}
 # each region's OS images (GET /core/images): CANADA-1 has none with a CUDA new enough for Blackwell
 IMAGES = {
@@ -89,7 +93,9 @@ class FakeHyperstack(RentedFake):
         self.stock: dict[tuple[str, str], int] = {(f, r): 4 for f, (_, r) in FLAVORS.items()}
         self.error_builds = 0
         self._ids = itertools.count(1001)
+        self.volume_store = FakeVolumes(self, Path(dir))
         self._routes()
+        self.volume_store.routes()
 
     def authorized(self, req: Request) -> bool:
         return req.headers.get("api_key", "") == self.token
@@ -140,6 +146,7 @@ class FakeHyperstack(RentedFake):
         count = COUNTS.get(body["flavor_name"], 1)
         if not self.virtual:  # filtered until a rule opens the port; sshd after ACTIVE (_advance)
             tools = self._tools(SMI[gpu], count)
+            tools.update(volume_tools(self.volume_store.dir))
             self.boxes.plan(str(vm_id), key["public_key"], address=address, port=self.port, tools=tools)
             self.boxes.firewall(str(vm_id), closed=True)
         vm = {
@@ -167,6 +174,7 @@ class FakeHyperstack(RentedFake):
         vm["_ended"] = True
         self.stock[(vm["flavor"]["name"], vm["environment"]["region"])] += 1
         self.billed.append((self._name(vm), time.time() - vm["_t0"], vm["_hourly"]))
+        self.volume_store.vm_ended(vm["id"], self.boxes.dir / str(vm["id"]))
         self.boxes.vanish(str(vm["id"]))
 
     def vanish(self, vm_id: str) -> None:
@@ -352,3 +360,4 @@ class FakeHyperstack(RentedFake):
     def stop(self) -> None:
         super().stop()
         self.boxes.stop_all()
+        self.volume_store.stop()

@@ -11,6 +11,9 @@ lag active by a few seconds"); meanwhile the port refuses (or drops, or stays si
 instance is made and goes `unhealthy`, then terminated by Lambda). `file_systems[name] = region`
 (GET /file-systems; a launch with one in another region is refused as the document says); `POST
 /filesystems` makes one in a region of `fs_regions`, `DELETE /filesystems/{id}` deletes one not in use.
+Images (`GET /api/v1/images`, IMAGES): each region lists its own, their CUDA in their descriptions as
+Lambda words them; us-west-1 has none new enough for Blackwell (B200). A launch whose `image` (an id
+or a family) the region does not list is refused `global/object-does-not-exist`.
 Instance types have 1 or 8 GPUs (`specs.gpus`); `smi_next` / `skew_next`: the next instances' nvidia-smi
 ("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
 `stale(name)` puts an active instance named so on the account, as an earlier controller left it.
@@ -40,12 +43,29 @@ TYPES = {  # name -> (description, gpu description, cents per hour, GPUs)
     "gpu_1x_a100_sxm4": ("1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129, 1),
     "gpu_8x_a100": ("8x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 1032, 8),
     "gpu_8x_a100_80gb_sxm4": ("8x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 1432, 8),
+    "gpu_1x_b200_sxm6": ("1x B200 (180 GB SXM6)", "B200 (180 GB SXM6)", 499, 1),
 }
 SMI = {  # gpu description -> what nvidia-smi names it
     "H100 (80 GB PCIe)": "NVIDIA H100 PCIe", "A100 (80 GB SXM4)": "NVIDIA A100-SXM4-80GB",
     "RTX A6000 (48 GB)": "NVIDIA RTX A6000", "A100 (40 GB SXM4)": "NVIDIA A100-SXM4-40GB",
+    "B200 (180 GB SXM6)": "NVIDIA B200",
 }
 REGIONS = {"us-east-1": "Virginia, USA", "us-west-1": "California, USA"}
+# each region's images (GET /api/v1/images): (id, name, family, description, version)
+IMAGES = {
+    "us-east-1": [
+        ("9c1f0e7a5b2d4c3e8f6a1b2c3d4e5f60", "lambda-stack-22-04", "lambda-stack-22-04",
+         "Lambda Stack 22.04 (Ubuntu 22.04, NVIDIA driver 535, CUDA 12.2)", "22.04.5"),
+        ("4be2a1d0c9f84e7a9b6c5d4e3f2a1b00", "lambda-stack-24-04", "lambda-stack-24-04",
+         "Lambda Stack 24.04 (Ubuntu 24.04, NVIDIA driver 570, CUDA 12.8)", "24.04.2"),
+        ("0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f50", "ubuntu-24.04.01", "ubuntu-lts", "Ubuntu LTS", "24.04.01"),
+    ],
+    "us-west-1": [
+        ("7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c20", "lambda-stack-22-04", "lambda-stack-22-04",
+         "Lambda Stack 22.04 (Ubuntu 22.04, NVIDIA driver 535, CUDA 12.2)", "22.04.5"),
+        ("1f2e3d4c5b6a79808f7e6d5c4b3a2910", "ubuntu-24.04.01", "ubuntu-lts", "Ubuntu LTS", "24.04.01"),
+    ],
+}
 NO_ACTION = {"available": False, "reason_code": "vm-has-not-launched", "reason_description": "not yet"}
 
 
@@ -80,7 +100,8 @@ class FakeLambda(RentedFake):
             ("gpu_1x_a100_sxm4_80gb", "us-east-1"): 4, ("gpu_1x_a100_sxm4_80gb", "us-west-1"): 4,
             ("gpu_1x_h100_pcie", "us-west-1"): 2, ("gpu_1x_a6000", "us-east-1"): 8,
             ("gpu_1x_a100_sxm4", "us-west-1"): 2, ("gpu_8x_a100", "us-west-1"): 1,
-            ("gpu_8x_a100_80gb_sxm4", "us-east-1"): 1,
+            ("gpu_8x_a100_80gb_sxm4", "us-east-1"): 1, ("gpu_1x_b200_sxm6", "us-east-1"): 2,
+            ("gpu_1x_b200_sxm6", "us-west-1"): 2,
         }
         self.file_systems: dict[str, str] = {}
         self.fs_ids: dict[str, str] = {}  # a file system's id, by name
@@ -243,6 +264,14 @@ class FakeLambda(RentedFake):
                 data[name] = {"instance_type": self._type(name), "regions_with_capacity_available": regions}
             return json_response({"data": data})
 
+        @self.route("GET", "/api/v1/images")
+        def images(req: Request) -> Response:
+            return json_response({"data": [
+                {"id": i, "created_time": "2026-03-01T00:00:00Z", "updated_time": "2026-06-01T00:00:00Z", "name": n,
+                 "description": d, "family": f, "version": v, "architecture": "x86_64",
+                 "region": {"name": r, "description": REGIONS[r]}}
+                for r, listed in IMAGES.items() for i, n, f, d, v in listed]})
+
         @self.route("GET", "/api/v1/ssh-keys")
         def list_keys(req: Request) -> Response:
             return json_response({"data": list(self.keys.values())})
@@ -276,6 +305,11 @@ class FakeLambda(RentedFake):
                 if not any(self._fs_id(n) == mount["file_system_id"] for n in body.get("file_system_names") or []):
                     return error(400, "global/invalid-parameters", "A mounted file system must be named in "
                                  "file_system_names.")
+            image = body.get("image") or {}
+            if image and not any(image.get("id") == i or image.get("family") == f
+                                 for i, _, f, _, _ in IMAGES.get(body["region_name"], [])):
+                return error(400, "global/object-does-not-exist", "Specified image does not exist.",
+                             "Check the image's id or family")
             scripted = self.launch_answers.pop(0) if self.launch_answers else ""
             if scripted == "no_stock" or self.stock.get((body["instance_type_name"], body["region_name"]), 0) <= 0:
                 return error(400, "instance-operations/launch/insufficient-capacity",

@@ -106,3 +106,68 @@ def test_a_required_cache_skips_a_place_that_cannot_host_it_before_any_create(tm
     evs = events(done.stdout)
     assert [e["failure"] for e in evs if e["type"] == "JobEnded"] == ["no_capacity"]
     assert runpod.created == []
+
+
+@pytest.fixture
+def hyperstack(tmp_path: Path) -> Iterator[Any]:
+    yield from serve("hyperstack", tmp_path)
+
+
+def hyperstack_batch(tmp: Path, fake: Any) -> Path:
+    batch = write_batch(tmp, "hyperstack", fake.url, gpus=["A100-80G"], seeds=[1], settings=fake.settings(),
+                        attempts=2)
+    (tmp / "code" / "job.py").write_text(CACHE_JOB)
+    mount = tmp / "mnt" / "cache"
+    cache = f'regions = ["NORWAY-1"]\ncache = {{ name = "weights", size_gb = 20, mount = "{mount}" }}\n'
+    batch.write_text(batch.read_text().replace('gpu = "A100-80G"\n', 'gpu = "A100-80G"\n' + cache))
+    return batch
+
+
+def test_a_hyperstack_volume_is_attached_formatted_once_and_mounted_and_the_second_vm_reads_the_first_ones_file(
+        tmp_path: Path, hyperstack: Any) -> None:
+    done = cli(tmp_path, "run", str(hyperstack_batch(tmp_path, hyperstack)), "--json", "--out",
+               str(tmp_path / "out"), key_var=hyperstack.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    evs = events(done.stdout)
+    assert [(e["outcome"], e.get("failure")) for e in evs if e["type"] == "AttemptEnded"] == [
+        ("failed", "retriable"), ("succeeded", None)]
+    assert found(tmp_path) == "weights from attempt 0"  # a fresh VM mounted the first one's bytes
+    opened = [(e["attempt"], e["created"], e["cold"]) for e in evs if e["type"] == "CacheOpened"]
+    assert opened == [(0, True, False), (1, False, False)]
+    (volume,) = hyperstack.volume_store.volumes.values()  # one volume, made once, kept by the run
+    assert (volume["name"], volume["environment"]["region"], volume["size"]) == ("ar-cache-weights-norway-1",
+                                                                                   "NORWAY-1", 20)
+    assert volume["attachments"] == [] or all(a["status"] == "DETACHING" for a in volume["attachments"])
+    vms = {b["name"] for b in hyperstack.created}
+    assert len(vms) == 2  # two machines, one after the other
+    assert hyperstack.volume_store.attaches >= 2  # attached to each, after its launch
+    assert "volume_name" not in hyperstack.created[0]  # never at the create: a block volume attaches to a VM
+    data = hyperstack.volume_store.dir / str(volume["id"])
+    assert (data / "fs" / "lost+found").is_dir()  # formatted (once: the second VM found its file)
+    assert (data / "fs" / "weights.bin").read_text() == "weights from attempt 0"
+    assert not (tmp_path / "mnt" / "cache").is_symlink()  # the mount went with the machine
+    assert hyperstack.alive() == []
+
+    swept = cli(tmp_path, "sweep", key_var=hyperstack.KEY_VAR)
+    assert swept.returncode == 0, swept.stderr
+    line = next(x for x in swept.stdout.splitlines() if "ar-cache-weights" in x)
+    assert str(volume["id"]) in line
+    assert "kept" in line
+    cost = cli(tmp_path, "cost", key_var=hyperstack.KEY_VAR)
+    assert cost.returncode == 0, cost.stderr
+    assert f"ar-cache-weights on hyperstack NORWAY-1 ({volume['id']}): 20 GB" in cost.stdout
+
+
+def test_a_hyperstack_region_that_cannot_make_the_volume_starts_cold_and_says_so(
+        tmp_path: Path, hyperstack: Any) -> None:
+    hyperstack.volume_store.regions = set()
+    done = cli(tmp_path, "run", str(hyperstack_batch(tmp_path, hyperstack)), "--json", "--out",
+               str(tmp_path / "out"), key_var=hyperstack.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    cold = [e for e in events(done.stdout) if e["type"] == "CacheOpened"]
+    assert [(e["cold"], e["region"]) for e in cold] == [(True, "NORWAY-1")]
+    assert cold[0]["detail"] == "hyperstack cannot keep a volume in NORWAY-1: a cold start"
+    assert found(tmp_path) == "no cache"
+    assert hyperstack.volume_store.volumes == {}
+    assert len(hyperstack.volume_store.asked) == 1  # it was asked for, and refused
+    assert hyperstack.volume_store.attaches == 0

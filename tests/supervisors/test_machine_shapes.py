@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fakes.batch_kit import JOB, cli, events, write_batch
+from fakes.lambdacloud import IMAGES as LAMBDA_IMAGES
 from fakes.providers import serve
 from support.cli_inproc import run_cli
 
@@ -211,3 +212,39 @@ def test_a_gpu_count_key_is_refused_with_a_hint_and_a_bad_shape_names_the_field(
         assert len(done.stderr.strip().splitlines()) == 1
         assert field in done.stderr
         assert hint in done.stderr
+
+
+@pytest.fixture
+def lambda_fake(tmp_path: Path) -> Iterator[Any]:
+    yield from serve("lambda", tmp_path)
+
+
+def test_lambda_boots_each_regions_image_by_cuda_and_a_region_without_one_is_skipped_before_any_create(
+        tmp_path: Path, lambda_fake: Any) -> None:
+    # B200 needs CUDA 12.8; us-west-1 lists images up to 12.2: the B200 candidate (held there) has no offer
+    batch = write_batch(tmp_path, "lambda", lambda_fake.url, gpus=["B200", "A100-80G"], seeds=[1],
+                        settings=lambda_fake.settings())
+    (tmp_path / "code" / "job.py").write_text(GPU_JOB)
+    batch.write_text(batch.read_text().replace('gpu = "B200"\n', 'gpu = "B200"\nregions = ["us-west-1"]\n'))
+    done = cli(tmp_path, "run", str(batch), "--json", "--out", str(tmp_path / "out"), key_var=lambda_fake.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    assert ended(events(done.stdout)) == [("succeeded", None)]  # the skip cost no attempt
+    # no B200 was asked for; the A100 in us-east-1 boots that region's newest CUDA image, by its id
+    newest = next(i for i, n, *_ in LAMBDA_IMAGES["us-east-1"] if n == "lambda-stack-24-04")
+    assert [(b["instance_type_name"], b["region_name"], b["image"]) for b in lambda_fake.created] == [
+        ("gpu_1x_a100_sxm4_80gb", "us-east-1", {"id": newest})]
+    plan = cli(tmp_path, "plan", str(batch), key_var=lambda_fake.KEY_VAR)
+    assert plan.returncode == 0, plan.stderr
+    b200 = plan.stdout.split("candidate 0:")[1].split("candidate 1:")[0]
+    assert "nothing in stock now" in b200  # us-west-1 has B200 stock, and no image B200 can run
+    lines = plan.stdout.splitlines()
+    assert "image lambda-stack-24-04" in next(x for x in lines if "us-east-1" in x and "A100-80G" in x)
+    assert "image lambda-stack-22-04" in next(x for x in lines if "us-west-1" in x and "A100-80G" in x)
+
+
+def test_a_users_lambda_image_wins_over_the_newest_cuda(tmp_path: Path, lambda_fake: Any) -> None:
+    done = rented_run(tmp_path, lambda_fake, ["A100-80G"], extra='image = "lambda-stack-22-04"\n')
+    assert done.returncode == 0, done.stderr
+    # a name the region lists is sent as its id: the user's choice, not the newest CUDA
+    chosen = next(i for i, n, *_ in LAMBDA_IMAGES["us-east-1"] if n == "lambda-stack-22-04")
+    assert [b["image"] for b in lambda_fake.created] == [{"id": chosen}]

@@ -11,6 +11,7 @@ import trio
 
 from actor_run.protocols.clouds import (
     Booting,
+    CacheAttaching,
     Caching,
     Cataloged,
     Checking,
@@ -23,8 +24,8 @@ from actor_run.protocols.clouds import (
     make_cloud,
 )
 
-CAPABILITIES = (Booting, Caching, Cataloged, Checking, LaunchChecking, MachineChecking, Reclaiming, SellsGpus,
-                SSHLogin)
+CAPABILITIES = (Booting, CacheAttaching, Caching, Cataloged, Checking, LaunchChecking, MachineChecking, Reclaiming,
+                SellsGpus, SSHLogin)
 RENTED_VM = {Booting, Cataloged, LaunchChecking, SSHLogin, MachineChecking}
 # what each cloud can do beyond the Cloud protocol: the table in capabilities.py's docstring
 HAS: dict[str, set[type]] = {
@@ -34,7 +35,7 @@ HAS: dict[str, set[type]] = {
     "skypilot": {MachineChecking},
     "runpod-serverless": {Reclaiming},
     "runpod": RENTED_VM | {Caching},
-    "hyperstack": RENTED_VM,
+    "hyperstack": RENTED_VM | {Caching, CacheAttaching},
     "lambda": RENTED_VM | {Checking, Caching},
     "vastai": RENTED_VM,
     "shadeform": RENTED_VM,
