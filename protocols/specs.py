@@ -68,7 +68,13 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_attempts: int = 3
     concurrency: int = 4
     budget_usd: float | None = None
-    budget: str | None = None  # a team budget across runs it draws on too (`actor-run budget set`)
+    # a team budget across runs it draws on too (`actor-run budget set`); None: the user config's
+    # `budget` if it names one; "": none, not even that
+    budget: str | None = None
+    # a team budget too full for a job's reservation: "wait" for room (its run's reservations released,
+    # and asked again every few seconds, up to capacity_wait_s), or "end" the job `budget` at once.
+    # A budget whose period's spend alone leaves no room ends it at once either way
+    on_budget_full: str = "wait"
     setup_grace_s: float = 600.0
     stall_after_s: float = 300.0
     lost_after_s: float = 120.0  # a host silent this long is `unreachable`; its watchdog ends the job after it
@@ -99,6 +105,8 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 KIND_LIMITS = ("max_preemptions", "max_stalls", "max_unreachable", "max_launch_failures", "max_retriable",
                "max_oom_moves")
 ON_OOM = ("bigger", "fail")
+ON_BUDGET_FULL = ("wait", "end")
+BUDGET_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # a team budget's name (`actor-run budget set NAME`)
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -427,8 +435,11 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _count(f"{at}.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
     if p.budget_usd is not None:
         _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True, most=MAX_USD)
-    if p.budget is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", p.budget):
-        raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -), got {p.budget!r}")
+    if p.budget and not re.fullmatch(BUDGET_NAME, p.budget):
+        raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -) or \"\" (none), "
+                        f"got {p.budget!r}")
+    _check(f"{at}.on_budget_full", p.on_budget_full in ON_BUDGET_FULL, " or ".join(repr(o) for o in ON_BUDGET_FULL),
+           p.on_budget_full)
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=True)
     if p.capacity_wait_s is not None:
