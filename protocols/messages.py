@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypedDict
 
 import msgspec
@@ -347,10 +348,31 @@ class Retrying(Event, frozen=True, kw_only=True):
 class WaitingForCapacity(Event, frozen=True, kw_only=True):
     """No candidate place has stock: the job waits for some (asking again with backoff, and at
     once when a machine of its batch is let go) until `until` (unix time), then ends
-    `no_capacity`. `wanted` says what it waits for (each candidate's cloud, GPU and regions)."""
+    `no_capacity`. `wanted` says what it waits for (each candidate's cloud, GPU and regions).
+
+    With `budget` set, the places have stock but the team budget of that name is too full for the
+    reservation (`on_budget_full = "wait"`): the job waits for room in it (asking again with
+    backoff, and at once when a reservation of its run is released), then ends `budget`."""
 
     wanted: str
     until: float
+    budget: str = ""  # "" : it waits for stock; else the team budget it waits for room in
+
+    @property
+    def what(self) -> str:
+        """What the job waits for, as views say it: `waiting for capacity` or `waiting for team budget 'x'`."""
+        return waiting_words({"budget": self.budget})
+
+
+def waiting_words(body: Mapping[str, Any]) -> str:
+    """What a `WaitingForCapacity` (as its JSON body) says a job waits for, as views say it."""
+    budget = body.get("budget")
+    return f"waiting for team budget {budget!r}" if isinstance(budget, str) and budget else "waiting for capacity"
+
+
+def is_waiting(words: str) -> bool:
+    """Whether a job's stage (`waiting_words`, a lease's stage) is a wait for a machine it may rent."""
+    return words == "waiting for capacity" or words.startswith("waiting for team budget ")
 
 
 class JobEnded(Event, frozen=True, kw_only=True):

@@ -30,6 +30,8 @@ CACHE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,29}")
 KIND_LIMITS = ("max_preemptions", "max_stalls", "max_unreachable", "max_launch_failures", "max_retriable",
                "max_oom_moves")
 ON_OOM = ("bigger", "fail")
+ON_BUDGET_FULL = ("wait", "end")
+BUDGET_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"  # a team budget's name (`actor-run budget set NAME`)
 
 
 def _where(path: str) -> str:
@@ -161,8 +163,11 @@ def check_policy(p: PolicySpec, at: str = "policy") -> None:
     _count(f"{at}.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
     if p.budget_usd is not None:
         _number(f"{at}.budget_usd", p.budget_usd, 0, strict=True, most=MAX_USD)
-    if p.budget is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", p.budget):
-        raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -), got {p.budget!r}")
+    if p.budget and not re.fullmatch(BUDGET_NAME, p.budget):
+        raise SpecError(f"{at}.budget", f"expected a budget name (letters, digits, . _ -) or \"\" (none), "
+                        f"got {p.budget!r}")
+    _check(f"{at}.on_budget_full", p.on_budget_full in ON_BUDGET_FULL, " or ".join(repr(o) for o in ON_BUDGET_FULL),
+           p.on_budget_full)
     for name in ("setup_grace_s", "stall_after_s", "lost_after_s", "poll_s", "thrash_window_s"):
         _number(f"{at}.{name}", getattr(p, name), 0, strict=True)
     if p.capacity_wait_s is not None:

@@ -56,7 +56,13 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_attempts: int = 3
     concurrency: int = 4
     budget_usd: float | None = None
-    budget: str | None = None  # a team budget across runs it draws on too (`actor-run budget set`)
+    # a team budget across runs it draws on too (`actor-run budget set`); None: the user config's
+    # `budget` if it names one; "": none, not even that
+    budget: str | None = None
+    # a team budget too full for a job's reservation: "wait" for room (its run's reservations released,
+    # and asked again every few seconds, up to capacity_wait_s), or "end" the job `budget` at once.
+    # A budget whose period's spend alone leaves no room ends it at once either way
+    on_budget_full: str = "wait"
     setup_grace_s: float = 600.0
     stall_after_s: float = 300.0
     lost_after_s: float = 120.0  # a host silent this long is `unreachable`; its watchdog ends the job after it

@@ -22,6 +22,7 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.spec_checks import (
+    BUDGET_NAME,
     CACHE_NAME,
     GPU_SHAPE,
     KIND_LIMITS,
@@ -36,6 +37,7 @@ from actor_run.protocols.spec_checks import (
     MAX_SEED,
     MAX_USD,
     NAME_RE,
+    ON_BUDGET_FULL,
     ON_OOM,
     check_candidate_names,
     check_candidates,
@@ -62,6 +64,7 @@ from actor_run.protocols.spec_secrets import (
 from actor_run.protocols.spec_types import BatchFile, CandidateSpec, Job, JobSpec, PolicySpec, job_key
 
 __all__ = [
+    "BUDGET_NAME",
     "CACHE_NAME",
     "GPU_SHAPE",
     "KIND_LIMITS",
@@ -76,6 +79,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_USD",
     "NAME_RE",
+    "ON_BUDGET_FULL",
     "ON_OOM",
     "SECRET_NAME",
     "SECRET_SETTING",

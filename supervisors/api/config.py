@@ -12,6 +12,10 @@ the others stay the user's); any other value (a string, a number, a list) is rep
 The merge happens where a cloud is built from its settings (`Runner`), so `run`, `resume` and
 `sweep` see the same values. What the ledger keeps of a cloud's settings is the batch's own table
 without its secrets (specs.without_secrets), never what came from this file.
+
+Besides the clouds: `confirm_above_usd`, `[notify]` (notify.py), and `budget = "NAME"`, the team
+budget every job draws on whose policy names none (`UserConfig.job_defaults`, applied where a job is
+submitted: what the ledger records is the job as it runs).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from actor_run.protocols.clouds import (
     split_key,
 )
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.specs import is_secret_setting, nearest_names
+from actor_run.protocols.specs import BUDGET_NAME, Job, is_secret_setting, nearest_names
 from actor_run.supervisors.api.notify import NotifySettings, parse_notify
 
 ENV_VAR = "ACTOR_RUN_CONFIG"
+KEYS = ("budget", "clouds", "confirm_above_usd", "notify")  # what a user config holds at its top
 MASK = "********"  # what `config show` prints for a setting whose name says it is a secret (is_secret_setting)
 
 
@@ -57,6 +62,15 @@ class UserConfig(msgspec.Struct, frozen=True, kw_only=True):
     # `run` on a terminal asks before a batch whose worst case (`actor-run plan`) passes this; None: never asks
     confirm_above_usd: float | None = None
     notify: NotifySettings = msgspec.field(default_factory=NotifySettings)  # [notify]: webhooks (notify.py)
+    # the team budget (`actor-run budget set`) every job draws on whose policy names none; a policy's
+    # own `budget` wins, and `budget = ""` in it draws on none
+    budget: str | None = None
+
+    def job_defaults(self, job: Job) -> Job:
+        """`job` with what these settings fill in: the team budget its policy leaves unnamed (None)."""
+        if job.policy.budget is not None or not self.budget:
+            return job
+        return msgspec.structs.replace(job, policy=msgspec.structs.replace(job.policy, budget=self.budget))
 
     @property
     def source(self) -> str:
@@ -160,14 +174,17 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
         raise SpecError("config", f"{path} is not valid TOML: {exc}") from exc
     where = f" (in {path})"
     for key in raw:
-        if key not in ("clouds", "confirm_above_usd", "notify"):
-            close = nearest_names(key, ("clouds", "confirm_above_usd", "notify"))
+        if key not in KEYS:
+            close = nearest_names(key, KEYS)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise SpecError(key, f"unknown key{where}: {hint}a user config holds confirm_above_usd, [notify] and "
-                            "[clouds.<name>] tables only")
+            raise SpecError(key, f"unknown key{where}: {hint}a user config holds budget, confirm_above_usd, "
+                            "[notify] and [clouds.<name>] tables only")
     confirm = raw.get("confirm_above_usd")
     if confirm is not None and (isinstance(confirm, bool) or not isinstance(confirm, int | float) or confirm < 0):
         raise SpecError("confirm_above_usd", f"expected a number >= 0{where}, got {confirm!r}")
+    budget = raw.get("budget")
+    if budget is not None and not (isinstance(budget, str) and re.fullmatch(BUDGET_NAME, budget)):
+        raise SpecError("budget", f"expected a team budget's name (letters, digits, . _ -){where}, got {budget!r}")
     clouds = raw.get("clouds", {})
     if not isinstance(clouds, dict):
         raise SpecError("clouds", f"expected a table{where}")
@@ -178,7 +195,7 @@ def load_config(explicit: str | Path | None = None, environ: dict[str, str] | No
         if not isinstance(table, dict):
             raise SpecError(f"clouds.{name}", f"expected a table{where}")
     config = UserConfig(path=str(path.resolve()), clouds=clouds,
-                        confirm_above_usd=None if confirm is None else float(confirm),
+                        confirm_above_usd=None if confirm is None else float(confirm), budget=budget,
                         notify=parse_notify(raw.get("notify", {}), where))
     for name in clouds:
         config.parse(name, {})  # every value checked now, naming this file

@@ -42,7 +42,7 @@ from actor_run.protocols.specs import (
     without_secrets,
 )
 from actor_run.supervisors.api.config import UserConfig, build_cloud, settings_digest
-from actor_run.supervisors.ledger import Ledger
+from actor_run.supervisors.ledger import Ledger, team
 from actor_run.supervisors.ledger.sweep import reclaimable
 
 
@@ -111,8 +111,9 @@ class JobChecks:
         if shape is not None and shape == self._checked_shape:
             return  # the same policy, places and cloud settings as the job checked before: they pass
         check_policy(job.policy)
-        check_cloud_names(job.candidates, job.clouds)
         config = self.clouds.config
+        self._check_team_budget(job, config)
+        check_cloud_names(job.candidates, job.clouds)
         for i, c in enumerate(job.candidates):
             raw = job.clouds.get(c.cloud, {})
             known = accounts_of(config.cloud_settings(c.cloud, raw))  # the user's accounts too
@@ -131,6 +132,14 @@ class JobChecks:
                     logger.warning("{}: not usable here (its sweeps skip it)", cloud_key(c.cloud, account))
         self._check_names(job)
         self._checked_shape = shape
+
+    def _check_team_budget(self, job: Job, config: UserConfig) -> None:
+        """The team budget the job draws on (its policy's, else the user config's) is in the ledger."""
+        name = job.policy.budget if job.policy.budget is not None else config.budget
+        if name and team.find(self.clouds.ledger_path, name) is None:
+            field = "policy.budget" if job.policy.budget is not None else f"budget (in {config.source})"
+            raise SpecError(field, f"no team budget {name!r} in the ledger (actor-run budget set {name} --usd N "
+                                   "--per month|week|total)")
 
     def _check_names(self, job: Job) -> None:
         """GPU and region names each candidate's cloud knows, and each cloud's own check (a Lambda

@@ -442,6 +442,7 @@ class Runner:
         started); RunnerClosed if the Runner is not open."""
         self._parts()
         self.start_run()
+        job = self.config.job_defaults(job)  # the user config's team budget, unless its policy names one
         self.check(job)
         if self.board.running(job.key) is not None:
             raise SpecError("job", f"{job.key} is already running in this Runner")
@@ -456,6 +457,7 @@ class Runner:
         """Record the job as queued in this Runner's run, for any controller's `claim` (a shared
         ledger); nothing runs here."""
         self.start_run()
+        job = self.config.job_defaults(job)
         self.check(job)
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
                                state="queued", out_dir=str(self.seed_dir(job)), run=self.run)

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import is_waiting
 from actor_run.protocols.specs import Job, PolicySpec
 from actor_run.supervisors.cli.console import LEDGER_HELP, Exit, number_arg, open_reader, usage_error
 from actor_run.supervisors.ledger import JobMoney, LedgerReader, RunRow, money_by_job
@@ -103,7 +104,7 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
     for e in reader.events(run=run):
         if e["type"] == "Progress":
             stages[e["job"]] = str(msgspec.json.decode(e["body"]).get("stage") or "")
-    waits = reader.stages(run)  # booting, waiting for ssh, waiting for capacity
+    waits = reader.stages(run)  # booting, waiting for ssh, waiting for capacity or a team budget
     out = []
     for j in jobs:
         ended = [a for a in attempts if a["job"] == j["key"]]
@@ -121,7 +122,7 @@ def job_views(reader: LedgerReader, run: str, jobs: list[dict[str, Any]], now: f
                 state = "running" if m.phase == "running" else "starting"
                 usd = spent + (m.hourly_usd or 0.0) * max(0.0, now - (m.launched_at or m.created)) / 3600
             else:
-                state = "waiting" if ended or waits.get(j["key"]) == "waiting for capacity" else "queued"
+                state = "waiting" if ended or is_waiting(waits.get(j["key"], "")) else "queued"
         stage = stages.get(j["key"], "") if state in ("running", "starting") else ""
         if j["state"] == "running" and j["key"] in waits:
             stage = waits[j["key"]]

@@ -5,6 +5,7 @@ settles a dead owner's)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from actor_run.protocols.messages import Offer
@@ -34,12 +35,17 @@ class MoneyRecords(LedgerCore):
             row), fence=job)
 
     def record_charged(self, *, job: str, attempt: int, usd: float, at_least: bool, seq: int, seconds: float,
-                       outcome: str, failure: str | None) -> None:
-        """The reservation is replaced by what the attempt cost (its machine's seconds, its outcome)."""
+                       outcome: str, failure: str | None, then: Callable[[], None] | None = None) -> None:
+        """The reservation is replaced by what the attempt cost (its machine's seconds, its outcome).
+        `then()`: called once the change is committed (or failed), on the writer thread: it must only
+        hand the news on (a team budget's waiters may look for the room it made)."""
         row = (usd, int(at_least), seq, time.time(), seconds, outcome, failure, self.run_of(job), job, attempt)
-        self._submit((
-            "UPDATE reservations SET state='released', charged=?, at_least=?, released_seq=?, released_at=?,"
-            " seconds=?, outcome=?, failure=? WHERE run=? AND job=? AND attempt=?", row), fence=job)
+        op = ("UPDATE reservations SET state='released', charged=?, at_least=?, released_seq=?, released_at=?,"
+              " seconds=?, outcome=?, failure=? WHERE run=? AND job=? AND attempt=?", row)
+        if then is None:
+            self._submit(op, fence=job)
+        else:
+            self._track(op, fence=job).when_done(lambda _error: then())
 
     def adopt_reservation(self, job: str, attempt: int) -> None:
         """A resumed attempt's reservation is this controller's now (its release closes it)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from actor_run.protocols.messages import Event, decode_event
+from actor_run.protocols.messages import Event, decode_event, waiting_words
 from actor_run.supervisors.ledger.db import open_backend
 from actor_run.supervisors.ledger.owners import OwnerRow, owner_is_alive
 
@@ -210,7 +210,8 @@ class LedgerReader:
 
     def stages(self, run: str) -> dict[str, str]:
         """What each job of `run` waits on now, from its newest events: `booting`, `waiting for
-        ssh` or `waiting for capacity` (a job missing here is doing something else)."""
+        ssh`, `waiting for capacity` or `waiting for team budget 'NAME'` (a job missing here is doing
+        something else)."""
         out: dict[str, str] = {}
         sql = ("SELECT job, type, body FROM events WHERE run=? AND type IN ('LeaseStage', 'WaitingForCapacity', "
                "'AttemptStarted', 'Leased', 'LeaseFailed', 'AttemptEnded', 'JobEnded') ORDER BY id")
@@ -218,7 +219,7 @@ class LedgerReader:
             if row["type"] == "LeaseStage":
                 out[row["job"]] = str(json.loads(row["body"]).get("stage", ""))
             elif row["type"] == "WaitingForCapacity":
-                out[row["job"]] = "waiting for capacity"
+                out[row["job"]] = waiting_words(json.loads(row["body"]))
             else:
                 out.pop(row["job"], None)
         return out

@@ -100,6 +100,12 @@ def budgets(location: str | Path) -> list[TeamBudget]:
     return [b for b in found if b is not None]
 
 
+def find(location: str | Path, name: str) -> TeamBudget | None:
+    """The team budget `name` with what it holds now, or None if the ledger has none of that name."""
+    with _transaction(location) as (conn, fenced):
+        return _read(conn, name, lock=False, fenced=fenced, now=time.time())
+
+
 def hold(location: str | Path, *, budget: str, row: dict[str, Any]) -> Held:
     """Reserve `row["usd"]` against the team budget `budget`, writing the reservation row (`row`:
     the reservations table's columns) if the budget can hold it, in one transaction that locked the
@@ -116,4 +122,4 @@ def hold(location: str | Path, *, budget: str, row: dict[str, Any]) -> Held:
         return Held(ok=True, budget=found)
 
 
-__all__ = ["PERIODS", "Held", "TeamBudget", "budgets", "clear_budget", "hold", "period_start", "set_budget"]
+__all__ = ["PERIODS", "Held", "TeamBudget", "budgets", "clear_budget", "find", "hold", "period_start", "set_budget"]

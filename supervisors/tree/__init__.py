@@ -3,6 +3,9 @@
     batch.py         BatchSupervisor: the run's jobs, at most `concurrency` at once; its messages
                      (Submit, CancelJob, Abandon, Spent) are what the embedding API tells it
     job.py           JobSupervisor: one per job; starts one AttemptActor after the other
+    job_money.py     a job's money: reservations against the seed's and the batch's budgets, charges
+    team_hold.py     a job's hold against a team budget across runs (the ledger's), and what a refusal means
+    waits.py         a job's waits for a machine: for stock, for room in a team budget
     seed_end.py      what a job leaves in its folder (response.json, the tidy-up)
     policy.py        what an attempt's end means: retry here, walk on, give up (by failure code)
     walk.py          the capacity walk across candidates

@@ -26,6 +26,7 @@ from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.tree.budget import Budget
 from actor_run.supervisors.tree.job import JobSupervisor, job_label
 from actor_run.supervisors.tree.offers import OfferBook
+from actor_run.supervisors.tree.waits import Wakeups
 
 BURST_FIRST, BURST_MOST = 16, 1024  # the batch's turn: its first, and its largest (BatchSupervisor.burst)
 
@@ -100,6 +101,7 @@ class BatchSupervisor(PooledActor):
         self.stopped: Cancel | None = None
         self.labels: dict[str, str] = {}  # a JobSupervisor's label (as its ChildFailed names it) -> job key
         self.offers = OfferBook(ctx.reactor, ctx.clouds)  # jobs starting together ask each cloud once
+        self.team_waits = Wakeups()  # jobs waiting for room in a team budget, woken by their batch's releases
 
     def on_receive(self, message: Any) -> Any:
         if self.ctx.fault is not None:
@@ -161,6 +163,7 @@ class BatchSupervisor(PooledActor):
                                                       first_attempt=s.first_attempt, reattach=s.reattach,
                                                       reattach_offer=s.offer, offers=self.offers,
                                                       budget=self.budget, spent_before_usd=s.spent_before_usd,
+                                                      team_waits=self.team_waits,
                                                       seed_dir=Path(s.seed_dir))
         self.order.append(s.job.key)
         self.labels[job_label(s.job)] = s.job.key

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -28,6 +29,7 @@ KINDS: dict[Code, tuple[str, str]] = {
     Code.OOM: ("oom_moves", "max_oom_moves"),
 }
 FAILURES = "failures"  # the count of failed attempts drawn from max_attempts
+UNCOUNTED = (Code.NO_CAPACITY, Code.QUOTA, Code.AMBIGUOUS_CREATE)  # no attempt used (counted_attempts)
 
 
 def kind_limit(code: Code, policy: PolicySpec) -> tuple[str, int | None]:
@@ -38,6 +40,14 @@ def kind_limit(code: Code, policy: PolicySpec) -> tuple[str, int | None]:
         return FAILURES, None
     limit: int | None = getattr(policy, kind[1])
     return (kind[0], limit) if limit is not None else (FAILURES, None)
+
+
+def counted_attempts(history: list[Any]) -> int:
+    """The attempts a job's history holds that count against max_attempts: walk steps (a place with
+    no stock, `no_capacity`; an account out of quota, `quota`: no machine made) and creates the
+    provider failed to answer (`ambiguous_create`: its transient fault, not the job's; what it made
+    was found by name and deleted) are left out. The thrashing rule still bounds those."""
+    return sum(1 for h in history if h.get("failure") not in UNCOUNTED)
 
 
 Count = BudgetCount  # a budget's count against its limit: the events that carry it say it (Retrying, JobEnded)
@@ -58,7 +68,7 @@ def counts(failures: Sequence[Code | None], policy: PolicySpec) -> dict[str, Cou
         if failure is None or policy_for(failure).next is Next.WALK:
             continue
         if failure is Code.AMBIGUOUS_CREATE and policy.max_launch_failures is None:
-            continue  # a create left unanswered is no attempt (job.py UNCOUNTED): the thrash guard bounds it
+            continue  # a create left unanswered is no attempt (UNCOUNTED): the thrash guard bounds it
         kind, _ = kind_limit(failure, policy)
         used[kind] = used.get(kind, 0) + 1
     return {k: Count(used=used[k], limit=limits[k]) for k in used}
@@ -82,6 +92,16 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     counts: bool = True  # counts against max_attempts
     bigger: bool = False  # the next attempt only on a candidate with more GPU memory (after `oom`)
     detail: str = ""
+
+
+def decide_after(code: Code, failures: Sequence[Code | None], *, failure_times: Sequence[float], now: float,
+                 policy: PolicySpec) -> tuple[Decision, list[float]]:
+    """`decide` for a job whose attempts failed with `failures` (the last one with `code`), counted
+    against `max_attempts` and their kinds' own budgets (`counts`)."""
+    tally = counts(failures, policy)
+    kind, _ = kind_limit(code, policy)
+    return decide(code, counted_attempts=tally[FAILURES].used, failure_times=failure_times, now=now, policy=policy,
+                  kind_used=tally[kind].used if kind in tally else 0)
 
 
 def decide(code: Code, *, counted_attempts: int, failure_times: Sequence[float], now: float,

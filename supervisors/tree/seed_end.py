@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.failures import Code
+from actor_run.protocols.messages import AttemptEnded
 from actor_run.protocols.specs import Job
 
 
@@ -36,6 +37,15 @@ def tidy_seed_dir(seed_dir: Path, history: list[dict[str, Any]], *, checkpoint: 
         if folder.exists():
             shutil.rmtree(folder, ignore_errors=True)
     return seed_dir
+
+
+def attempt_record(e: AttemptEnded) -> dict[str, Any]:
+    """An ended attempt as the job's history keeps it (what response.json's `attempts` list)."""
+    o = e.offer
+    return {"attempt": e.attempt, "outcome": e.outcome, "failure": e.failure, "detail": e.detail,
+            "cloud": o.cloud if o else "", "region": o.region if o else "", "gpu": o.gpu if o else "",
+            "phases": e.phases, "usd": e.usage.usd, "usd_at_least": e.usage.at_least, "exit_code": e.exit_code,
+            "reason": e.reason}
 
 
 def response_json(job: Job, outcome: str, failure: Code | None, detail: str, history: list[dict[str, Any]],

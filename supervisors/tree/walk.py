@@ -80,3 +80,28 @@ class Walk:
 
     def is_last(self, offer: Offer) -> bool:
         return offer.candidate == self.n - 1
+
+
+class Accounts:
+    """Which of its accounts each candidate is walked on now (its `accounts`, in order; none: ""),
+    kept across the job's walks: an account found out of quota stays behind."""
+
+    def __init__(self, accounts: list[list[str]]) -> None:
+        self._accounts = accounts  # each candidate's
+        self._at: dict[int, int] = {}
+
+    def of(self, candidate: int) -> str:
+        accounts = self._accounts[candidate]
+        return accounts[self._at.get(candidate, 0)] if accounts else ""
+
+    def next(self, walk: Walk, offer: Offer) -> bool:
+        """`offer`'s account is out of quota or balance: `walk` goes to the same place on the
+        candidate's next account (True), or, after its last, past the candidate (False)."""
+        i = offer.candidate
+        accounts, at = self._accounts[i], self._at.get(i, 0)
+        if at + 1 < len(accounts):
+            self._at[i] = at + 1
+            walk.switch_account(offer, accounts[at + 1])
+            return True
+        walk.skip_candidate(i)
+        return False

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from actor_run.protocols.messages import is_waiting, waiting_words
 from actor_run.supervisors.ledger import LedgerReader, RunRow, owner_is_alive
 
 LOG_TAIL_BYTES = 16 * 1024  # what a page shows of a job's log (the newest part)
@@ -36,7 +37,7 @@ def run_state(run: RunRow, live: set[str]) -> str:
 
 class _RunEvents:
     """What a run's events say of each job, read incrementally: its stage, its newest progress line,
-    what it waits on (booting, waiting for ssh, waiting for capacity)."""
+    what it waits on (booting, waiting for ssh, waiting for capacity or for a team budget)."""
 
     def __init__(self) -> None:
         self.last_id = 0
@@ -57,7 +58,7 @@ class _RunEvents:
             elif kind == "LeaseStage":
                 self.waits[job] = str(json.loads(row["body"]).get("stage", ""))
             elif kind == "WaitingForCapacity":
-                self.waits[job] = "waiting for capacity"
+                self.waits[job] = waiting_words(json.loads(row["body"]))
             elif kind in WAITS:
                 self.waits.pop(job, None)
                 if kind == "AttemptStarted":
@@ -135,7 +136,7 @@ class Board:
                     usd = spent + (m.hourly_usd or 0.0) * max(0.0, now - (m.launched_at or m.created)) / 3600
                     stage = seen.stage.get(key, "")
                 else:
-                    state = "waiting" if ended or seen.waits.get(key) == "waiting for capacity" else "queued"
+                    state = "waiting" if ended or is_waiting(seen.waits.get(key, "")) else "queued"
                 stage = seen.waits.get(key, stage)
             line = seen.progress.get(key, {}) if j["state"] == "running" else {}
             out.append({"key": key, "name": j["name"], "seed": j["seed"], "state": state, "stage": stage,

@@ -218,8 +218,8 @@ class View:
                 self.rate_t += m.hourly_usd / 3600 * e.t
             case LeaseStage(stage=stage):
                 line.state = stage  # booting, waiting for ssh
-            case WaitingForCapacity():
-                line.state, line.waiting = "waiting for capacity", True
+            case WaitingForCapacity() as w:
+                line.state, line.waiting = w.what, True
             case LeaseFailed(failure=failure):
                 line.waiting = line.waiting or failure == Code.NO_CAPACITY
             case Retrying(counts=counts):

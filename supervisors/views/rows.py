@@ -27,6 +27,7 @@ from actor_run.protocols.messages import (
     Stalled,
     TransferFailed,
     Uploaded,
+    is_waiting,
 )
 from actor_run.supervisors.views.text import printable
 
@@ -142,7 +143,7 @@ def _row(line: JobLine, now: float, cols: frozenset[str], budgets_w: int = 0) ->
     """A running job's row on the frame, as (text, style) pieces: the columns `cols` (fit.py) of it;
     `budgets_w`: the retry budgets' column's width (`budgets_text`), when it is one of `cols`."""
     state_style = YELLOW if line.waiting else CYAN if line.state == "running" else None
-    state = ("no capacity" if line.waiting and line.machine is None and line.state != "waiting for capacity"
+    state = ("no capacity" if line.waiting and line.machine is None and not is_waiting(line.state)
              else line.state)
     pieces: list[tuple[str, str | None]] = [
         (f"{line.key[:24]:<24} ", None), (f"{state[:12]:<12}", state_style)]

@@ -92,8 +92,10 @@ def describe(e: Event) -> str | None:
             return f"cache {cache} in {region or 'this place'}: {detail}"
         case CacheOpened(cache=cache, region=region, volume=volume, path=path, created=created):
             return f"cache {cache} ({volume}) {'made' if created else 'found'} in {region}, mounted at {path}"
+        case WaitingForCapacity(budget=budget, until=until) if budget:
+            return f"waiting for room in the team budget {budget!r} until {_clock(until)}"
         case WaitingForCapacity(wanted=wanted, until=until):
-            return f"waiting for capacity ({wanted}) until {time.strftime('%H:%M:%S', time.localtime(until))}"
+            return f"waiting for capacity ({wanted}) until {_clock(until)}"
         case Leased(machine=m):
             return f"leased {m.name} ({m.id}) at ${m.hourly_usd:.2f}/h"
         case LeaseFailed(failure=failure, detail=detail):
@@ -150,3 +152,8 @@ def event_logger(run_of: Callable[[str], str]) -> Callable[[Event], None]:
             logger.bind(job=key, attempt=f"a{e.attempt}", run=run_of(key)).log(level_of(e), text)
 
     return log_event
+
+
+def _clock(t: float) -> str:
+    """A unix time as this computer's wall clock (HH:MM:SS)."""
+    return time.strftime("%H:%M:%S", time.localtime(t))

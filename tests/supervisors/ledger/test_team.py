@@ -73,6 +73,7 @@ def _batch(tmp: Path, name: str) -> Path:
         setup_grace_s = 30
         last_grace_factor = 1.0
         budget = "team-a"
+        on_budget_full = "end"  # a job that finds the budget full ends `budget` (test_team_waits.py: "wait")
 
         [[candidates]]
         cloud = "sim"
