@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from support.cli_inproc import run_cli
-from test_cli import CLI, ENV, Lines, Paths, batch, cli, poll
+from support.process_kit import Output
+from test_cli import CLI, ENV, Paths, batch, cli, poll
 
 from actor_run.supervisors.ledger import LedgerReader
 
@@ -69,7 +70,7 @@ def test_logs_follows_a_job_across_a_retry_and_ends_with_it(paths: Paths) -> Non
         poll(recorded, 60, "the job in the ledger")
         follow = subprocess.Popen([*CLI, "logs", "t/1", "-f", *paths.common()], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=ENV)
-        out = Lines(follow.stdout)
+        out = Output(follow.stdout)
         out.wait_for(" attempt 0 on local", 60)
         out.wait_for("first attempt is here", 60)  # live: the job is still running, waiting for the gate
         out.wait_for("tick", 30)

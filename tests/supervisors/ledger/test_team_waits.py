@@ -79,14 +79,23 @@ class Run:
                                       str(tmp / "out"), "--yes", "--json"], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         self.stderr = ""
+        self._errors: list[str] = []
+        # one reader per pipe, each a thread of its own (a `communicate` beside a reader of stdout would
+        # take some of its lines: two readers of one pipe)
         self._reader = threading.Thread(target=self._read, name="test-team-wait-events")
         self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_errors, name="test-team-wait-stderr")
+        self._err_reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("{"):
                 self.events.append(json.loads(line))
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        self._errors.extend(self.proc.stderr)
 
     def of(self, kind: str, **fields: Any) -> list[dict[str, Any]]:
         return [e for e in list(self.events) if e["type"] == kind and all(e.get(k) == v for k, v in fields.items())]
@@ -96,12 +105,14 @@ class Run:
 
     def finish(self, timeout: float = 180) -> int:
         try:
-            _, self.stderr = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
-                self.proc.communicate()
+                self.proc.wait()
             self._reader.join(30)
+            self._err_reader.join(30)
+            self.stderr = "".join(self._errors)
         return self.proc.returncode
 
 
