@@ -20,13 +20,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import msgspec
 import outcome
 import pykka
 
@@ -36,6 +34,7 @@ from actor_run.actors.flag import Flag
 from actor_run.actors.heartbeat import HeartbeatActor
 from actor_run.actors.lease import LeaseActor
 from actor_run.actors.meter import CostMeterActor, usage_between
+from actor_run.actors.reattach import Reattach, taken_over
 from actor_run.actors.runtime import Result
 from actor_run.actors.transfer import TransferActor
 from actor_run.protocols.attempt_time import AttemptTime
@@ -84,18 +83,6 @@ class _Started(Message, frozen=True, kw_only=True):
 
 class _Probed(Message, frozen=True, kw_only=True):
     result: Any  # Result[tuple[str, int, float]]: the work folder, the pid (0: never started), its start
-
-
-class Reattach(msgspec.Struct, frozen=True, kw_only=True):
-    """A machine whose job an earlier controller started and that still runs it (resume). With no
-    `work`, the controller died after the machine answered and before it recorded a start: the
-    machine is asked whether the job runs there (`Workspace.started`) before anything is started."""
-
-    machine: Machine
-    work: str
-    pid: int
-    launched_at: float
-    handle: str = ""  # a queue job's, as recorded: followed instead of a pid
 
 
 def _billed_from(machine: Machine) -> float:
@@ -504,31 +491,3 @@ class AttemptActor(Actor):
                     child.stop(block=True, timeout=self.ctx.delete_timeout_s + 60)
                 except pykka.Timeout:
                     self.log.error("{} did not stop in time", child)
-
-
-_TAKEN_OVER = re.compile(
-    rb"^--- (?:run \S+ )?attempt (\d+) taken over by controller \S+ \(.*\); its log goes on from byte (\d+) ---\n",
-    re.MULTILINE)
-
-
-def taken_over(log: Path, attempt: int, owner: str, header: str) -> tuple[str, int]:
-    """For an adopted attempt: the line that opens the adopter's writing in log.txt, and how many
-    bytes of the job's log the file already holds (the heartbeat reads on from there, so no line
-    is written twice). The attempt's part is the one its header opened (`--- run R attempt N on ...`);
-    each takeover line records where the job's log stood, so a second adopter counts from it. With
-    no part of that attempt here (another computer, a removed file): `header` and byte 0."""
-    try:
-        data = log.read_bytes()
-    except OSError:
-        return header, 0
-    # the header names its run (`--- run R attempt N on ...`); a log written before runs were named has none
-    opened = list(re.finditer(rb"^--- (?:run \S+ )?attempt " + str(attempt).encode() + rb" on .*---\n", data,
-                              re.MULTILINE))
-    if not opened:
-        return header, 0
-    part = data[opened[-1].end():]
-    marks = [m for m in _TAKEN_OVER.finditer(part) if int(m.group(1)) == attempt]
-    at = int(marks[-1].group(2)) + len(part) - marks[-1].end() if marks else len(part)
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-    line = f"--- attempt {attempt} taken over by controller {owner[:8]} ({when}); its log goes on from byte {at} ---\n"
-    return ("" if not data or data.endswith(b"\n") else "\n") + line, at
