@@ -109,10 +109,15 @@ class BatchSupervisor(PooledActor):
         match message:
             case Submit(job=job) as submit:
                 why = submit.refuse or self.stopped or self._stopping()
-                if why is not None:
+                if submit.reattach is not None and submit.refuse is None:
+                    # watching is not a slot: an adopted running job is watched at once; and a stop
+                    # cannot end it unstarted, its machine being ours now: it is adopted, then cancelled
+                    # (its lease deletes the machine)
+                    self._start(submit)
+                    if why is not None:
+                        self.running[job.key].tell(why)
+                elif why is not None:
                     self._end_unstarted(job, why)
-                elif submit.reattach is not None:
-                    self._start(submit)  # watching is not a slot: an adopted running job is watched at once
                 else:
                     self.pending.append(submit)
                     self._fill()

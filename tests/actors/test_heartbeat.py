@@ -518,6 +518,9 @@ def test_the_header_goes_to_log_txt_with_the_first_log_bytes_in_one_write(
     header = "--- attempt 0 on local this-computer (now) ---\n"
     with machines.open() as (machine, ws):
         work, pid = machines.start_job(ws, "echo line one; sleep 0.3; echo line two")
+        # the job has printed before the heartbeat's first poll (on a loaded machine that poll could
+        # otherwise come first, and a header with nothing to go with is written alone, as it must be)
+        wait_until(lambda: (Path(work) / "log.txt").read_bytes().startswith(b"line one"), 30, "line one")
         ref = watch(machine.name, work, pid, log_header=header)
         probe.wait_for(Exited)
         ref.stop()
