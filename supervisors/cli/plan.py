@@ -30,6 +30,7 @@ from actor_run.supervisors.api.config import UserConfig, load_config
 from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import Exit
 from actor_run.supervisors.cli.offers import ask, open_clouds
+from actor_run.supervisors.cli.prompt import ask_line
 from actor_run.supervisors.tree import oom_ladder
 from actor_run.supervisors.tree.budget import reservation_usd
 
@@ -232,7 +233,7 @@ def confirm(args: argparse.Namespace, batch: Batch) -> bool:
     if args.yes or threshold is None or plan.worst_usd is None or plan.worst_usd <= threshold:
         return True
     try:
-        answer = input(f"the worst case passes confirm_above_usd {usd(threshold)}; run it? [y/N] ")
+        answer = ask_line(f"the worst case passes confirm_above_usd {usd(threshold)}; run it? [y/N] ")
     except EOFError:
         answer = ""
     return answer.strip().lower() in ("y", "yes")
