@@ -57,7 +57,7 @@ def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> lis
     environ = dict(os.environ)
     items = []
     for row in rows:
-        if row["owner"] in live:  # (its lease was renewed between the two reads)
+        if row["owner"] in live:  # (its lease ran out between the two reads: the next call takes it)
             continue
         job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), environ)
         mine = [m for m in by_job.get((job.name, job.seed), ()) if m.run in (row["run"], None)]
