@@ -71,6 +71,8 @@ def redacted(job: Job) -> Job:
 def unredacted(job: Job, environ: dict[str, str]) -> tuple[Job, list[str]]:
     """Fill redacted env values from `environ` (registered with the redactor); the names still
     missing are returned."""
+    if REDACTED not in job.env.values():
+        return job, []  # nothing to fill: the job as it is (a replace checks the whole job again)
     env, missing = {}, []
     for k, v in job.env.items():
         if v == REDACTED:

@@ -468,20 +468,30 @@ class Runner:
         this process's environment."""
         clouds = self._parts()[0]
         handles = []
+        environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
+        built: list[tuple[str, dict[str, Any], str]] = []  # (cloud, its table, what was wrong) got in this claim
         for claimed in self.ledger.claim_queued(most):
-            job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), dict(os.environ))
+            job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
             refuse = None
             if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
                 refuse = Cancel(failure=Code.INPUT, detail=(
                     f"env {', '.join(missing)} was kept out of the ledger (secret) and is not set for this "
                     "worker: set it in the worker's environment, or list it in job.public_env"))
             for c in job.candidates:
-                try:
-                    clouds.get(c.cloud, job.clouds.get(c.cloud, {}))
-                except SpecError as exc:  # another run's settings for that cloud lease here: say so
-                    if c.cloud not in clouds.by_key:
-                        raise  # not built at all
-                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, exc)
+                table = job.clouds.get(c.cloud, {})
+                # the seeds of a batch share their clouds' settings: each is looked at once a claim
+                why = next((w for name, t, w in built if name == c.cloud and t == table), None)
+                if why is None:
+                    try:
+                        clouds.get(c.cloud, table)
+                        why = ""
+                    except SpecError as exc:  # another run's settings for that cloud lease here: say so
+                        if c.cloud not in clouds.by_key:
+                            raise  # not built at all
+                        why = str(exc)
+                    built.append((c.cloud, table, why))
+                if why:
+                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, why)
             handle = self.board.add(job, claimed.run)
             handles.append(handle)
             folder = claimed.out_dir or str(seed_dir(self.out_dir, claimed.run, job))

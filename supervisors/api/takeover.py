@@ -61,27 +61,34 @@ class Takeover:
         Jobs of another run with the key of one taken here are left for a later call. Then the
         dead owners' remaining machines are swept (without `sweep_after`, only if a job was taken:
         a worker's adoption check, every poll). Without `take_runs` (a worker adopting jobs of a
-        shared ledger) each run stays its starter's: the worker adopts jobs, not runs. `most_new`: at
-        most that many jobs that need a machine launched (a worker's free slots); a job whose machine
-        runs it is always taken, and watched at once (watching is not a slot)."""
+        shared ledger) each run stays its starter's: the worker adopts jobs, not runs. `most_new`: a
+        worker's free slots: of the jobs that need a machine launched it takes that many, or its share
+        of them (their count over the live owners, itself included) if more, the rest waiting here for
+        a slot; a job whose machine runs it is always taken, and watched at once (watching is not a
+        slot). None: every job. Main thread (the Runner's caller); LedgerError if the ledger fails."""
         reader = LedgerReader(self.ledger_path)
         try:
             items = plan_resume(reader, me=self.owner, run=run)
+            adopters = sorted(reader.live_owners() | {self.owner}) if most_new is not None and items else []
         finally:
             reader.close()
+        if most_new is not None:
+            items, most_new = _my_share(items, most_new, adopters, self.owner)
         taken: list[tuple[ResumeItem, JobHandle]] = []
         runs: set[str] = set()
         wanted: list[ResumeItem] = []
+        keys: set[str] = set()
         for item in items:
             if self.board.running(item.job.key) is not None:
                 continue  # one job of that name and seed at a time in one Runner: the next call takes it
-            if any(w.job.key == item.job.key for w in wanted):
+            if item.job.key in keys:
                 continue  # (the same key in two runs: the next call takes the other)
             if item.reattach is None and most_new is not None:
                 if most_new < 1:
                     continue  # left to a worker with a free slot
                 most_new -= 1
             wanted.append(item)
+            keys.add(item.job.key)
         # one transaction for every claim (another resumer may win some), one for every adoption
         won = self.ledger.claim_jobs([(i.job.key, i.from_owner, i.run) for i in wanted])
         for item in wanted:
@@ -238,6 +245,25 @@ class Takeover:
             return actions
         finally:
             reader.close()
+
+
+def _my_share(items: list[ResumeItem], free: int, adopters: list[str], me: str) -> tuple[list[ResumeItem], int]:
+    """A worker's adoption of dead workers' jobs (`Takeover.resume` with `most_new`): every job whose
+    machine runs it, and of those needing a machine its free slots' worth or its share (their count
+    over the live owners `adopters`, `me` among them), whichever is more: a dead worker's jobs are
+    adopted within a poll of its lease's end even when every worker is full (they wait for a slot
+    in the adopter's batch, as a resume's do), where they had waited, unadopted, for slots to free.
+    Each live owner's share is its own: the jobs needing a machine, in the ledger's order, dealt
+    out in turn to the owners in id order, so adopters polling at once claim different jobs; past
+    its share a worker with more free slots takes the others. Answers the items in the order to
+    take them and how many needing a machine to take."""
+    new = [i for i in items if i.reattach is None]
+    share = -(-len(new) // max(1, len(adopters)))
+    if len(new) <= free or me not in adopters:
+        return items, max(free, share)
+    mine = adopters.index(me)
+    dealt = sorted(range(len(new)), key=lambda n: (n % len(adopters) != mine, n))
+    return [i for i in items if i.reattach is not None] + [new[n] for n in dealt], max(free, share)
 
 
 def _identity(digest: bytes) -> bytes:

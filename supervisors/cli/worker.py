@@ -200,8 +200,10 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
           mode: str = "hand back", signals: _Signals | None = None, metrics: Any = None) -> bool:
     """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
     in the ledger, or (with --until-idle) until nothing is queued or running anywhere. Each poll:
-    orphans first (every one whose machine runs it, watched at once; those needing a machine up to
-    the free slots), then queued jobs up to the free slots. A poll that cannot read the ledger (the
+    orphans first (every one whose machine runs it, watched at once; of those needing a machine, as
+    many as the free slots or this worker's share of them, whichever is more: a dead worker's jobs
+    are adopted within a poll of its lease's end even when every worker is full, and wait here for a
+    slot), then queued jobs up to the free slots. A poll that cannot read the ledger (the
     database restarting) is skipped: the jobs go on. False if this controller's lease was lost
     meanwhile (it let its jobs go)."""
     from loguru import logger  # the Runner has loaded it

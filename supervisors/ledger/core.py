@@ -345,9 +345,10 @@ class LedgerCore:
             if waiter is not None:
                 waiter.finish()
 
-    def _submit(self, op: Op, *, wait: bool = False, fence: str | None = None) -> None:
-        """Queue a write; with `wait`, return only once it is committed (or raise LedgerError)."""
-        waiter = self._queue_op(op, tracked=wait, fence=fence)
+    def _submit(self, op: Op, *, wait: bool = False, fence: str | None = None, first: bool = False) -> None:
+        """Queue a write; with `wait`, return only once it is committed (or raise LedgerError).
+        `first`: ahead of every write queued (`_queue_op`)."""
+        waiter = self._queue_op(op, tracked=wait, fence=fence, first=first)
         if waiter is not None:
             waiter.wait()
 
@@ -357,14 +358,22 @@ class LedgerCore:
         assert waiter is not None
         return waiter
 
-    def _queue_op(self, op: Op, *, tracked: bool, fence: str | None = None) -> Waiter | None:
+    def _queue_op(self, op: Op, *, tracked: bool, fence: str | None = None, first: bool = False) -> Waiter | None:
         """Queue a write without waiting; `tracked` returns the Waiter that says when it is durable.
-        Writes commit in the order they were queued. `fence`: the job key whose claim this write
-        needs (on a fenced backend it is not made once the claim is lost)."""
+        Writes commit in the order they were queued, but one queued `first`: it goes into the next
+        transaction, ahead of those waiting (only for a write that no write queued before it is
+        about: a claim of another owner's jobs, which waited 25-30 s behind a start burst's
+        thousands of writes while the dead worker's jobs stayed unadopted; bench/scaleout.py).
+        `fence`: the job key whose claim this write needs (on a fenced backend it is not made once
+        the claim is lost)."""
         if self._closed:
             raise LedgerError("the ledger is closed")
         waiter = Waiter() if tracked else None
-        self._queue.put((op, waiter, fence if fence in self.tokens else None))
+        item = (op, waiter, fence if fence in self.tokens else None)
+        if first:
+            self._queue.put_first(item)
+        else:
+            self._queue.put(item)
         return waiter
 
     def _machine_fence(self, name: str) -> str | None:

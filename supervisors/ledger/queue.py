@@ -103,6 +103,14 @@ class _WriteQueue(Generic[T]):
         if wake:
             self._wake.release()
 
+    def put_first(self, item: T) -> None:
+        """`put`, but ahead of every item waiting: the next `take` returns it first."""
+        with self._lock:
+            self._items.appendleft(item)
+            wake, self._sleeping = self._sleeping, False
+        if wake:
+            self._wake.release()
+
     def take(self, most: int) -> list[T]:
         """Up to `most` items, oldest first; blocks while there are none."""
         while True:

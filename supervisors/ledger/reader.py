@@ -93,9 +93,21 @@ class LedgerReader:
         for r in rows:
             yield dict(zip(cols, r, strict=True))
 
-    def machines(self, *, alive_only: bool = False) -> list[MachineRow]:
-        sql = "SELECT * FROM machines" + (" WHERE state='alive'" if alive_only else "") + " ORDER BY created"
-        return [msgspec.convert(r, MachineRow) for r in self._rows(sql)]
+    def machines(self, *, alive_only: bool = False, jobs: Iterable[tuple[str, int]] | None = None) -> list[MachineRow]:
+        """Every machine, oldest first (or only the alive ones); with `jobs` ((name, seed) pairs), at
+        least those of these jobs (on a shared ledger only they and a few more are read: a worker
+        adopting 3,000 jobs of a 9,000-job batch reads their machines, not the batch's)."""
+        where = ["state='alive'"] if alive_only else []
+        args: tuple[Any, ...] = ()
+        if jobs is not None and self.backend.fenced:
+            names, seeds = set(), set()
+            for name, seed in jobs:
+                names.add(name)
+                seeds.add(seed)
+            where.append("job = ANY(?) AND seed = ANY(?)")
+            args = (sorted(names), sorted(seeds))
+        sql = "SELECT * FROM machines" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created"
+        return [msgspec.convert(r, MachineRow) for r in self._rows(sql, args)]
 
     def machine(self, name: str) -> MachineRow | None:
         rows = [msgspec.convert(r, MachineRow) for r in self._rows("SELECT * FROM machines WHERE name=?", (name,))]
@@ -128,6 +140,25 @@ class LedgerReader:
             return any(True for _ in rows)
         live = self.live_owners() | {me}
         return any(r["owner"] not in live for r in self._rows("SELECT DISTINCT owner FROM jobs WHERE state='running'"))
+
+    def orphaned_jobs(self, *, me: str, run: str | None = None) -> list[dict[str, Any]]:
+        """The running jobs (with their specs) of dead owners, of `run` or of every run, oldest run
+        first: what a resume takes. On a shared ledger the database picks them (the lease by its
+        clock, as `has_orphans` does), so an adopter reads the dead worker's jobs, not every job."""
+        cols = "run, key, name, seed, owner, state, failure, detail, attempts, usd, out_dir, updated, spec"
+        where, args = "state='running' AND owner <> ?", [me]
+        if run is not None:
+            where += " AND run=?"
+            args.append(run)
+        if self.backend.fenced:
+            rows = self._rows(
+                f"SELECT {cols} FROM jobs j WHERE {where} AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.id = j.owner"
+                f" AND o.closed = 0 AND (o.lease_until IS NULL OR o.lease_until > {self.backend.now_sql}))"
+                " ORDER BY run, name, seed", tuple(args))
+            return list(rows)
+        live = self.live_owners() | {me}
+        return [r for r in self._rows(f"SELECT {cols} FROM jobs WHERE {where} ORDER BY run, name, seed", tuple(args))
+                if r["owner"] not in live]
 
     def job_states(self, run: str | None = None) -> dict[str, str]:
         """Job key -> state, of `run`, or (keyed run/key) of every run: what a worker asks every poll,

@@ -46,15 +46,21 @@ def _reattachable(rows: list[MachineRow]) -> MachineRow | None:
 
 
 def plan_resume(reader: LedgerReader, *, me: str, run: str | None = None) -> list[ResumeItem]:
-    """The unfinished jobs of dead owners, of `run` or of every run, oldest run first."""
+    """The unfinished jobs of dead owners, of `run` or of every run, oldest run first. It reads
+    those jobs and their machines only, each machine once (a worker adopting a dead worker's 3,000
+    jobs compared each with every machine of the batch: 27 million comparisons at 9,000 jobs)."""
     live = reader.live_owners() | {me}
-    machines = reader.machines()
+    rows = reader.orphaned_jobs(me=me, run=run)
+    by_job: dict[tuple[str, int], list[MachineRow]] = {}
+    for m in reader.machines(jobs=[(r["name"], r["seed"]) for r in rows]):
+        by_job.setdefault((m.job, m.seed), []).append(m)
+    environ = dict(os.environ)
     items = []
-    for row in reader.jobs(run):
-        if row["state"] != "running" or row["owner"] in live:
+    for row in rows:
+        if row["owner"] in live:  # (its lease ran out between the two reads: the next call takes it)
             continue
-        job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), dict(os.environ))
-        mine = [m for m in machines if m.job == job.name and m.seed == job.seed and m.run in (row["run"], None)]
+        job, missing = unredacted(msgspec.json.decode(row["spec"], type=Job), environ)
+        mine = [m for m in by_job.get((job.name, job.seed), ()) if m.run in (row["run"], None)]
         first = max((m.attempt for m in mine), default=-1) + 1
         best = _reattachable(mine)
         reattach = offer = None

@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -604,6 +605,52 @@ def test_a_controller_whose_claim_was_taken_writes_nothing_more_for_that_job(pg_
         old.close()
         new.close()
 
+def test_an_adopters_claim_goes_ahead_of_its_own_queued_writes(pg_url: str) -> None:
+    """A worker in a start burst has thousands of its own writes queued; its claim of a dead
+    worker's jobs goes into the next transaction ahead of them (none is about those jobs), not
+    behind them: here the writes queued before it include one that cannot commit (its run's row is
+    held), and the claim still commits."""
+    import psycopg
+
+    dead, me = Ledger(pg_url, "d" * 32), Ledger(pg_url, "m" * 32)
+    held, blocker = psycopg.connect(pg_url, autocommit=True), psycopg.connect(pg_url, autocommit=True)
+    try:
+        dead.register_owner()
+        me.register_owner()
+        dead.run, me.run = "dead-run", "my-run"
+        assert me.start_run("my-run", batch="b.toml", out_dir="/o")
+        for seed in range(3):
+            dead.record_job(key=f"d/seed-{seed}", name="d", seed=seed, spec=b"{}", state="running", out_dir="/o")
+        me.record_job(key="mine/seed-1", name="mine", seed=1, spec=b"{}", state="running", out_dir="/o")
+        dead.flush()
+        me.flush()
+        blocker.execute("BEGIN")
+        blocker.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # the writer's transaction in hand waits
+        held.execute("BEGIN")
+        held.execute("SELECT id FROM runs WHERE id = 'my-run' FOR UPDATE")  # my job's end cannot commit
+        me.record_event(JobEnded(job="mine", seed=1, outcome="succeeded", attempts=1))
+        poll(lambda: blocker.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                     ).fetchone()[0] > 0, 30, "the writer waiting on the events table")  # type: ignore[index]
+        for _ in range(1000):  # a burst's writes, queued behind it
+            me.record_event(JobEnded(job="mine", seed=1, outcome="succeeded", attempts=1))
+        end = me.record_job_end(key="mine/seed-1", state="succeeded", failure=None, detail="", attempts=1, usd=0.0)
+        won: list[set[str]] = []
+        claiming = threading.Thread(target=lambda: won.append(
+            me.claim_jobs([(f"d/seed-{seed}", dead.owner, "dead-run") for seed in range(3)])))
+        claiming.start()
+        blocker.execute("ROLLBACK")
+        claiming.join(60)
+        assert won == [{"d/seed-0", "d/seed-1", "d/seed-2"}]  # committed while the job's end still waits
+        assert not end.done.is_set()
+        held.execute("ROLLBACK")
+        end.wait(60)
+    finally:
+        for conn in (held, blocker):
+            conn.close()
+        dead.close()
+        me.close()
+
+
 def test_two_runs_of_one_job_keep_their_own_rows(ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
     first, second = ledgers(), ledgers()
     for led, run in ((first, "run00001"), (second, "run00002")):
@@ -641,6 +688,85 @@ def test_a_running_job_of_a_dead_owner_is_an_orphan(ledgers: Callable[..., Ledge
     a.close_owner()
     assert reader.has_orphans(me=b.owner)
     assert not reader.has_orphans(me=a.owner)  # one's own jobs are not orphans to oneself
+
+
+def test_plan_resume_reads_the_dead_owners_jobs_each_with_its_own_machines(
+        ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    """What an adopter plans from: only the running jobs of dead owners (not a live one's, not a
+    finished or queued one, not its own), each with the machines of its own name, seed and run
+    (a row of no run counts: an older ledger's): the attempt to go on from, and the one to reattach."""
+    import msgspec
+
+    from actor_run.protocols.specs import Job
+    from actor_run.supervisors.ledger.resume import plan_resume
+
+    dead, live, me = ledgers(), ledgers(), ledgers()
+    for led in (dead, live, me):
+        led.register_owner()
+    spec = {s: msgspec.json.encode(Job(name="j", command="true", seed=s)) for s in range(1, 6)}
+    dead.run, live.run = "run1", "run2"
+    for seed, state in ((1, "running"), (2, "running"), (3, "succeeded"), (4, "queued")):
+        dead.record_job(key=f"j/seed-{seed}", name="j", seed=seed, spec=spec[seed], state=state, out_dir=f"/o/{seed}")
+    live.record_job(key="j/seed-5", name="j", seed=5, spec=spec[5], state="running", out_dir="/o/5")
+    live.record_job(key="j/seed-1", name="j", seed=1, spec=spec[1], state="running", out_dir="/o/r2")  # run2's
+    # seed 1: attempt 0 gone, attempt 1 runs on its machine; seed 2: attempt 0 asked for, never answered
+    dead.record_intent(name="m-1-0", cloud="sim", job="j", seed=1, attempt=0, deadline=time.time() + 600)
+    dead.record_gone("m-1-0", time.time(), "deleted")
+    dead.record_intent(name="m-1-1", cloud="sim", job="j", seed=1, attempt=1, deadline=time.time() + 600)
+    dead.record_launched(Machine(cloud="sim", id="m-1-1", name="m-1-1"))
+    dead.record_started("m-1-1", "/w/1", 4242, time.time())
+    dead.record_intent(name="m-2-0", cloud="sim", job="j", seed=2, attempt=0, deadline=time.time() + 600)
+    live.record_intent(name="m-1-r2", cloud="sim", job="j", seed=1, attempt=7, deadline=time.time() + 600)  # run2's
+    for led in (dead, live):
+        led.flush()
+    assert plan_resume(reader, me=me.owner) == []  # every owner alive
+    dead.close_owner()
+    items = plan_resume(reader, me=me.owner)
+    assert [(i.run, i.job.key, i.from_owner, i.seed_dir, i.first_attempt) for i in items] == [
+        ("run1", "j/seed-1", dead.owner, "/o/1", 1), ("run1", "j/seed-2", dead.owner, "/o/2", 1)]
+    assert items[0].reattach is not None
+    assert (items[0].reattach.machine.name, items[0].reattach.pid) == ("m-1-1", 4242)
+    assert items[1].reattach is None
+    assert [j["key"] for j in reader.orphaned_jobs(me=me.owner, run="run2")] == []
+    assert [j["key"] for j in reader.orphaned_jobs(me=dead.owner)] == []  # one's own are not orphans to oneself
+
+
+def test_adopters_claiming_a_dead_owners_jobs_at_once_each_win_different_ones(
+        ledgers: Callable[..., Ledger], reader: LedgerReader, db: Db) -> None:
+    """`claim_jobs`, one transaction (one statement on PostgreSQL) for a dead worker's many jobs:
+    two adopters asking for the same ones at the same moment win each job once between them; a job
+    that moved on (another owner, or ended) is won by nobody; the winner holds it (its token)."""
+    import threading
+
+    dead, a, b = ledgers(), ledgers(), ledgers()
+    dead.run = "r"
+    keys = [f"j/seed-{i}" for i in range(300)]
+    for i, key in enumerate(keys):
+        dead.record_job(key=key, name="j", seed=i, spec=b"{}", state="running", out_dir="/o")
+    dead.record_job(key="k/seed-1", name="k", seed=1, spec=b"{}", state="succeeded", out_dir="/o")
+    dead.flush()
+    wanted = [(key, dead.owner, "r") for key in keys] + [("k/seed-1", dead.owner, "r"), ("x/seed-1", "nobody", "r")]
+    won: dict[str, set[str]] = {}
+    go = threading.Barrier(2)
+
+    def claim(led: Ledger) -> None:
+        go.wait(30)
+        won[led.owner] = led.claim_jobs(list(wanted))
+
+    threads = [threading.Thread(target=claim, args=(led,)) for led in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not won[a.owner] & won[b.owner]
+    assert won[a.owner] | won[b.owner] == set(keys)
+    owners = {j["key"]: j["owner"] for j in reader.jobs()}
+    for led in (a, b):
+        assert all(owners[k] == led.owner for k in won[led.owner])
+        tokens = dict(db.raw("SELECT key, token FROM jobs WHERE owner=?", (led.owner,)))
+        assert tokens == {k: led.tokens[k] for k in won[led.owner]}
+    assert owners["k/seed-1"] == dead.owner
+    assert a.claim_jobs([(key, dead.owner, "r") for key in keys]) == set()  # no longer the dead owner's
 
 
 def test_a_dead_controllers_preempted_machine_is_settled_up_to_its_preemption(
