@@ -28,6 +28,7 @@ from actor_run.protocols.clouds.capabilities import (
     Checking,
     LaunchChecking,
     MachineChecking,
+    PassingOver,
     Reclaim,
     Reclaiming,
     SellsGpus,
@@ -152,7 +153,7 @@ def make_cloud(name: str, raw: dict[str, Any], state_dir: Path) -> Cloud:
 
 __all__ = [
     "MAIN", "Booting", "CacheAttaching", "Caching", "Cataloged", "Checking", "Cloud", "LaunchChecking", "MachineCheck",
-    "MachineChecking", "Reclaim", "Reclaiming", "SSHLogin", "SellsGpus", "account_settings", "accounts_of",
-    "check_cloud_names", "cloud_key", "gpu_memory_gb",
+    "MachineChecking", "PassingOver", "Reclaim", "Reclaiming", "SSHLogin", "SellsGpus", "account_settings",
+    "accounts_of", "check_cloud_names", "cloud_key", "gpu_memory_gb",
     "known_clouds", "known_gpus", "known_regions", "make_cloud", "parse_settings", "split_key", "verify_machine",
 ]

@@ -14,6 +14,7 @@ signatures). Callers ask `isinstance(cloud, Capability)`, never `getattr`.
 | `Caching`        | `open_cache`, `list_caches`, ... | runpod, lambda, hyperstack | the lease, `sweep --caches` |
 | `CacheAttaching` | `async attach_cache(...)`    | hyperstack            | the lease, after the check   |
 | `SellsGpus`      | `sold_gpus`                  | sim                   | `actor-run clouds check`     |
+| `PassingOver`    | `passed_over(index)`         | lambda, hyperstack    | `actor-run plan`             |
 
 tests/protocols/clouds/test_capabilities.py holds the table of which registered cloud has which.
 """
@@ -98,12 +99,6 @@ class Reclaiming(Protocol):
     reclaim: Reclaim | None
 
 
-__all__ = [
-    "Booting", "CacheAttaching", "Caching", "Cataloged", "Checking", "LaunchChecking", "MachineChecking", "Reclaim",
-    "Reclaiming", "SSHLogin", "SellsGpus",
-]
-
-
 @runtime_checkable
 class MachineChecking(Protocol):
     """A cloud whose machines are checked before the job (clouds/verify.py): their GPUs and clock."""
@@ -145,7 +140,6 @@ class SellsGpus(Protocol):
         ...
 
 
-
 @runtime_checkable
 class CacheAttaching(Protocol):
     """A cloud whose cache volume is attached to a machine once it runs, and formatted (when blank)
@@ -157,3 +151,20 @@ class CacheAttaching(Protocol):
         HostError when the provider or the machine did not answer (a cold start too). A trio
         coroutine, on the reactor, after the machine's check."""
         ...
+
+
+@runtime_checkable
+class PassingOver(Protocol):
+    """A cloud whose `offers` leaves out places that have stock for a reason of its own (a region with
+    no image whose CUDA the GPU class needs), and can say which and why."""
+
+    def passed_over(self, index: int) -> list[str]:
+        """What the last `offers` for candidate `index` left out, a line each ("us-west-1: no image
+        with CUDA 12.8 or newer for B200"); empty when nothing. Any thread; no I/O."""
+        ...
+
+
+__all__ = [
+    "Booting", "CacheAttaching", "Caching", "Cataloged", "Checking", "LaunchChecking", "MachineChecking",
+    "PassingOver", "Reclaim", "Reclaiming", "SSHLogin", "SellsGpus",
+]

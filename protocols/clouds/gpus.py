@@ -121,6 +121,14 @@ def cuda_floor(gpu: str) -> tuple[int, int] | None:
     return CUDA_FLOOR.get(ours) if ours is not None else None
 
 
+def no_image(region: str, gpu: str) -> str:
+    """Why a place with stock gets no offer: `region` lists no image whose CUDA the class of `gpu`
+    needs (said by `actor-run plan`: capabilities.PassingOver)."""
+    floor = cuda_floor(gpu)
+    need = f"CUDA {floor[0]}.{floor[1]} or newer" if floor is not None else "the image asked for"
+    return f"{region}: no image with {need} for {gpu_class(gpu)}"
+
+
 def image_cuda(image: str) -> tuple[int, int] | None:
     """The CUDA (major, minor) an image's name says it carries ("Ubuntu Server 22.04 LTS R535 CUDA
     12.2", "runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404"), or None when the name does not say."""
@@ -254,7 +262,25 @@ def gpu_memory_gb(gpu: str) -> float | None:
 
 
 __all__ = [
-    "CUDA_FLOOR", "GPUS", "GPU_MEMORY_GB", "MIN_CUDA", "SMI_NAMES", "ShapeError", "cuda_floor", "cuda_text",
-    "gpu_class", "gpu_count", "gpu_memory_gb", "gpu_names", "image_cuda", "min_cuda", "our_name", "parse_shape",
-    "same_shape", "shape", "smi_matches", "vendor_ids",
+    "CUDA_FLOOR",
+    "GPUS",
+    "GPU_MEMORY_GB",
+    "MIN_CUDA",
+    "SMI_NAMES",
+    "ShapeError",
+    "cuda_floor",
+    "cuda_text",
+    "gpu_class",
+    "gpu_count",
+    "gpu_memory_gb",
+    "gpu_names",
+    "image_cuda",
+    "min_cuda",
+    "no_image",
+    "our_name",
+    "parse_shape",
+    "same_shape",
+    "shape",
+    "smi_matches",
+    "vendor_ids",
 ]

@@ -40,8 +40,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 import trio
 
-from actor_run.protocols.clouds.capabilities import CacheAttaching, Caching
-from actor_run.protocols.clouds.gpus import cuda_floor, gpu_class, gpu_count, image_cuda, our_name, shape, vendor_ids
+from actor_run.protocols.clouds.capabilities import CacheAttaching, Caching, PassingOver
+from actor_run.protocols.clouds.gpus import (
+    cuda_floor,
+    gpu_class,
+    gpu_count,
+    image_cuda,
+    no_image,
+    our_name,
+    shape,
+    vendor_ids,
+)
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.hyperstack_volumes import HyperstackVolumes
 from actor_run.protocols.clouds.rented import (
@@ -119,7 +128,7 @@ def _when(value: Any) -> float:
         return 0.0
 
 
-class HyperstackCloud(RentedCloud, Caching, CacheAttaching):
+class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
     # hyperstack.md §2.3: regions seen:
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({
@@ -139,6 +148,7 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching):
         self._env_lock = trio.Lock()
         self._prices: dict[str, float] = {}
         self._images: dict[str, list[str]] = {}  # region -> its image names, read once
+        self._passed_over: dict[int, list[str]] = {}  # candidate -> what its last offers left out, and why
         self.volumes = HyperstackVolumes(self.api, self._prepare, volume_type=settings.volume_type,
                                          attach_wait_s=settings.cache_attach_wait_s, poll_s=settings.poll_s,
                                          refused=self._refused)
@@ -195,7 +205,8 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching):
         empty = {place for place, n in left.items() if n == "0"}
         wanted = vendor_ids(candidate.gpu, VENDOR)
         count = gpu_count(candidate.gpu)
-        out = []
+        out: list[Offer] = []
+        passed: list[str] = []
         for group in flavors.get("data") or []:
             for f in group.get("flavors") or []:
                 gpu, region = str(f.get("gpu") or ""), str(f.get("region_name") or group.get("region_name") or "")
@@ -208,13 +219,18 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching):
                     continue
                 ours = gpu_class(candidate.gpu) or our_name(gpu, VENDOR)
                 image = await self.image_for(ours, region, candidate.image or self.settings.image)
-                if not image:
-                    continue  # no image this GPU can run here: skipped before any create
+                if not image:  # no image this GPU can run here: skipped before any create
+                    passed.append(no_image(region, ours))
+                    continue
                 out.append(Offer(cloud=self.name, region=region, gpu=shape(ours, count),
                                  hourly_usd=round(price, 4), candidate=index, kind=str(f["name"]),
                                  stock=left.get((region, gpu), ""), image=image))
+        self._passed_over[index] = sorted(set(passed))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
+
+    def passed_over(self, index: int) -> list[str]:
+        return list(self._passed_over.get(index, []))
 
     # --- cache volumes (hyperstack_volumes.py) -----------------------------------------------------
 

@@ -48,8 +48,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import trio
 
-from actor_run.protocols.clouds.capabilities import Caching, Checking
-from actor_run.protocols.clouds.gpus import cuda_floor, gpu_class, gpu_count, image_cuda, our_name, shape, vendor_ids
+from actor_run.protocols.clouds.capabilities import Caching, Checking, PassingOver
+from actor_run.protocols.clouds.gpus import (
+    cuda_floor,
+    gpu_class,
+    gpu_count,
+    image_cuda,
+    no_image,
+    our_name,
+    shape,
+    vendor_ids,
+)
 from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -141,7 +150,7 @@ def seen_instance(inst: dict[str, Any], user: str, port: int) -> Seen:
     )
 
 
-class LambdaCloud(RentedCloud, Checking, Caching):
+class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
     # Lambda's region codes (lambda.md §2, GET /regions):
     # a candidate's `regions` outside them is a typo (exit 2 before anything starts)
     regions = frozenset({
@@ -164,6 +173,7 @@ class LambdaCloud(RentedCloud, Checking, Caching):
         self._fs_names: dict[str, str] = {}  # a cache file system's id -> its name (a launch names it)
         self._fs_lock = trio.Lock()
         self._images: dict[str, list[Image]] | None = None  # region -> its images, read once
+        self._passed_over: dict[int, list[str]] = {}  # candidate -> what its last offers left out, and why
         self._images_lock = trio.Lock()
 
     def _refused(self, what: str, resp: httpx.Response) -> Exception:
@@ -234,7 +244,8 @@ class LambdaCloud(RentedCloud, Checking, Caching):
         # the GPU our name means, as this catalog describes it on the one-GPU types the table names
         described = {str(item["instance_type"].get("gpu_description")) for name, item in catalog.items()
                      if name in wanted}
-        out = []
+        out: list[Offer] = []
+        passed: list[str] = []
         for type_name, item in catalog.items():
             gpus = int((item["instance_type"].get("specs") or {}).get("gpus") or 1)
             if wanted and not (type_name in wanted if count == 1 else
@@ -253,12 +264,17 @@ class LambdaCloud(RentedCloud, Checking, Caching):
                 ours = shape(gpu_class(candidate.gpu) or our_name(type_name, VENDOR), count)
                 named = candidate.image or self.settings.image
                 image = await self.image_for(ours, region["name"], named)
-                if not image and cuda_floor(ours) is not None:
-                    continue  # no image this GPU can run here: skipped before any create
+                if not image and cuda_floor(ours) is not None:  # skipped before any create
+                    passed.append(no_image(region["name"], ours))
+                    continue
                 out.append(Offer(cloud=self.name, region=region["name"], gpu=ours, hourly_usd=price, candidate=index,
                                  kind=type_name, stock="available", image=image))
+        self._passed_over[index] = sorted(set(passed))
         out.sort(key=lambda o: (o.hourly_usd, o.region, o.kind))
         return out
+
+    def passed_over(self, index: int) -> list[str]:
+        return list(self._passed_over.get(index, []))
 
     async def _ssh_key_name(self) -> str:
         """The name of an ssh-key holding our public key: found, or registered once."""

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from actor_run.protocols.attempt_time import attempt_time
-from actor_run.protocols.clouds import Cloud, cloud_key, gpu_memory_gb
+from actor_run.protocols.clouds import Cloud, PassingOver, cloud_key, gpu_memory_gb
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Offer
 from actor_run.protocols.specs import Batch, CandidateSpec
@@ -50,6 +50,7 @@ class CandidatePlan(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""  # what a cloud said instead of offers
     hold_s: float = 0.0  # the longest an attempt here may hold its machine
     attempt_usd: float | None = None  # the most one attempt here may cost (None: no offer, no price ceiling)
+    passed_over: list[str] = []  # places with stock its clouds left out, and why (capabilities.PassingOver)
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +115,8 @@ def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
     names = sorted({c.cloud for c in candidates})
     clouds, skipped = open_clouds(names, config, state, dict(spec.clouds), explicit=True)
 
+    passed: list[list[str]] = [[] for _ in candidates]
+
     async def gather() -> list[list[Offer] | str]:
         answers: list[list[Offer] | str] = [[] for _ in candidates]
 
@@ -129,6 +132,8 @@ def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
                     answers[i] = got
                     return
                 found += got
+                if isinstance(cloud, PassingOver):
+                    passed[i] += cloud.passed_over(i)
             answers[i] = found
 
         try:
@@ -148,7 +153,8 @@ def make_plan(batch: Batch, config: UserConfig, state: Path) -> Plan:
         prices = [o.hourly_usd for o in offers] or ([c.max_hourly_usd] if c.max_hourly_usd is not None else [])
         plans.append(CandidatePlan(index=i, cloud=c.cloud, gpu=c.gpu, accounts=list(c.accounts), offers=offers,
                                    error=got if isinstance(got, str) else "", hold_s=hold,
-                                   attempt_usd=reservation_usd(max(prices), hold) if prices else None))
+                                   attempt_usd=reservation_usd(max(prices), hold) if prices else None,
+                                   passed_over=passed[i]))
     priced = [p.attempt_usd for p in plans if p.attempt_usd is not None]
     attempt = max(priced) if priced else None
     jobs = len(spec.job.seeds)
@@ -179,6 +185,7 @@ def render(plan: Plan) -> str:
             lines.append(f"    no answer: {c.error}")
         elif not c.offers:
             lines.append("    nothing in stock now (the walk passes on to the next candidate)")
+        lines += [f"    passed over: {why}" for why in c.passed_over]
         for o in c.offers:
             stock = f"  stock {o.stock}" if o.stock else ""
             image = f"  image {o.image}" if o.image else ""

@@ -237,6 +237,7 @@ def test_lambda_boots_each_regions_image_by_cuda_and_a_region_without_one_is_ski
     assert plan.returncode == 0, plan.stderr
     b200 = plan.stdout.split("candidate 0:")[1].split("candidate 1:")[0]
     assert "nothing in stock now" in b200  # us-west-1 has B200 stock, and no image B200 can run
+    assert "passed over: us-west-1: no image with CUDA 12.8 or newer for B200" in b200  # and says why
     lines = plan.stdout.splitlines()
     assert "image lambda-stack-24-04" in next(x for x in lines if "us-east-1" in x and "A100-80G" in x)
     assert "image lambda-stack-22-04" in next(x for x in lines if "us-west-1" in x and "A100-80G" in x)

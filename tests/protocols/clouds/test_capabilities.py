@@ -17,6 +17,7 @@ from actor_run.protocols.clouds import (
     Checking,
     LaunchChecking,
     MachineChecking,
+    PassingOver,
     Reclaiming,
     SellsGpus,
     SSHLogin,
@@ -24,8 +25,8 @@ from actor_run.protocols.clouds import (
     make_cloud,
 )
 
-CAPABILITIES = (Booting, CacheAttaching, Caching, Cataloged, Checking, LaunchChecking, MachineChecking, Reclaiming,
-                SellsGpus, SSHLogin)
+CAPABILITIES = (Booting, CacheAttaching, Caching, Cataloged, Checking, LaunchChecking, MachineChecking, PassingOver,
+                Reclaiming, SellsGpus, SSHLogin)
 RENTED_VM = {Booting, Cataloged, LaunchChecking, SSHLogin, MachineChecking}
 # what each cloud can do beyond the Cloud protocol: the table in capabilities.py's docstring
 HAS: dict[str, set[type]] = {
@@ -35,8 +36,8 @@ HAS: dict[str, set[type]] = {
     "skypilot": {MachineChecking},
     "runpod-serverless": {Reclaiming},
     "runpod": RENTED_VM | {Caching},
-    "hyperstack": RENTED_VM | {Caching, CacheAttaching},
-    "lambda": RENTED_VM | {Checking, Caching},
+    "hyperstack": RENTED_VM | {Caching, CacheAttaching, PassingOver},
+    "lambda": RENTED_VM | {Checking, Caching, PassingOver},
     "vastai": RENTED_VM,
     "shadeform": RENTED_VM,
 }
