@@ -14,7 +14,7 @@ def ask_line(question: str) -> str:
     EOFError when stdin ends first. A Ctrl-C raises KeyboardInterrupt whenever it comes. Not
     `input()`: on a terminal readline prints the question and only then waits in select(), and a
     SIGINT in between is handled with nobody to see it, so the question waits for a line forever
-    (11 times in 15 on a loaded machine). Here the signal also writes a byte into a pipe the wait
+    (3 times in 8 on a loaded machine). Here the signal also writes a byte into a pipe the wait
     watches (`signal.set_wakeup_fd`), so the wait ends and Python's handler raises. Main thread only."""
     fd = sys.stdin.fileno()
     sys.stdout.write(question)
