@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -115,28 +114,6 @@ def test_logs_of_a_bad_target_exits_2_with_one_line(paths: Paths, target: str, m
 
 
 PLAIN_ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
-
-
-THREE_SEEDS = """\
-[job]
-name = "t"
-command = "sh -c 'echo hello {seed}'"
-seeds = [1, 2, 3]
-
-[policy]
-poll_s = 0.1
-"""
-
-
-@pytest.fixture(scope="module")
-def three_seeds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ledger with one finished run of three seeds (`echo hello <seed>`)."""
-    tmp = tmp_path_factory.mktemp("ran")
-    (tmp / "b.toml").write_text(textwrap.dedent(THREE_SEEDS))
-    done = run_cli(["run", str(tmp / "b.toml"), "--state-dir", str(tmp / "state"), "--ledger",
-                           str(tmp / "l.sqlite"), "--out", str(tmp / "out")], timeout=180, env=PLAIN_ENV)
-    assert done.returncode == 0, done.stderr
-    return tmp / "l.sqlite"
 
 
 def on_ledger(ledger: Path, *args: str) -> subprocess.CompletedProcess[str]:
