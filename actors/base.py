@@ -150,6 +150,12 @@ class Context:
         self.stopping = Flag()
         self.stop_reason: tuple[Code, str] = (Code.CANCELED, "canceled")  # what a job not yet told ends with
 
+    def stop(self, failure: Code, detail: str) -> None:
+        """The whole run is being cancelled (any thread): `stopping` set, and what a job or batch that
+        has not been told yet ends with (`stop_reason`), the reason written first."""
+        self.stop_reason = (failure, detail or "canceled")
+        self.stopping.set()
+
     def at(self, step: str, key: str) -> None:
         """A step of job `key`'s life is about to run (`out_folder`, `budget`, `names`, `response`,
         `event:<message>` in its job supervisor, `batch:<message>` in the batch supervisor): the

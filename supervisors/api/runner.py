@@ -299,8 +299,7 @@ class Runner:
                      type(exc).__name__, exc)
         ctx = getattr(self, "ctx", None)  # None: it failed while the Runner was opening
         if ctx is not None:
-            ctx.stop_reason = (Code.INTERNAL, f"the ledger's writer failed: {exc}")
-            ctx.stopping.set()
+            ctx.stop(Code.INTERNAL, f"the ledger's writer failed: {exc}")
         with contextlib.suppress(RunnerClosed):
             self.board.tell(Cancel(failure=Code.INTERNAL, detail=f"the ledger's writer failed: {exc}"))
 
@@ -310,8 +309,7 @@ class Runner:
         No create call starts after this returns, whatever is queued (`Context.stopping`, checked by
         each lease just before its create)."""
         if self._open:
-            self.ctx.stop_reason = (failure, detail or "canceled")
-            self.ctx.stopping.set()
+            self.ctx.stop(failure, detail)
         self.board.tell(Cancel(failure=failure, detail=detail))
 
     def hand_back(self, timeout: float = 60.0) -> set[str]:

@@ -370,10 +370,7 @@ class LedgerCore:
             raise LedgerError("the ledger is closed")
         waiter = Waiter() if tracked else None
         item = (op, waiter, fence if fence in self.tokens else None)
-        if first:
-            self._queue.put_first(item)
-        else:
-            self._queue.put(item)
+        self._queue.put(item, first=first)
         return waiter
 
     def _machine_fence(self, name: str) -> str | None:

@@ -96,17 +96,13 @@ class _WriteQueue(Generic[T]):
         self._wake.acquire()  # released once per sleep, by the put that ends it
         self._sleeping = False
 
-    def put(self, item: T) -> None:
+    def put(self, item: T, *, first: bool = False) -> None:
+        """Queue `item` last, or with `first` ahead of every item waiting (the next `take` returns it first)."""
         with self._lock:
-            self._items.append(item)
-            wake, self._sleeping = self._sleeping, False
-        if wake:
-            self._wake.release()
-
-    def put_first(self, item: T) -> None:
-        """`put`, but ahead of every item waiting: the next `take` returns it first."""
-        with self._lock:
-            self._items.appendleft(item)
+            if first:
+                self._items.appendleft(item)
+            else:
+                self._items.append(item)
             wake, self._sleeping = self._sleeping, False
         if wake:
             self._wake.release()

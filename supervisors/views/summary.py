@@ -51,10 +51,11 @@ def summary_rows(lines: Collection[JobLine]) -> tuple[list[tuple[str, ...]], str
     MAX_ROWS of them; past that, the ones that did not succeed, those that failed before those
     canceled, at most MAX_ROWS (a Ctrl-C at 100,000 seeds cancels tens of thousands: a table of
     them all took rich a minute to draw and no one could read it)."""
-    if len(lines) > MAX_ROWS:
-        lines = sorted((line for line in lines if line.state != "succeeded"),
-                       key=lambda line: line.failure == "canceled")
-    shown, rest = list(lines)[:MAX_ROWS], list(lines)[MAX_ROWS:]
+    listed = list(lines)
+    if len(listed) > MAX_ROWS:
+        listed = sorted((line for line in listed if line.state != "succeeded"),
+                        key=lambda line: line.failure == "canceled")
+    shown, rest = listed[:MAX_ROWS], listed[MAX_ROWS:]
     rows: list[tuple[str, ...]] = [
         (line.key, line.state, str(line.attempts), line.place,
          f"{line.failure}: {line.detail}"[:60] if line.failure else "", _elapsed(line), f"${line.usd:.4f}")
