@@ -97,6 +97,10 @@ class FakeHyperstack(RentedFake):
         self._routes()
         self.volume_store.routes()
 
+    def server_error(self) -> Response:
+        """hyperstack.md §4: the legacy 5xx body."""
+        return json_response({"message": "Internal Server Error"}, 500)
+
     def authorized(self, req: Request) -> bool:
         return req.headers.get("api_key", "") == self.token
 

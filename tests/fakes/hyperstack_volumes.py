@@ -164,7 +164,7 @@ class FakeVolumes:
         def read(req: Request, volume_id: str) -> Response:
             v = self.volumes.get(int(volume_id))
             if v is None:
-                return _refusal(404, "Volume not found", "not_found")
+                return _refusal(400, "Volume not found", "not_found")  # Get_Volume documents 400, no 404
             self._advance(v)
             return json_response({"status": True, "message": "Success", "volume": self.view(v)})
 

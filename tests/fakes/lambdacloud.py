@@ -81,6 +81,10 @@ class FakeLambda(RentedFake):
     KEY_VAR = "LAMBDA_API_KEY"
     GPUS = ("H100", "A100-80G")
 
+    def server_error(self) -> Response:
+        """lambda.md §1 and §4: an error object; upstream trouble is a `provider/*` code."""
+        return error(500, "provider/internal-unavailable", "the provider is unavailable; try again")
+
     def settings(self) -> dict[str, Any]:
         return {"user": getpass.getuser(), "ssh_port": self.port, "shutdown_command": "touch $HOME/shutdown-asked"}
 
@@ -241,7 +245,7 @@ class FakeLambda(RentedFake):
             if body["region"] not in self.fs_regions:
                 return error(400, "global/invalid-parameters", f"Filesystems are not available in {body['region']}.")
             if body["name"] in self.file_systems:
-                return error(400, "global/invalid-parameters", "A filesystem with this name already exists.")
+                return error(400, "global/duplicate", "A filesystem with this name already exists.")
             self.file_systems[body["name"]] = body["region"]
             return json_response({"data": self._fs_view(body["name"], body["region"])})
 
@@ -251,8 +255,7 @@ class FakeLambda(RentedFake):
             if name is None:
                 return error(404, "global/object-does-not-exist", "Filesystem was not found.")
             if self._fs_in_use(name):
-                return json_response({"error": {"code": "filesystems/filesystem-in-use",
-                                                "message": "Filesystem is in use."}}, 400)
+                return error(400, "filesystems/filesystem-in-use", "Filesystem is in use.")
             del self.file_systems[name]
             return json_response({"data": {"deleted_ids": [id]}})
 
@@ -301,10 +304,10 @@ class FakeLambda(RentedFake):
                     return error(400, "instance-operations/launch/file-system-in-wrong-region",
                                  "File system is in a different region than the instance.",
                                  "Launch the instance in the file system's region")
-            for mount in body.get("file_system_mounts") or []:
-                if not any(self._fs_id(n) == mount["file_system_id"] for n in body.get("file_system_names") or []):
-                    return error(400, "global/invalid-parameters", "A mounted file system must be named in "
-                                 "file_system_names.")
+            for mount in body.get("file_system_mounts") or []:  # (naming it in file_system_names too is optional)
+                if not any(self._fs_id(n) == mount["file_system_id"] for n in self.file_systems):
+                    return error(400, "global/object-does-not-exist", "Specified file system does not exist.",
+                                 "Check the file system's id")
             image = body.get("image") or {}
             if image and not any(image.get("id") == i or image.get("family") == f
                                  for i, _, f, _, _ in IMAGES.get(body["region_name"], [])):

@@ -117,6 +117,10 @@ class FakeRunPod(RentedFake):
     def invalid(self, problem_text: str) -> Response:
         return problem(400, "Bad Request", problem_text)
 
+    def server_error(self) -> Response:
+        """The v2 document's `default` answer, `ErrorResponse` as problem+json (runpod.md §1)."""
+        return problem(500, "Internal Server Error", "an internal error occurred")
+
     def authorized_other(self, req: Request, template: str, params: dict[str, str]) -> bool:
         # a pod's own key: it may delete that pod (runpod.md §10)
         pod = self.pods.get(params.get("id", ""))
@@ -277,12 +281,14 @@ class FakeRunPod(RentedFake):
         def create(req: Request) -> Response:
             body = req.get_json()
             self.created.append(body)
+            volume_dcs = set()
             for mount in (body.get("mounts") or {}).get("network") or []:
                 vol = self.volumes.get(mount["volumeId"])
                 if vol is None:
                     return problem(404, "Not Found", f"network volume {mount['volumeId']} not found")
                 if body.get("dataCenterIds") and vol["dataCenter"] not in body["dataCenterIds"]:
                     return problem(400, "Bad Request", "the pod must be in its network volume's data center")
+                volume_dcs.add(vol["dataCenter"])
             if self.create_500 > 0:
                 self.create_500 -= 1
                 return problem(500, "Internal Server Error", "create pod: upstream timeout")
@@ -292,6 +298,8 @@ class FakeRunPod(RentedFake):
             count = int(body["gpu"].get("count", 1))
             floor = _cuda(body["gpu"].get("minCudaVersion", "0"))
             dcs = body.get("dataCenterIds") or sorted({dc for (g, dc) in self.stock if g == gpu_id})
+            if volume_dcs:  # a pod with a network volume lands in the volume's data center (NetworkMount, runpod.md §4)
+                dcs = [d for d in dcs if d in volume_dcs]
             # a host of the asked CUDA with `count` GPUs free (runpod-rest-v2.json CreateGpuConfig)
             dc = next((d for d in dcs if self.stock.get((gpu_id, d), 0) >= count
                        and _cuda(self.cuda.get(d, "12.8")) >= floor), None)

@@ -91,6 +91,10 @@ class FakeShadeform(RentedFake):
         self.auto_deleted: list[str] = []  # names Shadeform deleted at their date_threshold
         self._routes()
 
+    def server_error(self) -> Response:
+        """shadeform.md §4: a 5xx's body is undocumented; a bare text one, as a gateway sends."""
+        return Response("Internal Server Error", 500, content_type="text/plain")
+
     def authorized(self, req: Request) -> bool:
         return req.headers.get("X-API-KEY", "") == self.token
 

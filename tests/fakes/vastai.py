@@ -187,6 +187,10 @@ class FakeVast(RentedFake):
                 self.departures["trailing-slash"] = self.departures.get("trailing-slash", 0) + 1
         return super()._app(environ, start_response)
 
+    def server_error(self) -> Response:
+        """vastai.md §4: 5xx / gateway errors are HTML or empty."""
+        return Response("<html><body><h1>500 Internal Server Error</h1></body></html>", 500, content_type="text/html")
+
     def authorized_other(self, req: Request, template: str, params: dict[str, str]) -> bool:
         """A container's own key (CONTAINER_API_KEY) may destroy or stop its own instance."""
         if template != "/api/v0/instances/{id}" or req.method not in ("DELETE", "PUT"):
