@@ -17,13 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import trio
 
 from actor_run.actors.base import Context, Pending
 from actor_run.actors.durable import wait_durable
 from actor_run.protocols.clouds import CacheAttaching, Caching
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
-from actor_run.protocols.failures import Code, HostError, LaunchRefused
+from actor_run.protocols.failures import Code, LaunchRefused
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import CacheOpened, CacheSpec, Machine, Offer
 
@@ -86,8 +85,8 @@ class CacheOpener:
             return machine
         try:
             path, why = await self.cloud.attach_cache(placed, machine, workspace)
-        except (NoAnswer, RateLimited, HostError, trio.TooSlowError) as exc:
-            path, why = "", f"the volume did not attach: {exc}"
+        except Exception as exc:  # no answer, a host error, a slow attach, an answer we could not read
+            path, why = "", f"the volume did not attach: {type(exc).__name__}: {exc}"
         if path:
             return msgspec.structs.replace(machine, cache=path)
         if cache.required:

@@ -51,7 +51,7 @@ from actor_run.actors.caches import CacheOpener, record_cache_opened
 from actor_run.actors.deletion import delete_confirmed
 from actor_run.actors.durable import INTENT_WAIT_S, wait_durable
 from actor_run.actors.flag import Flag
-from actor_run.actors.machine_check import check_machine, classify_launch
+from actor_run.actors.machine_check import check_machine, classify_launch, closed_on_failure
 from actor_run.actors.pool import blocking
 from actor_run.actors.runtime import Result, Task
 from actor_run.protocols.clouds import Booting, cloud_key
@@ -233,8 +233,11 @@ class LeaseActor(Actor):
                     scope.deadline = trio.current_time() + timeout
                     stage("waiting for ssh")
                     workspace = await cloud.connect(machine)
-                    await check_machine(cloud, offer, machine, workspace)
-                    machine = await opener.attach(placed, machine, workspace)
+                    await closed_on_failure(workspace, check_machine(cloud, offer, machine, workspace))
+                if not scope.cancelled_caught and machine is not None:
+                    # outside the connect's time: the attach has waits of its own, and a slow cache that is
+                    # not required starts cold instead of costing the machine
+                    machine = await closed_on_failure(workspace, opener.attach(placed, machine, workspace))
                     return machine, workspace, None
             except trio.TooSlowError as exc:  # a provider's own timeout: the create may have made one
                 if machine is None:

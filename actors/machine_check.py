@@ -4,7 +4,8 @@ its clock), where its cloud asks for one (`MachineChecking`), and what a launch'
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import trio
 
@@ -14,15 +15,23 @@ from actor_run.protocols.failures import ActorRunError, CallCancelled, Code, Hos
 from actor_run.protocols.hosts.workspace import Workspace
 from actor_run.protocols.messages import Machine, Offer
 
+T = TypeVar("T")
+
 
 async def check_machine(cloud: Any, offer: Offer, machine: Machine, workspace: Workspace) -> None:
     """Check the machine where its cloud asks for it; one that fails is refused (`launch_failed`,
-    raised): its workspace is closed here, and the lease's release deletes the machine. Reactor thread."""
+    raised) and the lease's release deletes the machine. Reactor thread."""
     want = cloud.machine_check(offer) if isinstance(cloud, MachineChecking) else None
-    if want is None:
-        return
-    try:
+    if want is not None:
         await verify_machine(workspace, want, machine.name)
+
+
+async def closed_on_failure(workspace: Workspace, step: Awaitable[T]) -> T:
+    """`await step`, and if it raises (or is cancelled) the workspace is closed first, shielded: a
+    launch that fails after its connect (the check, a cache's attach) leaves no connection open
+    (its machine is the release's to delete). Reactor thread."""
+    try:
+        return await step
     except BaseException:
         with trio.CancelScope(shield=True):
             await workspace.aclose()

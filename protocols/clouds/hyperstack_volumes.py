@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actor_run.protocols.clouds.http import NoAnswer, ProviderAPI, body_json, short
+from actor_run.protocols.clouds.http import NoAnswer, ProviderAPI, RateLimited, body_json, short
 from actor_run.protocols.hosts import scripts
 from actor_run.protocols.hosts.workspace import ShellWorkspace, Workspace
 from actor_run.protocols.messages import CACHE_PREFIX, CacheSpec, CacheVolume, Machine, Offer
@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 PAGE = 200
 DEVICE = re.compile(r"/[A-Za-z0-9_./:+-]+")  # what the API may name as a device: a path, nothing a shell reads
-GOING = {"DELETING", "DELETED", "TERMINATED", "ERROR", "SHUTOFF"}  # a VM whose attachment is on its way out
+# a VM whose attachment is on its way out (a SHUTOFF one keeps its volume: no wait for it, a cold start)
+GOING = {"DELETING", "DELETED", "TERMINATED"}
 
 
 def volume_name(cache: CacheSpec, region: str) -> str:
@@ -145,7 +146,7 @@ class HyperstackVolumes:
         asked, said = False, ""
         while True:
             v = await self._volume(volume_id)
-            ours = [a for a in v.get("attachments") or [] if a.get("instance_id") == vm_id]
+            ours = [a for a in v.get("attachments") or [] if str(a.get("instance_id")) == str(vm_id)]
             others = [a for a in v.get("attachments") or [] if a.get("instance_id") not in (None, vm_id)]
             if ours and str(ours[0].get("status") or "").upper() == "ATTACHED":
                 device = str(ours[0].get("device") or "")
@@ -187,7 +188,7 @@ class HyperstackVolumes:
         volume_id = self.attached.pop(vm_id, None)
         if volume_id is None:
             return
-        with contextlib.suppress(NoAnswer):  # the VM's delete detaches it all the same
+        with contextlib.suppress(NoAnswer, RateLimited):  # the VM's delete detaches it all the same
             await self.api.call("POST", f"/core/virtual-machines/{vm_id}/detach-volumes",
                                 json={"volume_ids": [volume_id]})
 

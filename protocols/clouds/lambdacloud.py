@@ -308,7 +308,8 @@ class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
         }
         if self.settings.file_system:
             body["file_system_names"] = [self.settings.file_system]
-        if offer.cache in self._fs_names:  # the cache's file system (lambda.md: at most one, in the launch's region)
+        # the cache's file system (lambda.md: at most one, in the launch's region); never an unnamed one
+        if offer.cache and offer.cache in self._fs_names:
             body["file_system_names"] = [self._fs_names[offer.cache]]
             if LAMBDA_MOUNT.fullmatch(offer.cache_path):
                 body["file_system_mounts"] = [{"mount_point": offer.cache_path, "file_system_id": offer.cache}]
