@@ -47,8 +47,11 @@ def volume_name(cache: CacheSpec, region: str) -> str:
 
 def mount_script(device: str, path: str, wait_s: int = 60) -> str:
     """POSIX sh run on the machine: wait for `device` (the guest may see it after the API says
-    attached), format it ext4 only when it is blank (`blkid` exit 2), mount it at `path`, and hand
-    the mount to the login user. Exits 0 when the path is (or already was) the volume's mount."""
+    attached), format it ext4 only when it is blank, mount it at `path`, and hand the mount to the
+    login user. Exits 0 when the path is (or already was) the volume's mount. Blank is a device whose
+    first block reads and on which `blkid -p` (the device itself, not blkid's cache) finds nothing
+    (exit 2): blkid says 2 for a device it cannot read too, and a cache's bytes must never be
+    formatted away for a read that failed once (exit 5 then: a cold start)."""
     d, p = scripts.q(device), scripts.q(path)
     return (
         'S=""; [ "$(id -u)" = 0 ] || S="sudo -n"\n'
@@ -56,7 +59,9 @@ def mount_script(device: str, path: str, wait_s: int = 60) -> str:
         f'  [ "$i" -gt {int(wait_s)} ] && {{ echo "no device {device} after {int(wait_s)} s" >&2; exit 3; }}\n'
         "  sleep 1\ndone\n"
         f"$S mountpoint -q {p} 2>/dev/null && exit 0\n"
-        f"$S blkid {d} >/dev/null 2>&1; found=$?\n"
+        f"$S dd if={d} of=/dev/null bs=4096 count=1 2>/dev/null ||"
+        f' {{ echo "{device} cannot be read" >&2; exit 5; }}\n'
+        f"$S blkid -p {d} >/dev/null 2>&1; found=$?\n"
         'if [ "$found" = 2 ]; then\n'
         f'  $S mkfs.ext4 -q -L ar-cache {d} || {{ echo "mkfs.ext4 {device} failed" >&2; exit 4; }}\n'
         'elif [ "$found" != 0 ]; then\n'

@@ -55,6 +55,9 @@ def tools(volumes_dir: Path) -> dict[str, str]:
                      f'case "$(readlink -f "$1")" in {vols}/*) ;; *) echo "mkfs.ext4: $1: not a block device" >&2; '
                      'exit 1;; esac\n'
                      'rm -rf "$1/fs" && mkdir -p "$1/fs/lost+found" && echo "$label" > "$1/superblock"\n',
+        "dd": '#!/bin/sh\nsrc=""\nfor a; do case "$a" in if=*) src=${a#if=};; esac; done\n'
+              f'case "$(readlink -f "$src")" in {vols}/*) [ ! -e "$(readlink -f "$src")/unreadable" ];;'
+              ' *) exit 1;; esac\n',
         "mountpoint": '#!/bin/sh\n[ "$1" = -q ] && shift\n'
                       f'[ -L "$1" ] && case "$(readlink "$1")" in {vols}/*) exit 0;; esac\nexit 1\n',
         "mount": '#!/bin/sh\ndev=$1; dir=$2\n'
