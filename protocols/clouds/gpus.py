@@ -10,6 +10,7 @@ vendor's new GPU can be asked for before the table knows it).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # ours -> vendor -> the vendor's ids for one such GPU on a machine (single-GPU machines)
 GPUS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -127,6 +128,13 @@ def no_image(region: str, gpu: str) -> str:
     floor = cuda_floor(gpu)
     need = f"CUDA {floor[0]}.{floor[1]} or newer" if floor is not None else "the image asked for"
     return f"{region}: no image with {need} for {gpu_class(gpu)}"
+
+
+def newest_image(images: Iterable[tuple[str, tuple[int, int] | None]], floor: tuple[int, int]) -> str:
+    """Of (name, the CUDA it carries) pairs, the name with the newest CUDA at or above `floor` ("":
+    none; an image whose CUDA is unknown never qualifies)."""
+    fit = [(cuda, name) for name, cuda in images if cuda is not None and cuda >= floor]
+    return max(fit)[1] if fit else ""
 
 
 def image_cuda(image: str) -> tuple[int, int] | None:
@@ -276,6 +284,7 @@ __all__ = [
     "gpu_names",
     "image_cuda",
     "min_cuda",
+    "newest_image",
     "no_image",
     "our_name",
     "parse_shape",

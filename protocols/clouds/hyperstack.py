@@ -11,7 +11,7 @@ Settings (`[clouds.hyperstack]`), every field optional (and those of clouds/rent
                                          # the GPU class's floor (a candidate's `image` wins)
     volume_type = "Cloud-SSD"            # a cache's volume (GET /core/volume-types lists them)
     cache_attach_wait_s = 180            # attach to attached (and a dying VM's volume let go)
-    cache_usd_per_gb_month = 0           # 0: the price book's Cloud-SSD (per GB-hour) x 730
+    cache_usd_per_gb_month = 0           # 0: the price book's volume_type (per GB-hour) x 730
     user = "ubuntu"
     shutdown_command = "sudo -n shutdown -h now"
 
@@ -46,6 +46,7 @@ from actor_run.protocols.clouds.gpus import (
     gpu_class,
     gpu_count,
     image_cuda,
+    newest_image,
     no_image,
     our_name,
     shape,
@@ -148,6 +149,7 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
         self._env_lock = trio.Lock()
         self._prices: dict[str, float] = {}
         self._images: dict[str, list[str]] = {}  # region -> its image names, read once
+        self._images_lock = trio.Lock()
         self._passed_over: dict[int, list[str]] = {}  # candidate -> what its last offers left out, and why
         self.volumes = HyperstackVolumes(self.api, self._prepare, volume_type=settings.volume_type,
                                          attach_wait_s=settings.cache_attach_wait_s, poll_s=settings.poll_s,
@@ -177,11 +179,12 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
 
     async def _region_images(self, region: str) -> list[str]:
         """The image names a region offers (`GET /core/images?region=`), read once per region."""
-        if region not in self._images:
-            body = await self._get(f"images of {region}", "/core/images", {"region": region})
-            self._images[region] = [str(i.get("name")) for group in body.get("images") or []
-                                    for i in group.get("images") or [] if i.get("name")]
-        return self._images[region]
+        async with self._images_lock:  # candidates ask for offers at once: one GET per region
+            if region not in self._images:
+                body = await self._get(f"images of {region}", "/core/images", {"region": region})
+                self._images[region] = [str(i.get("name")) for group in body.get("images") or []
+                                        for i in group.get("images") or [] if i.get("name")]
+            return self._images[region]
 
     async def image_for(self, gpu: str, region: str, named: str) -> str:
         """The image a machine of `gpu` boots in `region`: `named` if the region has it (and its CUDA,
@@ -192,8 +195,7 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
         if named:
             ok = named in images and (image_cuda(named) or floor) >= floor
             return named if ok else ""
-        fit = [(v, n) for n in images if (v := image_cuda(n)) is not None and v >= floor]
-        return max(fit)[1] if fit else ""
+        return newest_image(((n, image_cuda(n)) for n in images), floor)
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         flavors = await self._get("flavors", "/core/flavors")
@@ -236,8 +238,8 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
 
     @property
     def cache_usd_per_gb_month(self) -> float:
-        """The settings' price, else the price book's Cloud-SSD (per GB-hour, hyperstack.md §6) x 730."""
-        return self.settings.cache_usd_per_gb_month or round(self._prices.get("Cloud-SSD", 0.0) * 730, 4)
+        """The settings' price, else the price book's for the volume type (per GB-hour, hyperstack.md §6) x 730."""
+        return self.settings.cache_usd_per_gb_month or round(self._prices.get(self.settings.volume_type, 0.0) * 730, 4)
 
     async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
         return await self.volumes.open_cache(offer, cache)

@@ -54,6 +54,7 @@ from actor_run.protocols.clouds.gpus import (
     gpu_class,
     gpu_count,
     image_cuda,
+    newest_image,
     no_image,
     our_name,
     shape,
@@ -230,8 +231,7 @@ class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
         if floor is None:
             return ""
         images = await self._region_images(region)
-        fit = [(cuda, name) for name, _, cuda in images if cuda is not None and cuda >= floor]
-        return max(fit)[1] if fit else ""
+        return newest_image(((name, cuda) for name, _, cuda in images), floor)
 
     async def offers(self, candidate: CandidateSpec, index: int) -> list[Offer]:
         fs_region = await self._file_system_region()
