@@ -1,6 +1,7 @@
-"""Hyperstack's create (protocols/clouds/hyperstack.py) against the fake on loopback (held to
-Hyperstack's OpenAPI document; VMs that are real sshd logins): what it reads before the POST (the
-region's images, for an offer that names none) fails clean when the provider does not answer it."""
+"""Hyperstack (protocols/clouds/hyperstack.py) against the fake on loopback (held to Hyperstack's
+OpenAPI document; VMs that are real sshd logins): what the create reads before the POST (the
+region's images, for an offer that names none) fails clean when the provider does not answer it;
+a cache's volume is made once per region, whoever asks at once."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from fakes.providers import rented_cloud, serve
 
 from actor_run.actors import Reactor
 from actor_run.protocols.failures import Code, LaunchAmbiguous, LaunchRefused
+from actor_run.protocols.messages import CacheSpec
 
 
 @pytest.fixture
@@ -47,4 +50,52 @@ def test_an_image_listing_that_fails_before_the_create_is_a_clean_refusal(
     assert fake.created[0]["image_name"] == "Ubuntu Server 24.04 LTS R570 CUDA 12.8"
     reactor.call(cloud.delete, machine.name, machine.id, timeout=60)
     assert fake.alive() == []
+    reactor.call(cloud.aclose, timeout=30)
+
+
+def test_a_cache_volume_another_controller_made_a_moment_ago_is_used_not_given_up(
+        reactor: Reactor, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two controllers (two cloud objects) open one cache in one region: the second's listing lags
+    behind the first's create, so its own create is refused 409 (names are unique per account); it
+    looks again and has the same volume, instead of a cold start."""
+    fake.volume_store.list_lag = 1
+    first = rented_cloud(fake, tmp_path / "one", monkeypatch)
+    second = rented_cloud(fake, tmp_path / "two", monkeypatch)
+    offer, cache = fake.sample_offer(), CacheSpec(name="weights", size_gb=20, mount="/cache")
+    made = reactor.call(first.open_cache, offer, cache, timeout=60)
+    found = reactor.call(second.open_cache, offer, cache, timeout=60)
+    assert made is not None
+    assert made.created
+    assert found is not None
+    assert (found.id, found.created, found.path) == (made.id, False, "/cache")
+    assert len(fake.volume_store.volumes) == 1
+    assert fake.count("POST", "/core/volumes", 409) == 1
+    for cloud in (first, second):
+        reactor.call(cloud.aclose, timeout=30)
+
+
+def test_leases_asking_at_once_in_one_region_make_one_volume(
+        reactor: Reactor, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight leases of one controller open one cache in one region at once (the listing lagging):
+    one create, and all eight have the volume."""
+    fake.volume_store.list_lag = 1
+    cloud = rented_cloud(fake, tmp_path, monkeypatch)
+    offer, cache = fake.sample_offer(), CacheSpec(name="weights", size_gb=20, mount="/cache")
+
+    async def open_all() -> list[Any]:
+        got: list[Any] = []
+
+        async def one() -> None:
+            got.append(await cloud.open_cache(offer, cache))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(one)
+        return got
+
+    got = reactor.call(open_all, timeout=60)
+    (volume,) = fake.volume_store.volumes.values()
+    assert [v.id if v is not None else None for v in got] == [str(volume["id"])] * 8
+    assert sorted(v.created for v in got) == [False] * 7 + [True]
+    assert len(fake.volume_store.asked) == 1
     reactor.call(cloud.aclose, timeout=30)
