@@ -153,13 +153,14 @@ class HyperstackVolumes:
             return None
         raise self._refused(f"creating volume {name}", resp)
 
-    def _forget(self, volume_id: int) -> None:
-        """A remembered volume that could not be read (deleted by a sweep elsewhere): found again next time."""
+    def _forget(self, volume_id: int | str) -> None:
+        """A remembered volume deleted, or that could not be read (deleted elsewhere): found again next time."""
         for name, v in list(self._opened.items()):
             if v.id == str(volume_id):
                 del self._opened[name]
 
     async def delete_cache(self, volume_id: str) -> None:
+        self._forget(volume_id)
         resp = await self.api.call("DELETE", f"/core/volumes/{volume_id}")
         if resp.status_code not in (200, 404):
             raise self._refused(f"deleting volume {volume_id}", resp)
