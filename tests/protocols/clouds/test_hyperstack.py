@@ -16,7 +16,7 @@ from fakes.providers import rented_cloud, serve
 
 from actor_run.actors import Reactor
 from actor_run.protocols.failures import Code, LaunchAmbiguous, LaunchRefused
-from actor_run.protocols.messages import CacheSpec
+from actor_run.protocols.messages import CacheSpec, Offer
 
 
 @pytest.fixture
@@ -52,6 +52,20 @@ def test_an_image_listing_that_fails_before_the_create_is_a_clean_refusal(
     assert fake.alive() == []
     reactor.call(cloud.aclose, timeout=30)
 
+
+
+def test_an_offer_without_image_where_the_region_has_none_for_its_gpu_is_refused_before_any_create(
+        reactor: Reactor, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CANADA-1 has no image with a CUDA new enough for a B200: an offer there that names no image is
+    a clean no_capacity (the walk goes on), and no create is sent with an empty image."""
+    cloud = rented_cloud(fake, tmp_path, monkeypatch)
+    offer = Offer(cloud="hyperstack", region="CANADA-1", gpu="B200", hourly_usd=5.50672, kind="n3-B200x1")
+    with pytest.raises(LaunchRefused) as info:
+        reactor.call(cloud.launch, offer, name(3), time.time() + 3600, timeout=60)
+    assert not isinstance(info.value, LaunchAmbiguous)
+    assert info.value.code is Code.NO_CAPACITY
+    assert fake.created == []
+    reactor.call(cloud.aclose, timeout=30)
 
 def test_a_cache_volume_another_controller_made_a_moment_ago_is_used_not_given_up(
         reactor: Reactor, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
