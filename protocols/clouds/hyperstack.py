@@ -52,7 +52,15 @@ from actor_run.protocols.clouds.gpus import (
     shape,
     vendor_ids,
 )
-from actor_run.protocols.clouds.http import NoAnswer, NotSent, ProviderAPI, body_json, is_auth_refusal, short
+from actor_run.protocols.clouds.http import (
+    NoAnswer,
+    NotSent,
+    ProviderAPI,
+    RateLimited,
+    body_json,
+    is_auth_refusal,
+    short,
+)
 from actor_run.protocols.clouds.hyperstack_volumes import HyperstackVolumes
 from actor_run.protocols.clouds.rented import (
     RentedCloud,
@@ -281,13 +289,19 @@ class HyperstackCloud(RentedCloud, Caching, CacheAttaching, PassingOver):
     # --- the machine ------------------------------------------------------------------------------
 
     async def _create(self, offer: Offer, name: str, deadline: float) -> str:
+        # everything read before the POST (the environment, our key, the region's images when the offer
+        # names no image: one from a ledger written before offers carried it) fails clean: nothing was made
         try:
             env = await self._prepare(offer.region)
-        except NoAnswer as exc:  # nothing was created yet
+            image = offer.image or await self.image_for(offer.gpu, offer.region, self.settings.image)
+        except (NoAnswer, RateLimited) as exc:
             raise LaunchRefused(f"hyperstack: {exc}", code=Code.LAUNCH_FAILED) from exc
+        if not image:
+            raise LaunchRefused(f"hyperstack: {offer.region} has no image for {offer.gpu} (no create was sent)",
+                                code=Code.NO_CAPACITY)
         body = {
             "name": vendor_name(name, NAME_LIMIT), "environment_name": env, "flavor_name": offer.kind,
-            "image_name": offer.image or await self.image_for(offer.gpu, offer.region, self.settings.image),
+            "image_name": image,
             "key_name": self._key_name, "count": 1,
             "assign_floating_ip": True, "enable_port_randomization": False, "labels": [NAME_LABEL + name],
         }

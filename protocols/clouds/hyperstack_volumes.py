@@ -4,8 +4,11 @@
 - One volume per cache and region, named `ar-cache-<name>-<region>` (Hyperstack's volume names are
   unique across the account, not per region: a bare name could live in one region only), found with
   `GET /core/volumes` or made with `POST /core/volumes` in the region's environment before the
-  create. A region that refuses one (a 4xx) starts cold; a volume of that name in another region
-  (moved, or made by hand) is not used: a cold start.
+  create. Leases that start together in a region find or make it one at a time (a lock per name),
+  and the volume is remembered: one is made, and every lease has it. A create answered 409 (another
+  controller made it a moment ago) is looked up again and used. A region that refuses one (a 4xx)
+  starts cold; a volume of that name in another region (moved, or made by hand) is not used: a cold
+  start.
 - A block volume is attached to a running VM (`POST .../attach-volumes`), never at the create: the
   attachment reads `ATTACHING` for a while before `ATTACHED` and its `device` (a /dev/disk/by-id/...
   path). A volume still attached to a VM that is going (the last attempt's, deleted a moment ago)
@@ -24,6 +27,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from actor_run.protocols.clouds.http import NoAnswer, ProviderAPI, RateLimited, body_json, short
@@ -80,6 +84,8 @@ class HyperstackVolumes:
         self.api, self.environment, self.volume_type = api, environment, volume_type
         self.attach_wait_s, self.poll_s, self._refused = attach_wait_s, poll_s, refused
         self.attached: dict[str, int] = {}  # VM id -> the cache volume attached to it by this process
+        self._open_locks: dict[str, trio.Lock] = {}  # volume name -> the lock its find-or-make runs under
+        self._opened: dict[str, CacheVolume] = {}  # volume name -> the volume found or made (the reactor's)
 
     async def _volumes(self, search: str = "") -> list[dict[str, Any]]:
         params = {"pageSize": str(PAGE), **({"search": search} if search else {})}
@@ -105,13 +111,35 @@ class HyperstackVolumes:
 
     async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
         """The cache's volume in the offer's region: found, or made; None when the region refuses
-        one, or the name is held by a volume elsewhere (a cold start)."""
+        one, or the name is held by a volume elsewhere (a cold start). Leases in one region ask at
+        once: the find-or-make runs under a lock per volume name (cache and region), and a volume this
+        cloud found or made is remembered, so one volume is made and every lease gets it, whatever
+        the listing's lag (a volume just made may be missing from it a while)."""
         name = volume_name(cache, offer.region)
+        async with self._open_locks.setdefault(name, trio.Lock()):
+            known = self._opened.get(name)
+            if known is not None:
+                return msgspec.structs.replace(known, path=cache.mount, created=False)
+            volume = await self._find_or_make(offer, cache, name)
+            if volume is not None:
+                self._opened[name] = volume
+            return volume
+
+    async def _find(self, offer: Offer, cache: CacheSpec, name: str) -> tuple[CacheVolume | None, bool]:
+        """The volume named `name` as listed: (it, True) in the offer's region, (None, True) when it
+        lives in another region (moved, or made by hand: not ours to use), (None, False) when the
+        listing does not show it."""
         for v in await self._volumes(name):
             if v.get("name") == name:
                 if str((v.get("environment") or {}).get("region") or "") != offer.region:
-                    return None  # the account's one volume of this name lives in another region
-                return self._cache(v, cache.volume_name, cache.mount)
+                    return None, True  # the account's one volume of this name lives in another region
+                return self._cache(v, cache.volume_name, cache.mount), True
+        return None, False
+
+    async def _find_or_make(self, offer: Offer, cache: CacheSpec, name: str) -> CacheVolume | None:
+        found, listed = await self._find(offer, cache, name)
+        if listed:
+            return found
         env = await self.environment(offer.region)
         resp = await self.api.call("POST", "/core/volumes", json={
             "name": name, "environment_name": env, "size": cache.size_gb, "volume_type": self.volume_type,
@@ -119,11 +147,20 @@ class HyperstackVolumes:
         body = body_json(resp)
         if resp.status_code == 200 and isinstance(body, dict) and body.get("status") is not False:
             return self._cache(body.get("volume") or {}, cache.volume_name, cache.mount, created=True)
-        if resp.status_code in (200, 400, 404, 409):  # refused (status false): nothing was made
+        if resp.status_code == 409:  # already_exist: another controller made it meanwhile, ours too
+            return (await self._find(offer, cache, name))[0]
+        if resp.status_code in (200, 400, 404):  # refused (status false): nothing was made
             return None
         raise self._refused(f"creating volume {name}", resp)
 
+    def _forget(self, volume_id: int | str) -> None:
+        """A remembered volume deleted, or that could not be read (deleted elsewhere): found again next time."""
+        for name, v in list(self._opened.items()):
+            if v.id == str(volume_id):
+                del self._opened[name]
+
     async def delete_cache(self, volume_id: str) -> None:
+        self._forget(volume_id)
         resp = await self.api.call("DELETE", f"/core/volumes/{volume_id}")
         if resp.status_code not in (200, 404):
             raise self._refused(f"deleting volume {volume_id}", resp)
@@ -178,7 +215,11 @@ class HyperstackVolumes:
         ("", why not)."""
         if not isinstance(workspace, ShellWorkspace):
             return "", "the machine has no shell to mount the volume in"
-        device, why = await self._attached_device(int(offer.cache), int(machine.id))
+        try:
+            device, why = await self._attached_device(int(offer.cache), int(machine.id))
+        except NoAnswer:
+            self._forget(int(offer.cache))
+            raise
         if not device:
             return "", why
         self.attached[machine.id] = int(offer.cache)

@@ -133,11 +133,20 @@ class JobChecks:
         self._check_names(job)
         self._checked_shape = shape
 
+    def check_settings(self) -> None:
+        """Raise SpecError for the user config's team `budget` when the ledger does not have it."""
+        config = self.clouds.config
+        self._check_budget_name(config.budget, f"budget (in {config.source})")
+
     def _check_team_budget(self, job: Job, config: UserConfig) -> None:
         """The team budget the job draws on (its policy's, else the user config's) is in the ledger."""
-        name = job.policy.budget if job.policy.budget is not None else config.budget
+        if job.policy.budget is not None:
+            self._check_budget_name(job.policy.budget, "policy.budget")
+        else:
+            self._check_budget_name(config.budget, f"budget (in {config.source})")
+
+    def _check_budget_name(self, name: str | None, field: str) -> None:
         if name and team.find(self.clouds.ledger_path, name) is None:
-            field = "policy.budget" if job.policy.budget is not None else f"budget (in {config.source})"
             raise SpecError(field, f"no team budget {name!r} in the ledger (actor-run budget set {name} --usd N "
                                    "--per month|week|total)")
 

@@ -427,6 +427,12 @@ class Runner:
         Builds the clouds it names (and sweeps each new one, sweep_on_start)."""
         self._parts()[1].check(job)
 
+    def check_settings(self) -> None:
+        """Raise SpecError (naming the field and the settings file) for a default this process's
+        settings give its jobs that cannot hold here: a team `budget` the ledger does not have. What a
+        worker checks before it claims anything."""
+        self._parts()[1].check_settings()
+
     def subscribe(self, fn: Callable[[Event], None]) -> None:
         """`fn(event)` for every event from now on, on the emitting actor thread: keep it quick.
         May be called before `open()`."""
@@ -463,13 +469,15 @@ class Runner:
     def claim(self, most: int) -> list[JobHandle]:
         """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its
         run, its results where that run said. Secrets the ledger kept out of a job's spec come from
-        this process's environment."""
+        this process's environment; a job whose batch and submitter named no team budget draws on
+        this process's settings' `budget`."""
         clouds = self._parts()[0]
         handles = []
         environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
         built: list[tuple[str, dict[str, Any], str]] = []  # (cloud, its table, what was wrong) got in this claim
         for claimed in self.ledger.claim_queued(most):
             job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
+            job = self.config.job_defaults(job)  # the worker's team budget for a job that names none
             refuse = None
             if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
                 refuse = Cancel(failure=Code.INPUT, detail=(

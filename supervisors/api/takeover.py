@@ -92,6 +92,8 @@ class Takeover:
         # one transaction for every claim (another resumer may win some), one for every adoption
         won = self.ledger.claim_jobs([(i.job.key, i.from_owner, i.run) for i in wanted])
         for item in wanted:
+            # the team budget of this process's settings for a job whose batch and submitter named none
+            item = msgspec.structs.replace(item, job=self.clouds.config.job_defaults(item.job))
             job = item.job
             if job.key not in won:
                 continue  # another resumer took it

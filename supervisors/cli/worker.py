@@ -304,6 +304,11 @@ def _work(args: argparse.Namespace, signals: _Signals, metrics: Any) -> int:
             sys.stderr.write(f"actor-run: {exc}\n")
             return USAGE
         with signals_restored(), runner:
+            try:
+                runner.check_settings()  # a team budget the settings name and the ledger lacks: before any claim
+            except SpecError as exc:
+                sys.stderr.write(f"actor-run: {exc}\n")
+                return USAGE
             runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
             if metrics is not None:
                 metrics.runner = runner

@@ -24,7 +24,7 @@ from actor_run.protocols.specs import (
 )
 from actor_run.supervisors.ledger import Ledger
 from actor_run.supervisors.tree.budget import Budget
-from actor_run.supervisors.tree.job import JobSupervisor, job_label
+from actor_run.supervisors.tree.job import JobLeft, JobSupervisor, job_label
 from actor_run.supervisors.tree.offers import OfferBook
 from actor_run.supervisors.tree.waits import Wakeups
 
@@ -91,11 +91,13 @@ class BatchSupervisor(PooledActor):
         self.concurrency, self.budget_usd = concurrency, budget_usd
         self.on_end = on_end
         self.pending: collections.deque[Submit] = collections.deque()  # FIFO: a start pops the left end
+        # the running jobs, in start order (a dict keeps it: `on_stop` stops them in reverse). Every
+        # per-job table here forgets a job once its end is handled: a worker's batch runs for days
         self.running: dict[str, pykka.ActorRef[Any]] = {}
-        self.order: list[str] = []
         # the jobs let go (another controller holds them now), each stopping: their leases announce
-        # `Released` as they leave the machine; `on_stop` waits for those stops too
-        self.leaving: list[pykka.Future[Any]] = []
+        # `Released` as they leave the machine; `on_stop` waits for those stops too. A job's `JobLeft`
+        # (its stop hook ran) takes it out
+        self.leaving: dict[str, pykka.Future[Any]] = {}
         self.live_usd: dict[str, float] = {}
         self.done_usd = 0.0
         self.stopped: Cancel | None = None
@@ -124,6 +126,7 @@ class BatchSupervisor(PooledActor):
             case JobEnded() as e:
                 key = job_key(e.job, e.seed)
                 self.running.pop(key, None)
+                self.labels.pop(job_label(e.job, e.seed), None)
                 self.live_usd.pop(key, None)
                 self.done_usd += e.usd
                 self.on_end(e)
@@ -134,6 +137,8 @@ class BatchSupervisor(PooledActor):
                     self._check_budget()
             case Abandon(keys=keys):
                 self._abandon(keys)
+            case JobLeft(key=key):
+                self.leaving.pop(key, None)
             case CancelJob(key=key, failure=failure, detail=detail):
                 self._cancel_one(key, Cancel(failure=failure, detail=detail))
             case Cancel() as c:
@@ -170,8 +175,7 @@ class BatchSupervisor(PooledActor):
                                                       budget=self.budget, spent_before_usd=s.spent_before_usd,
                                                       team_waits=self.team_waits,
                                                       seed_dir=Path(s.seed_dir))
-        self.order.append(s.job.key)
-        self.labels[job_label(s.job)] = s.job.key
+        self.labels[job_label(s.job.name, s.job.seed)] = s.job.key
         self.burst = min(BURST_MOST, max(BURST_FIRST, len(self.running)))  # the next turn's (class comment)
 
     def _job_crashed(self, label: str, detail: str) -> None:
@@ -181,6 +185,7 @@ class BatchSupervisor(PooledActor):
         if key is None or key not in self.running:
             return  # it had ended (JobEnded came first) or was let go
         self.running.pop(key)
+        self.labels.pop(label, None)
         usd = self.live_usd.pop(key, 0.0)
         self.done_usd += usd
         name, _, seed = key.rpartition("/seed-")
@@ -220,9 +225,10 @@ class BatchSupervisor(PooledActor):
             if ref is None:
                 continue
             self.live_usd.pop(key, None)
-            with contextlib.suppress(pykka.ActorDeadError):
-                self.leaving.append(ref.stop(block=False))
             name, _, seed = key.rpartition("/seed-")
+            self.labels.pop(job_label(name, int(seed)), None)
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.leaving[key] = ref.stop(block=False)
             e = JobEnded(job=name, seed=int(seed), outcome="canceled", failure=Code.CANCELED,
                          detail="taken over by another controller (this controller's lease expired)")
             self.on_end(e)
@@ -269,14 +275,14 @@ class BatchSupervisor(PooledActor):
 
     def on_stop(self) -> None:
         """Stop running jobs in reverse start order (each deletes its machine before it stops)."""
-        for key in reversed(self.order):
+        for key in reversed(list(self.running)):
             ref = self.running.get(key)
             if ref is not None and ref.is_alive():
                 try:
                     ref.stop(block=True, timeout=self.ctx.delete_timeout_s + 120)
                 except pykka.Timeout:
                     logger.error("job {} did not stop in time", key)
-        for stopping in self.leaving:  # the jobs let go: none outlives the batch (a Runner closing next)
+        for stopping in list(self.leaving.values()):  # the jobs let go: none outlives the batch (a Runner closing next)
             try:
                 stopping.get(timeout=self.ctx.delete_timeout_s + 120)
             except pykka.Timeout:

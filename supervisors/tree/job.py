@@ -98,9 +98,16 @@ class _Launch(Message, frozen=True, kw_only=True):
     wait: int = -1  # >= 0: the wake-up of that wait for capacity (only the first of its wake-ups counts)
 
 
-def job_label(job: Job) -> str:
-    """A JobSupervisor's label: what its log lines and its `ChildFailed` name it by."""
-    return f"job:{job.name}/{job.seed}"
+def job_label(name: str, seed: int) -> str:
+    """A JobSupervisor's label (of the job `name`'s seed): what its log lines and its `ChildFailed` name it by."""
+    return f"job:{name}/{seed}"
+
+
+class JobLeft(Message, frozen=True, kw_only=True):
+    """Told to the batch by a JobSupervisor stopped before it ended (let go to another controller,
+    BatchSupervisor's `Abandon`), once its stop hook has run: its attempt stopped, its machine let go."""
+
+    key: str
 
 
 class JobSupervisor(Actor):
@@ -109,7 +116,7 @@ class JobSupervisor(Actor):
                  reattach_offer: Offer | None = None, offers: OfferBook | None = None,
                  seed_dir: Path, budget: Budget | None = None,
                  spent_before_usd: float = 0.0, team_waits: Wakeups | None = None) -> None:
-        super().__init__(ctx, parent, job_label(job))
+        super().__init__(ctx, parent, job_label(job.name, job.seed))
         self.ledger = ledger
         self.offers = offers if offers is not None else OfferBook(ctx.reactor, ctx.clouds)  # shared by a batch
         self.first_attempt = first_attempt
@@ -496,10 +503,14 @@ class JobSupervisor(Actor):
             super().on_failure(exception_type, exception_value, traceback)
 
     def on_stop(self) -> None:
-        """Actor thread, after stop(): an attempt still running is stopped (its lease deletes the machine)."""
+        """Actor thread, after stop(): an attempt still running is stopped (its lease deletes the machine,
+        or lets it go to the controller that took the job over). A job stopped before it ended tells
+        its batch `JobLeft` then (the batch forgets it)."""
         self.cancel_tasks()
         if self.child is not None and self.child.is_alive():
             try:
                 self.child.stop(block=True, timeout=self.ctx.delete_timeout_s + 90)
             except pykka.Timeout:
                 self.log.error("attempt did not stop in time")
+        if not self.ended:
+            self.tell_parent(JobLeft(key=self.job.key))

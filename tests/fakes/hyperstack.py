@@ -3,9 +3,10 @@ loopback, held to Hyperstack's OpenAPI document; its VMs are real sshd logins, e
 address of its own and one port.
 
 Faults, as in fakes/runpod.py: `stock[(flavor, region)]`, `create_500_made`, `create_500`,
-`stuck` (BUILD for ever), `lag_reads`, `delete_fail`, `rate_limit(n, s)`, `token`, `ready_after`,
-`error_builds` (the next n VMs go to ERROR); `vanish(id)`; `no_stock(gpu)`. `smi_next` / `skew_next`: the
-next VMs' nvidia-smi ("wrong", "few", "none") and clock offset (fakes/machines.py `gpu_tools`).
+`images_500` (the next image listings answer 500), `stuck` (BUILD for ever), `lag_reads`, `delete_fail`,
+`rate_limit(n, s)`, `token`, `ready_after`, `error_builds` (the next n VMs go to ERROR); `vanish(id)`;
+`no_stock(gpu)`. `smi_next` / `skew_next`: the next VMs' nvidia-smi ("wrong", "few", "none") and clock
+offset (fakes/machines.py `gpu_tools`).
 Flavors have 1, 2 or 8 GPUs (`gpu_count`); images are listed per region (IMAGES), and a create whose
 `image_name` the region does not have is refused 404 as the document says (one without `image_name`,
 which the document does not require, boots from a bootable volume and is made).
@@ -92,6 +93,7 @@ class FakeHyperstack(RentedFake):
         self.keypairs: list[dict[str, Any]] = []
         self.stock: dict[tuple[str, str], int] = {(f, r): 4 for f, (_, r) in FLAVORS.items()}
         self.error_builds = 0
+        self.images_500 = 0
         self._ids = itertools.count(1001)
         self.volume_store = FakeVolumes(self, Path(dir))
         self._routes()
@@ -240,6 +242,9 @@ class FakeHyperstack(RentedFake):
 
         @self.route("GET", "/core/images")
         def images(req: Request) -> Response:
+            if self.images_500 > 0:  # the next listings fail as the vendor's 5xx do (the legacy body)
+                self.images_500 -= 1
+                return self.server_error()
             regions = [req.args["region"]] if "region" in req.args else sorted(IMAGES)
             groups = [{"region_name": r, "type": "Ubuntu", "logo": "", "images": [
                 {"id": 100 + i, "name": n, "region_name": r, "type": "Ubuntu", "version": n.split()[2],

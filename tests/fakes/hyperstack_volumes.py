@@ -5,8 +5,9 @@ slow and untidy as the vendor: a new volume reads `creating` before `available`;
 detached) reads `detaching`, still attached, for `detach_reads` reads before it is `available` again,
 and an attach asked meanwhile is refused as the vendor does (200, `status: false`, "We can process
 with only available volumes."). Volume names are unique across the account (409); a region outside
-`regions` refuses a volume (400). `volumes` holds them by id; `asked` every create's body; `attaches`
-counts the attach calls.
+`regions` refuses a volume (400). With `list_lag` n, a new volume is missing from the next n listings
+(`GET /core/volumes`) that would show it, as an eventually consistent listing is. `volumes` holds them
+by id; `asked` every create's body; `attaches` counts the attach calls.
 
 THE STAND-IN (why: the fake's VMs are sshd logins on this computer, and a login here has no block
 device to attach, format or mount, nor the right to mount one). Each volume's bytes are a folder,
@@ -83,6 +84,7 @@ class FakeVolumes:
         self.attach_reads = 2
         self.detach_reads = 2
         self.attaches = 0
+        self.list_lag = 0  # how many listings a new volume is missing from (its reads by id find it)
         self.asked: list[dict[str, Any]] = []  # every create's body
         self._ids = itertools.count(501)
         self._attachment_ids = itertools.count(9001)
@@ -138,7 +140,14 @@ class FakeVolumes:
         @fake.route("GET", "/core/volumes")
         def listing(req: Request) -> Response:
             search = req.args.get("search", "")
-            vols = [self.view(v) for v in self.volumes.values() if search in v["name"]]
+            vols = []
+            for v in self.volumes.values():
+                if search not in v["name"]:
+                    continue
+                if v["_unlisted"] > 0:  # made a moment ago: the listing lags
+                    v["_unlisted"] -= 1
+                    continue
+                vols.append(self.view(v))
             return json_response({"status": True, "message": "Success", "volumes": vols, "count": len(vols),
                                   "page": 1, "page_size": 200})
 
@@ -159,7 +168,8 @@ class FakeVolumes:
             v = {"id": vol_id, "name": body["name"], "size": body["size"], "volume_type": body["volume_type"],
                  "status": "creating", "description": body.get("description", ""), "bootable": False,
                  "environment": {"name": env["name"], "region": env["region"], "features": {}},
-                 "attachments": [], "created_at": _iso(time.time()), "updated_at": _iso(time.time())}
+                 "attachments": [], "created_at": _iso(time.time()), "updated_at": _iso(time.time()),
+                 "_unlisted": self.list_lag}
             self.volumes[vol_id] = v
             return json_response({"status": True, "message": "Volume created", "volume": self.view(v)})
 

@@ -171,3 +171,51 @@ def test_a_hyperstack_region_that_cannot_make_the_volume_starts_cold_and_says_so
     assert hyperstack.volume_store.volumes == {}
     assert len(hyperstack.volume_store.asked) == 1  # it was asked for, and refused
     assert hyperstack.volume_store.attaches == 0
+
+
+SHARED_JOB = r'''
+import os
+cache = os.environ.get("ACTOR_RUN_CACHE", "")
+out = os.environ["ACTOR_RUN_OUT"]
+if not cache:
+    open(os.path.join(out, "found.txt"), "w").write("no cache")
+    raise SystemExit(0)
+found = sorted(n for n in os.listdir(cache) if n.startswith("seed-"))
+open(os.path.join(cache, "seed-" + os.environ["ACTOR_RUN_SEED"]), "w").write("written")
+open(os.path.join(out, "found.txt"), "w").write(",".join(found) or "empty")
+'''
+
+
+def test_two_leases_at_once_in_one_hyperstack_region_make_one_volume_and_both_jobs_run_warm(
+        tmp_path: Path, hyperstack: Any) -> None:
+    """Two seeds lease in NORWAY-1 at once: their caches are found or made one at a time, so one
+    volume is asked for and both leases get it, even while the listing lags behind the create (a
+    volume just made is missing from the next listing). One machine at a time there (stock 1: a
+    block volume attaches to one VM), so the second seed's first create is refused and it runs on
+    the machine after; it mounts the volume the first one wrote to."""
+    hyperstack.volume_store.list_lag = 1
+    hyperstack.stock[("n3-A100x1", "NORWAY-1")] = 1
+    batch = write_batch(tmp_path, "hyperstack", hyperstack.url, gpus=["A100-80G"], seeds=[1, 2],
+                        settings=hyperstack.settings(), attempts=2)
+    (tmp_path / "code" / "job.py").write_text(SHARED_JOB)
+    mount = tmp_path / "mnt" / "cache"
+    cache = f'regions = ["NORWAY-1"]\ncache = {{ name = "weights", size_gb = 20, mount = "{mount}" }}\n'
+    batch.write_text(batch.read_text().replace('gpu = "A100-80G"\n', 'gpu = "A100-80G"\n' + cache))
+    done = cli(tmp_path, "run", str(batch), "--json", "--out", str(tmp_path / "out"), key_var=hyperstack.KEY_VAR)
+    assert done.returncode == 0, done.stderr
+    evs = events(done.stdout)
+    assert sorted(e["outcome"] for e in evs if e["type"] == "JobEnded") == ["succeeded", "succeeded"]
+    (volume,) = hyperstack.volume_store.volumes.values()
+    assert len(hyperstack.volume_store.asked) == 1  # asked for once, not once per lease
+    opened = [e for e in evs if e["type"] == "CacheOpened"]
+    assert {e["seed"] for e in opened} == {1, 2}
+    assert len(opened) >= 3  # each seed's lease, and the second seed's lease that found no stock
+    assert [(e["cold"], e["detail"]) for e in opened if e["cold"]] == []  # nobody started cold
+    assert {e["volume"] for e in opened} == {str(volume["id"])}
+    assert sorted(e["created"] for e in opened) == [False] * (len(opened) - 1) + [True]
+    seen = {seed: (tmp_path / "out" / "latest" / "rented" / f"seed-{seed}" / "out" / "found.txt").read_text()
+            for seed in (1, 2)}
+    assert sorted(seen.values()) in (["empty", "seed-1"], ["empty", "seed-2"])  # the later one read the first's
+    data = hyperstack.volume_store.dir / str(volume["id"]) / "fs"
+    assert sorted(p.name for p in data.iterdir() if p.name.startswith("seed-")) == ["seed-1", "seed-2"]
+    assert hyperstack.alive() == []

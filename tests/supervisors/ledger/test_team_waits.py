@@ -3,7 +3,8 @@ job waits for room, said in `--json` and in `status --json`, and starts once a r
 released (at once when its own run released it; at its next ask when another run did); with
 "end" it ends `budget` at once; a wait that runs out (`capacity_wait_s`) ends `budget` saying it
 waited; SIGTERM ends a waiting run at once. The user config's `budget` is the default a batch's own
-overrides (`budget = ""`: none); a budget the ledger lacks is exit 2 before anything is rented.
+overrides (`budget = ""`: none), a worker's for queued jobs that name none; a budget the ledger lacks
+is exit 2 before anything is rented.
 
 Real parts: `actor-run` processes, a real PostgreSQL server (tests/support/pg.py), the sim cloud.
 Every job's reservation is 120 $/h x (60 s + 30 s) = $3; the team budget of $4 holds one at a time.
@@ -280,3 +281,43 @@ def test_the_user_configs_budget_is_the_default_and_a_missing_one_is_exit_2(
     bad = cli(env, tmp_path, "run", str(batch(tmp_path, "lost")), "--out", str(tmp_path / "out"), "--yes")
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.startswith("actor-run: budget: expected a team budget's name"), bad.stderr
+
+
+def test_a_worker_gives_its_settings_budget_to_the_queued_jobs_that_name_none(
+        tmp_path: Path, env: dict[str, str], config: Path) -> None:
+    """Jobs queued with `--submit-only`, run by a worker whose settings say `budget = "team-w"`: a
+    job whose batch and submitter named none draws on the worker's; a batch's own budget, a batch's
+    `budget = ""` and a submitter's settings' budget (recorded with the job when it was queued) win.
+    A worker whose settings name a budget the ledger lacks is one line, exit 2, and claims nothing."""
+    for name in ("team-s", "team-b", "team-w"):
+        set_budget(env, tmp_path, name, 100.0)
+    queued = [("plain", ""), ("own", 'budget = "team-b"\n'), ("none", 'budget = ""\n')]
+    for name, policy in queued:
+        done = cli(env, tmp_path, "run", str(batch(tmp_path, name, policy=policy)), "--out", str(tmp_path / "out"),
+                   "--yes", "--submit-only")
+        assert done.returncode == 0, done.stderr[-3000:]
+    config.write_text('budget = "team-s"\n')  # this submitter's settings name one: the queued job keeps it
+    done = cli(env, tmp_path, "run", str(batch(tmp_path, "theirs")), "--out", str(tmp_path / "out"), "--yes",
+               "--submit-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    worker_config = tmp_path / "worker.toml"
+    worker_env = {**env, "ACTOR_RUN_CONFIG": str(worker_config)}
+    worker_config.write_text('budget = "nobody"\n')
+    lost = cli(worker_env, tmp_path, "worker", "--until-idle", "--poll", "0.5")
+    assert lost.returncode == 2, lost.stderr[-3000:]
+    assert lost.stderr.count("\n") == 1, lost.stderr
+    assert f"budget (in user config {worker_config})" in lost.stderr, lost.stderr
+    assert "no team budget 'nobody'" in lost.stderr, lost.stderr
+    reader = LedgerReader(env["ACTOR_RUN_LEDGER"])
+    try:
+        assert set(reader.job_states().values()) == {"queued"}  # nothing claimed
+    finally:
+        reader.close()
+
+    worker_config.write_text('budget = "team-w"\n')
+    worked = cli(worker_env, tmp_path, "worker", "--until-idle", "--poll", "0.5")
+    assert worked.returncode == 0, worked.stderr[-3000:]
+    by_job = {r["job"]: r["budget"] for r in reservations(env["ACTOR_RUN_LEDGER"])}
+    assert by_job == {"plain/seed-1": "team-w", "own/seed-1": "team-b", "none/seed-1": None,
+                      "theirs/seed-1": "team-s"}
