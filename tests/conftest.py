@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pykka
 import pytest
 from hypothesis import settings
@@ -37,7 +36,7 @@ os.environ.pop("ACTOR_RUN_CONFIG", None)
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="actor-run-test-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
 
-from support import schedule  # noqa: E402  (tests/ is on the path only from here)
+from support import procs, schedule  # noqa: E402  (tests/ is on the path only from here)
 from support.pg import Postgres  # noqa: E402  (tests/ is on the path only from here)
 from support.sshd import Sshd  # noqa: E402  (tests/ is on the path only from here)
 from support.waits import settled  # noqa: E402  (tests/ is on the path only from here)
@@ -65,24 +64,14 @@ def _machines(state_dir: Path) -> list[str]:
 
 
 def _processes_under(path: Path) -> list[str]:
-    """The live processes whose command line names `path` (read from /proc directly: this runs after
-    every test, over every process of the machine, and psutil's objects cost several times more)."""
-    marker = str(path).encode()
+    """The live processes whose command line names `path` (tests/support/procs.py reads /proc directly:
+    this runs after every test, over every process of the machine)."""
     out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            if marker not in cmd:
-                continue
-            if psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:  # a zombie's cmdline is empty anyway
-                continue
-        except (OSError, psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        line = cmd.replace(b"\0", b" ").decode(errors="replace")
-        out.append(f"{pid}: {line[:160]}")
+    for pid, cmd in procs.under(path):
+        with contextlib.suppress(OSError):  # gone since: not left running
+            if not procs.zombie(pid):  # a zombie's cmdline is empty anyway
+                line = cmd.replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{pid}: {line[:160]}")
     return out
 
 

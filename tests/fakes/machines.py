@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+from support import procs
 from support.sshd import Sshd, free_port
 
 WRONG_GPU = {"NVIDIA GeForce RTX 4090": "NVIDIA RTX A6000"}  # another class than the one sold
@@ -98,29 +98,13 @@ class Box(Sshd):
             f.write(f"SetEnv {pairs}\n")
 
 
-def _runs_in(proc: psutil.Process, marker: str) -> bool:
-    if any(marker in part for part in proc.info["cmdline"] or []):
-        return True
-    try:  # a job started there: its folder is its cwd, or its environment names it (HOME)
-        return (proc.cwd() or "").startswith(marker) or proc.environ().get("HOME", "").startswith(marker)
-    except (psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-
-
-def _kill_under(path: Path, also: list[psutil.Process] | None = None) -> None:
-    """Every process the machine runs (its command line, cwd or HOME is under `path`) and `also`,
-    killed at one moment: the machine is gone all at once, as a failed host is."""
-    marker = str(path)
-    doomed = list(also or [])
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and _runs_in(proc, marker):
-                doomed.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for proc in doomed:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            proc.send_signal(signal.SIGKILL)
+def _kill_under(path: Path, also: list[int] | None = None) -> None:
+    """Every process the machine runs (its command line, cwd or HOME is under `path`) and the pids
+    `also`, killed at one moment: the machine is gone all at once, as a failed host is."""
+    doomed = [*(also or []), *(pid for pid, _ in procs.under(path, cwd_home=True))]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class Porch:
@@ -315,10 +299,8 @@ class Boxes:
 
 
 def _stop_box(box: Any) -> None:
-    sshd: list[psutil.Process] = []
-    if box.proc is not None:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            sshd = [psutil.Process(box.proc.pid), *psutil.Process(box.proc.pid).children(recursive=True)]
+    # its sshd by pid while it runs (poll: a reaped sshd's pid may be another process's by now)
+    sshd = [box.proc.pid, *procs.descendants(box.proc.pid)] if box.proc is not None and box.proc.poll() is None else []
     _kill_under(box.dir, also=sshd)  # its sessions and its jobs at one moment
     box.stop()
     _kill_under(box.dir)

@@ -30,13 +30,16 @@ import logging
 import random
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from openapi_core import Config, OpenAPI
-from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
+from openapi_core.contrib.werkzeug import WerkzeugOpenAPIResponse
+from openapi_core.datatypes import RequestParameters
+from werkzeug.datastructures import Headers, ImmutableMultiDict
 from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
@@ -60,7 +63,7 @@ def document(path: Path) -> dict[str, Any]:
 
 
 @functools.cache
-def _openapi(path: Path, base_path: str, relax: Callable[[dict[str, Any]], None] | None = None) -> OpenAPI:
+def _checker(path: Path, base_path: str, relax: Callable[[dict[str, Any]], None] | None = None) -> _Checker:
     """The vendor's document as is, with our loopback address added to its servers (nothing else);
     loaded once per process. The document itself is not checked here (a big one takes seconds, in
     every test process): test_rented.py checks each once. `relax` (a module-level function, so the
@@ -73,7 +76,137 @@ def _openapi(path: Path, base_path: str, relax: Callable[[dict[str, Any]], None]
     doc["servers"] = [loopback, *doc.get("servers", [])]
     # RFC 9457 problem documents are JSON too (openapi-core knows only application/json by name)
     config = Config(extra_media_type_deserializers={"application/problem+json": json.loads}, spec_validator_cls=None)
-    return OpenAPI.from_dict(doc, config=config)
+    return _Checker(OpenAPI.from_dict(doc, config=config), _headers_read(doc))
+
+
+def _headers_read(doc: dict[str, Any]) -> tuple[str, ...]:
+    """Every request header openapi-core can read under `doc`: each header parameter's and each API
+    key's name (both are `{"in": "header", "name": ...}` wherever they stand, $ref'd or inline),
+    Authorization (HTTP schemes) and Cookie (cookie parameters and keys); lower-cased, sorted."""
+    names = {"authorization", "cookie"}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("in") == "header" and isinstance(node.get("name"), str):
+                names.add(node["name"].lower())
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return tuple(sorted(names))
+
+
+_MISS = object()
+Key = tuple[Any, ...]
+
+
+class _Verdicts:
+    """What the document said of each request or response seen, by its key: None (it holds) or why
+    not. The least recently used go past `entries` keys or `size` bytes of bodies. Any thread."""
+
+    def __init__(self, entries: int = 4096, size: int = 64 << 20) -> None:
+        self.entries, self.size = entries, size
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[Key, tuple[str | None, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
+    def get(self, key: Key) -> Any:
+        """The verdict for `key`, or `_MISS`."""
+        with self._lock:
+            found = self._seen.get(key)
+            if found is None:
+                self.misses += 1
+                return _MISS
+            self._seen.move_to_end(key)
+            self.hits += 1
+            return found[0]
+
+    def put(self, key: Key, verdict: str | None, size: int) -> None:
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen[key] = (verdict, size)
+            self._bytes += size
+            while len(self._seen) > self.entries or self._bytes > self.size:
+                _, (_, gone) = self._seen.popitem(last=False)
+                self._bytes -= gone
+
+
+class _SeenRequest:
+    """A request as openapi-core reads it (its `Request` protocol), made of its memo key's parts (and
+    of werkzeug's parse of them)."""
+
+    def __init__(self, key: Key, req: Request) -> None:
+        method, _host, self.path, _query, headers, self.content_type, body = key
+        self.host_url = req.host_url  # the key's but for the fake's own port (_Checker.request_key)
+        self.method = method.lower()
+        self.body = body
+        # req.args and req.cookies are werkzeug's parse of the key's query string and Cookie header
+        self.parameters = RequestParameters(query=ImmutableMultiDict(req.args),
+                                            header=Headers([(n, v) for n, values in headers for v in values]),
+                                            cookie=req.cookies)
+
+
+class _SeenResponse:
+    """A response as openapi-core reads it (its `Response` protocol), made of its memo key's parts alone."""
+
+    def __init__(self, key: Key) -> None:
+        _request, self.status_code, self.content_type, headers, self.data = key
+        self.headers = Headers(list(headers))
+
+
+class _Checker:
+    """One vendor's document (`spec`), the request headers it can read and its verdicts so far."""
+
+    def __init__(self, spec: OpenAPI, headers: tuple[str, ...]) -> None:
+        self.spec = spec
+        self.headers = headers
+        self.verdicts = _Verdicts()
+
+    def request_key(self, req: Request, port: int) -> Key:
+        """Everything openapi-core reads of `req` (werkzeug's adapter: WerkzeugOpenAPIRequest), but
+        the fake's own `port` in its URL, a new one each test: the loopback server that `_checker`
+        puts first in the document has `{port}` free (no enum), so any port finds the same server."""
+        host = req.host_url
+        own = f"//127.0.0.1:{port}/"
+        if host.endswith(own):
+            host = host[: -len(own)] + "//127.0.0.1:{port}/"
+        headers = tuple((name, tuple(req.headers.getlist(name))) for name in self.headers)
+        return (req.method, host, req.root_path + req.path, req.query_string, headers,
+                req.content_type or "application/octet-stream", req.get_data(as_text=False))
+
+    def check_request(self, req: Request, port: int) -> tuple[Key, str | None]:
+        """The request's key and verdict (None: the document allows it), checked at its first sight."""
+        key = self.request_key(req, port)
+        verdict = self.verdicts.get(key)
+        if verdict is _MISS:
+            try:
+                # the validator itself: OpenAPI.validate_request adds only type guards (runtime
+                # Protocol checks, a good share of a check's time) that _SeenRequest passes
+                self.spec.request_validator.validate(_SeenRequest(key, req))
+                verdict = None
+            except Exception as exc:
+                verdict = _reason(exc)
+            self.verdicts.put(key, verdict, len(key[-1]))
+        return key, verdict
+
+    def check_response(self, request_key: Key, req: Request, resp: Response) -> str | None:
+        """The response's verdict (None: the document allows it as the answer to the request)."""
+        data = WerkzeugOpenAPIResponse(resp).data  # a streamed body is read into a copy, as openapi-core does
+        key = ("response", request_key, resp.status_code, str(resp.mimetype), tuple(resp.headers.items()), data)
+        verdict = self.verdicts.get(key)
+        if verdict is _MISS:
+            try:
+                self.spec.response_validator.validate(_SeenRequest(request_key, req), _SeenResponse(key[1:]))
+                verdict = None
+            except Exception as exc:
+                verdict = _reason(exc)
+            self.verdicts.put(key, verdict, len(data) + len(request_key[-1]))
+        return verdict
 
 
 class _Handler(WSGIRequestHandler):
@@ -111,6 +244,7 @@ class OpenAPIFake:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.url = ""
+        self.port = 0  # the server's, once started
         self.changed = threading.Condition(self.lock)  # notified after every request
         # statuses the vendor sends that its document does not describe, each with the contract
         # line that says so: their bodies are not checked (requests still are)
@@ -173,16 +307,15 @@ class OpenAPIFake:
         return resp(environ, start_response)
 
     def _answer(self, req: Request) -> tuple[Response, str]:
-        spec = _openapi(self.document, self.base_path, self.relax)
+        checker = _checker(self.document, self.base_path, self.relax)
         for method, pattern, template, fn in self.routes:
             m = pattern.match(req.path)
             if m is None or method != req.method:
                 continue
-            try:
-                spec.validate_request(WerkzeugOpenAPIRequest(req))
-            except Exception as exc:
-                self._violation(f"request {req.method} {req.path}: {_reason(exc)}")
-                return self.invalid(f"rejected by the vendor's schema: {_reason(exc)}"), template
+            request_key, problem = checker.check_request(req, self.port)
+            if problem is not None:
+                self._violation(f"request {req.method} {req.path}: {problem}")
+                return self.invalid(f"rejected by the vendor's schema: {problem}"), template
             with self.lock:
                 if self._limited:
                     resp = self.too_many(self._limited.pop(0))
@@ -199,10 +332,9 @@ class OpenAPIFake:
                     resp = fn(req, **m.groupdict())
             if resp.status_code in self.undocumented:
                 return resp, template
-            try:
-                spec.validate_response(WerkzeugOpenAPIRequest(req), WerkzeugOpenAPIResponse(resp))
-            except Exception as exc:
-                self._violation(f"response {resp.status_code} to {req.method} {req.path}: {_reason(exc)}")
+            problem = checker.check_response(request_key, req, resp)
+            if problem is not None:
+                self._violation(f"response {resp.status_code} to {req.method} {req.path}: {problem}")
             return resp, template
         self._violation(f"{req.method} {req.path}: no such route in the fake")
         return self.not_found(), req.path
@@ -216,9 +348,10 @@ class OpenAPIFake:
             self.violations.append(text)
 
     def start(self) -> OpenAPIFake:
-        _openapi(self.document, self.base_path, self.relax)  # read before the first request, not inside it
+        _checker(self.document, self.base_path, self.relax)  # read before the first request, not inside it
         self._server = make_server("127.0.0.1", 0, self._app, threaded=True, request_handler=_Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}{self.base_path}"
+        self.port = self._server.server_port
+        self.url = f"http://127.0.0.1:{self.port}{self.base_path}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-api", daemon=True)
         self._thread.start()
         return self
@@ -255,3 +388,4 @@ def _reason(exc: BaseException) -> str:
         parts.append(f"{type(cause).__name__}: {cause}" + (f" {[str(e)[:300] for e in extra]}" if extra else ""))
         cause = cause.__cause__ or cause.__context__
     return " <- ".join(parts)[:4000]
+
