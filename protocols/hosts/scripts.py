@@ -178,8 +178,8 @@ done
 # environment string is limited to 128 KiB on Linux).
 #
 # An exit by SIGKILL (137) is judged the kernel's OOM killer's only on the machine's own evidence
-# (OOM_EVIDENCE): the count of OOM kills in the wrapper's memory cgroup, or the kernel log's lines of
-# the OOM killer, moved while the job ran. Then the wrapper says so in the log's last line
+# (OOM_EVIDENCE): the count of OOM kills in the wrapper's memory cgroup moved while the job ran, or the
+# kernel log gained an OOM killer's line. Then the wrapper says so in the log's last line
 # (protocols/verdict.py OOM_KILLER_LINE), which the heartbeat reads with the exit.
 #
 # What the kernel writes, as its sources spell it (Linux 6.x):
@@ -192,19 +192,29 @@ done
 #   `pr_err("%s: Killed process %d (%s) total-vm:%lukB, ...")` (__oom_kill_process), the message
 #   "Out of memory" or "Memory cgroup out of memory"; read by `dmesg`, else (dmesg_restrict)
 #   `journalctl -k` where the user may read the journal.
-OOM_EVIDENCE = r"""oom_kills() { sed -n 's/^oom_kill //p' "$1" 2>/dev/null; }
-kernel_ooms() { grep -c -i -e 'out of memory: kill' -e 'oom-kill'; }
+#
+# The kernel log is a ring: a new report pushes the oldest lines out, OOM lines among them, so a count
+# of its OOM lines can stay the same across a kill (a full log, as on any machine up for a while: the
+# reader missed real kills that way). What is compared is its newest OOM line (a checksum: each holds
+# the victim's pid, and its time where the log has times), and a log that lost every OOM line while
+# the job ran has no evidence ("-"). The last of them, "Killed process", is written just after the
+# SIGKILL: a wrapper that finds nothing yet looks once more a second later.
+OOM_EVIDENCE = r"""oom_kills() { v=$(sed -n 's/^oom_kill //p' "$1" 2>/dev/null); printf '%s' "${v:--}"; }
+kernel_oom() { l=$(grep -i -e 'out of memory: kill' -e 'oom-kill' | tail -n 1)
+  if [ -n "$l" ]; then printf '%s' "$l" | cksum | sed 's/ .*//'; else printf -; fi; }
 ooms() { c=$(sed -n 's/^0:://p' /proc/self/cgroup 2>/dev/null); m=$(sed -n 's/^[0-9]*:memory://p' /proc/self/cgroup 2>/dev/null)
   printf '%s %s %s' "$(oom_kills "/sys/fs/cgroup$c/memory.events")" "$(oom_kills "/sys/fs/cgroup/memory$m/memory.oom_control")" \
-    "$({ dmesg 2>/dev/null || journalctl -k -b -q --no-pager -o cat 2>/dev/null; } | kernel_ooms)"; }
+    "$({ dmesg 2>/dev/null || journalctl -k -b -q --no-pager -o cat 2>/dev/null; } | kernel_oom)"; }
+oom_moved() { set -- $1 $2; [ "$1" != "$4" ] || [ "$2" != "$5" ] || { [ "$6" != - ] && [ "$6" != "$3" ]; }; }
 """
 WRAPPER = r"""w=$1
 cd "$2" || exit 1
 """ + OOM_EVIDENCE + r"""k0=$(ooms)
 ( set -- "$w/env" "$w/command" "$(command -v sh)"; . "$1" && exec "$3" "$2" ) >> "$w/log.txt" 2>&1 < /dev/null
 rc=$?
-if [ "$rc" = 137 ]; then k1=$(ooms); [ "$k1" != "$k0" ] &&
-  echo "actor-run: the kernel's OOM killer ended the job (OOM kills, cgroup v2, v1 and kernel log: $k0 before, $k1 after)" >> "$w/log.txt"; fi
+if [ "$rc" = 137 ]; then k1=$(ooms); oom_moved "$k0" "$k1" || { sleep 1; k1=$(ooms); }
+  oom_moved "$k0" "$k1" &&
+  echo "actor-run: the kernel's OOM killer ended the job (OOM kills of cgroup v2, v1, the kernel log's newest: $k0 before, $k1 after)" >> "$w/log.txt"; fi
 """ + TAG + MEMBERS + r"""reap "$$"
 printf '{"exit_code": %s, "ended": %s}\n' "$rc" "$(date +%s)" > "$w/response.json.tmp" && mv -f "$w/response.json.tmp" "$w/response.json"
 """

@@ -47,15 +47,17 @@ def _sh(script: str, stdin: str = "", path: str | None = None) -> str:
 def test_the_cgroup_counters_are_read_from_the_kernels_own_files(tmp_path: Path) -> None:
     (tmp_path / "memory.events").write_text(MEMORY_EVENTS)
     (tmp_path / "memory.oom_control").write_text(OOM_CONTROL)
-    assert _sh(f'oom_kills "{tmp_path}/memory.events"') == "1\n"
-    assert _sh(f'oom_kills "{tmp_path}/memory.oom_control"') == "2\n"
-    assert _sh(f'oom_kills "{tmp_path}/absent"') == ""  # no such file (no cgroup of that version): nothing
+    assert _sh(f'oom_kills "{tmp_path}/memory.events"') == "1"
+    assert _sh(f'oom_kills "{tmp_path}/memory.oom_control"') == "2"
+    assert _sh(f'oom_kills "{tmp_path}/absent"') == "-"  # no such file (no cgroup of that version): nothing
 
 
-def test_the_kernel_logs_oom_killer_lines_are_counted_and_nothing_else() -> None:
-    # three lines per kill of a cgroup's (invoked, constraint, Killed), one for the machine-wide one shown
-    assert _sh("kernel_ooms", KERNEL_LOG) == "4\n"
-    assert _sh("kernel_ooms", NOT_OOM) == "0\n"
+def test_the_kernel_logs_newest_oom_killer_line_is_read_and_nothing_else() -> None:
+    # the newest OOM killer line (the machine-wide kill's), as its checksum; the job's own words are none
+    newest = KERNEL_LOG.splitlines()[-1]
+    assert _sh("kernel_oom", KERNEL_LOG) == _sh("kernel_oom", newest + "\n" + NOT_OOM) != "-"
+    assert _sh("kernel_oom", KERNEL_LOG) != _sh("kernel_oom", KERNEL_LOG.splitlines()[-2])
+    assert _sh("kernel_oom", NOT_OOM) == "-"
 
 
 def test_ooms_moves_when_the_kernel_log_gains_an_oom_kill(tmp_path: Path) -> None:
@@ -73,4 +75,38 @@ def test_ooms_moves_when_the_kernel_log_gains_an_oom_kill(tmp_path: Path) -> Non
     log.write_text(NOT_OOM + KERNEL_LOG)
     after = _sh("ooms", path=path)
     assert after != before
-    assert after.split()[-1] == "4"
+    assert _sh(f'oom_moved "{before}" "{after}" && echo moved') == "moved\n"
+    assert _sh(f'oom_moved "{after}" "{after}" || echo still') == "still\n"
+
+
+def _stand_in_dmesg(tmp_path: Path) -> tuple[Path, str]:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "kmsg"
+    (bin_ / "dmesg").write_text(f'#!/bin/sh\ncat "{log}"\n')
+    (bin_ / "dmesg").chmod(0o755)
+    return log, f"{bin_}:{os.environ['PATH']}"
+
+
+def test_a_full_kernel_log_that_drops_an_old_oom_report_as_it_gains_a_new_one_still_moves(tmp_path: Path) -> None:
+    """The kernel log is a ring: the report of a new kill pushes the oldest lines out, an old kill's among
+    them, and the count of OOM lines stays the same. The reader still sees the new kill."""
+    log, path = _stand_in_dmesg(tmp_path)
+    old = KERNEL_LOG.replace("20789", "20001").replace("14275.", "13001.")
+    new = KERNEL_LOG.replace("20789", "30555").replace("14275.", "15999.").replace("14302.", "16000.")
+    log.write_text(old + NOT_OOM)
+    before = _sh("ooms", path=path)
+    log.write_text(NOT_OOM + new)  # as many OOM lines as before: the old report rotated out
+    after = _sh("ooms", path=path)
+    assert _sh(f'oom_moved "{before}" "{after}" && echo moved') == "moved\n", (before, after)
+
+
+def test_a_kernel_log_that_lost_its_old_oom_lines_and_gained_none_is_no_evidence(tmp_path: Path) -> None:
+    """A SIGKILL from elsewhere while the log turned over (its old OOM lines rotated out, none new): no OOM."""
+    log, path = _stand_in_dmesg(tmp_path)
+    log.write_text(KERNEL_LOG + NOT_OOM)
+    before = _sh("ooms", path=path)
+    log.write_text(NOT_OOM + NOT_OOM)
+    after = _sh("ooms", path=path)
+    assert after != before
+    assert _sh(f'oom_moved "{before}" "{after}" || echo none') == "none\n", (before, after)
