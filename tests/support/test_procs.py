@@ -117,10 +117,13 @@ def test_a_fake_machines_end_kills_its_processes_and_no_other(placed: Placed) ->
 def test_descendants_are_children_and_theirs() -> None:
     top = subprocess.Popen(["sh", "-c", 'sh -c "sleep 300 & wait" & sleep 300 & wait'])
     try:
-        # the inner sh and its sleep, and the outer sleep
-        tree = poll(lambda: len(d := procs.descendants(top.pid)) >= 3 and d, 30, "the tree")
-        names = {pid: _read(f"/proc/{pid}/cmdline").split(b"\0")[0] for pid in tree}
-        assert sorted(names.values()) == [b"sh", b"sleep", b"sleep"]
+        # the inner sh and its sleep, and the outer sleep, once each forked shell has exec'd its command
+        # (a child just forked still reads as its parent `sh`)
+        def grown() -> dict[int, bytes] | None:
+            names = {pid: _read(f"/proc/{pid}/cmdline").split(b"\0")[0] for pid in procs.descendants(top.pid)}
+            return names if sorted(names.values()) == [b"sh", b"sleep", b"sleep"] else None
+
+        names = poll(grown, 30, "the tree")
         inner = next(pid for pid, name in names.items() if name == b"sh")
         assert [names[pid] for pid in procs.descendants(inner)] == [b"sleep"]
         assert all(procs.descendants(pid) == [] for pid, name in names.items() if name == b"sleep")
