@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,15 @@ from typing import Any
 from actor_run.protocols.clouds.gpus import vendor_ids
 from fakes.machines import Boxes, gpu_tools
 from fakes.openapi_server import OpenAPIFake
+
+# The guests' loopback addresses: 127.<this test process's own>.x.y, one per machine of every fake in the
+# process. Each guest's port is a free one, chosen at its plan and not held while its sshd is not up yet
+# (the port refuses, as a booting guest's does): a guest of another worker's fake could take the same
+# port meanwhile, and when every fake counted from 127.0.0.2 a client then met that other sshd, which
+# refused its key (seen once in a full run). Apart by address, a taken port number no longer matters.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_OCTET = 1 + (int(_worker[2:]) if _worker[2:].isdigit() else os.getpid()) % 250
+_GUESTS = itertools.count()
 
 
 class RentedFake(OpenAPIFake):
@@ -54,11 +64,11 @@ class RentedFake(OpenAPIFake):
         self.skew_next: list[float] = []
         self.created: list[dict[str, Any]] = []
         self.billed: list[tuple[str, float, float]] = []
-        self._addresses = itertools.count(2)
 
     def _address(self) -> str:
-        """A loopback address of the next machine's own (127.0.0.2, .3, ...)."""
-        return f"127.0.0.{next(self._addresses)}"
+        """A loopback address of the next machine's own (127.<this process's>.x.y: see _GUESTS)."""
+        n = next(_GUESTS)
+        return f"127.{_OCTET}.{n // 250 % 250}.{n % 250 + 2}"
 
     def _tools(self, smi_name: str, count: int) -> dict[str, str]:
         """The next machine's `nvidia-smi` and `date`, with the next `smi_next` / `skew_next` fault."""
