@@ -292,7 +292,9 @@ def test_escape_sequences_in_a_jobs_output_never_reach_a_terminal_raw(tmp_path: 
 
 def test_the_live_view_shows_a_progress_key_and_stage_inert(tmp_path: Path) -> None:
     progress = '{"stage": "s\\\\u001b]0;pwned\\\\u0007", "k\\\\u001b]52;c;QQ==\\\\u0007": 1, "step": 1}'
-    path = batch(tmp_path, command=f"printf '{progress}\\n' > \"$ACTOR_RUN_PROGRESS\"; sleep 2")
+    # the job lives 6 s after its line: the view draws it within a poll and a frame, on a busy machine too
+    # (a job of 2 s once ended before its line was drawn, in a full run)
+    path = batch(tmp_path, command=f"printf '{progress}\\n' > \"$ACTOR_RUN_PROGRESS\"; sleep 6")
     shown = read_pty(["run", str(path), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
                      {**os.environ, "COLUMNS": "200"}, tmp_path)
     assert b"52;c;QQ==" in shown  # the key was drawn ...

@@ -635,9 +635,13 @@ def test_an_adopters_claim_goes_ahead_of_its_own_queued_writes(pg_url: str) -> N
             me.record_event(JobEnded(job="mine", seed=1, outcome="succeeded", attempts=1))
         end = me.record_job_end(key="mine/seed-1", state="succeeded", failure=None, detail="", attempts=1, usd=0.0)
         won: list[set[str]] = []
+        queued = len(me._queue._items)  # the burst, waiting behind the writer's transaction in hand
         claiming = threading.Thread(target=lambda: won.append(
             me.claim_jobs([(f"d/seed-{seed}", dead.owner, "dead-run") for seed in range(3)])))
         claiming.start()
+        # the claim is queued before the writer goes on (else the writer could take the burst, its job's
+        # end among them, first: that transaction waits on `held` for good, the claim behind it)
+        poll(lambda: len(me._queue._items) > queued, 30, "the claim queued")
         blocker.execute("ROLLBACK")
         claiming.join(60)
         assert won == [{"d/seed-0", "d/seed-1", "d/seed-2"}]  # committed while the job's end still waits
