@@ -75,7 +75,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     if name is not None and not found:
         return usage_error(f"budget: no budget {name!r} in the ledger")
     for b in found:
-        left = b.usd - b.spent_usd - b.reserved_usd
+        left = b.left_usd
         if args.json:
             sys.stdout.write(msgspec.json.encode({**msgspec.structs.asdict(b), "left_usd": left}).decode() + "\n")
         else:

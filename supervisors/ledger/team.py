@@ -33,6 +33,11 @@ class TeamBudget(msgspec.Struct, frozen=True, kw_only=True):
     spent_usd: float = 0.0  # charged in the current period
     reserved_usd: float = 0.0  # live reservations
 
+    @property
+    def left_usd(self) -> float:
+        """What this period leaves beside what was spent and what is reserved."""
+        return self.usd - self.spent_usd - self.reserved_usd
+
 
 class Held(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to a hold: `ok` (the reservation row is written), and the budget as it stood."""

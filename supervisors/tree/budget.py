@@ -61,6 +61,11 @@ class BudgetStatistics(msgspec.Struct, frozen=True, kw_only=True):
     refused: int  # reservations the budget could not hold
     overrun_usd: float  # spent past the limit (only an unconfirmed deletion can cause it)
 
+    @property
+    def left_usd(self) -> float:
+        """What the limit leaves beside what was spent and what is reserved (0 limit: none set)."""
+        return (self.limit_usd or 0.0) - self.spent_usd - self.reserved_usd
+
 
 class Budget:
     """Thread-safe. `limit` None: every reservation fits (the figures are still kept)."""

@@ -57,16 +57,12 @@ class JobMoney:
         batch's. The change (recorded nowhere yet: `record`), or the line saying which was short."""
         holder = (self.key, attempt)
         if self.seed is not None and self.seed.reserve(holder, usd) is None:
-            left = self.seed.statistics()
-            return (f"{where} needs ${usd:.2f}; the seed's max_usd has"
-                    f" ${(left.limit_usd or 0) - left.spent_usd - left.reserved_usd:.2f} left")
+            return f"{where} needs ${usd:.2f}; the seed's max_usd has ${self.seed.statistics().left_usd:.2f} left"
         change = self.budget.reserve(holder, usd)
         if change is None:
             if self.seed is not None:
                 self.seed.release(holder, 0.0)
-            left = self.budget.statistics()
-            return (f"{where} needs ${usd:.2f}; the budget has"
-                    f" ${(left.limit_usd or 0) - left.spent_usd - left.reserved_usd:.2f} left")
+            return f"{where} needs ${usd:.2f}; the budget has ${self.budget.statistics().left_usd:.2f} left"
         return change
 
     def record(self, attempt: int, offer: Offer, change: BudgetChange, hold_s: float, team: str | None = None) -> None:

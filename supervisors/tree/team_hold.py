@@ -90,8 +90,7 @@ def refusal(name: str, where: str, need_usd: float, result: Result[Held]) -> Ref
     if b is None:
         return Refusal(line=f"{where}: there is no team budget {name!r} (actor-run budget set {name} ...)",
                        waitable=False)
-    left = b.usd - b.spent_usd - b.reserved_usd
-    line = f"{where} needs ${need_usd:.2f}; the team budget {name!r} has ${left:.2f} left of ${b.usd:.2f}"
+    line = f"{where} needs ${need_usd:.2f}; the team budget {name!r} has ${b.left_usd:.2f} left of ${b.usd:.2f}"
     if need_usd > b.usd - b.spent_usd + 1e-9:  # what this period spent leaves too little, whatever is released
         spent = f"${b.spent_usd:.2f} spent" + (f" this {b.per}" if b.per != "total" else "")
         return Refusal(line=f"{line} ({spent}: no release makes room)", waitable=False)
