@@ -13,10 +13,12 @@ made); after it `launch_failed` (the release deletes the machine).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import trio
 
 from actor_run.actors.base import Context, Pending
 from actor_run.actors.durable import wait_durable
@@ -24,7 +26,20 @@ from actor_run.protocols.clouds import CacheAttaching, Caching
 from actor_run.protocols.clouds.http import NoAnswer, RateLimited
 from actor_run.protocols.failures import Code, LaunchRefused
 from actor_run.protocols.hosts.workspace import Workspace
-from actor_run.protocols.messages import CacheOpened, CacheSpec, Machine, Offer
+from actor_run.protocols.messages import CacheOpened, CacheSpec, CacheVolume, Machine, Offer
+
+# A batch's leases start together, and each one's find-or-make would list no volume and make its own:
+# RunPod keeps several volumes of one name (each billed), Lambda refuses a name twice (the others
+# started cold). So this process opens a cache in a region one lease at a time, per cloud.
+_opening: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], trio.Lock]] = weakref.WeakKeyDictionary()
+
+
+async def open_cache_once(cloud: Caching, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
+    """`cloud.open_cache(offer, cache)`, one call at a time per cache and region of that cloud in this
+    process (the next finds what the first made). Reactor thread."""
+    locks = _opening.setdefault(cloud, {})
+    async with locks.setdefault((cache.volume_name, offer.region), trio.Lock()):
+        return await cloud.open_cache(offer, cache)
 
 
 class CacheOpener:
@@ -61,7 +76,7 @@ class CacheOpener:
         await wait_durable(self.row, soon, "the cache's row")
         name = cache.volume_name
         try:
-            volume = await self.cloud.open_cache(offer, cache)
+            volume = await open_cache_once(self.cloud, offer, cache)
             why = "" if volume is not None else f"{offer.cloud} cannot keep a volume in {offer.region or 'this place'}"
         except (NoAnswer, RateLimited) as exc:
             volume, why = None, f"the provider did not answer for the volume: {exc}"

@@ -193,11 +193,8 @@ class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
             return ""
         async with self._fs_lock:
             if self._fs_region is None:
-                resp = await self.api.call("GET", "/api/v1/file-systems")
-                if resp.status_code != 200:
-                    raise self._refused("file systems", resp)
                 have = {str(f.get("name")): str((f.get("region") or {}).get("name", ""))
-                        for f in (body_json(resp) or {}).get("data") or []}
+                        for f in await self._file_systems()}
                 if fs not in have:
                     listed = ", ".join(sorted(have)) or "none"
                     raise SpecError(f"clouds.{self.name}.file_system",
@@ -348,13 +345,17 @@ class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
                            region=str((f.get("region") or {}).get("name", "")),
                            path=path or str(f.get("mount_point", "")), created=created)
 
-    async def list_caches(self) -> list[CacheVolume]:
-        """Every file system of ours (ar-cache-<name>-<region>), as the cache it holds (`name`: ar-cache-<name>)."""
+    async def _file_systems(self) -> list[dict[str, Any]]:
+        """The account's file systems, as `GET /api/v1/file-systems` lists them."""
         resp = await self.api.call("GET", "/api/v1/file-systems")
         if resp.status_code != 200:
             raise self._refused("file systems", resp)
+        return [f for f in (body_json(resp) or {}).get("data") or [] if isinstance(f, dict)]
+
+    async def list_caches(self) -> list[CacheVolume]:
+        """Every file system of ours (ar-cache-<name>-<region>), as the cache it holds (`name`: ar-cache-<name>)."""
         out = []
-        for f in (body_json(resp) or {}).get("data") or []:
+        for f in await self._file_systems():
             name, region = str(f.get("name", "")), str((f.get("region") or {}).get("name", ""))
             if name.startswith(CACHE_PREFIX) and name.endswith(f"-{region}"):
                 out.append(self._fs_volume(f, name.removesuffix(f"-{region}")))
@@ -364,13 +365,23 @@ class LambdaCloud(RentedCloud, Checking, Caching, PassingOver):
         """The cache's file system in the offer's region: found, or made; None when the region refuses
         one (a cold start there)."""
         path = cache.mount if LAMBDA_MOUNT.fullmatch(cache.mount) else ""
-        for v in await self.list_caches():
-            if v.name == cache.volume_name and v.region == offer.region:
-                return msgspec.structs.replace(v, path=path or v.path)
+
+        async def found() -> CacheVolume | None:
+            for v in await self.list_caches():
+                if v.name == cache.volume_name and v.region == offer.region:
+                    return msgspec.structs.replace(v, path=path or v.path)
+            return None
+
+        if (have := await found()) is not None:
+            return have
         fs_name = f"{cache.volume_name}-{offer.region}"
         resp = await self.api.call("POST", "/api/v1/filesystems", json={"name": fs_name, "region": offer.region})
         if resp.status_code == 200:
             return self._fs_volume((body_json(resp) or {}).get("data") or {}, cache.volume_name, path, created=True)
+        error = (body_json(resp) or {}).get("error") if resp.status_code == 400 else None
+        if isinstance(error, dict) and error.get("code") == "global/duplicate":
+            # another lease or controller made it since the listing (lambda.md: ApiErrorDuplicate): use it
+            return await found()
         if resp.status_code in (400, 404):
             return None  # this region keeps no file system for us: nothing was made
         raise self._refused(f"creating file system {fs_name}", resp)

@@ -13,8 +13,10 @@ from typing import Any
 
 import msgspec
 import pytest
+import trio
 from fakes.providers import rented_cloud, serve
 
+from actor_run.actors.caches import open_cache_once
 from actor_run.actors.runtime import Reactor
 from actor_run.protocols.messages import CacheSpec
 
@@ -67,3 +69,39 @@ def test_a_region_that_refuses_a_volume_is_a_cold_start(reactor: Reactor, cloud:
         fake.fs_regions = set()
     assert reactor.call(cloud.open_cache, fake.sample_offer(), CACHE, timeout=30) is None
     assert reactor.call(cloud.list_caches, timeout=30) == []
+
+
+
+def test_leases_opening_one_cache_at_once_in_one_region_share_one_volume(
+        reactor: Reactor, cloud: Any, fake: Any) -> None:
+    """Four leases of one controller open one cache in one region at once, as a lease opens it
+    (actors/caches.py `open_cache_once`): one volume is made and each lease has it."""
+    offer = fake.sample_offer()
+    got = reactor.call(_open_at_once, cloud, offer, 4, True, timeout=60)
+    listed = reactor.call(cloud.list_caches, timeout=30)
+    assert len(listed) == 1, listed
+    assert [v.id if v is not None else None for v in got] == [listed[0].id] * 4
+    assert sorted(v.created for v in got) == [False] * 3 + [True]
+
+
+def test_a_lambda_file_system_another_controller_made_meanwhile_is_used(
+        reactor: Reactor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two controllers (no lock between them) open one cache in one region at once: Lambda refuses the
+    second create as a duplicate (`global/duplicate`), and that one finds the first's file system."""
+    for fake in serve("lambda", tmp_path, virtual=True):
+        cloud = rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=540.0)
+        got = reactor.call(_open_at_once, cloud, fake.sample_offer(), 2, False, timeout=60)
+        (listed,) = reactor.call(cloud.list_caches, timeout=30)
+        assert [v.id if v is not None else None for v in got] == [listed.id] * 2
+
+
+async def _open_at_once(cloud: Any, offer: Any, n: int, as_a_lease: bool) -> list[Any]:
+    got: list[Any] = []
+
+    async def one() -> None:
+        got.append(await (open_cache_once(cloud, offer, CACHE) if as_a_lease else cloud.open_cache(offer, CACHE)))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(one)
+    return got
