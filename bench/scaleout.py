@@ -88,9 +88,9 @@ def child(url: str, concurrency: int, lease_s: float, poll_s: float, root: Path)
     go = 0.0
 
     class TimedRunner(Runner):
-        def claim(self, most: int) -> list[JobHandle]:
+        def claim(self, most: int, run: str | None = None) -> list[JobHandle]:
             t = time.time()
-            got = super().claim(most)
+            got = super().claim(most, run)
             done = time.time()
             if got:
                 claims.append(done - t)

@@ -125,6 +125,7 @@ class Runner:
         self.batch = batch
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
+        self._enqueued: dict[str, Job] = {}  # the jobs it queued, secrets and all: what it claims of its own run
         self.reactor = Reactor()
         self.board = Board()  # the handles, their waiters, the line to the batch supervisor
         self._lock = threading.Lock()
@@ -465,19 +466,25 @@ class Runner:
         self.check(job)
         self.ledger.record_job(key=job.key, name=job.name, seed=job.seed, spec=msgspec.json.encode(redacted(job)),
                                state="queued", out_dir=str(self.seed_dir(job)), run=self.run)
+        self._enqueued[job.key] = job
 
-    def claim(self, most: int) -> list[JobHandle]:
-        """Claim up to `most` queued jobs of any run from the ledger and run them here, each in its
-        run, its results where that run said. Secrets the ledger kept out of a job's spec come from
-        this process's environment; a job whose batch and submitter named no team budget draws on
-        this process's settings' `budget`."""
+    def claim(self, most: int, run: str | None = None) -> list[JobHandle]:
+        """Claim up to `most` queued jobs of `run` (None: of any run) from the ledger and run them
+        here, each in its run, its results where that run said. A job this Runner queued runs as it
+        was given (its secret env values too: the ledger never had them). Of another's, secrets the
+        ledger kept out of its spec come from this process's environment, and a job whose batch and
+        submitter named no team budget draws on this process's settings' `budget`."""
         clouds = self._parts()[0]
         handles = []
         environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
         built: list[tuple[str, dict[str, Any], str]] = []  # (cloud, its table, what was wrong) got in this claim
-        for claimed in self.ledger.claim_queued(most):
-            job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
-            job = self.config.job_defaults(job)  # the worker's team budget for a job that names none
+        for claimed in self.ledger.claim_queued(most, run):
+            queued_here = self._enqueued.get(claimed.key) if claimed.run == self.run else None
+            if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
+                job, missing = queued_here, []
+            else:
+                job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
+                job = self.config.job_defaults(job)  # the worker's team budget for a job that names none
             refuse = None
             if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
                 refuse = Cancel(failure=Code.INPUT, detail=(

@@ -3,8 +3,10 @@
 
 A batch run on a shared (PostgreSQL) ledger is recorded there as queued jobs. Every worker, on any
 machine, claims queued jobs up to its concurrency (FOR UPDATE SKIP LOCKED: two workers never claim
-one job) and runs them; the `run` command is a worker too unless `--submit-only`, and returns once
-every job of its batch has ended, whoever ran it. Every `poll` seconds a worker also adopts the
+one job) and runs them; the `run` command works on its own batch too unless `--submit-only` (it
+claims and adopts that run's jobs only: what it holds at its end or its Ctrl-C is canceled, and a
+teammate's job must never be), shows each of them whoever runs it (RunOutput), and returns once
+every job of its batch has ended. Every `poll` seconds a worker also adopts the
 unfinished jobs of owners whose lease expired, as `actor-run resume` does (reattach to what runs,
 fetch what finished, rerun what is gone): a dead controller's jobs go on within its lease period
 plus one poll. Clouds and their settings come from the batch (stored with each job); secrets from
@@ -27,10 +29,12 @@ few seconds, then say in one line that the database cannot be reached (exit 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -39,7 +43,7 @@ import msgspec
 
 from actor_run.protocols.failures import SpecError
 from actor_run.protocols.messages import Event, JobEnded, encode
-from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS
+from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS, job_key
 from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import count_arg, number_arg, on_stop, signals_restored
@@ -134,10 +138,10 @@ def _unfinished(runner: Runner) -> int:
         reader.close()
 
 
-def _has_orphans(runner: Runner) -> bool:
+def _has_orphans(runner: Runner, run: str | None = None) -> bool:
     reader = LedgerReader(runner.ledger_path)
     try:
-        return reader.has_orphans(me=runner.owner)
+        return reader.has_orphans(me=runner.owner, run=run)
     finally:
         reader.close()
 
@@ -197,9 +201,12 @@ class _Signals:
 
 
 def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, run: str | None = None,
-          mode: str = "hand back", signals: _Signals | None = None, metrics: Any = None) -> bool:
+          mode: str = "hand back", signals: _Signals | None = None, metrics: Any = None,
+          each_poll: Callable[[], None] | None = None) -> bool:
     """Adopt, claim and run until stopped, or (with `until`) until those jobs of `run` have ended
-    in the ledger, or (with --until-idle) until nothing is queued or running anywhere. Each poll:
+    in the ledger, or (with --until-idle) until nothing is queued or running anywhere. With `run`
+    (`actor-run run`) only that run's jobs are claimed and adopted: a run works on its own batch,
+    so its end (or its Ctrl-C) never cancels a teammate's job. Each poll:
     orphans first (every one whose machine runs it, watched at once; of those needing a machine, as
     many as the free slots or this worker's share of them, whichever is more: a dead worker's jobs
     are adopted within a poll of its lease's end even when every worker is full, and wait here for a
@@ -232,16 +239,18 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
         try:
             if not signals.stop and runner.ledger.outage_since is None:
                 free = args.concurrency - len(handles)
-                if _has_orphans(runner):
-                    handles += runner.resume(sweep_after=False, take_runs=False, most_new=max(0, free))
+                if _has_orphans(runner, run):
+                    handles += runner.resume(run, sweep_after=False, take_runs=False, most_new=max(0, free))
                     free = args.concurrency - len(handles)
-                handles += runner.claim(free)
+                handles += runner.claim(free, run)
             if until is not None:
                 states = _ledger_states(runner, run)
                 if all(states.get(k) in ENDED for k in until):
                     break
             elif getattr(args, "until_idle", False) and not handles and not _unfinished(runner):
                 break
+            if each_poll is not None:
+                each_poll()
         except read_failures(runner.ledger.backend) as exc:  # the database is away: the writer rides it out
             logger.warning("the ledger could not be read this poll ({}); the jobs go on", str(exc).strip()[:200])
         signals.wait(args.poll)
@@ -251,16 +260,87 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
     return True
 
 
-def _printer(json_mode: bool) -> object:
+def _ended_line(e: JobEnded) -> str:
+    tail = f" {e.failure}: {e.detail}" if e.failure else ""
+    return f"{e.job}/seed-{e.seed:<6} {e.outcome:<10} attempts {e.attempts} ${e.usd:.4f}{tail}"
+
+
+def _with_run(run: str, body: bytes) -> str:
+    """An event's JSON with its run first (what every `--json` line carries)."""
+    return '{"run":' + msgspec.json.encode(run).decode() + "," + body.decode()[1:]
+
+
+def _printer(json_mode: bool, run_of: Callable[[str], str]) -> Callable[[Event], None]:
+    """A worker's output: every event of the jobs it runs, naming its run (`--json`), or a line per
+    job that ended."""
     def show(e: Event) -> None:
         if json_mode:
-            sys.stdout.write(encode(e).decode() + "\n")
+            sys.stdout.write(_with_run(run_of(job_key(e.job, e.seed)), encode(e)) + "\n")
             sys.stdout.flush()
         elif isinstance(e, JobEnded):
-            tail = f" {e.failure}: {e.detail}" if e.failure else ""
-            print(f"{e.job}/seed-{e.seed:<6} {e.outcome:<10} attempts {e.attempts} ${e.usd:.4f}{tail}", flush=True)
+            print(_ended_line(e), flush=True)
 
     return show
+
+
+class RunOutput:
+    """What `actor-run run` on a shared ledger shows of its batch, whoever runs each job: the events
+    of the jobs this process runs as they come (`event`, a Runner subscriber: any actor thread) and,
+    each poll, those other workers recorded in the ledger (`poll`, the main thread; of a job's
+    progress the ledger keeps a line at a checkpoint, a new stage or every 10 s). With `--json` each
+    line is an event naming its run; otherwise a line per job that ended. `finish` (once the jobs
+    ended) shows the ends not shown yet."""
+
+    def __init__(self, runner: Runner, run: str, *, json_mode: bool) -> None:
+        import threading
+
+        self.runner, self.run, self.json_mode = runner, run, json_mode
+        self._lock = threading.Lock()  # one line at a time from the actor threads and the poll
+        self._after = 0  # the newest ledger event id read
+        self._ended: set[str] = set()  # the jobs whose end was shown
+
+    def event(self, e: Event, body: bytes | None = None) -> None:
+        key = job_key(e.job, e.seed)
+        with self._lock:
+            if isinstance(e, JobEnded):
+                if key in self._ended:
+                    return
+                self._ended.add(key)
+            if self.json_mode:
+                sys.stdout.write(_with_run(self.run, encode(e) if body is None else body) + "\n")
+                sys.stdout.flush()
+            elif isinstance(e, JobEnded):
+                print(_ended_line(e), flush=True)
+
+    def _recorded(self, rows: list[dict[str, Any]]) -> None:
+        from actor_run.protocols.messages import decode_event
+
+        for row in rows:
+            self._after = max(self._after, int(row["id"]))
+            body = row["body"] if isinstance(row["body"], bytes) else str(row["body"]).encode()
+            try:
+                e = decode_event(body)
+            except msgspec.DecodeError:
+                continue  # a kind a newer actor-run wrote
+            self.event(e, body)
+
+    def poll(self) -> None:
+        reader = LedgerReader(self.runner.ledger_path)
+        try:
+            self._recorded(reader.new_events(self.run, self._after, not_by=self.runner.owner))
+        finally:
+            reader.close()
+
+    def finish(self, keys: list[str]) -> None:
+        """The ends of `keys` not shown yet (another worker recorded them after the last poll, or
+        their ids were committed out of order), from the ledger."""
+        if set(keys) <= self._ended:
+            return
+        reader = LedgerReader(self.runner.ledger_path)
+        try:
+            self._recorded([r for r in reader.events(run=self.run) if r["type"] == "JobEnded"])
+        finally:
+            reader.close()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -309,7 +389,7 @@ def _work(args: argparse.Namespace, signals: _Signals, metrics: Any) -> int:
             except SpecError as exc:
                 sys.stderr.write(f"actor-run: {exc}\n")
                 return USAGE
-            runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
+            runner.subscribe(_printer(args.json, runner.run_of))
             if metrics is not None:
                 metrics.runner = runner
             kept = serve(runner, args, until=None, signals=signals, metrics=metrics)
@@ -353,9 +433,12 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
             print(f"run {run}: {len(jobs)} job(s) queued, working on them with every worker\n"
                   f"controller pid {os.getpid()}; to stop it from another terminal: actor-run cancel {run}"
                   f"{_ledger_hint(args)}", file=sys.stderr if args.json else sys.stdout, flush=True)
-            runner.subscribe(_printer(args.json))  # type: ignore[arg-type]
-            if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel"):
+            output = RunOutput(runner, run, json_mode=args.json)
+            runner.subscribe(output.event)
+            if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel", each_poll=output.poll):
                 return FAILED  # its lease expired: the other workers finish the batch
+            with contextlib.suppress(*read_failures(runner.ledger.backend)):
+                output.finish([j.key for j in jobs])
             outcomes = _ledger_outcomes(runner, run)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")

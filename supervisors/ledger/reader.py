@@ -129,17 +129,20 @@ class LedgerReader:
     def clouds(self) -> list[tuple[str, dict[str, Any]]]:
         return [(r["name"], msgspec.json.decode(r["settings"])) for r in self._rows("SELECT * FROM clouds")]
 
-    def has_orphans(self, *, me: str) -> bool:
-        """Whether some running job's owner is dead (a resume would take it): one small query on a
-        shared ledger, where a worker asks it every poll before it plans an adoption."""
+    def has_orphans(self, *, me: str, run: str | None = None) -> bool:
+        """Whether some running job (of `run`, or of any run) has a dead owner (a resume would take
+        it): one small query on a shared ledger, where a worker asks it every poll before it plans an
+        adoption."""
+        of_run, args = (" AND j.run = ?", (me, run)) if run is not None else ("", (me,))
         if self.backend.fenced:
             rows = self._rows(
-                "SELECT 1 AS x FROM jobs j WHERE j.state='running' AND j.owner <> ? AND NOT EXISTS (SELECT 1 FROM"
-                f" owners o WHERE o.id = j.owner AND o.closed = 0 AND (o.lease_until IS NULL OR o.lease_until >"
-                f" {self.backend.now_sql})) LIMIT 1", (me,))
+                f"SELECT 1 AS x FROM jobs j WHERE j.state='running' AND j.owner <> ?{of_run} AND NOT EXISTS (SELECT 1"
+                " FROM owners o WHERE o.id = j.owner AND o.closed = 0 AND (o.lease_until IS NULL OR o.lease_until >"
+                f" {self.backend.now_sql})) LIMIT 1", args)
             return any(True for _ in rows)
         live = self.live_owners() | {me}
-        return any(r["owner"] not in live for r in self._rows("SELECT DISTINCT owner FROM jobs WHERE state='running'"))
+        return any(r["owner"] not in live for r in self._rows(
+            f"SELECT DISTINCT j.owner AS owner FROM jobs j WHERE j.state='running' AND j.owner <> ?{of_run}", args))
 
     def orphaned_jobs(self, *, me: str, run: str | None = None) -> list[dict[str, Any]]:
         """The running jobs (with their specs) of dead owners, of `run` or of every run, oldest run
@@ -219,9 +222,13 @@ class LedgerReader:
         sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return list(self._rows(sql, tuple(args)))
 
-    def new_events(self, run: str, after: int) -> list[dict[str, Any]]:
+    def new_events(self, run: str, after: int, *, not_by: str | None = None) -> list[dict[str, Any]]:
         """`run`'s events recorded after the event id `after` (id, job, type, body), oldest first:
-        what a reader that follows a run (the dashboard) reads each time, instead of them all."""
+        what a reader that follows a run (the dashboard) reads each time, instead of them all.
+        `not_by`: leave out those the owner of that id recorded (what a controller showed itself)."""
+        if not_by is not None:
+            return list(self._rows("SELECT id, job, type, body FROM events WHERE run=? AND id > ? AND owner <> ?"
+                                   " ORDER BY id", (run, after, not_by)))
         return list(self._rows("SELECT id, job, type, body FROM events WHERE run=? AND id > ? ORDER BY id",
                                (run, after)))
 

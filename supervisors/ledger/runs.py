@@ -137,15 +137,16 @@ class RunRecords(LedgerCore):
                 self.stale.discard(key)
         return got
 
-    def claim_queued(self, most: int) -> list[Claimed]:
-        """Claim up to `most` queued jobs of any run, oldest first, each with a fresh fencing token.
-        On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE SKIP LOCKED);
-        SQLite has one writer at a time."""
+    def claim_queued(self, most: int, run: str | None = None) -> list[Claimed]:
+        """Claim up to `most` queued jobs of `run` or of any run, oldest first, each with a fresh
+        fencing token. On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE
+        SKIP LOCKED); SQLite has one writer at a time."""
         if most < 1:
             return []
         got: list[list[Claimed]] = []
         owner, now, prefix = self.owner, time.time(), fresh_token() + ":"
         lock = " FOR UPDATE SKIP LOCKED" if self.backend.fenced else ""
+        of_run, picked = (" AND run=?", (run,)) if run is not None else ("", ())
 
         def op(c: Conn) -> None:
             # this very claim, committed by a try whose COMMIT answer was cut (a ledger outage): those
@@ -158,8 +159,8 @@ class RunRecords(LedgerCore):
             rows = c.execute(
                 "UPDATE jobs SET owner=?, state='running', updated=?, token=? || run || '/' || key"
                 " WHERE (run, key) IN ("
-                f"SELECT run, key FROM jobs WHERE state='queued' ORDER BY updated, run, key LIMIT ?{lock})"
-                " RETURNING run, key, spec, token, out_dir", (owner, now, prefix, most)).fetchall()
+                f"SELECT run, key FROM jobs WHERE state='queued'{of_run} ORDER BY updated, run, key LIMIT ?{lock})"
+                " RETURNING run, key, spec, token, out_dir", (owner, now, prefix, *picked, most)).fetchall()
             got.append([Claimed(run=r[0], key=r[1], spec=bytes(r[2]), token=r[3], out_dir=r[4]) for r in rows])
 
         try:

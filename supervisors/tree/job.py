@@ -216,7 +216,7 @@ class JobSupervisor(Actor):
                     self._wait_for_capacity(budget=self.team_short)
                 elif self.short_of_money:
                     self._end("failed", Code.BUDGET, "no offer fits what is left of the budget: "
-                              + "; ".join(self.short_of_money[-3:]))
+                              + self._short_of_money())
                 elif self.rewalk:  # a retry: the places were passed over after failures, not found empty
                     self.rewalk = False
                     self.walk = Walk(len(self.job.candidates), self.fits)
@@ -255,7 +255,7 @@ class JobSupervisor(Actor):
             waited = f" (waited {limit:.0f} s)" if limit > 0 else ""
             if budget:
                 self._end("failed", Code.BUDGET, f"no room in the team budget {budget!r}{waited}: "
-                          + "; ".join(self.short_of_money[-3:]))
+                          + self._short_of_money())
             elif last and last.get("failure") not in (None, Code.NO_CAPACITY):
                 self._end("failed", Code(last["failure"]), last.get("detail", ""))
             else:
@@ -293,6 +293,11 @@ class JobSupervisor(Actor):
         else:
             self.walk.set_offers(candidate, result.value)
         self._next()
+
+    def _short_of_money(self) -> str:
+        """Why this walk's offers did not fit the money: the newest three distinct reasons (two offers
+        of one place, on demand and interruptible, read the same)."""
+        return "; ".join(list(dict.fromkeys(self.short_of_money))[-3:])
 
     def _timebox(self, offer: Offer) -> AttemptTime:
         """The time budget of an attempt on `offer` (the last candidate's grace is the longest)."""

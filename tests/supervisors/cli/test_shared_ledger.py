@@ -166,6 +166,14 @@ def test_three_controllers_share_a_batch_and_adopt_the_jobs_of_one_killed(tmp_pa
     check_every_job_ended_once(tmp_path, url, seeds)
     listed = [json.loads(x) for x in cli(tmp_path, "runs", "--json", "--ledger", url).stdout.splitlines()]
     assert [(r["state"], r["succeeded"]) for r in listed] == [("succeeded", seeds)]
+    # the run's output has each of its jobs' ends once, whoever ran it (the workers' from the ledger),
+    # every line naming the run, as every worker's lines do
+    (run,) = [r["id"] for r in listed]
+    assert sorted(e["seed"] for e in first.events if e["type"] == "JobEnded") == list(range(1, seeds + 1))
+    assert {e["run"] for c in controllers for e in c.events} == {run}
+    by_worker = {e["seed"] for e in controllers[2].events if e["type"] == "JobEnded"}
+    assert by_worker, "the second worker ran none of the batch's jobs"
+    assert by_worker <= {e["seed"] for e in first.events if e["type"] == "AttemptStarted"}  # its lines, read back
     cost = [json.loads(x) for x in cli(tmp_path, "cost", "--json", "--ledger", url).stdout.splitlines()]
     total = next(c for c in cost if c.get("group") == "total")
     assert total["attempts"] >= seeds  # every controller's attempts, in one bill
@@ -262,6 +270,35 @@ def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_ho
             text = str(conn.execute(f"SELECT * FROM {table}").fetchall())
             assert "from-the-batch" not in text, table
             assert "from-the-worker" not in text, table
+    assert sim_machines(tmp_path / "sim") == []
+
+
+def test_a_run_works_on_its_own_batch_and_its_end_leaves_a_teammates_queued_job_alone(
+    tmp_path: Path, url: str,
+) -> None:
+    """A teammate's batch queued before ours (--submit-only: the workers' to run): our `run`, free
+    slots and all, claims none of it (a job it held at its end, or at its Ctrl-C, would be canceled and
+    its machine deleted). It ends 0 with its own job, which has the batch's secret (this process read
+    it; the ledger never had it); the teammate's is still queued, never attempted, and a worker then
+    runs it."""
+    teammate, ours = tmp_path / "teammate.toml", tmp_path / "ours.toml"
+    job = SECRET_JOB.replace("SIM", str(tmp_path / "sim"))
+    teammate.write_text(job.replace('name = "secret"', 'name = "theirs"').replace(
+        'env = { API_TOKEN = "from-the-batch" }', ""))
+    ours.write_text(job.replace('name = "secret"', 'name = "ours"'))
+    queued = cli(tmp_path, "run", str(teammate), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
+    assert queued.returncode == 0, queued.stderr
+    mine = Controller(tmp_path, url, "ours", concurrency=4, run=ours)
+    assert mine.finish() == 0, mine.stderr
+    assert {e["job"] for e in mine.events} == {"ours"}, mine.events
+    assert [e["outcome"] for e in mine.events if e["type"] == "JobEnded"] == ["succeeded"]
+    assert (tmp_path / "out" / "latest" / "ours" / "seed-1" / "out" / "token.txt").read_text().strip() == (
+        "from-the-batch")
+    rows = jobs(url)
+    assert (rows["theirs/seed-1"]["state"], rows["theirs/seed-1"]["attempts"]) == ("queued", 0), rows
+    worker = Controller(tmp_path, url, "worker")
+    assert worker.finish() == 0, worker.stderr
+    assert jobs(url)["theirs/seed-1"]["state"] == "succeeded"
     assert sim_machines(tmp_path / "sim") == []
 
 

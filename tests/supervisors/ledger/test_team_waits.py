@@ -233,11 +233,16 @@ def test_end_ends_at_once_a_run_out_wait_says_it_waited_and_sigterm_ends_a_wait(
     assert holder.proc.returncode == 0, holder.stderr[-3000:]
     (ended,) = ender.of("JobEnded")
     assert ended["failure"] == "budget"
-    assert "team budget 'team-a' has $1.00 left of $4.00" in ended["detail"], ended
+    assert ended["detail"].count("team budget 'team-a' has $1.00 left of $4.00") == 1, ended  # said once
     assert ender.of("WaitingForCapacity") == []
+    # each run ran its own job only (a run on a shared ledger works on its own batch), every line
+    # naming it
+    for r in (ender, waiter, stopped):
+        assert {(e["run"], e["job"]) for e in r.events} == {(r.events[0]["run"], r.events[0]["job"])}, r.events
     (ended,) = waiter.of("JobEnded")
     assert ended["failure"] == "budget"
     assert "no room in the team budget 'team-a' (waited 2 s)" in ended["detail"], ended
+    assert ended["detail"].count("has $1.00 left of $4.00") == 1, ended
     assert [e["budget"] for e in waiter.of("WaitingForCapacity")] == ["team-a"]
     (ended,) = stopped.of("JobEnded")
     assert ended["failure"] == "canceled", ended
