@@ -481,7 +481,7 @@ class Runner:
         for claimed in self.ledger.claim_queued(most, run):
             queued_here = self._enqueued.get(claimed.key) if claimed.run == self.run else None
             if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
-                job, missing = queued_here, []
+                job, missing = queued_here, list[str]()
             else:
                 job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
                 job = self.config.job_defaults(job)  # the worker's team budget for a job that names none
