@@ -493,6 +493,11 @@ def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
+def run_line(run: str, body: bytes) -> str:
+    """An event's JSON (`encode`'s, or as the ledger keeps it) with its run first: a `--json` line."""
+    return '{"run":' + _encoder.encode(run).decode() + "," + body.decode()[1:]
+
+
 def decode_event(data: bytes | str) -> Event:
     """An event back from its JSON (a line of `--json` output); msgspec.ValidationError if it is not one."""
     result: Event = _event_decoder().decode(data)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.messages import Event, JobEnded, encode
+from actor_run.protocols.messages import Event, JobEnded, encode, run_line
 from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS, job_key
 from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import batch_file
@@ -265,17 +265,12 @@ def _ended_line(e: JobEnded) -> str:
     return f"{e.job}/seed-{e.seed:<6} {e.outcome:<10} attempts {e.attempts} ${e.usd:.4f}{tail}"
 
 
-def _with_run(run: str, body: bytes) -> str:
-    """An event's JSON with its run first (what every `--json` line carries)."""
-    return '{"run":' + msgspec.json.encode(run).decode() + "," + body.decode()[1:]
-
-
 def _printer(json_mode: bool, run_of: Callable[[str], str]) -> Callable[[Event], None]:
     """A worker's output: every event of the jobs it runs, naming its run (`--json`), or a line per
     job that ended."""
     def show(e: Event) -> None:
         if json_mode:
-            sys.stdout.write(_with_run(run_of(job_key(e.job, e.seed)), encode(e)) + "\n")
+            sys.stdout.write(run_line(run_of(job_key(e.job, e.seed)), encode(e)) + "\n")
             sys.stdout.flush()
         elif isinstance(e, JobEnded):
             print(_ended_line(e), flush=True)
@@ -307,7 +302,7 @@ class RunOutput:
                     return
                 self._ended.add(key)
             if self.json_mode:
-                sys.stdout.write(_with_run(self.run, encode(e) if body is None else body) + "\n")
+                sys.stdout.write(run_line(self.run, encode(e) if body is None else body) + "\n")
                 sys.stdout.flush()
             elif isinstance(e, JobEnded):
                 print(_ended_line(e), flush=True)

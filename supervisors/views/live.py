@@ -48,8 +48,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-import msgspec
-
 from actor_run.protocols.failures import Code
 from actor_run.protocols.messages import (
     AttemptEnded,
@@ -64,6 +62,7 @@ from actor_run.protocols.messages import (
     Retrying,
     WaitingForCapacity,
     encode,
+    run_line,
 )
 from actor_run.protocols.specs import job_key
 from actor_run.supervisors.tree.budget import BudgetStatistics
@@ -167,10 +166,10 @@ class View:
         """Take one event, on the thread that shows them (follow() calls it; statistics() counts what
         follow() took)."""
         if self.json_mode:
-            body = encode(e).decode()
-            if self.run_of is not None:  # an event is a JSON object: the run goes first
-                body = '{"run":' + msgspec.json.encode(self.run_of(job_key(e.job, e.seed))).decode() + "," + body[1:]
-            self.out.write(body + "\n")  # flushed by follow() after each batch of events
+            body = encode(e)
+            # flushed by follow() after each batch of events
+            self.out.write((run_line(self.run_of(job_key(e.job, e.seed)), body) if self.run_of is not None
+                            else body.decode()) + "\n")
             return
         seeds = self.seeds_of.get(e.job)
         line = seeds.get(e.seed) if seeds is not None else None
