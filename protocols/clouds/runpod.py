@@ -58,6 +58,7 @@ from actor_run.protocols.clouds.http import (
 from actor_run.protocols.clouds.rented import RentedCloud, RentedSettings, Seen, api_key
 from actor_run.protocols.failures import Code, DeleteUnconfirmed, LaunchAmbiguous, LaunchRefused
 from actor_run.protocols.hosts.scripts import q
+from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import CACHE_PREFIX, CacheSpec, CacheVolume, Machine, Offer
 from actor_run.protocols.specs import CandidateSpec
 
@@ -287,19 +288,36 @@ class RunPodCloud(RentedCloud, Caching):
         return [self._volume(v) for v in (body_json(resp) or {}).get("networkVolumes") or []
                 if str(v.get("name", "")).startswith(CACHE_PREFIX)]
 
+    async def _named(self, cache: CacheSpec, region: str) -> list[CacheVolume]:
+        """The cache's volumes in a data center, the one every controller uses first (the least id)."""
+        return sorted((v for v in await self.list_caches() if v.name == cache.volume_name and v.region == region),
+                      key=lambda v: v.id)
+
     async def open_cache(self, offer: Offer, cache: CacheSpec) -> CacheVolume | None:
         """The cache's volume in the offer's data center: found, or made; None when the data center
-        refuses one (a cold start there)."""
-        for v in await self.list_caches():
-            if v.name == cache.volume_name and v.region == offer.region:
-                return msgspec.structs.replace(v, path=cache.mount)
+        refuses one (a cold start there). RunPod's names are not unique: two controllers that
+        open one cache at once each make a volume, so after a create it looks again and, when
+        another has the least id, deletes its own (empty, attached to nothing) and uses that one.
+        A create that saw only its own keeps it; later opens all take the least id."""
+        found = await self._named(cache, offer.region)
+        if found:
+            return msgspec.structs.replace(found[0], path=cache.mount)
         body = {"name": cache.volume_name, "size": max(10, cache.size_gb), "dataCenter": offer.region}
         resp = await self.api.call("POST", "/v2/network-volumes", json=body)
-        if resp.status_code in (200, 201):
-            return self._volume(body_json(resp) or {}, cache.mount, created=True)
         if resp.status_code in (400, 422):
             return None  # this data center keeps no network volumes: nothing was made
-        raise self._refused_read(f"creating network volume {cache.volume_name}", resp)
+        if resp.status_code not in (200, 201):
+            raise self._refused_read(f"creating network volume {cache.volume_name}", resp)
+        made = self._volume(body_json(resp) or {}, cache.mount, created=True)
+        first = (await self._named(cache, offer.region) or [made])[0]
+        if first.id == made.id or not made.id:
+            return made
+        try:
+            await self.delete_cache(made.id)
+        except (NoAnswer, LaunchRefused) as exc:  # left for `actor-run caches`, which lists it
+            logger.warning("runpod: network volume {} (a second {} in {}) could not be deleted: {}", made.id,
+                           cache.volume_name, offer.region, exc)
+        return msgspec.structs.replace(first, path=cache.mount)
 
     async def delete_cache(self, volume_id: str) -> None:
         resp = await self.api.call("DELETE", f"/v2/network-volumes/{volume_id}")

@@ -26,7 +26,7 @@ Network volumes (`/v2/network-volumes`): made in a data center of `volume_dcs` (
 RunPod answers for a data center without network storage), each a folder of the fake's; a pod created
 with `mounts.network` must be in its volume's data center (400 otherwise), and sees it at the mount's
 path (an absolute path on this computer: a link to the volume's folder while the pod lives).
-`volumes` holds them by id.
+`volumes` holds them by id; `volumes_made` the id of every one made, deleted or not.
 Stock is counted in GPUs: a pod of `gpu.count` takes that many from its data center; the catalog
 lists a data center for `count=n` only where n are free (runpod-rest-v2.json: dataCenters lists "only
 the datacenters that offer this GPU in the requested configuration").
@@ -89,6 +89,7 @@ class FakeRunPod(RentedFake):
         super().__init__(DOCUMENT, Path(dir) / "pods", token=token, virtual=virtual)
         self.volume_dir = Path(dir) / "volumes"
         self.volumes: dict[str, dict[str, Any]] = {}
+        self.volumes_made: list[str] = []
         self.volume_dcs = set(VOLUME_DCS)
         self.pods: dict[str, dict[str, Any]] = {}
         self.stock: dict[tuple[str, str], int] = {
@@ -263,6 +264,7 @@ class FakeRunPod(RentedFake):
                 return problem(400, "Bad Request", f"network volumes are not available in {body['dataCenter']}")
             vol_id = f"vol{next(self._ids):04d}"
             (self.volume_dir / vol_id).mkdir(parents=True)
+            self.volumes_made.append(vol_id)
             self.volumes[vol_id] = {"id": vol_id, "name": body["name"], "size": body["size"],
                                     "dataCenter": body["dataCenter"], "type": body.get("type", "STANDARD")}
             return json_response(self._volume_view(self.volumes[vol_id]), 201)

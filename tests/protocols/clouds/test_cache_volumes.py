@@ -95,6 +95,24 @@ def test_a_lambda_file_system_another_controller_made_meanwhile_is_used(
         assert [v.id if v is not None else None for v in got] == [listed.id] * 2
 
 
+def test_runpod_controllers_that_made_one_cache_at_once_keep_one_volume(
+        reactor: Reactor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two controllers (no lock between them) open one cache in one data center at once: RunPod's
+    names are not unique, so each makes a volume; each then looks again, the one whose volume has not
+    the least id deletes its own, and both use the other. A third open, and any later one, finds
+    that volume, also where an earlier race left two."""
+    for fake in serve("runpod", tmp_path, virtual=True):
+        cloud = rented_cloud(fake, tmp_path, monkeypatch, launch_timeout_s=540.0)
+        offer = fake.sample_offer()
+        got = reactor.call(_open_at_once, cloud, offer, 2, False, timeout=60)
+        assert len(fake.volumes_made) == 2, fake.volumes_made  # the race happened: each made one
+        (kept,) = reactor.call(cloud.list_caches, timeout=30)
+        assert [v.id if v is not None else None for v in got] == [kept.id] * 2
+        fake.volumes["vol9999"] = {**fake.volumes[kept.id], "id": "vol9999"}  # a duplicate an earlier race kept
+        again = reactor.call(cloud.open_cache, offer, CACHE, timeout=30)
+        assert (again.id, again.created) == (kept.id, False)
+
+
 async def _open_at_once(cloud: Any, offer: Any, n: int, as_a_lease: bool) -> list[Any]:
     got: list[Any] = []
 
