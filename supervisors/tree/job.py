@@ -133,6 +133,7 @@ class JobSupervisor(Actor):
                               spent_before_usd=spent_before_usd)
         self.accounts = Accounts([c.accounts for c in job.candidates])  # which one each candidate is on
         self.short_of_money: list[str] = []  # offers this walk passed over for want of budget
+        self.unread: dict[int, str] = {}  # candidates whose offers could not be read at their last ask: why
         self.team_hold: tuple[Offer, BudgetChange, float] | None = None  # a hold the team budget has not answered
         self.team_short: str | None = None  # this walk met a team budget short of room it may get back
         self.team_waits = team_waits if team_waits is not None else Wakeups()  # woken by the batch's releases
@@ -258,8 +259,11 @@ class JobSupervisor(Actor):
                           + self._short_of_money())
             elif last and last.get("failure") not in (None, Code.NO_CAPACITY):
                 self._end("failed", Code(last["failure"]), last.get("detail", ""))
-            else:
-                self._end("failed", Code.NO_CAPACITY, f"no candidate place has stock{waited}: {wanted(self.job)}")
+            else:  # a catalog that did not answer was taken as no stock: said, or the detail misleads
+                unread = "".join(f"; candidate {i}'s offers could not be read: {why}"
+                                 for i, why in sorted(self.unread.items())[:3])
+                self._end("failed", Code.NO_CAPACITY,
+                          f"no candidate place has stock{waited}: {wanted(self.job)}{unread}")
             return
         self.walk = Walk(len(self.job.candidates), self.fits)  # stock (or money) may come back: walk again soon
         self.short_of_money, self.team_short = [], None
@@ -289,8 +293,10 @@ class JobSupervisor(Actor):
                 self.log.warning("offers for candidate {} failed: {}", candidate, error)
             else:
                 self.log.info("offers for candidate {} failed: {}", candidate, error)
+            self.unread[candidate] = str(error)[:300]
             self.walk.set_offers(candidate, [])
         else:
+            self.unread.pop(candidate, None)
             self.walk.set_offers(candidate, result.value)
         self._next()
 

@@ -111,7 +111,8 @@ def everything_written(state: Path) -> str:
     return "\n".join(texts)
 
 
-def test_attack_a_provider_echoes_the_key_in_its_error_body(tmp_path: Path, echo: str) -> None:
+def test_attack_a_provider_echoes_the_key_in_its_error_body(tmp_path: Path, echo: str,
+                                                           request: pytest.FixtureRequest) -> None:
     env = {"RUNPOD_API_KEY": KEY, "MY_GITHUB_PAT": "ghp_plain_named_value_42"}
     settings = f'[clouds.runpod]\napi_url = "{echo}"\nssh_key = "{client_key(tmp_path / "keys")}"\n'
     path = batch(tmp_path, "\n[[candidates]]\ncloud = \"runpod\"\ngpu = \"H100\"\n" + settings,
@@ -126,6 +127,9 @@ def test_attack_a_provider_echoes_the_key_in_its_error_body(tmp_path: Path, echo
                     str(tmp_path / "state"), env=env, timeout=180)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "HTTP" in run.stdout + run.stderr + everything_written(tmp_path / "state")  # the body was used
+    if request.node.callspec.params["echo"] != 401:  # not the key's refusal: the end says the catalog did not answer
+        assert "candidate 0's offers could not be read: runpod: the GPU catalog" in everything_written(
+            tmp_path / "state")
     for secret in (KEY, "ghp_plain_named_value_42"):
         assert secret not in run.stdout + run.stderr
         assert secret not in everything_written(tmp_path / "state")
