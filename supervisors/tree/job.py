@@ -85,7 +85,7 @@ from actor_run.supervisors.tree.policy import (
     may_be_bigger,
 )
 from actor_run.supervisors.tree.seed_end import attempt_record, response_json, tidy_seed_dir
-from actor_run.supervisors.tree.waits import JobWait, Wakeups, capacity_wait, wanted
+from actor_run.supervisors.tree.waits import JobWait, Shortfalls, Wakeups, capacity_wait, wanted
 from actor_run.supervisors.tree.walk import Accounts, Exhausted, NeedOffers, Walk
 
 
@@ -132,10 +132,8 @@ class JobSupervisor(Actor):
         self.money = JobMoney(ctx, ledger, self.head, job.key, budget=budget, max_usd=job.max_usd,
                               spent_before_usd=spent_before_usd)
         self.accounts = Accounts([c.accounts for c in job.candidates])  # which one each candidate is on
-        self.short_of_money: list[str] = []  # offers this walk passed over for want of budget
-        self.unread: dict[int, str] = {}  # candidates whose offers could not be read at their last ask: why
+        self.short = Shortfalls()  # why this walk found no place it could take (waits.py)
         self.team_hold: tuple[Offer, BudgetChange, float] | None = None  # a hold the team budget has not answered
-        self.team_short: str | None = None  # this walk met a team budget short of room it may get back
         self.team_waits = team_waits if team_waits is not None else Wakeups()  # woken by the batch's releases
         self.attempt_no = first_attempt
         self.counted = 0
@@ -213,11 +211,11 @@ class JobSupervisor(Actor):
 
                 self.offers.ask(self.job.candidates[i], i, reply, account=self.accounts.of(i))
             case Exhausted():
-                if self.short_of_money and self.team_short is not None:  # room may come back: wait for it
-                    self._wait_for_capacity(budget=self.team_short)
-                elif self.short_of_money:
+                if self.short.money and self.short.team is not None:  # room may come back: wait for it
+                    self._wait_for_capacity(budget=self.short.team)
+                elif self.short.money:
                     self._end("failed", Code.BUDGET, "no offer fits what is left of the budget: "
-                              + self._short_of_money())
+                              + self.short.money_text())
                 elif self.rewalk:  # a retry: the places were passed over after failures, not found empty
                     self.rewalk = False
                     self.walk = Walk(len(self.job.candidates), self.fits)
@@ -256,17 +254,15 @@ class JobSupervisor(Actor):
             waited = f" (waited {limit:.0f} s)" if limit > 0 else ""
             if budget:
                 self._end("failed", Code.BUDGET, f"no room in the team budget {budget!r}{waited}: "
-                          + self._short_of_money())
+                          + self.short.money_text())
             elif last and last.get("failure") not in (None, Code.NO_CAPACITY):
                 self._end("failed", Code(last["failure"]), last.get("detail", ""))
             else:  # a catalog that did not answer was taken as no stock: said, or the detail misleads
-                unread = "".join(f"; candidate {i}'s offers could not be read: {why}"
-                                 for i, why in sorted(self.unread.items())[:3])
                 self._end("failed", Code.NO_CAPACITY,
-                          f"no candidate place has stock{waited}: {wanted(self.job)}{unread}")
+                          f"no candidate place has stock{waited}: {wanted(self.job)}{self.short.unread_text()}")
             return
         self.walk = Walk(len(self.job.candidates), self.fits)  # stock (or money) may come back: walk again soon
-        self.short_of_money, self.team_short = [], None
+        self.short.new_walk()
         self.wait.gen += 1
         gen, ref = self.wait.gen, self.actor_ref
 
@@ -293,17 +289,12 @@ class JobSupervisor(Actor):
                 self.log.warning("offers for candidate {} failed: {}", candidate, error)
             else:
                 self.log.info("offers for candidate {} failed: {}", candidate, error)
-            self.unread[candidate] = str(error)[:300]
+            self.short.unread[candidate] = str(error)[:300]
             self.walk.set_offers(candidate, [])
         else:
-            self.unread.pop(candidate, None)
+            self.short.unread.pop(candidate, None)
             self.walk.set_offers(candidate, result.value)
         self._next()
-
-    def _short_of_money(self) -> str:
-        """Why this walk's offers did not fit the money: the newest three distinct reasons (two offers
-        of one place, on demand and interruptible, read the same)."""
-        return "; ".join(list(dict.fromkeys(self.short_of_money))[-3:])
 
     def _timebox(self, offer: Offer) -> AttemptTime:
         """The time budget of an attempt on `offer` (the last candidate's grace is the longest)."""
@@ -317,7 +308,7 @@ class JobSupervisor(Actor):
         where = f"{offer.cloud}{'/' + offer.account if offer.account else ''} {offer.region} {offer.gpu}".strip()
         change = self.money.reserve(self.attempt_no, reservation_usd(offer.hourly_usd, hold_s), where)
         if isinstance(change, str):
-            self.short_of_money.append(change)
+            self.short.money.append(change)
             return None
         if self.job.policy.budget:  # the team's budget too, in a transaction of the ledger's own
             self._hold_team(offer, change, hold_s)
@@ -351,9 +342,9 @@ class JobSupervisor(Actor):
         if self.ended or self.cancel is not None:  # it ran nothing, and nothing more comes of it
             return
         refused = team_hold.refusal(name, f"{offer.cloud} {offer.region} {offer.gpu}".strip(), change.usd, result)
-        self.short_of_money.append(refused.line)
+        self.short.money.append(refused.line)
         if refused.waitable and self.job.policy.on_budget_full == "wait":
-            self.team_short = name
+            self.short.team = name
         self.walk.pass_over(offer)
         self._next()
 

@@ -8,8 +8,10 @@ made room: a machine let go (offers.py `OfferBook.freed`) for stock, a released 
 batch committed to the ledger (`Wakeups`, below) for a team budget. Other runs and workers free
 money too: the backoff's asks find that.
 
-Pure bookkeeping: no actors, no I/O. `Wakeups` is safe from any thread; `JobWait` belongs to its
-job's actor thread.
+`Shortfalls` keeps why a walk found no place it could take, for the end's detail.
+
+Pure bookkeeping: no actors, no I/O. `Wakeups` is safe from any thread; `JobWait` and `Shortfalls`
+belong to their job's actor thread.
 """
 
 from __future__ import annotations
@@ -103,3 +105,27 @@ class Wakeups:
 
 __all__ = ["CAPACITY_ASK_MAX_S", "CAPACITY_WAIT_S", "OWN_MACHINES", "RENTED_CAPACITY_WAIT_S", "JobWait", "Wakeups",
            "capacity_wait", "wanted"]
+
+
+class Shortfalls:
+    """Why a job's walk found no place it could take, for the detail of its end: the offers it passed
+    over for want of money (`money`, this walk's; `team`: a team budget short of room it may get
+    back) and the candidates whose offers could not be read at their last ask (`unread`: why)."""
+
+    def __init__(self) -> None:
+        self.money: list[str] = []
+        self.team: str | None = None
+        self.unread: dict[int, str] = {}
+
+    def new_walk(self) -> None:
+        self.money, self.team = [], None
+
+    def money_text(self) -> str:
+        """The newest three distinct reasons (two offers of one place, on demand and interruptible,
+        read the same)."""
+        return "; ".join(list(dict.fromkeys(self.money))[-3:])
+
+    def unread_text(self) -> str:
+        """`; candidate N's offers could not be read: why` for each (at most three), or nothing."""
+        return "".join(f"; candidate {i}'s offers could not be read: {why}"
+                       for i, why in sorted(self.unread.items())[:3])
