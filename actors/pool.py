@@ -6,8 +6,9 @@ at a thousand attempts, starting them (about 0.7 ms each) and waking them for ev
 Actors spend their life idle in their inbox (DESIGN.md), so they need a turn on a thread only
 when a message is waiting.
 
-Semantics kept from pykka's ThreadingActor (pykka's own message loop, Envelope, ActorRef,
-ActorRegistry and futures are used as they are):
+Semantics kept from pykka's ThreadingActor (pykka's own message loop, Envelope, ActorRef and
+futures are used as they are; a pooled actor is listed by `live_actors()`, not in pykka's
+ActorRegistry, which belongs to the host):
 - one message at a time per actor, in the order they were put; `on_start` before the first;
 - a raise in a `tell`ed message calls `on_failure` and stops the actor (no `on_stop`); a raise in
   an `ask`ed one goes back to the asker; `stop()` runs `on_stop`; messages left in the inbox of a
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
-from pykka import ActorDeadError, ActorRegistry
+from pykka import ActorDeadError
 from pykka._envelope import Envelope  # pykka's own envelope: the same protocol as ThreadingActor
 from pykka.messages import _ActorStop
 
@@ -181,45 +182,24 @@ class ActorPool:
 POOL = ActorPool()
 
 
-class _RegistryRefs:
-    """pykka's registry keeps live actors in a list: `unregister` scans it twice (`in`, `remove`),
-    so stopping N actors costs N^2 (6,000 actors live at a thousand attempts). The same sequence,
-    kept in an insertion-ordered dict: O(1) membership and removal, pykka's own code unchanged
-    (it appends, tests membership, removes, slices and iterates, under its own lock)."""
-
-    def __init__(self, refs: list[Any]) -> None:
-        self._refs: dict[Any, None] = dict.fromkeys(refs)
-
-    def append(self, ref: Any) -> None:
-        self._refs[ref] = None
-
-    def remove(self, ref: Any) -> None:
-        del self._refs[ref]
-
-    def __contains__(self, ref: object) -> bool:
-        return ref in self._refs
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._refs))
-
-    def __len__(self) -> int:
-        return len(self._refs)
-
-    def __getitem__(self, index: Any) -> Any:
-        return list(self._refs)[index]
+# The pooled actors that live, in start order. Not pykka's registry: that one is the host's (a
+# program embedding us may run pykka actors of its own; importing us must not change its registry,
+# nor its `ActorRegistry.stop_all()` stop a Runner's actors, whose leases must delete their
+# machines). A dict: O(1) add and remove (pykka's list scans on each removal: 6,000 actors live at
+# a thousand attempts). ActorRef hashes by identity (no __eq__ of its own).
+_LIVE: dict[pykka.ActorRef[Any], None] = {}
+_LIVE_LOCK = threading.Lock()
 
 
-# ActorRef hashes by identity (no __eq__ of its own), as the list compared it
-with ActorRegistry._actor_refs_lock:
-    if isinstance(ActorRegistry._actor_refs, list):
-        ActorRegistry._actor_refs = _RegistryRefs(ActorRegistry._actor_refs)  # type: ignore[assignment]
+def live_actors() -> list[pykka.ActorRef[Any]]:
+    """Every pooled actor that lives now (started, not yet stopped), in start order. Any thread."""
+    with _LIVE_LOCK:
+        return list(_LIVE)
 
 
 def _unregister(ref: pykka.ActorRef[Any]) -> None:
-    """`ActorRegistry.unregister` without its debug line (formatted for every actor that stops)."""
-    with ActorRegistry._actor_refs_lock:
-        if ref in ActorRegistry._actor_refs:
-            ActorRegistry._actor_refs.remove(ref)
+    with _LIVE_LOCK:
+        _LIVE.pop(ref, None)
 
 
 def defer(wake: Callable[[], None]) -> bool:
@@ -353,13 +333,14 @@ class PooledActor(pykka.Actor):
 
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
-        """pykka's `start` (make, register, start the loop) without its two debug lines, which
+        """pykka's `start` (make, register, start the loop; registered in `live_actors()`, not in
+        pykka's registry: see `_LIVE`) without its two debug lines, which
         format the actor's name (`Starting ...`, `Registered ...`) whether or not anything logs at
         debug: six actors per attempt, 10,000 attempts starting at once (bench/RESULTS.md, item 53)."""
         obj = cls(*args, **kwargs)
         ref = obj.actor_ref
-        with ActorRegistry._actor_refs_lock:
-            ActorRegistry._actor_refs.append(ref)
+        with _LIVE_LOCK:
+            _LIVE[ref] = None
         obj._start_actor_loop()
         return ref
 
@@ -467,10 +448,11 @@ class PooledActor(pykka.Actor):
                     self.on_failure(*sys.exc_info())
                 except Exception:
                     self._handle_failure(*sys.exc_info())
-        except BaseException:
+        except BaseException:  # as pykka's loop does, but stopping our actors only (not the host's)
             self._stop()
-            ActorRegistry.stop_all()
+            for ref in reversed(live_actors()):
+                ref.stop(block=False)
 
 
-__all__ = ["POOL", "ActorDeadError", "ActorPool", "PooledActor", "blocking", "defer", "stop_if_idle"]
+__all__ = ["POOL", "ActorDeadError", "ActorPool", "PooledActor", "blocking", "defer", "live_actors", "stop_if_idle"]
 _ = _ActorStop

@@ -21,6 +21,7 @@ import msgspec
 import psutil
 import pykka
 
+from actor_run.actors.pool import live_actors
 from actor_run.protocols.clouds.sim import Billing, billing, sim_machines
 from actor_run.protocols.messages import AttemptStarted, Event, Exited, JobEnded, JobStarted, Leased, Progress, Retrying
 from actor_run.supervisors.api.runner import Runner
@@ -289,7 +290,7 @@ def is_idle_worker(t: threading.Thread) -> bool:
 def find_leaks(before: set[int | None], sim_dirs: list[Path]) -> dict[str, Any]:
     def left() -> tuple[list[str], list[str], list[str], int]:
         machines = [m for d in sim_dirs if (d / "machines").is_dir() for m in sim_machines(d)]
-        actors = [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]
+        actors = [r.actor_class.__name__ for r in [*live_actors(), *pykka.ActorRegistry.get_all()]]
         threads = [t.name for t in threading.enumerate()
                    if t.ident not in before and t.is_alive() and not is_idle_worker(t)]
         pool = pool_statistics()

@@ -1,7 +1,9 @@
 """An embedding host's process keeps what is its own: importing every public name of actor_run and
 opening, using and closing a Runner on the local cloud changes neither asyncio (policy, loop
-class, its functions), nor signal handlers, nor the host's logging handlers, writes nothing to
-stderr, and leaves no thread behind (each in a fresh process: what an import does is done once)."""
+class, its functions), nor signal handlers, nor the host's logging handlers, nor pykka's registry
+(the host's own actor is its only entry, of the same type, while the Runner's actors run), writes
+nothing to stderr, and leaves no thread behind (each in a fresh process: what an import does is
+done once)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 HOST = r"""
 import asyncio, io, json, logging, signal, sys, threading
 from pathlib import Path
+import pykka
+
+class HostActor(pykka.ThreadingActor):  # the host's own actor system
+    pass
+
+host_actor = HostActor.start()
 
 # the host's own logging, set up before it imports the library
 logging.basicConfig(stream=io.StringIO(), level=logging.INFO)
@@ -42,7 +50,12 @@ def snapshot():
         "logging": {n: [repr(h) for h in lg.handlers] + [lg.level, lg.propagate, lg.disabled]
                     for n, lg in loggers.items() if isinstance(lg, logging.Logger)},
         "root level": logging.root.level,
+        "pykka registry": registry(),
     }
+
+def registry():
+    return [type(pykka.ActorRegistry._actor_refs).__name__,
+            [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]]
 
 def ours():
     return sorted(t.name for t in threading.enumerate() if t.ident not in threads_before)
@@ -61,8 +74,10 @@ for cycle in (1, 2):
         ended = runner.submit(actor_run.Job(name="manners", seed=cycle, command="true")).result(120)
         assert ended.outcome == "succeeded", ended
         during = ours()
-    cycles.append({"during": during, "after close": ours()})
+        cycles.append({"during": during, "pykka registry": registry()})
+    cycles[-1]["after close"] = ours()
 after_runner = snapshot()
+host_actor.stop()
 print(json.dumps({"before": before, "after import": after_import, "after runner": after_runner, "threads": cycles}))
 """
 
@@ -94,6 +109,13 @@ def test_no_thread_of_ours_outlives_close_in_either_cycle(host: dict[str, Any]) 
     for cycle in host["threads"]:
         assert cycle["during"], cycle  # while open it had some: the check below can fail
         assert cycle["after close"] == [], cycle
+
+
+def test_the_hosts_pykka_registry_holds_only_its_own_actors_while_a_runner_runs(host: dict[str, Any]) -> None:
+    """A Runner's actors are not in pykka's registry, the host's: its `ActorRegistry.stop_all()` (a
+    pykka program's shutdown) cannot stop them mid-attempt, leaving machines behind."""
+    for cycle in host["threads"]:
+        assert cycle["pykka registry"] == ["list", ["HostActor"]], cycle
 
 
 def test_a_hosts_stdlib_handler_receives_actor_runs_warning_with_its_job(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pykka
 from support.waits import poll
 
 from actor_run.actors import Context
+from actor_run.actors.pool import live_actors
 from actor_run.protocols.clouds.sim import SimSettings
 from actor_run.protocols.hosts.workspace import Launch, PollResult, Workspace
 from actor_run.protocols.messages import Machine, Offer
@@ -163,8 +164,9 @@ def wait_until(check: Callable[[], Any], timeout: float = 10.0, what: str = "con
 
 
 def others() -> list[pykka.ActorRef[Any]]:
-    """Every running actor but the probes."""
-    return [r for r in pykka.ActorRegistry.get_all() if not issubclass(r.actor_class, Probe)]
+    """Every running actor but the probes: the pooled ones (actors/pool.py `live_actors`) and a
+    test's own pykka actors."""
+    return [r for r in [*live_actors(), *pykka.ActorRegistry.get_all()] if not issubclass(r.actor_class, Probe)]
 
 
 def wait_actors_stopped(timeout: float = 10.0) -> list[str]:

@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
-from actor_kit import Machines, Mailbox, Probe, ProbeHandle, fast_sim, wait_actors_stopped
+from actor_kit import Machines, Mailbox, Probe, ProbeHandle, fast_sim, others, wait_actors_stopped
 
 from actor_run.actors import Context, Reactor
 from actor_run.protocols.clouds.local import LocalCloud, LocalSettings
@@ -79,7 +78,8 @@ def make_context(
     # lease deletes its machine), and fail the test. Actors that stop themselves get time to do so.
     left = wait_actors_stopped(10)
     if left:
-        pykka.ActorRegistry.stop_all(block=True, timeout=60)
+        for ref in reversed(others()):
+            ref.stop(block=True, timeout=60)
         pytest.fail(f"actors left running: {left}")
 
 

@@ -16,6 +16,7 @@ from actor_kit import LOCAL, SIM, Mailbox, ProbeHandle, fast_sim, wait_actors_st
 from support.waits import poll
 
 from actor_run.actors import AttemptActor, Context, CostMeterActor, HeartbeatActor, LeaseActor, TransferActor
+from actor_run.actors.pool import live_actors
 from actor_run.protocols.attempt_time import AttemptTime
 from actor_run.protocols.clouds.sim import SimCloud, SimSettings, billing, sim_machines
 from actor_run.protocols.failures import Code
@@ -227,7 +228,7 @@ def test_an_exception_in_a_child_ends_the_attempt_internal(
 ) -> None:
     attempt = run_attempt(job("sleep 30"))
     started = emitted.wait_for(JobStarted)
-    refs = pykka.ActorRegistry.get_by_class(child)
+    refs = [r for r in [*live_actors(), *pykka.ActorRegistry.get_all()] if r.actor_class is child]
     assert len(refs) == 1
     refs[0].tell("an unknown message")
     end = ended(probe, attempt)
@@ -310,7 +311,7 @@ def test_a_refused_create_starts_no_watcher_and_logs_one_header(
     emitted.wait_for(LeaseRequested)
     seen: set[str] = set()
     def refused() -> bool:  # sampling which actors live at each poll, until the refusal (0.5 s)
-        seen.update(r.actor_class.__name__ for r in pykka.ActorRegistry.get_all() if r.actor_class in watchers)
+        seen.update(r.actor_class.__name__ for r in live_actors() if r.actor_class in watchers)
         return bool(emitted.of(LeaseFailed))
 
     poll(refused, 10, "the refusal", every=0.01)
@@ -379,7 +380,7 @@ def test_a_cancelled_attempts_watchers_are_silent_while_its_delete_is_out_and_st
     attempt = run_attempt(job("x"), offer=SIM, context=ctx)
     emitted.wait_for(JobStarted)
     emitted.wait_for(Metered)
-    watchers = [r for r in pykka.ActorRegistry.get_all() if r.actor_class in (HeartbeatActor, CostMeterActor)]
+    watchers = [r for r in live_actors() if r.actor_class in (HeartbeatActor, CostMeterActor)]
     assert len(watchers) == 2
     asked = time.monotonic()
     cancelled_at = time.time()
