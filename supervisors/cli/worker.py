@@ -5,7 +5,7 @@ A batch run on a shared (PostgreSQL) ledger is recorded there as queued jobs. Ev
 machine, claims queued jobs up to its concurrency (FOR UPDATE SKIP LOCKED: two workers never claim
 one job) and runs them; the `run` command works on its own batch too unless `--submit-only` (it
 claims and adopts that run's jobs only: what it holds at its end or its Ctrl-C is canceled, and a
-teammate's job must never be), shows each of them whoever runs it (RunOutput), and returns once
+teammate's job must never be), shows each of them whoever runs it (shared_output.py), and returns once
 every job of its batch has ended. Every `poll` seconds a worker also adopts the
 unfinished jobs of owners whose lease expired, as `actor-run resume` does (reattach to what runs,
 fetch what finished, rerun what is gone): a dead controller's jobs go on within its lease period
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from actor_run.protocols.failures import SpecError
-from actor_run.protocols.messages import Event, JobEnded, encode, run_line
-from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS, job_key
+from actor_run.protocols.specs import MAX_CONCURRENCY, MAX_SECONDS
 from actor_run.supervisors.api.places import default_state_dir
 from actor_run.supervisors.cli import batch_file
 from actor_run.supervisors.cli.console import count_arg, number_arg, on_stop, signals_restored
 from actor_run.supervisors.cli.runs import job_views, view_line
+from actor_run.supervisors.cli.shared_output import RunOutput, printer
 from actor_run.supervisors.ledger import LedgerReader
 from actor_run.supervisors.ledger.db import ENV, describe, is_url, read_failures, resolve, wait_for_server
 
@@ -260,84 +260,6 @@ def serve(runner: Runner, args: argparse.Namespace, *, until: set[str] | None, r
     return True
 
 
-def _ended_line(e: JobEnded) -> str:
-    tail = f" {e.failure}: {e.detail}" if e.failure else ""
-    return f"{e.job}/seed-{e.seed:<6} {e.outcome:<10} attempts {e.attempts} ${e.usd:.4f}{tail}"
-
-
-def _printer(json_mode: bool, run_of: Callable[[str], str]) -> Callable[[Event], None]:
-    """A worker's output: every event of the jobs it runs, naming its run (`--json`), or a line per
-    job that ended."""
-    def show(e: Event) -> None:
-        if json_mode:
-            sys.stdout.write(run_line(run_of(job_key(e.job, e.seed)), encode(e)) + "\n")
-            sys.stdout.flush()
-        elif isinstance(e, JobEnded):
-            print(_ended_line(e), flush=True)
-
-    return show
-
-
-class RunOutput:
-    """What `actor-run run` on a shared ledger shows of its batch, whoever runs each job: the events
-    of the jobs this process runs as they come (`event`, a Runner subscriber: any actor thread) and,
-    each poll, those other workers recorded in the ledger (`poll`, the main thread; of a job's
-    progress the ledger keeps a line at a checkpoint, a new stage or every 10 s). With `--json` each
-    line is an event naming its run; otherwise a line per job that ended. `finish` (once the jobs
-    ended) shows the ends not shown yet."""
-
-    def __init__(self, runner: Runner, run: str, *, json_mode: bool) -> None:
-        import threading
-
-        self.runner, self.run, self.json_mode = runner, run, json_mode
-        self._lock = threading.Lock()  # one line at a time from the actor threads and the poll
-        self._after = 0  # the newest ledger event id read
-        self._ended: set[str] = set()  # the jobs whose end was shown
-
-    def event(self, e: Event, body: bytes | None = None) -> None:
-        key = job_key(e.job, e.seed)
-        with self._lock:
-            if isinstance(e, JobEnded):
-                if key in self._ended:
-                    return
-                self._ended.add(key)
-            if self.json_mode:
-                sys.stdout.write(run_line(self.run, encode(e) if body is None else body) + "\n")
-                sys.stdout.flush()
-            elif isinstance(e, JobEnded):
-                print(_ended_line(e), flush=True)
-
-    def _recorded(self, rows: list[dict[str, Any]]) -> None:
-        from actor_run.protocols.messages import decode_event
-
-        for row in rows:
-            self._after = max(self._after, int(row["id"]))
-            body = row["body"] if isinstance(row["body"], bytes) else str(row["body"]).encode()
-            try:
-                e = decode_event(body)
-            except msgspec.DecodeError:
-                continue  # a kind a newer actor-run wrote
-            self.event(e, body)
-
-    def poll(self) -> None:
-        reader = LedgerReader(self.runner.ledger_path)
-        try:
-            self._recorded(reader.new_events(self.run, self._after, not_by=self.runner.owner))
-        finally:
-            reader.close()
-
-    def finish(self, keys: list[str]) -> None:
-        """The ends of `keys` not shown yet (another worker recorded them after the last poll, or
-        their ids were committed out of order), from the ledger."""
-        if set(keys) <= self._ended:
-            return
-        reader = LedgerReader(self.runner.ledger_path)
-        try:
-            self._recorded([r for r in reader.events(run=self.run) if r["type"] == "JobEnded"])
-        finally:
-            reader.close()
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     """A worker until stopped (or idle). A lease lost (the process frozen past it, or the database
     away longer than --ledger-wait) ends this owner, whose jobs go to the adopters; the worker then
@@ -384,7 +306,7 @@ def _work(args: argparse.Namespace, signals: _Signals, metrics: Any) -> int:
             except SpecError as exc:
                 sys.stderr.write(f"actor-run: {exc}\n")
                 return USAGE
-            runner.subscribe(_printer(args.json, runner.run_of))
+            runner.subscribe(printer(args.json, runner.run_of))
             if metrics is not None:
                 metrics.runner = runner
             kept = serve(runner, args, until=None, signals=signals, metrics=metrics)

@@ -471,6 +471,7 @@ class JobSupervisor(Actor):
         self.ended = True
         self.cancel_tasks()
         self.team_waits.forget(self.job.key)
+        self.offers.forget(self.job.key)
         # a folder this job made holds a checkpoint only if one of its attempts asked for one
         out_dir = tidy_seed_dir(self.seed_dir, self.history,
                                 checkpoint=not self.fresh or self.checkpoint_asked.is_set())

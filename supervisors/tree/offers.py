@@ -55,6 +55,12 @@ class OfferBook:
         with self._lock:
             self._freed[key] = fn
 
+    def forget(self, key: str) -> None:
+        """`key` ended: it waits for nothing any more (what it asked for would be kept, and its actor
+        with it, until a machine is next let go: never, where none is)."""
+        with self._lock:
+            self._freed.pop(key, None)
+
     def freed(self) -> None:
         """A machine of the batch was let go: wake every job waiting for capacity."""
         with self._lock:

@@ -118,3 +118,17 @@ def test_jobs_waiting_for_capacity_are_woken_once_when_a_machine_is_let_go(react
     assert woken == ["a", "b"]
     book.freed()  # each wake-up is for one wait: a job waiting again registers again
     assert woken == ["a", "b"]
+
+
+def test_a_job_that_ended_while_waiting_is_forgotten_not_woken(reactor: Reactor) -> None:
+    """A waiting job that ended (canceled, its wait ran out) is dropped at once (job.py's end), not
+    kept, with its actor, until a machine is next let go."""
+    book = OfferBook(reactor, {})
+    woken: list[str] = []
+    book.when_freed("job-a", lambda: woken.append("a"))
+    book.when_freed("job-b", lambda: woken.append("b"))
+    book.forget("job-a")
+    book.forget("job-c")  # one that waits for nothing: nothing happens
+    book.freed()
+    assert woken == ["b"]
+
