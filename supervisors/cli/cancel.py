@@ -110,7 +110,7 @@ def cancel_target(args: argparse.Namespace, target: str, *, run: str | None = No
             request_cancels(location, [(j["run"], j["key"]) for j in claimed], DETAIL)
             tell(f"asked the controller(s) of {len(claimed)} job(s) that started meanwhile to cancel them")
             owned += claimed
-        dead = sorted({j["owner"] for j in unowned if j["owner"]})
+        dead = sorted({j["owner"] for j in unowned if j["owner"] and j["owner"] not in alive})
         if dead:  # their machines go as the sweep would: their owner is proven dead
             from actor_run.supervisors.api.runner import Runner  # the tree: only when there is a machine to delete
 
@@ -143,25 +143,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace, owned: list[dict[str, Any]]) -> int:
     if not owned or args.wait <= 0:
         return Exit.OK
+    return Exit.OK if wait_ended(args, owned, args.wait, say=print, run=args.run) else Exit.FAILED
+
+
+def wait_ended(args: argparse.Namespace, owned: list[dict[str, Any]], wait_s: float, *, say: Any,
+               run: str | None = None, give_up: Any = None) -> bool:
+    """Wait up to `wait_s` (or until `give_up()`) for the jobs `owned` (their controllers asked to
+    cancel them) to end, saying each end; whether they all did (else stderr says how many did not)."""
     pending = {(j["run"], j["key"]) for j in owned}
-    end = time.monotonic() + args.wait
+    end = time.monotonic() + wait_s
     reader = open_reader(args)
     try:
-        while pending and time.monotonic() < end:
-            for j in reader.jobs(args.run):
+        while pending and time.monotonic() < end and not (give_up is not None and give_up()):
+            for j in reader.jobs(run):
                 if (j["run"], j["key"]) in pending and j["state"] in ENDED:
                     pending.discard((j["run"], j["key"]))
                     how = j["failure"] or j["state"]
-                    print(f"{j['key']} (run {j['run']}): {how}" + ("" if how == "canceled" else " (it ended first)"))
+                    say(f"{j['key']} (run {j['run']}): {how}" + ("" if how == "canceled" else " (it ended first)"))
             if pending:
                 time.sleep(0.2)  # a person's command polling the ledger another process writes, bounded above
     finally:
         reader.close()
     if pending:
-        sys.stderr.write(f"actor-run: {len(pending)} job(s) not ended after {args.wait:.0f} s; their controller "
+        sys.stderr.write(f"actor-run: {len(pending)} job(s) not ended after {wait_s:.0f} s; their controller "
                          "has the request and cancels them when it reads it\n")
-        return Exit.FAILED
-    return Exit.OK
+        return False
+    return True
 
 
-__all__ = ["NothingNamed", "add_parser", "cancel_target", "cmd_cancel"]
+__all__ = ["NothingNamed", "add_parser", "cancel_target", "cmd_cancel", "wait_ended"]

@@ -17,8 +17,10 @@ holds (their machines keep running; nothing more is written about them, in the l
 files), closes its owner row so that the other workers adopt them at their next poll, and exits 0.
 A second signal changes nothing (handing back deletes nothing and ends in a moment). With --drain
 the first signal only stops it taking jobs: it finishes those it holds, then exits 0; a second one
-hands them back. `actor-run run` on a shared ledger keeps the Ctrl-C of `run`: cancel its jobs and
-delete their machines. SIGHUP (the terminal it ran in closed) is taken as SIGTERM, by both.
+hands them back. `actor-run run` on a shared ledger keeps the Ctrl-C of `run`: its whole batch
+stops (`_cancel_everywhere`: the jobs it runs canceled and their machines deleted, the others
+canceled by the workers running them, the queued ones ended), then it exits 130. SIGHUP (the
+terminal it ran in closed) is taken as SIGTERM, by both.
 
 The database. A worker started before its database waits for it, up to --ledger-wait (default the
 lease); a database that goes away meanwhile is ridden out as long (ledger/core.py); a lease lost
@@ -183,7 +185,8 @@ class _Signals:
             n = self.told
             if self.mode == "cancel":
                 if n == 1:
-                    sys.stderr.write("\nactor-run: stopping; deleting this worker's machines before exiting\n")
+                    sys.stderr.write("\nactor-run: stopping the run: deleting this worker's machines and "
+                                     "canceling its jobs on the other workers before exiting\n")
             elif self.mode == "drain" and n == 1:
                 sys.stderr.write("\nactor-run: draining: no new jobs; finishing the ones held here (signal again "
                                  "to hand them to the other workers)\n")
@@ -352,10 +355,15 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
                   f"{_ledger_hint(args)}", file=sys.stderr if args.json else sys.stdout, flush=True)
             output = RunOutput(runner, run, json_mode=args.json)
             runner.subscribe(output.event)
-            if not serve(runner, args, until={j.key for j in jobs}, run=run, mode="cancel", each_poll=output.poll):
+            signals = _Signals(mode="cancel")
+            if not serve(runner, args, until={j.key for j in jobs}, run=run, signals=signals, each_poll=output.poll):
                 return FAILED  # its lease expired: the other workers finish the batch
+            if signals.stop:
+                _cancel_everywhere(args, runner, run, signals)
             with contextlib.suppress(*read_failures(runner.ledger.backend)):
                 output.finish([j.key for j in jobs])
+            if signals.stop:
+                return INTERRUPTED  # once its machines are deleted (the Runner's close)
             outcomes = _ledger_outcomes(runner, run)
     except SpecError as exc:
         sys.stderr.write(f"actor-run: {exc}\n")
@@ -364,6 +372,27 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
     if any(o not in ("succeeded", "failed", "canceled") for o in ended):
         return INTERRUPTED
     return OK if set(ended) <= {"succeeded"} else FAILED if "failed" in ended else CANCELED
+
+
+CANCEL_WAIT_S = 120.0  # how long a stopped run waits for the other workers to stop its jobs (cancel's --wait)
+
+
+def _cancel_everywhere(args: argparse.Namespace, runner: Runner, run: str, signals: _Signals) -> None:
+    """A shared run's Ctrl-C, SIGTERM or SIGHUP: its whole batch stops, not only the jobs this process
+    runs (those it has cancelled already). As `actor-run cancel RUN`: its queued jobs end before any
+    worker claims them, the workers running the others are asked to cancel them (their machines
+    deleted), and it waits for them (bounded; a second signal stops waiting)."""
+    from actor_run.supervisors.cli.cancel import cancel_target, wait_ended
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"actor-run: {line}\n")
+
+    cancel_target(args, run, run=run, say=say)
+    others = [j for j in args._owned if j["owner"] != runner.owner]
+    if others:
+        say(f"waiting up to {CANCEL_WAIT_S:.0f} s for the other workers to stop {len(others)} job(s) "
+            "(signal again not to wait)")
+        wait_ended(args, others, CANCEL_WAIT_S, say=say, run=run, give_up=lambda: signals.count > 1)
 
 
 def cmd_follow(args: argparse.Namespace) -> int:

@@ -302,6 +302,54 @@ def test_a_run_works_on_its_own_batch_and_its_end_leaves_a_teammates_queued_job_
     assert sim_machines(tmp_path / "sim") == []
 
 
+HELD_JOB = """
+[job]
+name = "held"
+command = "sh -c 'while [ ! -e GATE ]; do sleep 0.1; done'"
+seeds = [1, 2, 3]
+timeout_s = 120
+
+[policy]
+poll_s = 0.2
+max_attempts = 1
+
+[[candidates]]
+cloud = "sim"
+gpu = "A100"
+
+[clouds.sim]
+launch_latency_s = 0.05
+delete_latency_s = 0.0
+state_dir = "SIM"
+"""
+
+
+def test_a_runs_ctrl_c_stops_its_whole_batch_on_every_worker(tmp_path: Path, url: str) -> None:
+    """Ctrl-C of `actor-run run` on a shared ledger stops its batch, as on SQLite: the job it runs is
+    canceled here, the one a worker runs is canceled there (its machine deleted), the queued one ends
+    before any worker claims it; exit 130. (It stopped only its own machine: the worker finished the
+    other job and then ran the queued one.)"""
+    gate = tmp_path / "gate"
+    batch = tmp_path / "held.toml"
+    batch.write_text(HELD_JOB.replace("SIM", str(tmp_path / "sim")).replace("GATE", str(gate)))
+    mine = Controller(tmp_path, url, "run", concurrency=1, run=batch)
+    try:
+        mine.wait_for("JobStarted")
+        worker = Controller(tmp_path, url, "worker", concurrency=1)
+        worker.wait_for("JobStarted")
+        mine.proc.send_signal(signal.SIGINT)
+        assert mine.finish() == 130, mine.stderr
+        rows = jobs(url)
+        assert {k: (j["state"], j["failure"]) for k, j in rows.items()} == {
+            f"held/seed-{s}": ("failed", "canceled") for s in (1, 2, 3)}, rows
+        assert worker.finish() == 0, worker.stderr  # --until-idle: nothing queued or running any more
+    finally:
+        gate.touch()
+    assert len([e for e in worker.events if e["type"] == "JobStarted"]) == 1  # never the queued one
+    assert "canceled" in mine.stderr
+    assert sim_machines(tmp_path / "sim") == []
+
+
 def test_bad_shared_ledger_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for args, field in ((["worker", "--ledger", "mysql://x/y"], "--ledger"),
                         (["worker", "--ledger", "postgresql://x/y", "--concurrency", "0"], "--concurrency"),
