@@ -12,6 +12,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+from support.cli_inproc import run_cli
+
 from actor_run.supervisors.ledger import Ledger, LedgerReader, team
 
 CLI = [sys.executable, "-m", "actor_run"]
@@ -95,8 +97,7 @@ def test_two_controllers_drawing_on_one_10_dollar_budget_never_reserve_past_it_t
     env = {**os.environ, "ACTOR_RUN_LEDGER": ledger}
     common = ["--state-dir", str(state)]
     Ledger(ledger, "0" * 32).close()
-    done = subprocess.run([*CLI, "budget", "set", "team-a", "--usd", "10", "--per", "total", *common],
-                          capture_output=True, text=True, timeout=60, env=env)
+    done = run_cli(["budget", "set", "team-a", "--usd", "10", "--per", "total", *common], timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     runs = [subprocess.Popen([*CLI, "run", str(_batch(tmp_path, name)), *common, "--out", str(tmp_path / "out"),
                               "--yes", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -121,15 +122,13 @@ def test_two_controllers_drawing_on_one_10_dollar_budget_never_reserve_past_it_t
     refused = [e for e in ended if e.get("failure") == "budget"]
     assert refused  # eight jobs of $3 each cannot all hold $10 at once: some were turned away
     assert all("team budget 'team-a'" in e["detail"] for e in refused)
-    shown = subprocess.run([*CLI, "cost", "--all", "--by", "budget", "--json", *common], capture_output=True,
-                           text=True, timeout=60, env=env)
+    shown = run_cli(["cost", "--all", "--by", "budget", "--json", *common], timeout=60, env=env)
     assert shown.returncode == 0, shown.stderr
     spent = sum(x["charged"] or 0.0 for x in rows)
     groups = [json.loads(line) for line in shown.stdout.splitlines()]
     assert any(g.get("group") == "team-a" for g in groups), groups
     assert abs(sum(g.get("spent_usd", 0.0) for g in groups if g.get("group") == "team-a") - spent) < 1e-6
-    show = subprocess.run([*CLI, "budget", "show", "team-a", "--json", *common], capture_output=True, text=True,
-                          timeout=60, env=env)
+    show = run_cli(["budget", "show", "team-a", "--json", *common], timeout=60, env=env)
     (b,) = [json.loads(line) for line in show.stdout.splitlines()]
     assert b["reserved_usd"] == 0.0  # every machine gone, every reservation replaced by its charge
     assert abs(b["spent_usd"] - spent) < 1e-6

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_inproc import run_cli
 from support.waits import poll
 
 from actor_run.supervisors.ledger import Ledger, LedgerReader
@@ -118,8 +119,8 @@ class Run:
 
 
 def cli(env: dict[str, str], tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args, "--state-dir", str(tmp / "state")], capture_output=True, text=True,
-                          timeout=120, env=env)
+    """A one-shot command (support/cli_inproc.py: in this process, as a child would run it)."""
+    return run_cli([*args, "--state-dir", str(tmp / "state")], timeout=120, env=env)
 
 
 def set_budget(env: dict[str, str], tmp: Path, name: str, usd: float) -> None:
