@@ -227,17 +227,20 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     check_every_job_ended_once(tmp_path, url, seeds)
 
 
-SECRET_JOB = """
+def sim_batch(tmp: Path, name: str, command: str, *, seeds: int = 1, job: str = "", policy: str = "") -> Path:
+    """`tmp/NAME.toml`: a batch of one job on the sim cloud (its machines under tmp/sim), polled every
+    0.2 s; `job` and `policy` add lines to those tables."""
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
 [job]
-name = "secret"
-command = "sh -c 'echo $API_TOKEN > $ACTOR_RUN_OUT/token.txt'"
-seeds = [1]
-timeout_s = 60
-env = { API_TOKEN = "from-the-batch" }
-
+name = "{name}"
+command = "{command}"
+seeds = {list(range(1, seeds + 1))}
+timeout_s = 120
+{job}
 [policy]
 poll_s = 0.2
-
+{policy}
 [[candidates]]
 cloud = "sim"
 gpu = "A100"
@@ -245,15 +248,19 @@ gpu = "A100"
 [clouds.sim]
 launch_latency_s = 0.05
 delete_latency_s = 0.0
-state_dir = "SIM"
-"""
+state_dir = "{tmp / 'sim'}"
+""")
+    return path
+
+
+SECRET = "sh -c 'echo $API_TOKEN > $ACTOR_RUN_OUT/token.txt'"  # a job that writes its secret to its outputs
+FROM_THE_BATCH = 'env = { API_TOKEN = "from-the-batch" }'
 
 
 def test_a_worker_takes_secrets_from_its_own_environment_and_the_ledger_never_holds_them(
     tmp_path: Path, url: str,
 ) -> None:
-    batch = tmp_path / "batch.toml"
-    batch.write_text(SECRET_JOB.replace("SIM", str(tmp_path / "sim")))
+    batch = sim_batch(tmp_path, "secret", SECRET, job=FROM_THE_BATCH)
     queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
     worker = run_cli(
@@ -281,11 +288,8 @@ def test_a_run_works_on_its_own_batch_and_its_end_leaves_a_teammates_queued_job_
     its machine deleted). It ends 0 with its own job, which has the batch's secret (this process read
     it; the ledger never had it); the teammate's is still queued, never attempted, and a worker then
     runs it."""
-    teammate, ours = tmp_path / "teammate.toml", tmp_path / "ours.toml"
-    job = SECRET_JOB.replace("SIM", str(tmp_path / "sim"))
-    teammate.write_text(job.replace('name = "secret"', 'name = "theirs"').replace(
-        'env = { API_TOKEN = "from-the-batch" }', ""))
-    ours.write_text(job.replace('name = "secret"', 'name = "ours"'))
+    teammate = sim_batch(tmp_path, "theirs", SECRET)
+    ours = sim_batch(tmp_path, "ours", SECRET, job=FROM_THE_BATCH)
     queued = cli(tmp_path, "run", str(teammate), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"))
     assert queued.returncode == 0, queued.stderr
     mine = Controller(tmp_path, url, "ours", concurrency=4, run=ours)
@@ -302,36 +306,14 @@ def test_a_run_works_on_its_own_batch_and_its_end_leaves_a_teammates_queued_job_
     assert sim_machines(tmp_path / "sim") == []
 
 
-HELD_JOB = """
-[job]
-name = "held"
-command = "sh -c 'while [ ! -e GATE ]; do sleep 0.1; done'"
-seeds = [1, 2, 3]
-timeout_s = 120
-
-[policy]
-poll_s = 0.2
-max_attempts = 1
-
-[[candidates]]
-cloud = "sim"
-gpu = "A100"
-
-[clouds.sim]
-launch_latency_s = 0.05
-delete_latency_s = 0.0
-state_dir = "SIM"
-"""
-
-
 def test_a_runs_ctrl_c_stops_its_whole_batch_on_every_worker(tmp_path: Path, url: str) -> None:
     """Ctrl-C of `actor-run run` on a shared ledger stops its batch, as on SQLite: the job it runs is
     canceled here, the one a worker runs is canceled there (its machine deleted), the queued one ends
     before any worker claims it; exit 130. (It stopped only its own machine: the worker finished the
     other job and then ran the queued one.)"""
     gate = tmp_path / "gate"
-    batch = tmp_path / "held.toml"
-    batch.write_text(HELD_JOB.replace("SIM", str(tmp_path / "sim")).replace("GATE", str(gate)))
+    batch = sim_batch(tmp_path, "held", f"sh -c 'while [ ! -e {gate} ]; do sleep 0.1; done'", seeds=3,
+                      policy="max_attempts = 1")
     mine = Controller(tmp_path, url, "run", concurrency=1, run=batch)
     try:
         mine.wait_for("JobStarted")
