@@ -40,10 +40,16 @@ class TeamBudget(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Held(msgspec.Struct, frozen=True, kw_only=True):
-    """The answer to a hold: `ok` (the reservation row is written), and the budget as it stood."""
+    """The answer to a hold: `ok` (the reservation row is written), the team budget as it stood, and
+    the batch's own (`batch`: its run's `budget_usd`, when the hold was asked to keep to it)."""
 
     ok: bool
-    budget: TeamBudget | None  # None: no such budget
+    budget: TeamBudget | None  # None: no such budget (or none named)
+    batch: TeamBudget | None = None
+
+    @property
+    def batch_refused(self) -> bool:
+        return not self.ok and self.batch is not None and self.batch.left_usd < 0
 
 
 def period_start(per: str, now: float) -> float:
@@ -111,20 +117,43 @@ def find(location: str | Path, name: str) -> TeamBudget | None:
         return _read(conn, name, lock=False, fenced=fenced, now=time.time())
 
 
-def hold(location: str | Path, *, budget: str, row: dict[str, Any]) -> Held:
-    """Reserve `row["usd"]` against the team budget `budget`, writing the reservation row (`row`:
-    the reservations table's columns) if the budget can hold it, in one transaction that locked the
-    budget first. On whatever thread calls it (it waits on the database)."""
+def _read_batch(conn: Conn, row: dict[str, Any], usd: float, *, fenced: bool) -> TeamBudget:
+    """The run's own budget (`budget_usd`: all its workers' reservations and charges, but `row`'s
+    own attempt's) with `row`'s reservation added, the run's row locked first: the batch's budget
+    on a shared ledger, kept exactly as a team budget is."""
+    run = str(row["run"])
+    if fenced:
+        conn.execute("SELECT id FROM runs WHERE id=? FOR UPDATE", (run,))
+    held = conn.execute(
+        "SELECT coalesce(sum(CASE WHEN state='live' THEN usd ELSE 0 END), 0),"
+        " coalesce(sum(CASE WHEN state<>'live' THEN charged ELSE 0 END), 0) FROM reservations"
+        " WHERE run=? AND NOT (job=? AND attempt=?)", (run, row["job"], row["attempt"])).fetchone()
+    return TeamBudget(name=f"run {run}", usd=usd, per="total", spent_usd=float(held[1]),
+                      reserved_usd=float(held[0]) + float(row["usd"]))
+
+
+def hold(location: str | Path, *, budget: str | None, row: dict[str, Any], batch_usd: float | None = None) -> Held:
+    """Reserve `row["usd"]` against the team budget `budget` and (`batch_usd`: a batch on a shared
+    ledger, whose jobs many workers run) against its run's own budget, writing the reservation row
+    (`row`: the reservations table's columns) if both can hold it, in one transaction that locked
+    the budget, then the run, first. On whatever thread calls it (it waits on the database)."""
     now = time.time()
     with _transaction(location) as (conn, fenced):
-        found = _read(conn, budget, lock=True, fenced=fenced, now=now)
-        if found is None or found.spent_usd + found.reserved_usd + float(row["usd"]) > found.usd + 1e-9:
-            return Held(ok=False, budget=found)
+        found = None
+        if budget is not None:
+            found = _read(conn, budget, lock=True, fenced=fenced, now=now)
+            if found is None or found.spent_usd + found.reserved_usd + float(row["usd"]) > found.usd + 1e-9:
+                return Held(ok=False, budget=found)
+        batch = None
+        if batch_usd is not None:
+            batch = _read_batch(conn, row, batch_usd, fenced=fenced)
+            if batch.left_usd < -1e-9:
+                return Held(ok=False, budget=found, batch=batch)
         cols = [*row, "budget"]
         conn.execute(f"INSERT INTO reservations ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
                      " ON CONFLICT (run, job, attempt) DO UPDATE SET usd=excluded.usd, state='live',"
                      " budget=excluded.budget", (*row.values(), budget))
-        return Held(ok=True, budget=found)
+        return Held(ok=True, budget=found, batch=batch)
 
 
 __all__ = ["PERIODS", "Held", "TeamBudget", "budgets", "clear_budget", "find", "hold", "period_start", "set_budget"]

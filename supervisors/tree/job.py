@@ -310,21 +310,26 @@ class JobSupervisor(Actor):
         if isinstance(change, str):
             self.short.money.append(change)
             return None
-        if self.job.policy.budget:  # the team's budget too, in a transaction of the ledger's own
+        if self.job.policy.budget or self._batch_in_ledger():  # in a transaction of the ledger's own
             self._hold_team(offer, change, hold_s)
         else:
             self.money.record(self.attempt_no, offer, change, hold_s)
         return change.usd
 
+    def _batch_in_ledger(self) -> bool:
+        """The batch's `budget_usd` is kept by the ledger: on a shared one many workers run its jobs,
+        each with a Runner that knows only its own (none, for a worker's)."""
+        return self.job.policy.budget_usd is not None and self.ledger.backend.fenced
+
     def _hold_team(self, offer: Offer, change: BudgetChange, hold_s: float) -> None:
-        """Ask the ledger to hold the reservation against the team budget (team_hold.py); the answer
-        comes back as `TeamHeld`."""
-        assert self.job.policy.budget
+        """Ask the ledger to hold the reservation against the team budget and, on a shared ledger,
+        the batch's (team_hold.py); the answer comes back as `TeamHeld`."""
         row = self.ledger.reservation_row(job=self.job.key, attempt=self.attempt_no, offer=offer, hold_s=hold_s,
                                           usd=change.usd, seq=change.seq, limit_usd=change.limit_usd)
         self.team_hold = (offer, change, hold_s)
         team_hold.ask(self.ctx, self.actor_ref, self.ledger, budget=self.job.policy.budget, row=row, seq=change.seq,
-                      budgets=self.money.budgets)
+                      budgets=self.money.budgets,
+                      batch_usd=self.job.policy.budget_usd if self._batch_in_ledger() else None)
 
     def _team_held(self, result: Result[Held]) -> None:
         if self.team_hold is None:
@@ -332,7 +337,6 @@ class JobSupervisor(Actor):
         offer, change, hold_s = self.team_hold
         self.team_hold = None
         name = self.job.policy.budget
-        assert name
         ok = isinstance(result, outcome.Value) and result.value.ok
         if ok and not self.ended and self.cancel is None:
             self.money.record(self.attempt_no, offer, change, hold_s, team=name)
@@ -343,7 +347,7 @@ class JobSupervisor(Actor):
             return
         refused = team_hold.refusal(name, f"{offer.cloud} {offer.region} {offer.gpu}".strip(), change.usd, result)
         self.short.money.append(refused.line)
-        if refused.waitable and self.job.policy.on_budget_full == "wait":
+        if refused.waitable and name and self.job.policy.on_budget_full == "wait":
             self.short.team = name
         self.walk.pass_over(offer)
         self._next()

@@ -47,16 +47,17 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True):
     waitable: bool
 
 
-def ask(ctx: Context, ref: pykka.ActorRef[Any], ledger: Ledger, *, budget: str, row: dict[str, Any],
-        seq: int, budgets: Sequence[Budget | None]) -> None:
-    """Ask the ledger to hold `row` (a reservations row) against the team budget `budget`; the
-    answer is told to `ref` as `TeamHeld`. Called on the job's actor thread; the transaction runs on
+def ask(ctx: Context, ref: pykka.ActorRef[Any], ledger: Ledger, *, budget: str | None, row: dict[str, Any],
+        seq: int, budgets: Sequence[Budget | None], batch_usd: float | None = None) -> None:
+    """Ask the ledger to hold `row` (a reservations row) against the team budget `budget` and
+    (`batch_usd`: a batch on a shared ledger) its run's own budget; the answer is told to `ref` as
+    `TeamHeld`. Called on the job's actor thread; the transaction runs on
     a worker thread; the reply on the reactor thread. If the job is gone by then, a hold it made is
     let go there."""
     location, key, attempt = ledger.path, str(row["job"]), int(row["attempt"])
 
     async def held() -> Held:
-        return await to_thread(functools.partial(team_hold, location, budget=budget, row=row))
+        return await to_thread(functools.partial(team_hold, location, budget=budget, row=row, batch_usd=batch_usd))
 
     def reply(result: Result[Held]) -> None:  # on the reactor thread
         try:
@@ -80,12 +81,19 @@ def let_go(ledger: Ledger, key: str, attempt: int, seq: int, budgets: Sequence[B
                               outcome="failed", failure=Code.CANCELED)
 
 
-def refusal(name: str, where: str, need_usd: float, result: Result[Held]) -> Refusal:
-    """What a refused hold of `need_usd` (for an offer at `where`) against the team budget `name` says."""
+def refusal(name: str | None, where: str, need_usd: float, result: Result[Held]) -> Refusal:
+    """What a refused hold of `need_usd` (for an offer at `where`) against the team budget `name`
+    (None: only the batch's own, on a shared ledger) says."""
     held = result.value if isinstance(result, outcome.Value) else None
+    what = f"the team budget {name!r}" if name is not None else "the batch's budget_usd"
     if held is None:
         error = result.error if isinstance(result, outcome.Error) else None
-        return Refusal(line=f"{where}: the team budget {name!r} could not be read ({error})", waitable=False)
+        return Refusal(line=f"{where}: {what} could not be read ({error})", waitable=False)
+    if held.batch_refused:  # as a batch's budget on one controller: passed over, the job ends `budget`
+        assert held.batch is not None
+        return Refusal(line=f"{where} needs ${need_usd:.2f}; the batch has ${held.batch.left_usd + need_usd:.2f} left "
+                            f"of its ${held.batch.usd:.2f} budget_usd (what every worker reserved and spent for it)",
+                       waitable=False)
     b = held.budget
     if b is None:
         return Refusal(line=f"{where}: there is no team budget {name!r} (actor-run budget set {name} ...)",

@@ -227,9 +227,10 @@ def test_a_frozen_controller_past_its_lease_writes_nothing_and_its_jobs_finish_u
     check_every_job_ended_once(tmp_path, url, seeds)
 
 
-def sim_batch(tmp: Path, name: str, command: str, *, seeds: int = 1, job: str = "", policy: str = "") -> Path:
+def sim_batch(tmp: Path, name: str, command: str, *, seeds: int = 1, job: str = "", policy: str = "",
+              sim: str = "") -> Path:
     """`tmp/NAME.toml`: a batch of one job on the sim cloud (its machines under tmp/sim), polled every
-    0.2 s; `job` and `policy` add lines to those tables."""
+    0.2 s; `job`, `policy` and `sim` add lines to those tables."""
     path = tmp / f"{name}.toml"
     path.write_text(f"""
 [job]
@@ -249,6 +250,7 @@ gpu = "A100"
 launch_latency_s = 0.05
 delete_latency_s = 0.0
 state_dir = "{tmp / 'sim'}"
+{sim}
 """)
     return path
 
@@ -329,6 +331,40 @@ def test_a_runs_ctrl_c_stops_its_whole_batch_on_every_worker(tmp_path: Path, url
         gate.touch()
     assert len([e for e in worker.events if e["type"] == "JobStarted"]) == 1  # never the queued one
     assert "canceled" in mine.stderr
+    assert sim_machines(tmp_path / "sim") == []
+
+
+def test_a_batchs_budget_holds_across_the_workers_that_run_its_jobs(tmp_path: Path, url: str) -> None:
+    """A batch's `budget_usd` on a shared ledger is the whole batch's, whoever runs its jobs: each
+    reservation is made in a ledger transaction against what every worker reserved and spent for the
+    run. Two seeds of $5 (120 $/h x (120 s + 30 s)), a $7.50 budget: the run and a worker each claim
+    one; one rents, the other ends `budget` saying what the batch has left, renting nothing. (The
+    budget was not kept at all: each Runner knew only its own, and a shared run's had none.)"""
+    gate = tmp_path / "gate"
+    batch = sim_batch(tmp_path, "capped", f"sh -c 'while [ ! -e {gate} ]; do sleep 0.1; done'", seeds=2,
+                      policy="max_attempts = 1\nbudget_usd = 7.5\nsetup_grace_s = 30\nlast_grace_factor = 1.0",
+                      sim='regions = [{ name = "us-east", gpus = { A100 = { stock = 16, hourly_usd = 120.0 } } }]')
+    mine = Controller(tmp_path, url, "run", concurrency=1, run=batch)
+    try:
+        mine.wait_for("JobStarted")
+        worker = Controller(tmp_path, url, "worker", concurrency=1)
+        worker.wait_for("JobEnded")
+        (refused,) = [e for c in (mine, worker) for e in c.events if e["type"] == "JobEnded"]
+        assert refused["failure"] == "budget", refused
+        assert "the batch has $2.50 left of its $7.50 budget_usd" in refused["detail"], refused
+        assert [e for e in worker.events if e["type"] == "LeaseRequested"] == []
+    finally:
+        gate.touch()
+    assert mine.finish() == 1, mine.stderr  # one job failed (budget)
+    assert worker.finish() == 0, worker.stderr
+    rows = jobs(url)
+    assert sorted((j["state"], j["failure"]) for j in rows.values()) == [("failed", "budget"), ("succeeded", None)]
+    reader = LedgerReader(url)
+    try:
+        held = reader.reservations()
+    finally:
+        reader.close()
+    assert [r["usd"] for r in held] == [5.0], held
     assert sim_machines(tmp_path / "sim") == []
 
 
