@@ -42,6 +42,7 @@ from support.sshd import Sshd  # noqa: E402  (tests/ is on the path only from he
 from support.waits import settled  # noqa: E402  (tests/ is on the path only from here)
 
 from actor_run.actors import Reactor  # noqa: E402  (the project's root is on the path only from here)
+from actor_run.actors.pool import live_actors  # noqa: E402
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the order of what runs
@@ -163,9 +164,11 @@ def state_dir(tmp_path: Path) -> Path:
 def no_leaks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
     before = {t.ident for t in threading.enumerate()}
     yield
-    actors = _wait_until(lambda: pykka.ActorRegistry.get_all(), 10)
+    # ours (actors/pool.py: not in pykka's registry, the host's) and any pykka actor a test started
+    actors = _wait_until(lambda: [*live_actors(), *pykka.ActorRegistry.get_all()], 10)
     if actors:
-        pykka.ActorRegistry.stop_all(block=True, timeout=30)
+        for ref in reversed(actors):
+            ref.stop(block=True, timeout=30)
         pytest.fail(f"actors left running: {[a.actor_class.__name__ for a in actors][:10]}")
     threads = _wait_until(
         lambda: [t.name for t in threading.enumerate()
