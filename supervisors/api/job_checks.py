@@ -92,6 +92,31 @@ class Clouds:
         return cloud
 
 
+    def look_at(self, job: Job, seen: list[tuple[str, dict[str, Any], str, bool]]) -> tuple[list[str], dict[str, str]]:
+        """For a job claimed from a shared ledger: build the clouds it names, each cloud's settings
+        looked at once a claim (`seen`, the claim's). What to warn of (another run's settings for a
+        cloud built here: it leases with this worker's), and why each cloud that cannot be built here
+        at all cannot (this worker lacks its key or its settings)."""
+        differs: list[str] = []
+        unusable: dict[str, str] = {}
+        for c in job.candidates:
+            table = job.clouds.get(c.cloud, {})
+            found = next(((why, ok) for name, t, why, ok in seen if name == c.cloud and t == table), None)
+            if found is None:
+                try:
+                    self.get(c.cloud, table)
+                    found = ("", True)
+                except SpecError as exc:
+                    found = (str(exc), c.cloud in self.by_key)  # built with other settings: it leases with ours
+                seen.append((c.cloud, table, *found))
+            why, ok = found
+            if not ok:
+                unusable[c.cloud] = why
+            elif why:
+                differs.append(why)
+        return differs, unusable
+
+
 class JobChecks:
     """`check(job)`: raise SpecError (naming the field) for a job that cannot run; builds the
     clouds it names (`Clouds.get`), runs each cloud's own check once (on the reactor)."""

@@ -126,6 +126,7 @@ class Runner:
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self._enqueued: dict[str, Job] = {}  # the jobs it queued, secrets and all: what it claims of its own run
+        self._cannot_run: set[str] = set()  # queued jobs it claimed and put back (no cloud of theirs usable): said once
         self.reactor = Reactor()
         self.board = Board()  # the handles, their waiters, the line to the batch supervisor
         self._lock = threading.Lock()
@@ -470,14 +471,17 @@ class Runner:
 
     def claim(self, most: int, run: str | None = None) -> list[JobHandle]:
         """Claim up to `most` queued jobs of `run` (None: of any run) from the ledger and run them
-        here, each in its run, its results where that run said. A job this Runner queued runs as it
-        was given (its secret env values too: the ledger never had them). Of another's, secrets the
-        ledger kept out of its spec come from this process's environment, and a job whose batch and
-        submitter named no team budget draws on this process's settings' `budget`."""
+        here, each in its run, its results where that run said; one none of whose clouds can be used
+        here (a key this process lacks) goes back to the queue's end, for another worker. A job this
+        Runner queued runs as it was given (its secret env values too: the ledger never had them).
+        Of another's, secrets the ledger kept out of its spec come from this process's environment,
+        and a job whose batch and submitter named no team budget draws on this process's settings'
+        `budget`."""
         clouds = self._parts()[0]
         handles = []
         environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
-        built: list[tuple[str, dict[str, Any], str]] = []  # (cloud, its table, what was wrong) got in this claim
+        built: list[tuple[str, dict[str, Any], str, bool]] = []  # the clouds looked at in this claim (job_checks.py)
+        cannot: list[tuple[str, str]] = []  # (run, key) of the jobs claimed that no cloud here can run
         for claimed in self.ledger.claim_queued(most, run):
             queued_here = self._enqueued.get(claimed.key) if claimed.run == self.run else None
             if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
@@ -490,25 +494,21 @@ class Runner:
                 refuse = Cancel(failure=Code.INPUT, detail=(
                     f"env {', '.join(missing)} was kept out of the ledger (secret) and is not set for this "
                     "worker: set it in the worker's environment, or list it in job.public_env"))
-            for c in job.candidates:
-                table = job.clouds.get(c.cloud, {})
-                # the seeds of a batch share their clouds' settings: each is looked at once a claim
-                why = next((w for name, t, w in built if name == c.cloud and t == table), None)
-                if why is None:
-                    try:
-                        clouds.get(c.cloud, table)
-                        why = ""
-                    except SpecError as exc:  # another run's settings for that cloud lease here: say so
-                        if c.cloud not in clouds.by_key:
-                            raise  # not built at all
-                        why = str(exc)
-                    built.append((c.cloud, table, why))
-                if why:
-                    logger.warning("{}: {}; it leases with the settings this worker has", job.key, why)
+            differs, unusable = clouds.look_at(job, built)
+            for why in differs:
+                logger.warning("{}: {}; it leases with the settings this worker has", job.key, why)
+            if unusable and all(c.cloud in unusable for c in job.candidates):
+                # none of its clouds can be used here (a key this worker lacks): another worker's to run
+                cannot.append((claimed.run, claimed.key))
+                if claimed.key not in self._cannot_run:
+                    self._cannot_run.add(claimed.key)
+                    logger.warning("{}: left queued for another worker: {}", job.key, "; ".join(unusable.values()))
+                continue
             handle = self.board.add(job, claimed.run)
             handles.append(handle)
             folder = claimed.out_dir or str(seed_dir(self.out_dir, claimed.run, job))
             self.board.tell(Submit(job=job, seed_dir=folder, refuse=refuse))
+        self.ledger.put_back(cannot)
         return handles
 
     def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,

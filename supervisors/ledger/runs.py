@@ -137,6 +137,24 @@ class RunRecords(LedgerCore):
                 self.stale.discard(key)
         return got
 
+    def put_back(self, jobs: list[tuple[str, str]]) -> None:
+        """Queued again, at the queue's end, for another worker: jobs (run, key) claimed here that
+        this controller cannot run (no cloud they name can be used here); their tokens dropped."""
+        if not jobs:
+            return
+        owner, now = self.owner, time.time()
+
+        def op(c: Conn) -> None:
+            for run, key in jobs:
+                c.execute("UPDATE jobs SET state='queued', updated=?, token=NULL WHERE run=? AND key=? AND owner=?"
+                          " AND state='running'", (now, run, key, owner))
+
+        with contextlib.suppress(StaleClaim):  # its lease ran out meanwhile: an adopter has them
+            self._submit(op, wait=True)
+        for _, key in jobs:
+            self.tokens.pop(key, None)
+            self._run_of.pop(key, None)
+
     def claim_queued(self, most: int, run: str | None = None) -> list[Claimed]:
         """Claim up to `most` queued jobs of `run` or of any run, oldest first, each with a fresh
         fencing token. On PostgreSQL, controllers claiming at once skip each other's rows (FOR UPDATE

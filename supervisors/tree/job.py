@@ -209,7 +209,13 @@ class JobSupervisor(Actor):
                     with contextlib.suppress(pykka.ActorDeadError):  # ended meanwhile (cancelled)
                         ref.tell(_Offers(candidate=i, result=result))
 
-                self.offers.ask(self.job.candidates[i], i, reply, account=self.accounts.of(i))
+                try:
+                    self.offers.ask(self.job.candidates[i], i, reply, account=self.accounts.of(i))
+                except KeyError:  # a cloud this controller could not build (a worker without its key)
+                    cloud = self.job.candidates[i].cloud
+                    self._offers(i, outcome.Error(SpecError(
+                        f"candidates[{i}].cloud", f"{cloud!r} cannot be used by this controller (its key or its "
+                        "settings are missing here)")))
             case Exhausted():
                 if self.short.money and self.short.team is not None:  # room may come back: wait for it
                     self._wait_for_capacity(budget=self.short.team)

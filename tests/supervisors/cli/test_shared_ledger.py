@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.keys import client_key
 from support.cli_inproc import CLI, run_cli
 from support.controller_kit import release, trace_lines, wait_no_processes, write_batch
 from support.waits import poll
@@ -366,6 +367,46 @@ def test_a_batchs_budget_holds_across_the_workers_that_run_its_jobs(tmp_path: Pa
         reader.close()
     assert [r["usd"] for r in held] == [5.0], held
     assert sim_machines(tmp_path / "sim") == []
+
+
+def test_a_worker_without_a_clouds_key_leaves_its_jobs_queued_and_runs_what_it_can(tmp_path: Path, url: str) -> None:
+    """A teammate queues (--submit-only, RUNPOD_API_KEY in its environment) a job for RunPod and one
+    for RunPod or the sim. A worker without the key puts the first back in the queue for a worker
+    that has it (saying so once, however often it claims it again), runs the second on the sim, and
+    goes on. (It exited 2 at the claim, leaving the job `running` under its closed owner.)"""
+    runpod = f'''
+[[candidates]]
+cloud = "runpod"
+gpu = "H100"
+
+[clouds.runpod]
+api_url = "http://127.0.0.1:9"
+ssh_key = "{client_key(tmp_path / "keys")}"
+'''
+    only = sim_batch(tmp_path, "rp", "true")
+    only.write_text(only.read_text().split("[[candidates]]")[0] + runpod)  # RunPod only: no sim candidate
+    either = sim_batch(tmp_path, "either", "true")
+    either.write_text(either.read_text().replace("[[candidates]]", runpod + "\n[[candidates]]", 1))
+    for batch in (only, either):
+        queued = cli(tmp_path, "run", str(batch), "--ledger", url, "--submit-only", "--out", str(tmp_path / "out"),
+                     env={"RUNPOD_API_KEY": "the-teammates-key"})
+        assert queued.returncode == 0, queued.stderr
+    submitted = jobs(url)["rp/seed-1"]["updated"]
+    worker = Controller(tmp_path, url, "worker")
+    try:
+        poll(lambda: jobs(url)["either/seed-1"]["state"] == "succeeded", 60, "the job it can run")
+        poll(lambda: jobs(url)["rp/seed-1"]["updated"] > submitted, 30, "the RunPod job claimed and put back")
+    finally:
+        worker.proc.send_signal(signal.SIGTERM)
+    assert worker.finish() == 0, worker.stderr
+    rp = jobs(url)["rp/seed-1"]
+    assert (rp["state"], rp["attempts"]) == ("queued", 0), rp
+    said = [line for line in worker.stderr.splitlines() if "left queued for another worker" in line]
+    assert len(said) == 1, worker.stderr[-3000:]
+    assert "rp/seed-1" in said[0]
+    assert "RUNPOD_API_KEY" in said[0]
+    assert {e["offer"]["cloud"] for e in worker.events if e["type"] == "AttemptStarted"} == {"sim"}
+    assert "cannot be used by this controller" in worker.stderr  # the RunPod candidate of `either`, passed over
 
 
 def test_bad_shared_ledger_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
