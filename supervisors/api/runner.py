@@ -126,7 +126,8 @@ class Runner:
         self._run_started = False
         self._driven: set[str] = set()  # runs this Runner drove (its own, and those it resumed): ended at close
         self._enqueued: dict[str, Job] = {}  # the jobs it queued, secrets and all: what it claims of its own run
-        self._cannot_run: set[str] = set()  # queued jobs it claimed and put back (no cloud of theirs usable): said once
+        self.cannot_run: set[tuple[str, str]] = set()  # (run, key) of queued jobs it claimed and put back: no cloud
+        # of theirs can be used here (said once; `worker --until-idle` does not wait for them)
         self.reactor = Reactor()
         self.board = Board()  # the handles, their waiters, the line to the batch supervisor
         self._lock = threading.Lock()
@@ -500,8 +501,8 @@ class Runner:
             if unusable and all(c.cloud in unusable for c in job.candidates):
                 # none of its clouds can be used here (a key this worker lacks): another worker's to run
                 cannot.append((claimed.run, claimed.key))
-                if claimed.key not in self._cannot_run:
-                    self._cannot_run.add(claimed.key)
+                if (claimed.run, claimed.key) not in self.cannot_run:
+                    self.cannot_run.add((claimed.run, claimed.key))
                     logger.warning("{}: left queued for another worker: {}", job.key, "; ".join(unusable.values()))
                 continue
             handle = self.board.add(job, claimed.run)

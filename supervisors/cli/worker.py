@@ -133,9 +133,11 @@ def _ledger_outcomes(runner: Runner, run: str) -> dict[str, str]:
 
 
 def _unfinished(runner: Runner) -> int:
+    """Jobs queued or running anywhere, but those queued that this worker cannot run (--until-idle:
+    they wait for another worker, not for this one)."""
     reader = LedgerReader(runner.ledger_path)
     try:
-        return reader.unfinished_jobs()
+        return reader.unfinished_jobs(but_queued=runner.cannot_run)
     finally:
         reader.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +170,17 @@ class LedgerReader:
             return {r["key"]: r["state"] for r in self._rows("SELECT key, state FROM jobs WHERE run=?", (run,))}
         return {f"{r['run']}/{r['key']}": r["state"] for r in self._rows("SELECT run, key, state FROM jobs")}
 
-    def unfinished_jobs(self) -> int:
-        """How many jobs of any run are queued or running."""
+    def unfinished_jobs(self, *, but_queued: Collection[tuple[str, str]] = ()) -> int:
+        """How many jobs of any run are queued or running, but those (run, key) of `but_queued` that
+        are queued (a worker's that it cannot run: they wait for another)."""
         rows = self._rows("SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')")
-        return int(next(rows)["n"])
+        n = int(next(rows)["n"])
+        if but_queued:
+            keys = sorted({key for _, key in but_queued})
+            marks = ", ".join("?" for _ in keys)
+            found = self._rows(f"SELECT run, key FROM jobs WHERE state='queued' AND key IN ({marks})", tuple(keys))
+            n -= sum((r["run"], r["key"]) in but_queued for r in found)
+        return n
 
     def jobs(self, run: str | None = None, *, spec: bool = True) -> list[dict[str, Any]]:
         """Jobs of every run, or of `run` (without `spec`: not their specs, which a follower need not read)."""
