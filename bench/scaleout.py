@@ -181,6 +181,14 @@ class Cluster:
             out.append(json.loads(lines[-1]) if lines else {})
         return out
 
+    def check_alive(self, but: subprocess.Popen[str] | None = None) -> None:
+        """No worker (but `but`, killed on purpose) failed: one that exited non-zero (a crash, its
+        traceback on stderr above) fails the bench now, not at the deadline. (A worker that found
+        nothing left exits 0.)"""
+        for i, p in enumerate(self.procs):
+            if p is not but and p.poll() not in (None, 0):
+                raise RuntimeError(f"worker {i} exited with code {p.returncode} while jobs were left")
+
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -222,6 +230,7 @@ def part_share(server: Any, k: int, n: int, job_s: float, lease_s: float, poll_s
         cpu_workers: list[float] = [0.0] * k
         deadline = time.monotonic() + 600 + 2 * job_s + 0.05 * n
         while cluster.count("state IN ('queued', 'running')") and time.monotonic() < deadline:
+            cluster.check_alive()
             for i, wp in enumerate(worker_procs):  # a worker's CPU, read while it lives
                 try:
                     t = wp.cpu_times()
@@ -261,6 +270,7 @@ def part_adopt(server: Any, k: int, n: int, job_s: float, lease_s: float, poll_s
         cluster.go()
         deadline = time.monotonic() + 300 + 0.05 * n
         while cluster.count("state = 'running'") < n and time.monotonic() < deadline:
+            cluster.check_alive()
             time.sleep(0.5)
         held = {o: cluster.count("state = 'running' AND owner = %s", o) for o in cluster.owners}
         victim = max(held, key=lambda o: held[o])
@@ -271,11 +281,13 @@ def part_adopt(server: Any, k: int, n: int, job_s: float, lease_s: float, poll_s
         proc.wait(30)
         lease_left = max(0.0, float(lease_until or killed) - killed)
         while cluster.count("state = 'running' AND owner = %s", victim) and time.monotonic() < deadline + 300:
+            cluster.check_alive(but=proc)
             time.sleep(0.2)
         adopt_s = time.time() - killed
         left = cluster.count("state = 'running' AND owner = %s", victim)
         end_deadline = time.monotonic() + 600 + 2 * job_s + 0.05 * n
         while cluster.count("state IN ('queued', 'running')") and time.monotonic() < end_deadline:
+            cluster.check_alive(but=proc)
             time.sleep(1.0)
         cluster.finish(timeout=120)
         states = dict(cluster.query("SELECT /* bench-read */ state, count(*) FROM jobs GROUP BY state"))
