@@ -175,10 +175,11 @@ class LedgerReader:
         are queued (a worker's that it cannot run: they wait for another)."""
         rows = self._rows("SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')")
         n = int(next(rows)["n"])
-        if but_queued:
-            keys = sorted({key for _, key in but_queued})
-            marks = ", ".join("?" for _ in keys)
-            found = self._rows(f"SELECT run, key FROM jobs WHERE state='queued' AND key IN ({marks})", tuple(keys))
+        keys = sorted({key for _, key in but_queued})
+        for at in range(0, len(keys), 1000):  # a statement's parameters are bounded (PostgreSQL: 65,535)
+            part = keys[at:at + 1000]
+            marks = ", ".join("?" for _ in part)
+            found = self._rows(f"SELECT run, key FROM jobs WHERE state='queued' AND key IN ({marks})", tuple(part))
             n -= sum((r["run"], r["key"]) in but_queued for r in found)
         return n
 

@@ -837,6 +837,31 @@ def test_a_workers_poll_reads_states_and_a_count_not_every_jobs_spec(
     assert reader.unfinished_jobs() == 2
 
 
+def test_jobs_a_worker_put_back_are_queued_again_and_left_out_of_its_count_of_unfinished(
+        ledgers: Callable[..., Ledger], reader: LedgerReader) -> None:
+    """A worker claims jobs it cannot run (no cloud of theirs usable there) and puts them back: they
+    are queued again, at the queue's end, and `--until-idle` leaves them out of what it waits for,
+    also past a statement's bound on parameters (asked in parts of a thousand)."""
+    submitter, worker = ledgers(), ledgers()
+    for led in (submitter, worker):
+        led.register_owner()
+    submitter.run = "r1"
+    for seed in range(2_500):
+        submitter.record_job(key=f"j/seed-{seed}", name="j", seed=seed, spec=b"{}", state="queued", out_dir="o")
+    submitter.flush()
+    first = worker.claim_queued(3)
+    worker.put_back([(c.run, c.key) for c in first[:2]])
+    states = reader.job_states("r1")
+    assert [states[c.key] for c in first] == ["queued", "queued", "running"]
+    assert worker.claim_queued(1)[0].key not in {c.key for c in first}  # the put back went to the queue's end
+    put = {("r1", f"j/seed-{seed}") for seed in range(2_400)}
+    states = reader.job_states("r1")
+    assert reader.unfinished_jobs() == 2_500
+    assert reader.unfinished_jobs(but_queued=put) == 2_500 - len({k for k in put if states[k[1]] == "queued"})
+    assert reader.unfinished_jobs(but_queued=put) == 102  # the two claimed jobs running, and the 100 not put
+    assert reader.unfinished_jobs(but_queued={("r2", "j/seed-5")}) == 2_500  # another run's key: not these
+
+
 def test_cancel_ends_a_queued_job_only_while_nobody_claimed_it(ledgers: Callable[..., Ledger], path: str | Path,
                                                                  reader: LedgerReader) -> None:
     """`actor-run cancel` read two jobs queued; a worker claimed one before the cancel's write: that
