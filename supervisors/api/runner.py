@@ -49,7 +49,7 @@ from actor_run.protocols.failures import ActorRunError, Code, RunnerClosed, Spec
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel, Event, JobEnded
 from actor_run.protocols.offload import to_thread
-from actor_run.protocols.specs import Job, redacted, unredacted
+from actor_run.protocols.specs import Job, redacted
 from actor_run.supervisors.api import gc_tuning
 from actor_run.supervisors.api.config import UserConfig, resolve_config
 from actor_run.supervisors.api.event_bus import EventBus
@@ -205,7 +205,7 @@ class Runner:
         self._takeover = Takeover(ledger=self.ledger, ledger_path=self.ledger_path, owner=self.owner,
                                   budget=self.budget, budget_usd=self.budget_usd, clouds=clouds, reactor=self.reactor,
                                   board=self.board, sweep_grace_s=self.sweep_grace_s, out_dir=self.out_dir,
-                                  driven=self._driven)
+                                  driven=self._driven, enqueued=self._enqueued, cannot_run=self.cannot_run)
         if self.sweep_on_start:
             clouds.on_new = self._takeover.sweep_new
         self.ctx = Context(reactor=self.reactor, clouds=clouds.by_key, ledger=self.ledger, emit=self._bus.emit,
@@ -472,45 +472,8 @@ class Runner:
 
     def claim(self, most: int, run: str | None = None) -> list[JobHandle]:
         """Claim up to `most` queued jobs of `run` (None: of any run) from the ledger and run them
-        here, each in its run, its results where that run said; one none of whose clouds can be used
-        here (a key this process lacks) goes back to the queue's end, for another worker. A job this
-        Runner queued runs as it was given (its secret env values too: the ledger never had them).
-        Of another's, secrets the ledger kept out of its spec come from this process's environment,
-        and a job whose batch and submitter named no team budget draws on this process's settings'
-        `budget`."""
-        clouds = self._parts()[0]
-        handles = []
-        environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
-        built: list[tuple[str, dict[str, Any], str, bool]] = []  # the clouds looked at in this claim (job_checks.py)
-        cannot: list[tuple[str, str]] = []  # (run, key) of the jobs claimed that no cloud here can run
-        for claimed in self.ledger.claim_queued(most, run):
-            queued_here = self._enqueued.get(claimed.key) if claimed.run == self.run else None
-            if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
-                job, missing = queued_here, list[str]()
-            else:
-                job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
-                job = self.config.job_defaults(job)  # the worker's team budget for a job that names none
-            refuse = None
-            if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
-                refuse = Cancel(failure=Code.INPUT, detail=(
-                    f"env {', '.join(missing)} was kept out of the ledger (secret) and is not set for this "
-                    "worker: set it in the worker's environment, or list it in job.public_env"))
-            differs, unusable = clouds.look_at(job, built)
-            for why in differs:
-                logger.warning("{}: {}; it leases with the settings this worker has", job.key, why)
-            if unusable and all(c.cloud in unusable for c in job.candidates):
-                # none of its clouds can be used here (a key this worker lacks): another worker's to run
-                cannot.append((claimed.run, claimed.key))
-                if (claimed.run, claimed.key) not in self.cannot_run:
-                    self.cannot_run.add((claimed.run, claimed.key))
-                    logger.warning("{}: left queued for another worker: {}", job.key, "; ".join(unusable.values()))
-                continue
-            handle = self.board.add(job, claimed.run)
-            handles.append(handle)
-            folder = claimed.out_dir or str(seed_dir(self.out_dir, claimed.run, job))
-            self.board.tell(Submit(job=job, seed_dir=folder, refuse=refuse))
-        self.ledger.put_back(cannot)
-        return handles
+        here (takeover.py `Takeover.claim`)."""
+        return self._parts()[3].claim(most, run, own_run=self.run)
 
     def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
                most_new: int | None = None) -> list[JobHandle]:

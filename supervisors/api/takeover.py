@@ -1,13 +1,15 @@
-"""Takeover: what a Runner does with what dead controllers left: `resume` (their unfinished jobs,
-with the money their runs spent) and `sweep` (their machines). An object the Runner holds (it holds
-the ledger, the clouds and the board of handles, nothing of the Runner), kept apart because it is
-the one place a Runner acts on other controllers' work.
+"""Takeover: what a Runner takes of other controllers' work: `claim` (the queued jobs of a shared
+ledger), `resume` (the unfinished jobs dead controllers left, with the money their runs spent) and
+`sweep` (their machines). An object the Runner holds (it holds the ledger, the clouds and the board
+of handles, nothing of the Runner), kept apart because it is the one place a Runner acts on other
+controllers' work.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from actor_run.protocols.clouds import Cloud, accounts_of, cloud_key, split_key
 from actor_run.protocols.failures import Code, SpecError
 from actor_run.protocols.logs import logger
 from actor_run.protocols.messages import Cancel
-from actor_run.protocols.specs import job_key, without_secrets
+from actor_run.protocols.specs import Job, job_key, unredacted, without_secrets
 from actor_run.supervisors.api.config import build_cloud, settings_digest
 from actor_run.supervisors.api.handle import Board, JobHandle
 from actor_run.supervisors.api.job_checks import Clouds
@@ -34,12 +36,14 @@ from actor_run.supervisors.tree.seed_end import seed_dir
 
 
 class Takeover:
-    """`resume` and `sweep`. `driven` is the Runner's set of runs it drives (its own and those it
-    resumed: ended at its close); `swept` and `swept_clouds` are what the last sweep did and asked."""
+    """`claim` (queued jobs of a shared ledger), `resume` and `sweep`. `driven` is the Runner's set
+    of runs it drives (its own and those it resumed: ended at its close); `swept` and `swept_clouds`
+    are what the last sweep did and asked."""
 
     def __init__(self, *, ledger: Ledger, ledger_path: str | Path, owner: str, budget: Budget,
                  budget_usd: float | None, clouds: Clouds, reactor: Reactor, board: Board,
-                 sweep_grace_s: float, out_dir: Path, driven: set[str]) -> None:
+                 sweep_grace_s: float, out_dir: Path, driven: set[str], enqueued: dict[str, Job],
+                 cannot_run: set[tuple[str, str]]) -> None:
         self.ledger = ledger
         self.ledger_path = ledger_path
         self.owner = owner
@@ -51,8 +55,53 @@ class Takeover:
         self.sweep_grace_s = sweep_grace_s
         self.out_dir = out_dir
         self.driven = driven
+        self.enqueued = enqueued  # the jobs the Runner queued, secrets and all (what it claims of its own run)
+        self.cannot_run = cannot_run  # (run, key) of queued jobs it put back: no cloud of theirs usable here
         self.swept: list[SweepAction] = []
         self.swept_clouds: list[str] = []  # the cloud keys the last sweep() asked
+
+    def claim(self, most: int, run: str | None, *, own_run: str) -> list[JobHandle]:
+        """Claim up to `most` queued jobs of `run` (None: of any run) from the ledger and run them
+        here, each in its run, its results where that run said; one none of whose clouds can be used
+        here (a key this process lacks) goes back to the queue's end, for another worker. A job this
+        Runner queued (of `own_run`) runs as it was given (its secret env values too: the ledger
+        never had them).
+        Of another's, secrets the ledger kept out of its spec come from this process's environment,
+        and a job whose batch and submitter named no team budget draws on this process's settings'
+        `budget`."""
+        clouds = self.clouds
+        handles = []
+        environ = dict(os.environ)  # once: a copy per job was most of a 3,000-job claim (bench/scaleout.py)
+        built: list[tuple[str, dict[str, Any], str, bool]] = []  # the clouds looked at in this claim (job_checks.py)
+        cannot: list[tuple[str, str]] = []  # (run, key) of the jobs claimed that no cloud here can run
+        for claimed in self.ledger.claim_queued(most, run):
+            queued_here = self.enqueued.get(claimed.key) if claimed.run == own_run else None
+            if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
+                job, missing = queued_here, list[str]()
+            else:
+                job, missing = unredacted(msgspec.json.decode(claimed.spec, type=Job), environ)
+                job = clouds.config.job_defaults(job)  # the worker's team budget for a job that names none
+            refuse = None
+            if missing:  # never run a job with a placeholder where its secret should be, nor rent for it
+                refuse = Cancel(failure=Code.INPUT, detail=(
+                    f"env {', '.join(missing)} was kept out of the ledger (secret) and is not set for this "
+                    "worker: set it in the worker's environment, or list it in job.public_env"))
+            differs, unusable = clouds.look_at(job, built)
+            for why in differs:
+                logger.warning("{}: {}; it leases with the settings this worker has", job.key, why)
+            if unusable and all(c.cloud in unusable for c in job.candidates):
+                # none of its clouds can be used here (a key this worker lacks): another worker's to run
+                cannot.append((claimed.run, claimed.key))
+                if (claimed.run, claimed.key) not in self.cannot_run:
+                    self.cannot_run.add((claimed.run, claimed.key))
+                    logger.warning("{}: left queued for another worker: {}", job.key, "; ".join(unusable.values()))
+                continue
+            handle = self.board.add(job, claimed.run)
+            handles.append(handle)
+            folder = claimed.out_dir or str(seed_dir(self.out_dir, claimed.run, job))
+            self.board.tell(Submit(job=job, seed_dir=folder, refuse=refuse))
+        self.ledger.put_back(cannot)
+        return handles
 
     def resume(self, run: str | None = None, *, sweep_after: bool = True, take_runs: bool = True,
                most_new: int | None = None) -> list[JobHandle]:
