@@ -256,6 +256,14 @@ state_dir = "{tmp / 'sim'}"
     return path
 
 
+def gated_batch(tmp: Path, name: str, *, seeds: int, policy: str = "", sim: str = "") -> tuple[Path, Path]:
+    """A sim batch of one attempt per seed whose jobs hold their machine until the gate file (the
+    first of the two paths) exists; the batch file second."""
+    gate = tmp / "gate"
+    return gate, sim_batch(tmp, name, f"sh -c 'while [ ! -e {gate} ]; do sleep 0.1; done'", seeds=seeds,
+                           policy="max_attempts = 1\n" + policy, sim=sim)
+
+
 SECRET = "sh -c 'echo $API_TOKEN > $ACTOR_RUN_OUT/token.txt'"  # a job that writes its secret to its outputs
 FROM_THE_BATCH = 'env = { API_TOKEN = "from-the-batch" }'
 
@@ -314,9 +322,7 @@ def test_a_runs_ctrl_c_stops_its_whole_batch_on_every_worker(tmp_path: Path, url
     canceled here, the one a worker runs is canceled there (its machine deleted), the queued one ends
     before any worker claims it; exit 130. (It stopped only its own machine: the worker finished the
     other job and then ran the queued one.)"""
-    gate = tmp_path / "gate"
-    batch = sim_batch(tmp_path, "held", f"sh -c 'while [ ! -e {gate} ]; do sleep 0.1; done'", seeds=3,
-                      policy="max_attempts = 1")
+    gate, batch = gated_batch(tmp_path, "held", seeds=3)
     mine = Controller(tmp_path, url, "run", concurrency=1, run=batch)
     try:
         mine.wait_for("JobStarted")
@@ -341,10 +347,9 @@ def test_a_batchs_budget_holds_across_the_workers_that_run_its_jobs(tmp_path: Pa
     run. Two seeds of $5 (120 $/h x (120 s + 30 s)), a $7.50 budget: the run and a worker each claim
     one; one rents, the other ends `budget` saying what the batch has left, renting nothing. (The
     budget was not kept at all: each Runner knew only its own, and a shared run's had none.)"""
-    gate = tmp_path / "gate"
-    batch = sim_batch(tmp_path, "capped", f"sh -c 'while [ ! -e {gate} ]; do sleep 0.1; done'", seeds=2,
-                      policy="max_attempts = 1\nbudget_usd = 7.5\nsetup_grace_s = 30\nlast_grace_factor = 1.0",
-                      sim='regions = [{ name = "us-east", gpus = { A100 = { stock = 16, hourly_usd = 120.0 } } }]')
+    dear = 'regions = [{ name = "us-east", gpus = { A100 = { stock = 16, hourly_usd = 120.0 } } }]'
+    gate, batch = gated_batch(tmp_path, "capped", seeds=2,
+                              policy="budget_usd = 7.5\nsetup_grace_s = 30\nlast_grace_factor = 1.0", sim=dear)
     mine = Controller(tmp_path, url, "run", concurrency=1, run=batch)
     try:
         mine.wait_for("JobStarted")
