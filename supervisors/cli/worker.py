@@ -361,7 +361,12 @@ def cmd_run_shared(args: argparse.Namespace) -> int:
             if not serve(runner, args, until={j.key for j in jobs}, run=run, signals=signals, each_poll=output.poll):
                 return FAILED  # its lease expired: the other workers finish the batch
             if signals.stop:
-                _cancel_everywhere(args, runner, run, signals)
+                try:
+                    _cancel_everywhere(args, runner, run, signals)
+                except read_failures(runner.ledger.backend) as exc:  # the database away: its own machines still go
+                    sys.stderr.write(f"actor-run: the ledger could not be reached to stop the batch's other jobs "
+                                     f"({str(exc).strip()[:200]}); stop them with: actor-run cancel {run}"
+                                     f"{_ledger_hint(args)}\n")
             with contextlib.suppress(*read_failures(runner.ledger.backend)):
                 output.finish([j.key for j in jobs])
             if signals.stop:
