@@ -5,19 +5,14 @@ No figure is timed here: the bench measures, tests do not."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.benches import run_bench
 
 
 def test_a_small_ledger_bench_runs_both_backends_and_three_controllers(tmp_path: Path, bench_cwd: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ledger.py"), "--events", "500", "--attempts", "5",
-         "--job-seconds", "0.5", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=False, cwd=bench_cwd,
-    )
+    proc = run_bench("ledger.py", "--events", "500", "--attempts", "5",
+         "--job-seconds", "0.5", "--dir", str(tmp_path), timeout=300, cwd=bench_cwd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["sqlite_events_per_s"] > 0

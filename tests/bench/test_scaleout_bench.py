@@ -5,21 +5,16 @@ the others and succeed too; the last line is its JSON object. No figure is timed
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.benches import run_bench
 
 
 def test_a_small_scaleout_bench_shares_the_batch_and_adopts_a_killed_workers_jobs(
     tmp_path: Path, bench_cwd: Path,
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "scaleout.py"), "--workers", "3", "--jobs", "9", "--job-seconds", "1",
-         "--lease", "6", "--poll", "0.5", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False, cwd=bench_cwd,
-    )
+    proc = run_bench("scaleout.py", "--workers", "3", "--jobs", "9", "--job-seconds", "1",
+         "--lease", "6", "--poll", "0.5", "--dir", str(tmp_path), timeout=600, cwd=bench_cwd)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["job_states"] == {"succeeded": 9}
