@@ -14,13 +14,17 @@ import pytest
 from fakes.batch_kit import cli, events, write_batch
 from fakes.providers import serve
 
-CACHE_JOB = r'''
-import json, os
+# a job's first lines: without a cache it says so and ends
+NO_CACHE_ENDS = r'''
+import os
 cache = os.environ.get("ACTOR_RUN_CACHE", "")
 out = os.environ["ACTOR_RUN_OUT"]
 if not cache:
     open(os.path.join(out, "found.txt"), "w").write("no cache")
     raise SystemExit(0)
+'''
+
+CACHE_JOB = NO_CACHE_ENDS + r'''import json
 weights = os.path.join(cache, "weights.bin")
 if os.environ["ACTOR_RUN_ATTEMPT"] == "0":  # the first attempt fills the cache, then asks for another
     open(weights, "w").write("weights from attempt 0")
@@ -173,14 +177,7 @@ def test_a_hyperstack_region_that_cannot_make_the_volume_starts_cold_and_says_so
     assert hyperstack.volume_store.attaches == 0
 
 
-SHARED_JOB = r'''
-import os
-cache = os.environ.get("ACTOR_RUN_CACHE", "")
-out = os.environ["ACTOR_RUN_OUT"]
-if not cache:
-    open(os.path.join(out, "found.txt"), "w").write("no cache")
-    raise SystemExit(0)
-found = sorted(n for n in os.listdir(cache) if n.startswith("seed-"))
+SHARED_JOB = NO_CACHE_ENDS + r'''found = sorted(n for n in os.listdir(cache) if n.startswith("seed-"))
 open(os.path.join(cache, "seed-" + os.environ["ACTOR_RUN_SEED"]), "w").write("written")
 open(os.path.join(out, "found.txt"), "w").write(",".join(found) or "empty")
 '''
