@@ -25,17 +25,20 @@ def _ended_line(e: JobEnded) -> str:
     return f"{e.job}/seed-{e.seed:<6} {e.outcome:<10} attempts {e.attempts} ${e.usd:.4f}{tail}"
 
 
+def _show(e: Event, json_mode: bool, run: Callable[[], str], body: bytes | None = None) -> None:
+    """`e` as `--json` prints it (its JSON `body` if given, its `run()` first), or, without
+    `json_mode`, a line if it is a job's end."""
+    if json_mode:
+        sys.stdout.write(run_line(run(), encode(e) if body is None else body) + "\n")
+        sys.stdout.flush()
+    elif isinstance(e, JobEnded):
+        print(_ended_line(e), flush=True)
+
+
 def printer(json_mode: bool, run_of: Callable[[str], str]) -> Callable[[Event], None]:
     """A worker's output: every event of the jobs it runs, naming its run (`--json`), or a line per
     job that ended."""
-    def show(e: Event) -> None:
-        if json_mode:
-            sys.stdout.write(run_line(run_of(job_key(e.job, e.seed)), encode(e)) + "\n")
-            sys.stdout.flush()
-        elif isinstance(e, JobEnded):
-            print(_ended_line(e), flush=True)
-
-    return show
+    return lambda e: _show(e, json_mode, lambda: run_of(job_key(e.job, e.seed)))
 
 
 class RunOutput:
@@ -59,11 +62,7 @@ class RunOutput:
                 if key in self._ended:
                     return
                 self._ended.add(key)
-            if self.json_mode:
-                sys.stdout.write(run_line(self.run, encode(e) if body is None else body) + "\n")
-                sys.stdout.flush()
-            elif isinstance(e, JobEnded):
-                print(_ended_line(e), flush=True)
+            _show(e, self.json_mode, lambda: self.run, body)
 
     def _recorded(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
@@ -89,6 +88,6 @@ class RunOutput:
             return
         reader = LedgerReader(self.runner.ledger_path)
         try:
-            self._recorded([r for r in reader.events(run=self.run) if r["type"] == "JobEnded"])
+            self._recorded(reader.events(run=self.run, kind="JobEnded"))
         finally:
             reader.close()

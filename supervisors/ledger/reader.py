@@ -221,9 +221,10 @@ class LedgerReader:
             return list(self._rows("SELECT * FROM attempts ORDER BY run, job, attempt"))
         return list(self._rows("SELECT * FROM attempts WHERE run=? ORDER BY job, attempt", (run,)))
 
-    def events(self, job: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+    def events(self, job: str | None = None, run: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        """The events recorded (of `job`, of `run`, of one `kind`: its type), oldest first."""
         where, args = [], []
-        for column, value in (("job", job), ("run", run)):
+        for column, value in (("job", job), ("run", run), ("type", kind)):
             if value is not None:
                 where.append(f"{column}=?")
                 args.append(value)
