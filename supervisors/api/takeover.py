@@ -55,7 +55,7 @@ class Takeover:
         self.sweep_grace_s = sweep_grace_s
         self.out_dir = out_dir
         self.driven = driven
-        self.enqueued = enqueued  # the jobs the Runner queued, secrets and all (what it claims of its own run)
+        self.enqueued = enqueued  # the jobs the Runner queued and has not claimed yet, secrets and all
         self.cannot_run = cannot_run  # (run, key) of queued jobs it put back: no cloud of theirs usable here
         self.swept: list[SweepAction] = []
         self.swept_clouds: list[str] = []  # the cloud keys the last sweep() asked
@@ -75,7 +75,7 @@ class Takeover:
         built: list[tuple[str, dict[str, Any], str, bool]] = []  # the clouds looked at in this claim (job_checks.py)
         cannot: list[tuple[str, str]] = []  # (run, key) of the jobs claimed that no cloud here can run
         for claimed in self.ledger.claim_queued(most, run):
-            queued_here = self.enqueued.get(claimed.key) if claimed.run == own_run else None
+            queued_here = self.enqueued.pop(claimed.key, None) if claimed.run == own_run else None
             if queued_here is not None:  # its own (`run` on a shared ledger): the batch's secrets are here
                 job, missing = queued_here, list[str]()
             else:
